@@ -1,0 +1,58 @@
+"""The `megatron-mtp` command: parses arguments and hands over to one capability.
+
+Each capability folder has a small ``cli.py`` with ``register(subparsers)``; it must not import
+torch or megatron-core at module level, so `megatron-mtp --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from megatron_mtp.errors import UserError
+
+# Modules that contribute subcommands, in the order they appear in --help.
+_COMMAND_MODULES = (
+    "megatron_mtp.training.cli",  # train, eval
+    "megatron_mtp.data.cli",  # preprocess, tokenizer
+    "megatron_mtp.convert.cli",  # convert, drop-mtp
+    "megatron_mtp.inference.cli",  # generate
+    "megatron_mtp.launch.cli",  # submit, launch
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="megatron-mtp",
+        description="Pretrain DeepSeek-V3-style MoE models with Multi-Token Prediction.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # capability not present in this build
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result = args.func(args)
+    except UserError as exc:
+        print(f"megatron-mtp {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"megatron-mtp {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

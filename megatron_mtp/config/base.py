@@ -1,0 +1,204 @@
+"""Typed config machinery: nested dataclasses, YAML, dotted overrides, field docstrings.
+
+Order of application (documented for users in the README):
+  1. defaults of the dataclasses,
+  2. the YAML file,
+  3. dotted ``key.path=value`` overrides from the command line, left to right.
+Unknown keys at any level are errors naming the closest valid key. Values are parsed with YAML
+rules (``a.b=3`` is an int, ``a.b=[1,2]`` a list, ``a.b=null`` None) and then type-checked.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import functools
+import inspect
+import textwrap
+import types
+import typing
+from typing import Any
+
+import yaml
+
+from megatron_mtp.errors import UserError
+
+
+def _closest(name: str, choices: list[str]) -> str:
+    match = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
+    return f"; did you mean '{match[0]}'?" if match else f"; valid keys: {', '.join(sorted(choices))}"
+
+
+@functools.lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """Docstrings written right under each dataclass field (the torchtitan convention)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    body = ast.parse(source).body[0].body
+    docs: dict[str, str] = {}
+    for node, nxt in zip(body, body[1:]):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(nxt, ast.Expr)
+            and isinstance(nxt.value, ast.Constant)
+            and isinstance(nxt.value.value, str)
+        ):
+            docs[node.target.id] = inspect.cleandoc(nxt.value.value)
+    return docs
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check/convert one YAML value against a field annotation."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except UserError as exc:
+                errors.append(str(exc))
+        raise UserError(errors[0] if errors else f"{where} cannot be null")
+    if origin is typing.Literal:
+        if value not in args:
+            raise UserError(f"{where} is {value!r}; it must be one of {', '.join(repr(a) for a in args)}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise UserError(f"{where} must be a mapping of {_type_name(tp)} fields, got {value!r}")
+        return from_dict(tp, value, where)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise UserError(f"{where} must be a list, got {value!r}")
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(value) != len(args):
+                raise UserError(f"{where} must have {len(args)} entries, got {len(value)}")
+            return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        inner = args[0] if args else Any
+        seq = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(seq) if origin is tuple else seq
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"{where} must be a mapping, got {value!r}")
+        return dict(value)
+    if value is None:
+        raise UserError(f"{where} cannot be null; give a {_type_name(tp)}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise UserError(f"{where} must be true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise UserError(f"{where} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UserError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise UserError(f"{where} must be a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, rejecting unknown keys with the closest valid name."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in fields:
+            raise UserError(f"unknown config key '{path}'{_closest(str(key), list(fields))}")
+        kwargs[key] = _coerce(value, hints[key], path)
+    return cls(**kwargs)
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain-YAML form of a config (tuples become lists)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def apply_override(data: dict[str, Any], cls: type, override: str) -> None:
+    """Apply one ``a.b.c=value`` override to the raw mapping ``data`` (validated against ``cls``)."""
+    if "=" not in override:
+        raise UserError(f"override '{override}' must look like key.path=value")
+    path, raw = override.split("=", 1)
+    keys = path.strip().split(".")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise UserError(f"override '{override}': the value is not valid YAML ({exc.problem})") from None
+    node, node_cls, walked = data, cls, []
+    for i, key in enumerate(keys):
+        fields = {f.name: f for f in dataclasses.fields(node_cls)}
+        walked.append(key)
+        if key not in fields:
+            raise UserError(f"unknown config key '{'.'.join(walked)}' in override '{override}'{_closest(key, list(fields))}")
+        if i == len(keys) - 1:
+            node[key] = value
+            return
+        sub_cls = typing.get_type_hints(node_cls)[key]
+        sub_args = [a for a in typing.get_args(sub_cls) if a is not type(None)]
+        if not dataclasses.is_dataclass(sub_cls) and sub_args and dataclasses.is_dataclass(sub_args[0]):
+            sub_cls = sub_args[0]
+        if not dataclasses.is_dataclass(sub_cls):
+            raise UserError(f"config key '{'.'.join(walked)}' is not a section; override it as a whole")
+        if not isinstance(node.get(key), dict):
+            node[key] = {}
+        node, node_cls = node[key], sub_cls
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except FileNotFoundError:
+        raise UserError(f"config file '{path}' does not exist") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark else ""
+        raise UserError(f"config file '{path}' is not valid YAML{line}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file '{path}' must hold a mapping of sections at the top level")
+    return data
+
+
+def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, type, docstring) for every leaf field: used by `megatron-mtp train --help-config`."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(tp):
+            rows.extend(describe(tp, key + "."))
+        else:
+            rows.append((key, _type_name(tp), docs.get(f.name, "")))
+    return rows

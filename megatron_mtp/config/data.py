@@ -1,0 +1,31 @@
+"""Training data: indexed-dataset blends, splits, tokenizer, and the embedded default corpus."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class DataConfig:
+    paths: Optional[list[str]] = None
+    """Indexed-dataset prefixes (PREFIX.bin/PREFIX.idx) to train on; null uses the embedded default
+    corpus (the Python standard library's source, tokenized with its own BPE on first use)."""
+    weights: Optional[list[float]] = None
+    """Blend weights, one per entry of `paths` (null: proportional to size... i.e. equal weights)."""
+    valid_paths: Optional[list[str]] = None
+    """Separate validation prefixes; null carves validation out of `paths` with `split`."""
+    split: str = "98,2,0"
+    """Train/valid/test percentages applied to each prefix of `paths` (when valid_paths is null)."""
+    tokenizer: Optional[str] = None
+    """A Hugging Face `tokenizers` tokenizer.json or a directory holding one; null with the default
+    corpus uses the default corpus's tokenizer."""
+    cache_dir: Optional[str] = None
+    """Where megatron-core caches dataset indices and the default corpus is built (null:
+    $MEGATRON_MTP_CACHE or ~/.cache/megatron_mtp)."""
+    default_corpus_vocab_size: int = 4096
+    """Vocabulary size of the default corpus's byte-level BPE tokenizer."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank."""
+    extra: dict = field(default_factory=dict)
+    """Reserved for dataset options that have no field yet; must stay empty."""

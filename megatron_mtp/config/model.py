@@ -1,0 +1,102 @@
+"""Model architecture: a DeepSeek-V3-style decoder (MLA + MoE) with an MTP block.
+
+Names follow the DeepSeek-V3 paper / HF config where they differ from megatron-core, and the
+mapping to megatron-core's TransformerConfig lives in models/deepseek_v3/transformer_config.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+
+@dataclass
+class YarnConfig:
+    factor: float = 1.0
+    """RoPE scaling factor (1.0 disables YaRN: plain RoPE)."""
+    original_max_position_embeddings: int = 4096
+    """Context length the rotary frequencies were designed for before YaRN stretching."""
+    beta_fast: float = 32.0
+    """YaRN high-frequency boundary (in rotations)."""
+    beta_slow: float = 1.0
+    """YaRN low-frequency boundary (in rotations)."""
+    mscale: float = 1.0
+    """YaRN attention-magnitude scale coefficient."""
+    mscale_all_dim: float = 1.0
+    """YaRN magnitude coefficient applied to all dimensions (DeepSeek-V3 uses 1.0)."""
+
+
+@dataclass
+class ModelConfig:
+    num_layers: int = 4
+    """Number of main-model decoder layers (MTP layers are extra, see mtp.num_layers)."""
+    hidden_size: int = 128
+    """Model width d."""
+    ffn_hidden_size: int = 384
+    """Intermediate size of the dense (first-k) layers' SwiGLU MLP."""
+    num_attention_heads: int = 4
+    """Attention heads."""
+    vocab_size: Optional[int] = None
+    """Vocabulary size; null takes it from the tokenizer (then padded, see make_vocab_size_divisible_by)."""
+    make_vocab_size_divisible_by: int = 64
+    """Pad the embedding/output rows to a multiple of this times tensor parallel size."""
+    max_position_embeddings: int = 4096
+    """Largest position the model is meant to serve (recorded in exported configs)."""
+    # --- MLA
+    q_lora_rank: Optional[int] = 64
+    """Rank of the query down-projection (null: full-rank queries, as in DeepSeek-V2-Lite)."""
+    kv_lora_rank: int = 32
+    """Rank of the compressed key/value latent."""
+    qk_head_dim: int = 32
+    """Per-head query/key dimension without the rotary part (HF qk_nope_head_dim)."""
+    qk_pos_emb_head_dim: int = 16
+    """Per-head decoupled rotary dimension (HF qk_rope_head_dim)."""
+    v_head_dim: int = 32
+    """Per-head value dimension."""
+    rope_theta: float = 10000.0
+    """RoPE base."""
+    yarn: YarnConfig = field(default_factory=YarnConfig)
+    """YaRN context-extension parameters."""
+    # --- MoE
+    num_experts: int = 8
+    """Routed experts per MoE layer (0: dense model)."""
+    first_k_dense: int = 1
+    """The first k decoder layers use a dense MLP instead of MoE (HF first_k_dense_replace)."""
+    moe_ffn_hidden_size: int = 96
+    """Intermediate size of each routed expert."""
+    num_shared_experts: int = 1
+    """Shared experts per MoE layer (their combined intermediate size is this × moe_ffn_hidden_size)."""
+    router_topk: int = 2
+    """Routed experts per token."""
+    router_num_groups: Optional[int] = 4
+    """Expert groups for group-limited routing (null: no grouping)."""
+    router_group_topk: Optional[int] = 2
+    """Groups each token may route into (needs router_num_groups)."""
+    router_score_function: Literal["sigmoid", "softmax"] = "sigmoid"
+    """Router score function; DeepSeek-V3 uses sigmoid."""
+    router_topk_scaling_factor: float = 2.5
+    """Routed scaling factor applied to the combined top-k weights."""
+    router_norm_topk_prob: bool = True
+    """Normalise the selected top-k sigmoid scores to sum to one (DeepSeek-V3: true)."""
+    router_enable_expert_bias: bool = True
+    """Aux-loss-free load balancing: a per-expert bias on routing scores, updated every step."""
+    router_bias_update_rate: float = 1.0e-3
+    """Step size of the expert-bias update."""
+    aux_loss_coeff: float = 1.0e-4
+    """Sequence-level auxiliary balance loss weight (0 disables it)."""
+    # --- misc
+    norm_epsilon: float = 1.0e-6
+    """RMSNorm epsilon."""
+    init_method_std: float = 0.02
+    """Std of the normal weight initialisation."""
+    tie_embeddings: bool = False
+    """Share the input embedding with the output head (DeepSeek-V3: false)."""
+
+
+@dataclass
+class MTPConfig:
+    num_layers: int = 1
+    """MTP depth D: sequential modules predicting tokens t+2 .. t+1+D (0 disables MTP)."""
+    loss_weight_schedule: list[tuple[int, float]] = field(default_factory=lambda: [(0, 0.3)])
+    """λ by consumed training tokens: [[tokens, λ], ...]; λ of the last entry whose start ≤ tokens
+    consumed applies. DeepSeek-V3: [[0, 0.3], [10e12, 0.1]]. The objective is lm + (λ/D)·Σ_d CE_d."""
