@@ -1,0 +1,36 @@
+"""Build the megatron-core GPTModel for one pipeline stage."""
+
+from __future__ import annotations
+
+from megatron_mtp.config import Config
+from megatron_mtp.models.deepseek_v3.specs import decoder_block_spec, mtp_block_spec
+from megatron_mtp.platform import Platform
+
+
+def padded_vocab_size(vocab_size: int, cfg: Config) -> int:
+    """Vocabulary padded to a multiple of make_vocab_size_divisible_by × TP (megatron convention)."""
+    multiple = cfg.model.make_vocab_size_divisible_by * cfg.parallel.tensor
+    return -(-vocab_size // multiple) * multiple
+
+
+def build_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_process: bool,
+                post_process: bool, vp_stage=None):
+    """GPTModel for the current pipeline stage; `config` is the MLATransformerConfig."""
+    from megatron.core.models.gpt import GPTModel
+
+    block = decoder_block_spec(config, platform, vp_stage=vp_stage)
+    mtp = mtp_block_spec(config, block, platform, vp_stage=vp_stage)
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=block,
+        vocab_size=vocab_size,
+        max_sequence_length=cfg.training.seq_length,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=cfg.model.tie_embeddings,
+        position_embedding_type="none",  # MLA applies its own (YaRN) rotary embedding
+        rotary_base=int(cfg.model.rope_theta),
+        mtp_block_spec=mtp,
+        vp_stage=vp_stage,
+    )

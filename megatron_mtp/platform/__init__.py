@@ -1,0 +1,8 @@
+"""The one place that knows CPU vs GPU, Transformer Engine vs local specs, apex or not.
+
+Everything else asks `current()` (after `setup()`) and never checks `torch.cuda` itself.
+"""
+
+from megatron_mtp.platform.detect import Platform, current, setup
+
+__all__ = ["Platform", "current", "setup"]

@@ -1,0 +1,99 @@
+"""Decide where a run executes and which megatron-core backends it uses."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from megatron_mtp.errors import UserError
+
+
+@dataclass(frozen=True)
+class Platform:
+    device: str
+    """'cuda' or 'cpu'."""
+    backend: str
+    """torch.distributed backend: 'nccl' or 'gloo'."""
+    use_te: bool
+    """Build Transformer Engine specs (GPU with transformer_engine importable)."""
+    has_apex: bool
+    """NVIDIA apex is importable (NGC containers); never required."""
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device == "cpu"
+
+
+_CURRENT: Optional[Platform] = None
+
+
+def te_available() -> bool:
+    """transformer_engine importable (checked lazily: it needs CUDA libraries)."""
+    if importlib.util.find_spec("transformer_engine") is None:
+        return False
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:  # a broken or CUDA-less install counts as absent
+        return False
+    return True
+
+
+def _apex_available() -> bool:
+    return importlib.util.find_spec("apex") is not None and importlib.util.find_spec("apex.normalization") is not None
+
+
+def detect(device: str = "auto", backend: str = "auto", fp8: Optional[str] = None) -> Platform:
+    """Resolve device/backend/TE use for a config; raises UserError for impossible requests."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if device == "auto":
+        device = "cuda" if cuda else "cpu"
+    if device == "cuda" and not cuda:
+        raise UserError("training.device is 'cuda' but no CUDA GPU is visible; set training.device=cpu or auto")
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" else "gloo"
+    if backend == "nccl" and device == "cpu":
+        raise UserError("parallel.backend is 'nccl' but the run is on CPU; use parallel.backend=gloo or auto")
+    use_te = device == "cuda" and te_available()
+    if fp8 is not None:
+        if device != "cuda":
+            raise UserError(
+                f"training.fp8={fp8} needs a CUDA GPU with Transformer Engine, but this run is on CPU; "
+                "remove training.fp8 (or set it to null) to train without FP8"
+            )
+        if not use_te:
+            raise UserError(
+                f"training.fp8={fp8} needs Transformer Engine, which is not installed here; "
+                "install the 'gpu' extra (pip install 'megatron-mtp[gpu]') or set training.fp8=null"
+            )
+    return Platform(device=device, backend=backend, use_te=use_te, has_apex=_apex_available())
+
+
+def setup(device: str = "auto", backend: str = "auto", fp8: Optional[str] = None) -> Platform:
+    """Detect the platform once per process and make megatron-core run on it."""
+    global _CURRENT
+    plat = detect(device, backend, fp8)
+    if plat.is_cpu:
+        from megatron_mtp.platform import cpu
+
+        cpu.apply()
+    else:
+        import torch
+
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank % max(torch.cuda.device_count(), 1))
+    if not plat.use_te:
+        from megatron_mtp.platform import no_te
+
+        no_te.apply()
+    _CURRENT = plat
+    return plat
+
+
+def current() -> Platform:
+    if _CURRENT is None:
+        raise RuntimeError("megatron_mtp.platform.setup() must run before the platform is queried")
+    return _CURRENT

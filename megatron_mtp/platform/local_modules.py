@@ -1,0 +1,80 @@
+"""Local (non Transformer Engine) building blocks used by our specs when TE is absent.
+
+- `RMSNorm`: torch RMSNorm whose weight carries `sequence_parallel` like TE's norms, so that
+  megatron-core's finalize_model_grads all-reduces its gradient over TP when sequence parallelism
+  is on (megatron's WrappedTorchNorm refuses sequence parallelism).
+- `CoreAttention`: causal scaled-dot-product attention that accepts MLA's separate key and value
+  head dims (megatron's local DotProductAttention sizes its output by kv_channels only).
+Both take megatron-core's constructor arguments, so specs can swap them for TE modules.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-6, **_):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        setattr(self.weight, "sequence_parallel", bool(config.sequence_parallel))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * y).to(dtype)
+
+    def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
+        from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+        state_dict = self.state_dict(prefix="", keep_vars=True)
+        return make_sharded_tensors_for_checkpoint(state_dict, prefix, {}, sharded_offsets)
+
+
+class CoreAttention(MegatronModule):
+    """softmax(q kᵀ · scale + causal mask) v over [s, b, h, d] tensors (MLA-aware)."""
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str,
+        attention_dropout: Optional[float] = None,
+        softmax_scale: Optional[float] = None,
+        k_channels: Optional[int] = None,
+        v_channels: Optional[int] = None,
+        cp_comm_type: str = "p2p",
+        pg_collection=None,
+        **_,
+    ):
+        super().__init__(config=config)
+        k_channels = k_channels or config.kv_channels
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(k_channels)
+        self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None, **_):
+        # [s, b, h, d] -> [b, h, s, d]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        if attention_mask is not None:
+            mask = ~attention_mask  # megatron: True = masked out; SDPA: True = attend
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+                scale=self.softmax_scale)
+        else:
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=q.shape[2] > 1, dropout_p=self.dropout if self.training else 0.0,
+                scale=self.softmax_scale)
+        s, b = out.shape[2], out.shape[0]
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)

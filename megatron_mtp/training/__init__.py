@@ -1,0 +1,1 @@
+"""Training on megatron-core: process groups, model build, loop, checkpoints, metrics, eval."""

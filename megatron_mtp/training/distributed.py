@@ -1,0 +1,107 @@
+"""Process-group setup: torch.distributed from torchrun-style env vars, then megatron parallel state."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from megatron_mtp.config import Config
+from megatron_mtp.errors import UserError
+from megatron_mtp.platform import Platform
+
+
+@dataclass(frozen=True)
+class Layout:
+    rank: int
+    world_size: int
+    tp: int
+    pp: int
+    ep: int
+    dp: int
+    tp_rank: int
+    pp_rank: int
+    ep_rank: int
+    dp_rank: int
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+
+def env_world() -> tuple[int, int]:
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init_distributed(cfg: Config, platform: Platform) -> Layout:
+    """Join the job described by RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (single process if unset)."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    rank, world = env_world()
+    if not torch.distributed.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            if world > 1:
+                raise UserError("WORLD_SIZE > 1 but MASTER_PORT is not set; launch through torchrun, "
+                                "`megatron-mtp train --nproc-per-node N` or `megatron-mtp submit`")
+            os.environ["MASTER_PORT"] = str(_free_port())
+        torch.distributed.init_process_group(
+            backend=platform.backend, rank=rank, world_size=world,
+            timeout=datetime.timedelta(minutes=30),
+        )
+    p = cfg.parallel
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=p.tensor,
+        pipeline_model_parallel_size=p.pipeline,
+        expert_model_parallel_size=p.expert,
+    )
+    seed_everything(cfg.training.seed, platform)
+    return Layout(
+        rank=rank,
+        world_size=world,
+        tp=p.tensor,
+        pp=p.pipeline,
+        ep=p.expert,
+        dp=parallel_state.get_data_parallel_world_size(),
+        tp_rank=parallel_state.get_tensor_model_parallel_rank(),
+        pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
+        ep_rank=parallel_state.get_expert_model_parallel_rank(),
+        dp_rank=parallel_state.get_data_parallel_rank(),
+    )
+
+
+def seed_everything(seed: int, platform: Platform) -> None:
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    # On CPU the CUDA RNG tracker cannot fork CUDA states; the inference tracker is a no-op
+    # (our models have no dropout, so no per-TP-rank RNG streams are needed).
+    model_parallel_cuda_manual_seed(seed, inference_rng_tracker=platform.is_cpu)
+
+
+def destroy() -> None:
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

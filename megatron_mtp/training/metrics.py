@@ -1,0 +1,131 @@
+"""Per-step training signals that megatron-core does not report by itself.
+
+Design note: MTP draft acceptance, teacher-forced.
+GPTModel calls its output layer D times for the MTP depths (depth 1 first) and then once for the
+main model, all on the last pipeline stage. A forward hook on the output layer takes the argmax of
+each call's vocab-parallel logits (max over the local vocab shard, then across TP ranks). For depth
+k, the prediction at position t targets token t+1+k, which the main model predicts at position t+k:
+    acceptance_k = mean_t [ argmax MTP_k(t) == argmax main(t+k) ]     (what greedy drafting accepts)
+    accuracy_k   = mean_t [ argmax MTP_k(t) == label(t+k) ]           (top-1 against the data)
+over positions t < s-k whose shifted loss mask is set. In evaluation the hook also computes the
+per-depth cross entropy (megatron-core only records it in training mode). Routers get a hook that
+counts tokens per expert for the load-balance metric (max violation: max load / mean load - 1).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megatron_mtp.platform import current as current_platform
+
+
+def _vocab_parallel_argmax(logits: torch.Tensor, tp_group) -> torch.Tensor:
+    """Global argmax over a vocab dim split across TP ranks ([s, b, V/tp] -> [s, b])."""
+    local_max, local_idx = logits.float().max(dim=-1)
+    world = torch.distributed.get_world_size(tp_group) if tp_group is not None else 1
+    if world == 1:
+        return local_idx
+    rank = torch.distributed.get_rank(tp_group)
+    global_idx = local_idx + rank * logits.shape[-1]
+    maxes = [torch.empty_like(local_max) for _ in range(world)]
+    idxs = [torch.empty_like(global_idx) for _ in range(world)]
+    torch.distributed.all_gather(maxes, local_max.contiguous(), group=tp_group)
+    torch.distributed.all_gather(idxs, global_idx.contiguous(), group=tp_group)
+    best = torch.stack(maxes).argmax(dim=0)  # first rank wins ties, like a global argmax
+    return torch.stack(idxs).gather(0, best.unsqueeze(0)).squeeze(0)
+
+
+class MTPMetrics:
+    """Accumulates per-depth acceptance/accuracy (and eval CE) across micro-batches."""
+
+    def __init__(self, depth: int, tp_group):
+        self.depth = depth
+        self.tp_group = tp_group
+        self.compute_ce = False
+        self._labels = None
+        self._mask = None
+        self._preds: list[torch.Tensor] = []
+        self._logits_ce: list[torch.Tensor] = []
+        self.reset()
+
+    def reset(self) -> None:
+        d = self.depth
+        # rows: accepted, correct, ce_sum, count (per depth); plus main lm ce_sum, count
+        self.sums = torch.zeros(4, max(d, 1), dtype=torch.float64)
+
+    def start_microbatch(self, labels: torch.Tensor, loss_mask: torch.Tensor) -> None:
+        self._labels = labels  # [b, s]
+        self._mask = loss_mask
+        self._preds = []
+
+    def output_hook(self, module, inputs, output) -> None:
+        if self._labels is None or self.depth == 0:
+            return
+        logits = output[0] if isinstance(output, tuple) else output  # [s, b, V/tp]
+        with torch.no_grad():
+            pred = _vocab_parallel_argmax(logits, self.tp_group).t()  # [b, s]
+            call = len(self._preds)
+            if self.compute_ce and call < self.depth:
+                k = call + 1
+                from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+                target = torch.roll(self._labels, -k, dims=1).t().contiguous()  # [s, b]
+                ce = vocab_parallel_cross_entropy(logits.float().clone(), target).t()  # [b, s]
+                mask = self._valid_mask(k)
+                self.sums[2, call] += float((ce * mask).sum())
+            self._preds.append(pred)
+            if call == self.depth:  # the main model's call: everything for this micro-batch is in
+                self._accumulate(pred)
+
+    def _valid_mask(self, k: int) -> torch.Tensor:
+        s = self._labels.shape[1]
+        mask = torch.zeros_like(self._mask, dtype=torch.float32)
+        mask[:, : s - k] = self._mask[:, k:].float()
+        return mask
+
+    def _accumulate(self, main_pred: torch.Tensor) -> None:
+        s = main_pred.shape[1]
+        for i in range(self.depth):
+            k = i + 1
+            draft = self._preds[i][:, : s - k]
+            mask = self._valid_mask(k)[:, : s - k]
+            self.sums[0, i] += float(((draft == main_pred[:, k:]).float() * mask).sum())
+            self.sums[1, i] += float(((draft == self._labels[:, k:]).float() * mask).sum())
+            self.sums[3, i] += float(mask.sum())
+        self._labels = None
+
+
+class ExpertLoad:
+    """Tokens routed to each expert, per MoE layer, from the routers' routing maps."""
+
+    def __init__(self, num_layers_total: int, num_experts: int):
+        self.counts = torch.zeros(num_layers_total, max(num_experts, 1), dtype=torch.float64)
+
+    def hook_for(self, layer_index: int):
+        def hook(module, inputs, output):
+            routing_map = output[1]  # [tokens, experts] bool
+            with torch.no_grad():
+                self.counts[layer_index] += routing_map.sum(dim=0).double().cpu()
+
+        return hook
+
+    def reset(self) -> None:
+        self.counts.zero_()
+
+
+def max_violation(counts: torch.Tensor) -> float:
+    """Mean over MoE layers of (max expert load / mean expert load - 1)."""
+    used = counts[counts.sum(dim=1) > 0]
+    if used.numel() == 0:
+        return 0.0
+    mean = used.mean(dim=1)
+    return float((used.max(dim=1).values / mean - 1).mean())
+
+
+def memory_gib() -> float:
+    """Peak accelerator memory on GPU, resident set size on CPU (GiB)."""
+    if current_platform().is_cpu:
+        import psutil
+
+        return psutil.Process().memory_info().rss / 2**30
+    return torch.cuda.max_memory_allocated() / 2**30
