@@ -1,0 +1,358 @@
+"""What `megatron-mtp submit` will ask Slurm for, checked before anything reaches the queue.
+
+``SubmitRequest`` is the user's input (typed, from the command line); ``build_plan`` validates it
+against the run config and returns a ``JobPlan`` holding everything the job script needs. Every
+problem raises ``UserError`` with one sentence, so no queue slot is wasted on a job that would fail
+at start-up. Nothing is written here: see submit.py for the run directory.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from megatron_mtp.config import Config, load_config
+from megatron_mtp.errors import UserError
+from megatron_mtp.launch.container_mounts import Mount, container_path, parse_mounts
+from megatron_mtp.launch.slurm_time import format_seconds, parse_slurm_time
+
+ResumeMode = Literal["requeue", "chain", "none"]
+
+# Variables the job script itself sets for rendezvous; --env must not fight them.
+RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DEPENDENCY_ITEM = re.compile(r"^(singleton|(after|afterany|afterok|afternotok|aftercorr|afterburstbuffer)(:\d+(_\d+)?(\+\d+)?)+)$")
+_SAFE_WORD = re.compile(r"^[A-Za-z0-9_.,:@%+=/-]+$")
+
+
+@dataclass
+class SubmitRequest:
+    """The user's submission, as given on the command line."""
+
+    config: str
+    overrides: list[str] = field(default_factory=list)
+    run_dir: Optional[str] = None
+    nodes: int = 1
+    gpus_per_node: Optional[int] = None
+    cpu: bool = False
+    tasks_per_node: Optional[int] = None
+    cpus_per_task: Optional[int] = None
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time: Optional[str] = None
+    job_name: Optional[str] = None
+    dependency: Optional[str] = None
+    container_image: Optional[str] = None
+    container_mounts: list[str] = field(default_factory=list)
+    env: list[str] = field(default_factory=list)
+    signal_before: int = 300
+    resume: ResumeMode = "requeue"
+    chain: int = 1
+    max_restarts: int = 50
+    python: Optional[str] = None
+    sbatch_args: list[str] = field(default_factory=list)
+    workdir: Optional[str] = None
+
+
+@dataclass
+class JobPlan:
+    """A validated submission: everything the sbatch script is rendered from."""
+
+    config: Config
+    """The resolved config the job trains with (paths as the job sees them)."""
+    run_dir: str
+    """Absolute run directory on the submit host."""
+    job_run_dir: str
+    """The run directory as the job sees it (differs from run_dir only inside a container)."""
+    nodes: int
+    tasks_per_node: int
+    gpus_per_node: Optional[int]
+    cpus_per_task: Optional[int]
+    partition: Optional[str]
+    account: Optional[str]
+    qos: Optional[str]
+    time: Optional[str]
+    time_seconds: Optional[int]
+    job_name: str
+    dependency: Optional[str]
+    container_image: Optional[str]
+    container_mounts: list[Mount]
+    env: dict[str, str]
+    signal_before: int
+    resume: ResumeMode
+    chain: int
+    max_restarts: int
+    python: str
+    sbatch_args: list[str]
+    workdir: str
+    """Submit-host working directory (the job starts there, so relative paths keep meaning)."""
+    job_workdir: str
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    @property
+    def cpu(self) -> bool:
+        return self.gpus_per_node is None
+
+    @property
+    def snapshot_path(self) -> str:
+        return os.path.join(self.run_dir, "slurm", "config.yaml")
+
+    @property
+    def job_snapshot_path(self) -> str:
+        return os.path.join(self.job_run_dir, "slurm", "config.yaml")
+
+
+def build_plan(request: SubmitRequest) -> JobPlan:
+    """Validate ``request`` and the config it names; raise UserError on the first problem."""
+    tasks_per_node, gpus_per_node = _resources(request)
+    _check_words(request)
+    time_seconds = parse_slurm_time(request.time) if request.time else None
+    _check_signal(request, time_seconds)
+    _check_resume(request)
+    env = _parse_env(request.env)
+
+    device_overrides = ["training.device=cpu", "parallel.backend=gloo"] if request.cpu else []
+    cfg = load_config(request.config, list(request.overrides))
+    _check_device(cfg, request.cpu)
+    cfg = load_config(request.config, device_overrides + list(request.overrides)) if request.cpu else cfg
+    _check_layout(cfg, request.nodes, tasks_per_node)
+    _check_data_paths(cfg)
+
+    workdir = os.path.abspath(request.workdir or os.getcwd())
+    run_dir = os.path.abspath(request.run_dir or os.path.join(workdir, "runs", cfg.name))
+    _check_run_dir(run_dir)
+
+    mounts = parse_mounts(request.container_mounts)
+    if mounts and not request.container_image:
+        raise UserError("--container-mounts was given without --container-image; name the container image to run in (e.g. --container-image nvcr.io/nvidia/pytorch:25.09-py3)")
+    job_cfg, job_run_dir, job_workdir = cfg, run_dir, workdir
+    if request.container_image:
+        job_cfg, job_run_dir, job_workdir = _into_container(cfg, run_dir, workdir, mounts)
+        python = request.python or "python"
+    else:
+        python = _check_python(request.python or sys.executable)
+
+    return JobPlan(
+        config=job_cfg,
+        run_dir=run_dir,
+        job_run_dir=job_run_dir,
+        nodes=request.nodes,
+        tasks_per_node=tasks_per_node,
+        gpus_per_node=gpus_per_node,
+        cpus_per_task=request.cpus_per_task,
+        partition=request.partition,
+        account=request.account,
+        qos=request.qos,
+        time=request.time,
+        time_seconds=time_seconds,
+        job_name=request.job_name or f"mtp-{cfg.name}",
+        dependency=request.dependency,
+        container_image=request.container_image,
+        container_mounts=mounts,
+        env=env,
+        signal_before=request.signal_before,
+        resume=request.resume,
+        chain=request.chain,
+        max_restarts=request.max_restarts,
+        python=python,
+        sbatch_args=list(request.sbatch_args),
+        workdir=workdir,
+        job_workdir=job_workdir,
+    )
+
+
+# --------------------------------------------------------------------------- resources
+
+
+def _resources(request: SubmitRequest) -> tuple[int, Optional[int]]:
+    """(tasks per node, GPUs per node or None): one task per GPU, or --tasks-per-node with --cpu."""
+    if request.nodes < 1:
+        raise UserError(f"--nodes is {request.nodes}; ask for at least one node")
+    if request.cpu:
+        if request.gpus_per_node is not None:
+            raise UserError("--cpu and --gpus-per-node contradict each other; use --cpu --tasks-per-node N for CPU (gloo) jobs or --gpus-per-node G for GPU jobs")
+        tasks = 1 if request.tasks_per_node is None else request.tasks_per_node
+        if tasks < 1:
+            raise UserError(f"--tasks-per-node is {tasks}; run at least one task per node")
+        return tasks, None
+    if request.gpus_per_node is None:
+        raise UserError("say how many GPUs each node has with --gpus-per-node G (one training process runs per GPU), or pass --cpu for a CPU (gloo) job")
+    if request.gpus_per_node < 1:
+        raise UserError(f"--gpus-per-node is {request.gpus_per_node}; give at least 1, or pass --cpu for a CPU (gloo) job")
+    if request.tasks_per_node is not None and request.tasks_per_node != request.gpus_per_node:
+        raise UserError("--tasks-per-node is only for --cpu jobs; GPU jobs always run one task per GPU, so drop it or make it equal to --gpus-per-node")
+    return request.gpus_per_node, request.gpus_per_node
+
+
+def _check_words(request: SubmitRequest) -> None:
+    for flag, value in (("--partition", request.partition), ("--account", request.account), ("--qos", request.qos)):
+        if value is not None and not _SAFE_WORD.match(value):
+            raise UserError(f"{flag} '{value}' has characters Slurm does not accept there; use the plain name (letters, digits, '_', '-', ',')")
+    if request.job_name is not None and (not request.job_name or not re.match(r"^[A-Za-z0-9_.+-]+$", request.job_name)):
+        raise UserError(f"--job-name '{request.job_name}' must be a non-empty word of letters, digits and . _ + -")
+    if request.dependency is not None:
+        for item in re.split(r"[,?]", request.dependency):
+            if not _DEPENDENCY_ITEM.match(item):
+                raise UserError(f"--dependency '{request.dependency}' is not a Slurm dependency; use forms like afterok:123456, afterany:12:34 or singleton")
+    if request.cpus_per_task is not None and request.cpus_per_task < 1:
+        raise UserError(f"--cpus-per-task is {request.cpus_per_task}; give at least 1")
+    for arg in request.sbatch_args:
+        if not arg.startswith("--") or "\n" in arg or not arg[2:3].isalpha():
+            raise UserError(f"--sbatch-arg '{arg}' must be one long sbatch option such as --exclusive or --mem=0")
+    if request.container_image is not None and (not request.container_image.strip() or any(c.isspace() for c in request.container_image)):
+        raise UserError(f"--container-image '{request.container_image}' must be an image name or .sqsh path without spaces")
+
+
+def _check_signal(request: SubmitRequest, time_seconds: Optional[int]) -> None:
+    if not 10 <= request.signal_before <= 65535:
+        raise UserError(f"--signal-before is {request.signal_before} s; Slurm accepts 10..65535 seconds before the time limit")
+    if time_seconds is not None and request.signal_before >= time_seconds:
+        raise UserError(
+            f"--signal-before {request.signal_before} s is not shorter than --time {request.time} "
+            f"({format_seconds(time_seconds)}); ask for more time or an earlier-arriving, smaller --signal-before"
+        )
+
+
+def _check_resume(request: SubmitRequest) -> None:
+    if request.resume not in ("requeue", "chain", "none"):
+        raise UserError(f"--resume '{request.resume}' is unknown; use requeue, chain or none")
+    if request.chain < 1:
+        raise UserError(f"--chain is {request.chain}; a chain has at least one job")
+    if request.chain > 1 and request.resume != "chain":
+        raise UserError("--chain N only applies with --resume chain; add --resume chain or drop --chain")
+    if request.max_restarts < 0:
+        raise UserError(f"--max-restarts is {request.max_restarts}; give 0 or more")
+
+
+def _parse_env(items: list[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not _ENV_KEY.match(key):
+            raise UserError(f"--env '{item}' must look like NAME=value with NAME a shell variable name")
+        if key in RESERVED_ENV:
+            raise UserError(f"--env {key} is set by the job from the Slurm environment; drop it (the job derives {', '.join(RESERVED_ENV)})")
+        if "\n" in value:
+            raise UserError(f"--env {key} holds a newline; give a one-line value")
+        env[key] = value
+    return env
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _check_device(cfg: Config, cpu: bool) -> None:
+    if cpu:
+        if cfg.training.device == "cuda":
+            raise UserError("the config sets training.device=cuda but the job was submitted with --cpu; drop --cpu and give --gpus-per-node, or override training.device=cpu")
+        if cfg.parallel.backend == "nccl":
+            raise UserError("the config sets parallel.backend=nccl but --cpu jobs have no GPUs; override parallel.backend=gloo (or auto)")
+    elif cfg.training.device == "cpu":
+        raise UserError("the config sets training.device=cpu but GPUs were requested with --gpus-per-node; submit with --cpu --tasks-per-node N instead")
+
+
+def _check_layout(cfg: Config, nodes: int, tasks_per_node: int) -> None:
+    """World size against TP×PP×EP×DP, the same rules megatron-core applies at start-up."""
+    world = nodes * tasks_per_node
+    where = f"{nodes} node(s) × {tasks_per_node} task(s) = {world} processes"
+    p = cfg.parallel
+    if p.world_size is not None and p.world_size != world:
+        raise UserError(f"the config expects parallel.world_size={p.world_size} but the job has {where}; change --nodes/--gpus-per-node or the config")
+    model = p.tensor * p.pipeline
+    if world % model:
+        raise UserError(f"{where} is not a multiple of tensor × pipeline = {p.tensor} × {p.pipeline} = {model}; change --nodes/--gpus-per-node or parallel.tensor/pipeline")
+    expert_group = p.tensor * p.expert * p.pipeline
+    if world % expert_group:
+        raise UserError(f"{where} is not a multiple of tensor × expert × pipeline = {expert_group}; change --nodes/--gpus-per-node or parallel.expert")
+    if cfg.model.num_experts and cfg.model.num_experts % p.expert:
+        raise UserError(f"model.num_experts={cfg.model.num_experts} does not split over parallel.expert={p.expert} ranks; pick an expert-parallel size that divides it")
+    dp = world // model
+    t = cfg.training
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        raise UserError(
+            f"training.global_batch_size={t.global_batch_size} is not a multiple of micro_batch_size × data-parallel size = "
+            f"{t.micro_batch_size} × {dp} with {where}; change the batch sizes or the job size"
+        )
+
+
+def _check_data_paths(cfg: Config) -> None:
+    d = cfg.data
+    for key, prefixes in (("data.paths", d.paths), ("data.valid_paths", d.valid_paths)):
+        for prefix in prefixes or []:
+            if os.path.exists(prefix):
+                continue
+            missing = [ext for ext in (".bin", ".idx") if not os.path.exists(prefix + ext)]
+            if missing:
+                raise UserError(f"{key} entry '{prefix}' has no {' or '.join(prefix + m for m in missing)} on this machine; run `megatron-mtp preprocess` or fix the path (the job's nodes must see it too)")
+    if d.tokenizer is not None and not os.path.exists(d.tokenizer):
+        raise UserError(f"data.tokenizer '{d.tokenizer}' does not exist; point it at a tokenizer.json or a directory holding one")
+    if d.cache_dir is not None and not _creatable(d.cache_dir):
+        raise UserError(f"data.cache_dir '{d.cache_dir}' cannot be created or written; choose a writable shared directory")
+    if cfg.checkpoint.load is not None and not os.path.exists(cfg.checkpoint.load):
+        raise UserError(f"checkpoint.load '{cfg.checkpoint.load}' does not exist; give an existing checkpoint or run directory")
+
+
+def _creatable(path: str) -> bool:
+    """The directory exists and is writable, or its nearest existing parent is."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return False
+        probe = parent
+    return os.path.isdir(probe) and os.access(probe, os.W_OK | os.X_OK)
+
+
+def _check_run_dir(run_dir: str) -> None:
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise UserError(f"run directory '{run_dir}' is a file; give --run-dir a directory path")
+    if not _creatable(run_dir):
+        raise UserError(f"run directory '{run_dir}' cannot be created or written by you; give --run-dir a writable (shared) directory")
+
+
+def _check_python(python: str) -> str:
+    found = shutil.which(python)
+    if found is None:
+        raise UserError(f"--python '{python}' is not an executable on this machine; give the interpreter that has megatron_mtp installed")
+    return os.path.abspath(found) if os.sep in python else python
+
+
+# --------------------------------------------------------------------------- container
+
+
+def _into_container(cfg: Config, run_dir: str, workdir: str, mounts: list[Mount]) -> tuple[Config, str, str]:
+    """Rewrite every path the job uses to its container-side name; UserError if one is not mounted."""
+    home = os.path.expanduser("~")
+
+    def inside(path: str, what: str, writable: bool = False) -> str:
+        target = container_path(path, mounts, home)
+        if target is None:
+            raise UserError(f"{what} '{path}' is not under any --container-mounts source, so the job could not see it; add a mount such as {os.path.dirname(os.path.abspath(path))}:{os.path.dirname(os.path.abspath(path))}")
+        if writable:
+            for m in mounts:
+                if "ro" in m.flags.split("+") and (os.path.abspath(path) + "/").startswith(m.source.rstrip("/") + "/"):
+                    raise UserError(f"{what} '{path}' is under the read-only mount {m.spec()}; the job must write there, so mount it read-write")
+        return target
+
+    job_cfg = copy.deepcopy(cfg)
+    d = job_cfg.data
+    d.paths = [inside(p, "data.paths entry") for p in d.paths] if d.paths else d.paths
+    d.valid_paths = [inside(p, "data.valid_paths entry") for p in d.valid_paths] if d.valid_paths else d.valid_paths
+    if d.tokenizer is not None:
+        d.tokenizer = inside(d.tokenizer, "data.tokenizer")
+    if d.cache_dir is not None:
+        d.cache_dir = inside(d.cache_dir, "data.cache_dir", writable=True)
+    if job_cfg.checkpoint.load is not None:
+        job_cfg.checkpoint.load = inside(job_cfg.checkpoint.load, "checkpoint.load")
+    job_run_dir = inside(run_dir, "run directory", writable=True)
+    job_workdir = container_path(workdir, mounts, home) or job_run_dir
+    return job_cfg, job_run_dir, job_workdir
