@@ -1,0 +1,92 @@
+"""The tokenising half of preprocessing: raw JSONL lines in, token arrays out.
+
+Runs in worker processes (or in-process for one worker). It imports only numpy, json and
+`tokenizers`, so spawning a worker is cheap. Each worker tokenises single-threaded
+(TOKENIZERS_PARALLELISM=false): parallelism comes from the worker processes, which keeps the
+"N workers = N cores" accounting honest. Every document's tokens depend only on its own text,
+so the output is identical for any number of workers or chunk size.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from megatron_mtp.data.jsonl import BAD_UNICODE, BadLine, Chunk, parse_line
+
+
+@dataclass
+class EncodedChunk:
+    """Tokens of the documents of one chunk, in line order."""
+
+    file_index: int
+    tokens: np.ndarray
+    """All documents' token ids, concatenated (int32)."""
+    lengths: np.ndarray
+    """Tokens per document (int64); documents with zero tokens are dropped and counted in `empty`."""
+    input_bytes: int = 0
+    """Raw (uncompressed) bytes of the chunk's lines."""
+    lines: int = 0
+    """Raw lines in the chunk (an empty chunk marks the end of a file)."""
+    bad: list[BadLine] = field(default_factory=list)
+    empty: int = 0
+    """Documents whose text produced no tokens (and no EOD was appended)."""
+
+
+_STATE: dict = {}
+
+
+def init_worker(tokenizer_path: str, text_key: str, eod_id: Optional[int]) -> None:
+    """Load the tokenizer once per worker process; eod_id is appended to every document when set."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from megatron_mtp.data.tokenizer import TOKENIZER_FILE
+
+    file = os.path.join(tokenizer_path, TOKENIZER_FILE) if os.path.isdir(tokenizer_path) else tokenizer_path
+    _STATE.update(tokenizer=HFTokenizer.from_file(file), text_key=text_key, eod_id=eod_id)
+
+
+def encode_chunk(chunk: Chunk) -> EncodedChunk:
+    """Parse and tokenise one chunk with the tokenizer loaded by init_worker."""
+    tok = _STATE["tokenizer"]
+    text_key: str = _STATE["text_key"]
+    eod_id: Optional[int] = _STATE["eod_id"]
+    texts: list[str] = []
+    line_numbers: list[int] = []
+    bad: list[BadLine] = []
+    for offset, raw in enumerate(chunk.lines):
+        parsed = parse_line(raw, text_key)
+        if parsed is None:
+            continue
+        if isinstance(parsed, tuple):
+            bad.append(BadLine(chunk.file_index, chunk.first_line + offset, *parsed))
+            continue
+        texts.append(parsed)
+        line_numbers.append(chunk.first_line + offset)
+
+    try:
+        encoded = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+    except Exception:  # a lone surrogate (from a "\ud800" escape) cannot cross into Rust
+        encoded = []
+        for text, line in zip(texts, line_numbers):
+            try:
+                encoded.append(tok.encode(text, add_special_tokens=False).ids)
+            except Exception:
+                bad.append(BadLine(chunk.file_index, line, BAD_UNICODE, "the text holds an unpaired surrogate escape (e.g. \\ud800), which is not valid Unicode"))
+                continue
+        bad.sort(key=lambda b: b.line)
+
+    if eod_id is not None:
+        for ids in encoded:
+            ids.append(eod_id)
+    lengths = np.fromiter((len(ids) for ids in encoded), dtype=np.int64, count=len(encoded))
+    empty = int((lengths == 0).sum())
+    if empty:
+        lengths = lengths[lengths > 0]
+    flat = np.fromiter((t for ids in encoded for t in ids), dtype=np.int32, count=int(lengths.sum()))
+    input_bytes = sum(map(len, chunk.lines))
+    return EncodedChunk(chunk.file_index, flat, lengths, input_bytes, len(chunk.lines), bad, empty)

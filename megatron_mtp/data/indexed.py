@@ -1,0 +1,170 @@
+"""Writing and checking megatron-core indexed datasets (PREFIX.bin + PREFIX.idx).
+
+Writing goes through megatron-core's own ``IndexedDatasetBuilder`` into temporary names
+(``PREFIX.bin.tmp-PID`` ...). `IndexedWriter.commit` renames them in a fixed order — metadata,
+then .bin, then .idx last, after removing any old .idx first — so the presence of PREFIX.idx
+means the pair is complete, and an interrupted run never leaves a dataset that looks valid.
+
+Beside the pair we write ``PREFIX.meta.json`` (tokenizer vocab size, EOD id, fingerprint, counts),
+which lets config validation catch a dataset tokenised with a different tokenizer.
+
+`check_indexed_pair` validates an existing pair without trusting it: header, version, dtype,
+the .idx size implied by its counts, and the .bin size implied by the sequence lengths.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import warnings
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from megatron_mtp.errors import UserError
+
+INDEX_HEADER = b"MMIDIDX\x00\x00"
+META_SUFFIX = ".meta.json"
+# DType codes of megatron.core.datasets.indexed_dataset.DType.
+_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
+
+
+def _indexed_dataset_module():
+    """megatron.core.datasets.indexed_dataset, imported quietly (megatron-core warns about TE/Apex)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets import indexed_dataset
+    return indexed_dataset
+
+
+def token_dtype(vocab_size: int) -> type:
+    """The token dtype megatron-core picks for a vocabulary (uint16 below 65500 ids, else int32)."""
+    return _indexed_dataset_module().DType.optimal_dtype(vocab_size)
+
+
+class IndexedWriter:
+    """Append documents to a new indexed dataset; `commit` publishes it, `abort` removes all traces."""
+
+    def __init__(self, prefix: str, vocab_size: int):
+        self.prefix = prefix
+        if os.path.isdir(prefix):
+            raise UserError(f"output prefix '{prefix}' is a directory; pass a path prefix such as '{os.path.join(prefix, 'corpus')}'")
+        parent = os.path.dirname(os.path.abspath(prefix))
+        os.makedirs(parent, exist_ok=True)
+        tag = f".tmp-{os.getpid()}"
+        self._tmp = {ext: f"{prefix}{ext}{tag}" for ext in (".bin", ".idx", META_SUFFIX)}
+        module = _indexed_dataset_module()
+        self.dtype = module.DType.optimal_dtype(vocab_size)
+        self._builder = module.IndexedDatasetBuilder(self._tmp[".bin"], dtype=self.dtype)
+        self.documents = 0
+        self.tokens = 0
+        self._done = False
+
+    def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Add documents given as one concatenated token array and the length of each document."""
+        start = 0
+        for length in lengths.tolist():
+            self._builder.add_document(tokens[start : start + length], [length])
+            start += length
+        self.documents += len(lengths)
+        self.tokens += start
+
+    def commit(self, meta: dict[str, Any]) -> None:
+        """Write the index and metadata, then rename everything into place (.idx last)."""
+        self._builder.finalize(self._tmp[".idx"])
+        meta = {"format": "megatron_mtp.indexed_dataset/1", "documents": self.documents, "tokens": self.tokens,
+                "dtype": np.dtype(self.dtype).name, **meta}
+        with open(self._tmp[META_SUFFIX], "w", encoding="utf-8") as fh:
+            json.dump(meta, fh, indent=2)
+        if os.path.exists(self.prefix + ".idx"):
+            os.unlink(self.prefix + ".idx")
+        for ext in (META_SUFFIX, ".bin", ".idx"):
+            os.replace(self._tmp[ext], self.prefix + ext)
+        self._done = True
+
+    def abort(self) -> None:
+        """Close and delete the temporary files (safe to call more than once)."""
+        if self._done:
+            return
+        try:
+            self._builder.data_file.close()
+        except Exception:
+            pass
+        for path in self._tmp.values():
+            if os.path.exists(path):
+                os.unlink(path)
+        self._done = True
+
+    def __enter__(self) -> "IndexedWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None or not self._done:
+            self.abort()
+
+
+@dataclass
+class IndexInfo:
+    """What an .idx says about its dataset."""
+
+    prefix: str
+    dtype: type
+    sequences: int
+    documents: int
+    tokens: int
+    meta: Optional[dict]
+    """PREFIX.meta.json when present."""
+
+
+def read_meta(prefix: str) -> Optional[dict]:
+    path = prefix + META_SUFFIX
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"dataset metadata '{path}' is unreadable ({exc}); delete it or re-run `megatron-mtp preprocess`") from None
+    return meta if isinstance(meta, dict) else None
+
+
+def check_indexed_pair(prefix: str) -> IndexInfo:
+    """Validate PREFIX.bin/PREFIX.idx without trusting them; UserError when missing or mismatched."""
+    redo = "re-run `megatron-mtp preprocess` to rebuild it"
+    for suffix in (".bin", ".idx"):
+        if prefix.endswith(suffix):
+            raise UserError(f"dataset prefix '{prefix}' ends with '{suffix}'; give the prefix without the extension ('{prefix[: -len(suffix)]}')")
+    idx_path, bin_path = prefix + ".idx", prefix + ".bin"
+    missing = [p for p in (bin_path, idx_path) if not os.path.isfile(p)]
+    if missing:
+        which = " and ".join(os.path.basename(p) for p in missing)
+        raise UserError(f"dataset prefix '{prefix}' has no {which}; check the path or {redo}")
+    idx_size = os.path.getsize(idx_path)
+    with open(idx_path, "rb") as fh:
+        head = fh.read(34)
+    if len(head) < 34 or head[:9] != INDEX_HEADER:
+        raise UserError(f"'{idx_path}' is not a megatron indexed-dataset index (bad header); {redo}")
+    version = struct.unpack("<Q", head[9:17])[0]
+    code = head[17]
+    sequences, documents = struct.unpack("<QQ", head[18:34])
+    if version != 1 or code not in _DTYPES:
+        raise UserError(f"'{idx_path}' has index version {version} / dtype code {code}, which megatron-core 0.16 cannot read; {redo}")
+    expected_idx = 34 + sequences * (4 + 8) + documents * 8
+    if idx_size != expected_idx:
+        raise UserError(f"'{idx_path}' is {idx_size} bytes but its header describes {expected_idx} (truncated or corrupt); {redo}")
+    lengths = np.fromfile(idx_path, dtype=np.int32, count=sequences, offset=34)
+    pointers = np.fromfile(idx_path, dtype=np.int64, count=sequences, offset=34 + 4 * sequences)
+    doc_idx = np.fromfile(idx_path, dtype=np.int64, count=documents, offset=34 + 12 * sequences)
+    if documents == 0 or doc_idx[0] != 0 or doc_idx[-1] != sequences:
+        raise UserError(f"'{idx_path}' has an inconsistent document index; {redo}")
+    itemsize = np.dtype(_DTYPES[code]).itemsize
+    tokens = int(lengths.astype(np.int64).sum())
+    bin_size = os.path.getsize(bin_path)
+    if bin_size != tokens * itemsize or (sequences and pointers[-1] + int(lengths[-1]) * itemsize != bin_size):
+        raise UserError(
+            f"'{bin_path}' holds {bin_size} bytes but '{idx_path}' describes {tokens * itemsize}: the .bin/.idx pair "
+            f"does not match (mixed from two runs or truncated); {redo}"
+        )
+    return IndexInfo(prefix, _DTYPES[code], int(sequences), int(documents) - 1, tokens, read_meta(prefix))

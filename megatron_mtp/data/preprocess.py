@@ -1,0 +1,229 @@
+"""JSONL corpora -> megatron-core indexed dataset (the engine behind `megatron-mtp preprocess`).
+
+Pipeline: the main process cuts the input files into chunks of raw lines (jsonl.iter_chunks),
+hands them to ``workers`` tokenising processes (encode_worker) through a bounded in-order window,
+and appends the returned token arrays to an IndexedWriter in input order. Because results are
+consumed strictly in submission order and each document is tokenised on its own, the .bin/.idx
+bytes are identical for any worker count. The window (a few chunks per worker) bounds memory
+for inputs of any size. With one worker everything runs in-process.
+
+Each JSON line becomes one document (one sequence) of the dataset; empty documents are dropped
+(counted in the summary). Bad lines stop the run with ``file:line: what is wrong`` unless
+``skip_bad_lines`` is set, in which case they are counted per kind and the first few reported.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from megatron_mtp.data import encode_worker
+from megatron_mtp.data.indexed import IndexedWriter
+from megatron_mtp.data.jsonl import BadLine, Chunk, iter_chunks, open_input
+from megatron_mtp.data.tokenizer import Tokenizer, load_tokenizer
+from megatron_mtp.errors import UserError
+
+MAX_BAD_EXAMPLES = 5
+
+
+@dataclass
+class PreprocessStats:
+    """What a preprocessing run did."""
+
+    output_prefix: str
+    documents: int = 0
+    tokens: int = 0
+    input_bytes: int = 0
+    """Uncompressed JSONL bytes read."""
+    lines: int = 0
+    empty_documents: int = 0
+    bad_lines: dict[str, int] = field(default_factory=dict)
+    """Skipped lines per kind of problem (only with skip_bad_lines)."""
+    bad_examples: list[str] = field(default_factory=list)
+    """The first few skipped lines as `file:line: problem`."""
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        rate = max(self.seconds, 1e-9)
+        text = (
+            f"wrote {self.output_prefix}.bin/.idx: {self.documents} documents, {self.tokens} tokens "
+            f"in {self.seconds:.1f}s ({self.documents / rate:.0f} docs/s, {self.tokens / rate:.0f} tokens/s)"
+        )
+        if self.empty_documents:
+            text += f"; {self.empty_documents} empty documents dropped"
+        if self.bad_lines:
+            counts = ", ".join(f"{n} {kind}" for kind, n in sorted(self.bad_lines.items()))
+            text += f"; skipped {sum(self.bad_lines.values())} bad lines ({counts})"
+            text += "".join(f"\n  e.g. {ex}" for ex in self.bad_examples)
+        return text
+
+
+def _describe_bad(bad: BadLine, paths: list[str]) -> str:
+    return f"{paths[bad.file_index]}:{bad.line}: {bad.detail}"
+
+
+class _InProcess:
+    """The worker pool interface, run in this process (workers=1)."""
+
+    def __init__(self, initargs: tuple):
+        self._saved = os.environ.get("TOKENIZERS_PARALLELISM")
+        encode_worker.init_worker(*initargs)
+
+    def submit(self, chunk: Chunk):
+        return encode_worker.encode_chunk(chunk)
+
+    @staticmethod
+    def result(handle):
+        return handle
+
+    def close(self) -> None:
+        encode_worker._STATE.clear()
+        if self._saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = self._saved
+
+
+class _Pool:
+    """A spawn-context process pool (spawn: safe after torch/tokenizers threads exist)."""
+
+    def __init__(self, workers: int, initargs: tuple):
+        ctx = multiprocessing.get_context("spawn")
+        self._pool = ctx.Pool(workers, initializer=encode_worker.init_worker, initargs=initargs)
+
+    def submit(self, chunk: Chunk):
+        return self._pool.apply_async(encode_worker.encode_chunk, (chunk,))
+
+    @staticmethod
+    def result(handle):
+        return handle.get()
+
+    def close(self) -> None:
+        self._pool.terminate()
+        self._pool.join()
+
+
+def preprocess(
+    inputs: list[str],
+    tokenizer: Union[str, Tokenizer],
+    output_prefix: str,
+    text_key: str = "text",
+    workers: int = 1,
+    append_eod: bool = False,
+    skip_bad_lines: bool = False,
+    progress: bool = True,
+    chunk_bytes: int = 1 << 18,
+) -> PreprocessStats:
+    """Tokenise JSONL ``inputs`` into ``output_prefix``.bin/.idx; see the module docstring."""
+    if not inputs:
+        raise UserError("no input files given; pass one or more JSONL files with --input")
+    if workers < 1:
+        raise UserError(f"--workers is {workers}; it must be at least 1")
+    for path in inputs:
+        open_input(path)[1].close()  # existence check before any work
+    tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
+    if tok.source in ("<memory>", "<trained>"):
+        raise UserError("preprocess needs a tokenizer saved on disk; call Tokenizer.save(dir) and pass the directory")
+    eod_id = tok.require_eod() if append_eod else None
+    initargs = (tok.source, text_key, eod_id)
+
+    stats = PreprocessStats(output_prefix=output_prefix)
+    docs_per_file = [0] * len(inputs)
+    lines_per_file = [0] * len(inputs)
+    start = time.perf_counter()
+    bar = None
+
+    def on_read(nbytes: int) -> None:
+        if bar is not None:
+            bar.update(nbytes)
+
+    def consume(result: encode_worker.EncodedChunk) -> None:
+        path = inputs[result.file_index]
+        if result.bad:
+            if not skip_bad_lines:
+                first = result.bad[0]
+                raise UserError(f"{_describe_bad(first, inputs)}; fix the line or pass --skip-bad-lines to skip bad lines")
+            for bad in result.bad:
+                stats.bad_lines[bad.kind] = stats.bad_lines.get(bad.kind, 0) + 1
+                if len(stats.bad_examples) < MAX_BAD_EXAMPLES:
+                    stats.bad_examples.append(_describe_bad(bad, inputs))
+        writer.add(result.tokens, result.lengths)
+        stats.documents += len(result.lengths)
+        stats.tokens += int(result.lengths.sum())
+        stats.input_bytes += result.input_bytes
+        stats.lines += result.lines
+        stats.empty_documents += result.empty
+        docs_per_file[result.file_index] += len(result.lengths)
+        lines_per_file[result.file_index] += result.lines
+        if result.lines == 0 and docs_per_file[result.file_index] == 0:  # end of a file
+            what = "is empty" if lines_per_file[result.file_index] == 0 else (
+                f"holds no documents ({lines_per_file[result.file_index]} lines, none with non-empty text)")
+            raise UserError(f"input file '{path}' {what}; remove it from --input or fill it")
+        if bar is not None:
+            elapsed = max(time.perf_counter() - start, 1e-9)
+            bar.set_postfix_str(f"{stats.documents / elapsed:.0f} docs/s, {stats.tokens / elapsed:.0f} tokens/s", refresh=False)
+
+    runner = None
+    try:
+        with IndexedWriter(output_prefix, tok.vocab_size) as writer:  # imports megatron-core (seconds)
+            runner = _InProcess(initargs) if workers == 1 else _Pool(workers, initargs)
+            bar = _progress_bar(inputs, progress)
+            start = time.perf_counter()
+            pending: collections.deque = collections.deque()
+            window = 4 * workers
+            for chunk in iter_chunks(inputs, chunk_bytes, on_read):
+                pending.append(runner.submit(chunk))
+                while len(pending) > window or (workers == 1 and pending):
+                    consume(runner.result(pending.popleft()))
+            while pending:
+                consume(runner.result(pending.popleft()))
+            stats.seconds = time.perf_counter() - start
+            writer.commit(_meta(tok, inputs, text_key, append_eod, stats))
+    finally:
+        if runner is not None:
+            runner.close()
+        if bar is not None:
+            bar.close()
+    return stats
+
+
+def _meta(tok: Tokenizer, inputs: list[str], text_key: str, append_eod: bool, stats: PreprocessStats) -> dict:
+    return {
+        "tokenizer": {
+            "path": os.path.abspath(tok.source),
+            "vocab_size": tok.vocab_size,
+            "eod_id": tok.eod_id,
+            "bos_id": tok.bos_id,
+            "fingerprint": tok.fingerprint(),
+        },
+        "append_eod": append_eod,
+        "text_key": text_key,
+        "inputs": [os.path.abspath(p) for p in inputs],
+        "skipped_lines": dict(sorted(stats.bad_lines.items())),
+        "empty_documents": stats.empty_documents,
+    }
+
+
+def _progress_bar(inputs: list[str], enabled: bool):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    total = sum(os.path.getsize(p) for p in inputs)
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="preprocess", dynamic_ncols=True)
+
+
+def default_workers() -> int:
+    """Worker processes to use when the user does not say: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_workers(workers: Optional[int]) -> int:
+    return default_workers() if workers is None else workers
