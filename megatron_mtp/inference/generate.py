@@ -1,0 +1,266 @@
+"""Plain and speculative (MTP-drafted) generation, batch size 1.
+
+One round of speculative decoding (seq[N-1] is the pending token, target cache = N-1 positions):
+1. the drafter proposes d_1..d_K (see draft.py for which hidden/token goes where);
+2. the target runs ONE forward over [seq[N-1], d_1..d_K] (K+1 positions);
+3. verify.py accepts a prefix of a drafts and emits one more token (correction or bonus);
+4. rollback: target cache cut to N + a positions (inputs seq[N-1], d_1..d_a are final), the
+   drafter keeps the target hidden states of those positions and cuts its own caches.
+EOS, stop strings and the token budget are checked token by token over the a+1 new tokens, so
+generation ends at exactly the token plain decoding would end at.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from megatron_mtp.errors import UserError
+from megatron_mtp.inference.dims import DeepseekV3Dims
+from megatron_mtp.inference.draft import Drafter, MTPDrafter
+from megatron_mtp.inference.sampling import SamplingParams, draw, probabilities
+from megatron_mtp.inference.stats import GenerationStats
+from megatron_mtp.inference.target import TargetModel
+from megatron_mtp.inference.verify import verify
+
+MAX_SPECULATIVE_K = 16
+
+
+@dataclass
+class GenerationResult:
+    """Generated text (EOS dropped, cut before a stop string), token ids, and statistics."""
+
+    text: str
+    tokens: list[int]
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "tokens": self.tokens, "stats": self.stats.to_dict()}
+
+
+class _Output:
+    """Collects emitted tokens and decides, token by token, when generation ends."""
+
+    def __init__(self, generator: "Generator", max_new: int, stop: list[str], eos: set[int]) -> None:
+        self.g = generator
+        self.max_new = max_new
+        self.stop = stop
+        self.eos = eos
+        self.tokens: list[int] = []
+        self.finish_reason = ""
+        self._cut_text: str | None = None
+
+    def push(self, token: int) -> bool:
+        """Append one token; True when generation must end with it."""
+        self.tokens.append(token)
+        if token in self.eos:
+            self.finish_reason = "eos"
+            return True
+        if self.stop:
+            text = self.g.decode(self.tokens)
+            hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+            if hits:
+                self.finish_reason = "stop"
+                self._cut_text = text[: min(hits)]
+                return True
+        if len(self.tokens) >= self.max_new:
+            self.finish_reason = "length"
+            return True
+        return False
+
+    def text(self) -> str:
+        if self._cut_text is not None:
+            return self._cut_text
+        body = self.tokens[:-1] if self.finish_reason == "eos" else self.tokens
+        return self.g.decode(body) if self.g.tokenizer is not None else ""
+
+
+class Generator:
+    """A loaded target model, its MTP drafter (if exported) and tokenizer."""
+
+    def __init__(
+        self,
+        target: TargetModel,
+        drafter: Drafter | None,
+        tokenizer: Any | None,
+        source: Path,
+    ) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.tokenizer = tokenizer
+        self.source = source
+
+    @property
+    def dims(self) -> DeepseekV3Dims:
+        return self.target.dims
+
+    @property
+    def has_mtp(self) -> bool:
+        return self.drafter is not None
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise UserError(f"{self.source} has no tokenizer.json, so text prompts and stop strings cannot be used; pass token ids.")
+        return list(self.tokenizer.encode(text).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            raise UserError(f"{self.source} has no tokenizer.json, so output cannot be decoded to text.")
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not ids:
+            raise UserError("the prompt is empty after tokenization; give at least one token.")
+        bad = [t for t in ids if not 0 <= t < self.dims.vocab_size]
+        if bad:
+            raise UserError(f"prompt token id {bad[0]} is outside the vocabulary (size {self.dims.vocab_size}).")
+        return ids
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        speculative_k: int = 0,
+        stop: list[str] | None = None,
+        ignore_eos: bool = False,
+        drafter: Drafter | None = None,
+    ) -> GenerationResult:
+        """Generate up to ``max_new_tokens``; ``speculative_k > 0`` drafts K tokens per round with MTP."""
+        params = SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise UserError(f"max_new_tokens must be a positive integer (got {max_new_tokens!r}).")
+        if not isinstance(speculative_k, int) or not 0 <= speculative_k <= MAX_SPECULATIVE_K:
+            raise UserError(
+                f"speculative K must be an integer from 0 to {MAX_SPECULATIVE_K} (got {speculative_k!r}); "
+                "use 0 for plain decoding."
+            )
+        drafter = drafter or self.drafter
+        if speculative_k and drafter is None:
+            raise UserError(
+                f"{self.source} has no MTP module, so --speculative cannot be used; "
+                "drop --speculative or export the model with its MTP weights."
+            )
+        stop = [s for s in (stop or []) if s]
+        if stop and self.tokenizer is None:
+            self.encode("")  # raises the no-tokenizer sentence
+        ids = self._prompt_ids(prompt)
+        if len(ids) + max_new_tokens + speculative_k > self.dims.max_position_embeddings:
+            raise UserError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) + K exceeds the model's "
+                f"max_position_embeddings ({self.dims.max_position_embeddings}); shorten one of them."
+            )
+        eos = set() if ignore_eos else set(self.dims.eos_token_ids)
+        return _Run(self, params, seed, speculative_k, drafter, _Output(self, max_new_tokens, stop, eos)).run(ids)
+
+
+class _Run:
+    """State of one generate() call."""
+
+    def __init__(
+        self, g: Generator, params: SamplingParams, seed: int, k: int, drafter: Drafter | None, out: _Output
+    ) -> None:
+        self.g, self.params, self.k, self.drafter, self.out = g, params, k, drafter, out
+        self.rng = torch.Generator().manual_seed(int(seed))
+        self.stats = GenerationStats(speculative_k=k)
+
+    def _pick(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        if self.params.greedy:
+            return int(torch.argmax(logits).item()), None
+        probs = probabilities(logits, self.params)
+        return draw(probs, self.rng), probs
+
+    def _target(self, tokens: list[int], last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        t0 = time.perf_counter()
+        logits, hidden = self.g.target.forward(tokens, last_only=last_only)
+        self.stats.target_time_s += time.perf_counter() - t0
+        self.stats.target_forwards += 1
+        self.stats.decode_forwards += 1
+        return logits, hidden
+
+    def run(self, ids: list[int]) -> GenerationResult:
+        stats, target = self.stats, self.g.target
+        stats.prompt_tokens = len(ids)
+        start = time.perf_counter()
+        target.reset_cache()
+        if self.k:
+            assert self.drafter is not None
+            self.drafter.reset()
+        logits, hidden = target.forward(ids, last_only=True)
+        stats.prefill_time_s = time.perf_counter() - start
+        stats.target_forwards = 1
+        if self.k:
+            assert self.drafter is not None
+            self.drafter.observe_target(hidden, 0)
+        seq = list(ids)
+        token = self._pick(logits[-1])[0]
+        seq.append(token)
+        done = self.out.push(token)
+        while not done:
+            budget = self.out.max_new - len(self.out.tokens)
+            k = min(self.k, budget - 1)
+            if k <= 0:  # plain step (also the last step of a speculative run)
+                logits, _ = self._target([seq[-1]], last_only=True)
+                token = self._pick(logits[-1])[0]
+                seq.append(token)
+                done = self.out.push(token)
+                continue
+            done = self._speculative_round(seq, k)
+        stats.wall_time_s = time.perf_counter() - start
+        stats.new_tokens = len(self.out.tokens)
+        stats.finish_reason = self.out.finish_reason
+        return GenerationResult(text=self.out.text(), tokens=list(self.out.tokens), stats=stats)
+
+    def _speculative_round(self, seq: list[int], k: int) -> bool:
+        drafter = self.drafter
+        assert drafter is not None
+        n = len(seq)
+        t0 = time.perf_counter()
+        drafts, dists = drafter.propose(seq, k, self._pick)
+        self.stats.draft_time_s += time.perf_counter() - t0
+        self.stats.draft_steps += k
+        logits, hidden = self._target([seq[-1]] + drafts)
+        n_accepted, extra = verify(logits, drafts, dists, self.params, self.rng)
+        self.g.target.truncate_cache(n + n_accepted)
+        drafter.observe_target(hidden[: n_accepted + 1], n - 1)
+        new_tokens = drafts[:n_accepted] + [extra]
+        seq.extend(new_tokens)
+        drafter.rollback(len(seq))
+        self.stats.record_round(k, n_accepted)
+        for token in new_tokens:
+            if self.out.push(token):
+                return True
+        return False
+
+
+def load_generator(
+    model_dir: str | Path,
+    dtype: str | torch.dtype = "float32",
+    chain_hidden: Literal["post_norm", "pre_norm"] = "post_norm",
+) -> Generator:
+    """Load an exported HF directory (main/ + mtp/, inline, or plain) or a megatron checkpoint/run dir."""
+    from megatron_mtp.inference.checkpoint_source import hf_dir_for
+    from megatron_mtp.inference.model_dir import load_mtp_modules, load_target, parse_dtype, resolve_layout
+
+    torch_dtype = parse_dtype(dtype)
+    layout = resolve_layout(hf_dir_for(Path(model_dir)))
+    target, _, index = load_target(layout, torch_dtype)
+    modules = load_mtp_modules(layout, target, index, torch_dtype)
+    tokenizer = None
+    if layout.tokenizer_file is not None:
+        from tokenizers import Tokenizer
+
+        try:
+            tokenizer = Tokenizer.from_file(str(layout.tokenizer_file))
+        except Exception as exc:  # tokenizers raises a bare Exception subclass
+            raise UserError(f"{layout.tokenizer_file} is not a readable tokenizer ({exc}); re-export the model.") from exc
+    drafter = MTPDrafter(modules, chain_hidden=chain_hidden) if modules else None
+    return Generator(target, drafter, tokenizer, layout.root)

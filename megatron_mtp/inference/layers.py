@@ -1,0 +1,249 @@
+"""DeepSeek-V3 building blocks for decoding: RMSNorm, (YaRN) RoPE, MLA with a latent KV cache,
+dense MLP, sigmoid-routed MoE, and the decoder layer.
+
+Attribute names mirror the Hugging Face tensor names (``self_attn.q_a_proj``,
+``mlp.experts.3.gate_proj``...), so a layer loads with ``load_state_dict`` straight from an export.
+The math follows transformers' ``modeling_deepseek_v3`` (the reference the tests compare against,
+to 1e-5 in fp32); it is written out here so the cache can be cut back in O(1) and the per-call
+Python overhead stays small on CPU (see README.md, "Why our own model").
+Shapes: B batch (always 1 here), T new positions, S cached + new positions, H heads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron_mtp.inference.dims import DeepseekV3Dims, RopeSettings
+from megatron_mtp.inference.kv_cache import LatentKVCache
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in fp32, scaled by ``weight`` in the input dtype."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+class Rotary:
+    """Inverse frequencies and cos/sin tables for the ``qk_rope_head_dim`` part of MLA."""
+
+    def __init__(self, rope: RopeSettings, dim: int) -> None:
+        self.dim = dim
+        exponents = torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim
+        if rope.rope_type == "default":
+            self.inv_freq = 1.0 / (rope.theta**exponents)
+            self.attention_factor = 1.0
+        else:
+            self.inv_freq, self.attention_factor = self._yarn(rope, dim, exponents)
+
+    @staticmethod
+    def _yarn(rope: RopeSettings, dim: int, exponents: torch.Tensor) -> tuple[torch.Tensor, float]:
+        factor = rope.factor
+        if rope.attention_factor is not None:
+            attention_factor = float(rope.attention_factor)
+        elif rope.mscale and rope.mscale_all_dim:
+            attention_factor = _yarn_mscale(factor, rope.mscale) / _yarn_mscale(factor, rope.mscale_all_dim)
+        else:
+            attention_factor = _yarn_mscale(factor)
+        original = rope.original_max_position_embeddings or 1
+
+        def correction_dim(rotations: float) -> float:
+            return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(rope.theta))
+
+        low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+        if rope.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low), 0, 1)
+        extrapolation_weight = 1 - ramp
+        pos_freqs = rope.theta**exponents
+        inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_weight) + (1.0 / pos_freqs) * extrapolation_weight
+        return inv_freq, attention_factor
+
+    def cos_sin(self, start: int, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of shape [1, length, dim] for positions ``start .. start+length-1``."""
+        positions = torch.arange(start, start + length, dtype=torch.float32)
+        freqs = positions[None, :, None] * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.attention_factor).to(dtype), (emb.sin() * self.attention_factor).to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q [B,H,T,D] and k [B,1,T,D]; ``interleave`` pairs dims (0,1),(2,3)... as DeepSeek does."""
+    if interleave:
+        cos_h = cos[..., : cos.shape[-1] // 2].unsqueeze(1)
+        sin_h = sin[..., : sin.shape[-1] // 2].unsqueeze(1)
+        q1, q2 = q[..., 0::2], q[..., 1::2]
+        k1, k2 = k[..., 0::2], k[..., 1::2]
+        q_out = torch.cat([q1 * cos_h - q2 * sin_h, q2 * cos_h + q1 * sin_h], dim=-1)
+        k_out = torch.cat([k1 * cos_h - k2 * sin_h, k2 * cos_h + k1 * sin_h], dim=-1)
+        return q_out, k_out
+    cos_u, sin_u = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos_u + _rotate_half(q) * sin_u, k * cos_u + _rotate_half(k) * sin_u
+
+
+class MLAttention(nn.Module):
+    """Multi-head latent attention; caches the compressed latent, expands K/V per call."""
+
+    def __init__(self, dims: DeepseekV3Dims) -> None:
+        super().__init__()
+        self.dims = dims
+        h, hd = dims.hidden_size, dims.num_attention_heads
+        if dims.q_lora_rank is None:
+            self.q_proj = nn.Linear(h, hd * dims.qk_head_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(h, dims.q_lora_rank, bias=dims.attention_bias)
+            self.q_a_layernorm = RMSNorm(dims.q_lora_rank, 1e-6)
+            self.q_b_proj = nn.Linear(dims.q_lora_rank, hd * dims.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(h, dims.kv_lora_rank + dims.qk_rope_head_dim, bias=dims.attention_bias)
+        self.kv_a_layernorm = RMSNorm(dims.kv_lora_rank, 1e-6)
+        self.kv_b_proj = nn.Linear(dims.kv_lora_rank, hd * (dims.qk_nope_head_dim + dims.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(hd * dims.v_head_dim, h, bias=dims.attention_bias)
+        scaling = dims.qk_head_dim**-0.5
+        if dims.rope.rope_type != "default" and dims.rope.mscale_all_dim:
+            m = _yarn_mscale(dims.rope.factor, float(dims.rope.mscale_all_dim))
+            scaling *= m * m
+        self.scaling = scaling
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        cache: LatentKVCache | None,
+        start: int,
+    ) -> torch.Tensor:
+        d = self.dims
+        b, t, _ = x.shape
+        if d.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(b, t, -1, d.qk_head_dim).transpose(1, 2)
+        q_nope, q_rot = torch.split(q, [d.qk_nope_head_dim, d.qk_rope_head_dim], dim=-1)
+        latent, k_rot = torch.split(self.kv_a_proj_with_mqa(x), [d.kv_lora_rank, d.qk_rope_head_dim], dim=-1)
+        latent = self.kv_a_layernorm(latent).view(b, 1, t, d.kv_lora_rank)
+        k_rot = k_rot.view(b, 1, t, d.qk_rope_head_dim)
+        q_rot, k_rot = apply_rope(q_rot, k_rot, cos_sin[0], cos_sin[1], d.rope_interleave)
+        if cache is not None:
+            latent, k_rot = cache.append(latent, k_rot, start)
+        s = latent.shape[2]
+        kv = self.kv_b_proj(latent).view(b, s, -1, d.qk_nope_head_dim + d.v_head_dim).transpose(1, 2)
+        k_nope, value = torch.split(kv, [d.qk_nope_head_dim, d.v_head_dim], dim=-1)
+        key = torch.cat([k_nope, k_rot.expand(-1, k_nope.shape[1], -1, -1)], dim=-1)
+        query = torch.cat([q_nope, q_rot], dim=-1)
+        mask = None
+        if t > 1:  # causal over the new positions; all cached positions are visible
+            offset = s - t
+            mask = torch.arange(s)[None, :] <= (torch.arange(t)[:, None] + offset)
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=self.scaling)
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, hidden: int, inner: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """DeepSeek-V3 ``noaux_tc`` routing: sigmoid scores, bias-corrected group-limited top-k."""
+
+    def __init__(self, dims: DeepseekV3Dims) -> None:
+        super().__init__()
+        n = dims.n_routed_experts or 0
+        self.dims = dims
+        self.weight = nn.Parameter(torch.zeros(n, dims.hidden_size, dtype=torch.float32))
+        self.register_buffer("e_score_correction_bias", torch.zeros(n, dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        d = self.dims
+        n = d.n_routed_experts or 0
+        scores = F.linear(x.to(torch.float32), self.weight.to(torch.float32)).sigmoid()
+        choice = scores + self.e_score_correction_bias
+        group_scores = choice.view(-1, d.n_group, n // d.n_group).topk(2, dim=-1)[0].sum(dim=-1)
+        group_idx = torch.topk(group_scores, k=d.topk_group, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+        score_mask = group_mask.unsqueeze(-1).expand(-1, d.n_group, n // d.n_group).reshape(-1, n)
+        choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
+        idx = torch.topk(choice, k=d.num_experts_per_tok, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, idx)
+        if d.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        return idx, weights * d.routed_scaling_factor
+
+
+class MoE(nn.Module):
+    """Routed experts (only those hit are run) plus always-on shared experts."""
+
+    def __init__(self, dims: DeepseekV3Dims) -> None:
+        super().__init__()
+        n = dims.n_routed_experts or 0
+        self.gate = Router(dims)
+        self.experts = nn.ModuleList(GatedMLP(dims.hidden_size, dims.moe_intermediate_size) for _ in range(n))
+        self.shared_experts = GatedMLP(dims.hidden_size, dims.moe_intermediate_size * dims.n_shared_experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        idx, weights = self.gate(flat)
+        out = torch.zeros_like(flat)
+        for expert in torch.unique(idx).tolist():
+            token_idx, slot = torch.where(idx == expert)
+            y = self.experts[expert](flat[token_idx]) * weights[token_idx, slot, None]
+            out.index_add_(0, token_idx, y.to(out.dtype))
+        return out.view(shape) + self.shared_experts(x)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; MoE or dense by index."""
+
+    def __init__(self, dims: DeepseekV3Dims, layer_index: int) -> None:
+        super().__init__()
+        self.self_attn = MLAttention(dims)
+        self.mlp: nn.Module = (
+            MoE(dims) if dims.is_moe_layer(layer_index) else GatedMLP(dims.hidden_size, dims.intermediate_size)
+        )
+        self.input_layernorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        cache: LatentKVCache | None,
+        start: int,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, cache, start)
+        return x + self.mlp(self.post_attention_layernorm(x))

@@ -1,0 +1,178 @@
+"""Finding and loading an exported Hugging Face DeepSeek-V3 directory for decoding.
+
+Accepted layouts:
+- ``DIR/main/`` (standard HF dir, no MTP) plus optional ``DIR/mtp/`` holding only
+  ``model.layers.{L+i}.*`` with its own config.json (``num_nextn_predict_layers = D``);
+- an "inline" dir (official release layout): main and ``model.layers.{L+i}.*`` together;
+- a plain HF dir without MTP weights (a config may still claim ``num_nextn_predict_layers``:
+  transformers writes 1 by default — the weights decide, not the config).
+MTP module i lives at HF layer index ``L + i`` (L = ``num_hidden_layers``), computed, never literal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from megatron_mtp.errors import UserError
+from megatron_mtp.inference.dims import DeepseekV3Dims, dims_from_config, read_config_json
+from megatron_mtp.inference.mtp_module import MTPModule
+from megatron_mtp.inference.target import TargetModel
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+_FP32_SUFFIXES = ("mlp.gate.weight", "mlp.gate.e_score_correction_bias")
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise UserError(f"dtype {dtype!r} is not supported; use one of float32, bfloat16, float16.")
+    return _DTYPES[dtype]
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """Where the main weights, the MTP weights and the tokenizer of an export live."""
+
+    root: Path
+    main_dir: Path
+    mtp_dir: Path | None  # None: no separate MTP part (inline or none)
+    tokenizer_file: Path | None
+
+
+class TensorIndex:
+    """name -> safetensors file for every ``*.safetensors`` in a directory (headers only)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.files: dict[str, Path] = {}
+        for file in sorted(directory.glob("*.safetensors")):
+            try:
+                with safe_open(str(file), framework="pt") as handle:
+                    for name in handle.keys():
+                        self.files[name] = file
+            except Exception as exc:  # safetensors raises its own error types
+                raise UserError(f"{file} is not a readable safetensors file ({exc}); re-export the model.") from exc
+        if not self.files:
+            raise UserError(f"{directory} holds no *.safetensors weights; point at an exported model directory.")
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.files
+
+    def load(self, names: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        by_file: dict[Path, list[str]] = {}
+        for name in names:
+            by_file.setdefault(self.files[name], []).append(name)
+        out: dict[str, torch.Tensor] = {}
+        for file, file_names in by_file.items():
+            with safe_open(str(file), framework="pt") as handle:
+                for name in file_names:
+                    tensor = handle.get_tensor(name)
+                    keep_fp32 = name.endswith(_FP32_SUFFIXES)
+                    out[name] = tensor.to(torch.float32 if keep_fp32 else dtype)
+        return out
+
+
+def resolve_layout(path: str | Path) -> ModelLayout:
+    """Classify ``path``; raise UserError naming what is missing."""
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise UserError(f"model directory {root} does not exist; pass an exported Hugging Face DeepSeek-V3 directory.")
+    if not root.is_dir():
+        raise UserError(f"model path {root} is not a directory; pass an exported Hugging Face DeepSeek-V3 directory.")
+    if (root / "main" / "config.json").is_file():
+        main_dir = root / "main"
+        mtp_dir = root / "mtp" if (root / "mtp" / "config.json").is_file() else None
+    elif (root / "config.json").is_file():
+        main_dir, mtp_dir = root, None
+    else:
+        raise UserError(
+            f"{root} has neither config.json nor main/config.json; pass an exported Hugging Face "
+            "DeepSeek-V3 directory (or a megatron-mtp checkpoint/run directory)."
+        )
+    tokenizer_file = None
+    for candidate in (main_dir, root, mtp_dir):
+        if candidate is not None and (candidate / "tokenizer.json").is_file():
+            tokenizer_file = candidate / "tokenizer.json"
+            break
+    return ModelLayout(root=root, main_dir=main_dir, mtp_dir=mtp_dir, tokenizer_file=tokenizer_file)
+
+
+def _load_into(module: nn.Module, index: TensorIndex, prefix: str, dtype: torch.dtype, where: Path,
+               aliases: dict[str, str] | None = None) -> None:
+    wanted = list(module.state_dict().keys())
+    aliases = aliases or {}
+    missing = [k for k in wanted if prefix + k not in index and prefix + aliases.get(k, k) not in index]
+    if missing:
+        shown = ", ".join(prefix + m for m in missing[:3])
+        raise UserError(
+            f"{where} lacks {len(missing)} tensor(s) the model needs (e.g. {shown}); re-export the model."
+        )
+    names = {k: prefix + k if prefix + k in index else prefix + aliases[k] for k in wanted}
+    loaded = index.load(list(names.values()), dtype)
+    module.load_state_dict({k: loaded[n] for k, n in names.items()}, strict=True, assign=True)
+
+
+def load_target(layout: ModelLayout, dtype: torch.dtype) -> tuple[TargetModel, DeepseekV3Dims, TensorIndex]:
+    """Build the main model from ``layout.main_dir``."""
+    config_path = layout.main_dir / "config.json"
+    dims = dims_from_config(read_config_json(config_path), config_path)
+    index = TensorIndex(layout.main_dir)
+    with torch.device("meta"):
+        model = TargetModel(dims)
+    aliases = {"lm_head.weight": "model.embed_tokens.weight"} if dims.tie_word_embeddings else {}
+    _load_into(model, index, "", dtype, layout.main_dir, aliases)
+    model.eval()
+    return model, dims, index
+
+
+def mtp_prefixes(dims: DeepseekV3Dims, depth: int) -> list[str]:
+    return [f"model.layers.{dims.num_hidden_layers + i}." for i in range(depth)]
+
+
+def load_mtp_modules(
+    layout: ModelLayout, target: TargetModel, main_index: TensorIndex, dtype: torch.dtype
+) -> list[MTPModule]:
+    """The MTP modules of an export, in depth order; [] when the export has none."""
+    dims = target.dims
+    if layout.mtp_dir is not None:
+        config_path = layout.mtp_dir / "config.json"
+        mtp_dims = dims_from_config(read_config_json(config_path), config_path)
+        if mtp_dims.num_hidden_layers != dims.num_hidden_layers or mtp_dims.hidden_size != dims.hidden_size:
+            raise UserError(
+                f"{config_path} describes a different model than {layout.main_dir / 'config.json'} "
+                "(num_hidden_layers or hidden_size differ); export main and mtp from the same checkpoint."
+            )
+        if mtp_dims.num_nextn_predict_layers < 1:
+            raise UserError(f"{config_path} states num_nextn_predict_layers < 1; re-export the MTP part.")
+        index, where, depth = TensorIndex(layout.mtp_dir), layout.mtp_dir, mtp_dims.num_nextn_predict_layers
+    else:
+        index, where, dims_used = main_index, layout.main_dir, dims
+        depth = 0
+        for prefix in mtp_prefixes(dims_used, max(dims.num_nextn_predict_layers, 0)):
+            if prefix + "eh_proj.weight" not in index:
+                break
+            depth += 1
+        mtp_dims = dims
+    modules: list[MTPModule] = []
+    for i, prefix in enumerate(mtp_prefixes(dims, depth)):
+        if prefix + "eh_proj.weight" not in index:
+            raise UserError(f"{where} lacks {prefix}eh_proj.weight for MTP depth {i + 1}; re-export the MTP part.")
+        with torch.device("meta"):
+            module = MTPModule(
+                mtp_dims,
+                dims.num_hidden_layers + i,
+                own_embedding=prefix + "embed_tokens.weight" in index,
+                own_head=prefix + "shared_head.head.weight" in index,
+            )
+        _load_into(module, index, prefix, dtype, where)
+        module.share_with(target.model.embed_tokens, target.lm_head)
+        module.eval()
+        modules.append(module)
+    return modules

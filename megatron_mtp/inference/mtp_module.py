@@ -1,0 +1,80 @@
+"""One exported MTP module (HF layer ``num_hidden_layers + i``), as megatron-core 0.16 runs it.
+
+Forward at position t (megatron-core ``MultiTokenPredictionLayer``):
+``x = eh_proj(cat([enorm(embed(token_{t+k})), hnorm(h_{k-1}(t))]))`` — embedding FIRST —
+then one decoder layer (its own KV cache, rotary position t), then ``shared_head.norm``, then the
+head. megatron-core hands the NEXT depth the output after ``shared_head.norm``
+(``_postprocess`` applies ``final_layernorm`` before the block stacks the hidden states), so
+:meth:`MTPModule.forward` returns both the normed and the pre-norm output.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from megatron_mtp.inference.dims import DeepseekV3Dims
+from megatron_mtp.inference.kv_cache import LatentKVCache
+from megatron_mtp.inference.layers import DecoderLayer, RMSNorm, Rotary
+
+
+class SharedHead(nn.Module):
+    """``shared_head.norm`` and (when exported) ``shared_head.head``."""
+
+    def __init__(self, dims: DeepseekV3Dims, with_head: bool) -> None:
+        super().__init__()
+        self.norm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
+        self.head = nn.Linear(dims.hidden_size, dims.vocab_size, bias=False) if with_head else None
+
+
+class MTPModule(DecoderLayer):
+    """Decoder layer plus the MTP projections; ``embed``/``head`` fall back to the main model's."""
+
+    def __init__(
+        self,
+        dims: DeepseekV3Dims,
+        layer_index: int,
+        own_embedding: bool,
+        own_head: bool,
+    ) -> None:
+        super().__init__(dims, layer_index)
+        self.dims = dims
+        self.enorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
+        self.hnorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * dims.hidden_size, dims.hidden_size, bias=False)
+        self.shared_head = SharedHead(dims, own_head)
+        self.embed_tokens = nn.Embedding(dims.vocab_size, dims.hidden_size) if own_embedding else None
+        self._fallback_embed: nn.Embedding | None = None
+        self._fallback_head: nn.Linear | None = None
+        self.rotary = Rotary(dims.rope, dims.qk_rope_head_dim)
+        self.cache: LatentKVCache | None = None
+
+    def share_with(self, embed: nn.Embedding, head: nn.Linear) -> None:
+        """Use the main model's embedding/head where the export did not repeat them."""
+        object.__setattr__(self, "_fallback_embed", embed)
+        object.__setattr__(self, "_fallback_head", head)
+
+    def reset_cache(self) -> None:
+        dtype = self.eh_proj.weight.dtype
+        self.cache = LatentKVCache(self.dims.kv_lora_rank, self.dims.qk_rope_head_dim, dtype)
+
+    @torch.inference_mode()
+    def step(
+        self, hidden_in: torch.Tensor, token_ids: list[int], start: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run positions ``start..start+T-1``; return (normed out [T,h], pre-norm out [T,h], last logits [V])."""
+        if self.cache is None:
+            self.reset_cache()
+        assert self.cache is not None
+        embed = self.embed_tokens if self.embed_tokens is not None else self._fallback_embed
+        head = self.shared_head.head if self.shared_head.head is not None else self._fallback_head
+        assert embed is not None and head is not None
+        ids = torch.tensor([token_ids], dtype=torch.long)
+        e = self.enorm(embed(ids))
+        h = self.hnorm(hidden_in.to(e.dtype).unsqueeze(0))
+        x = self.eh_proj(torch.cat([e, h], dim=-1))
+        cos_sin = self.rotary.cos_sin(start, len(token_ids), x.dtype)
+        pre = DecoderLayer.forward(self, x, cos_sin, self.cache, start)[0]
+        post = self.shared_head.norm(pre)
+        logits = head(post[-1]).float()
+        return post, pre, logits

@@ -1,0 +1,162 @@
+"""Test helpers: tiny random DeepSeek-V3 exports (main/ + mtp/, inline, plain) and a perfect draft.
+
+The main model is transformers' ``DeepseekV3ForCausalLM`` (random init, fp32, ``save_pretrained``);
+the MTP weights are random tensors written with safetensors under the HF names
+``model.layers.{L+i}.*`` (enorm, hnorm, eh_proj, shared_head.*, embed_tokens, decoder layer).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "for i in range(10):\n    print(i * i)\n",
+    "The quick brown fox jumps over the lazy dog.",
+    "class Node:\n    def __init__(self, value):\n        self.value = value\n        self.next = None\n",
+    "import os\nimport sys\n\nif __name__ == '__main__':\n    sys.exit(main())\n",
+    "while x < 100:\n    x = x * 2 + 1\n",
+] * 4
+
+
+def tiny_config(vocab: int = 320, layers: int = 2, rope: str = "yarn", interleave: bool = True,
+                q_lora: int | None = 32, init_std: float = 0.08, experts: int = 8, mtp_depth: int = 0):
+    from transformers import DeepseekV3Config
+
+    rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+    if rope == "yarn":
+        rope_parameters = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                           "original_max_position_embeddings": 128, "beta_fast": 32, "beta_slow": 1,
+                           "mscale": 1.0, "mscale_all_dim": 1.0}
+    return DeepseekV3Config(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4, q_lora_rank=q_lora,
+        kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        first_k_dense_replace=1, n_routed_experts=experts, num_experts_per_tok=2, n_group=2, topk_group=1,
+        n_shared_experts=1, rope_parameters=rope_parameters, rope_interleave=interleave,
+        max_position_embeddings=512, initializer_range=init_std, num_nextn_predict_layers=mtp_depth,
+        bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,
+    )
+
+
+def train_tokenizer(vocab: int, out_file: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<s>", "</s>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.save(str(out_file))
+
+
+def mtp_tensors(main_state: dict[str, torch.Tensor], config, depth: int, seed: int, std: float) -> dict[str, torch.Tensor]:
+    """Random MTP weights named ``model.layers.{L+i}.*`` (embed/head copied from the main model)."""
+    gen = torch.Generator().manual_seed(seed)
+    h, layers = config.hidden_size, config.num_hidden_layers
+    template_layer = layers - 1  # an MoE layer of the main model gives the decoder-layer shapes
+    out: dict[str, torch.Tensor] = {}
+    for i in range(depth):
+        p = f"model.layers.{layers + i}."
+        for name, tensor in main_state.items():
+            prefix = f"model.layers.{template_layer}."
+            if name.startswith(prefix):
+                rest = name[len(prefix):]
+                if rest.endswith("layernorm.weight"):
+                    out[p + rest] = 1.0 + 0.1 * torch.randn(tensor.shape, generator=gen)
+                elif rest.endswith("e_score_correction_bias"):
+                    out[p + rest] = torch.zeros(tensor.shape)
+                else:
+                    out[p + rest] = std * torch.randn(tensor.shape, generator=gen)
+        out[p + "enorm.weight"] = 1.0 + 0.1 * torch.randn(h, generator=gen)
+        out[p + "hnorm.weight"] = 1.0 + 0.1 * torch.randn(h, generator=gen)
+        out[p + "eh_proj.weight"] = std * torch.randn(h, 2 * h, generator=gen)
+        out[p + "shared_head.norm.weight"] = 1.0 + 0.1 * torch.randn(h, generator=gen)
+        out[p + "shared_head.head.weight"] = main_state["lm_head.weight"].clone()
+        out[p + "embed_tokens.weight"] = main_state["model.embed_tokens.weight"].clone()
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def _write_index(directory: Path, files: dict[str, list[str]]) -> None:
+    weight_map = {name: file for file, names in files.items() for name in names}
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+def make_tiny_export(root: Path, layout: str = "separate", mtp_depth: int = 1, seed: int = 0,
+                     mtp_std: float = 0.08, **config_kwargs) -> Path:
+    """Write a tiny export; layout is 'separate' (main/ + mtp/), 'inline' or 'plain'. Returns root."""
+    from transformers import DeepseekV3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_config(mtp_depth=0, **config_kwargs)
+    model = DeepseekV3ForCausalLM(config).eval()
+    main_dir = root / "main" if layout == "separate" else root
+    main_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(main_dir)
+    train_tokenizer(config.vocab_size, main_dir / "tokenizer.json")
+    if layout == "plain":
+        return root
+    from safetensors.torch import load_file
+
+    main_state: dict[str, torch.Tensor] = {}
+    for file in main_dir.glob("*.safetensors"):
+        main_state.update(load_file(str(file)))
+    extra = mtp_tensors(main_state, config, mtp_depth, seed + 1, mtp_std)
+    if layout == "separate":
+        mtp_dir = root / "mtp"
+        mtp_dir.mkdir(parents=True, exist_ok=True)
+        save_file(extra, str(mtp_dir / "model.safetensors"))
+        _write_index(mtp_dir, {"model.safetensors": sorted(extra)})
+        mtp_config = json.loads((main_dir / "config.json").read_text())
+        mtp_config["num_nextn_predict_layers"] = mtp_depth
+        (mtp_dir / "config.json").write_text(json.dumps(mtp_config, indent=2))
+    else:  # inline: the official layout, MTP layers beside the main ones
+        save_file(extra, str(main_dir / "model-mtp.safetensors"))
+        cfg = json.loads((main_dir / "config.json").read_text())
+        cfg["num_nextn_predict_layers"] = mtp_depth
+        (main_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+        index_file = main_dir / "model.safetensors.index.json"
+        if index_file.exists():
+            index = json.loads(index_file.read_text())
+            index["weight_map"].update({k: "model-mtp.safetensors" for k in extra})
+            index_file.write_text(json.dumps(index))
+    return root
+
+
+class TargetAsDraft:
+    """A perfect draft: a second copy of the target that drafts by running the target itself."""
+
+    def __init__(self, target) -> None:
+        import copy
+
+        self.model = copy.deepcopy(target)
+
+    def reset(self) -> None:
+        self.model.reset_cache()
+
+    def observe_target(self, hidden, start) -> None:
+        pass
+
+    def propose(self, tokens, k, pick):
+        n = len(tokens)
+        self.model.truncate_cache(min(self.model.cache_length, n - 1))
+        feed = tokens[self.model.cache_length:]
+        drafts, dists = [], []
+        for _ in range(k):
+            logits, _ = self.model.forward(feed, last_only=True)
+            token, dist = pick(logits[-1])
+            drafts.append(token)
+            dists.append(dist)
+            feed = [token]
+        return drafts, dists
+
+    def rollback(self, committed: int) -> None:
+        self.model.truncate_cache(min(self.model.cache_length, committed - 1))
+
+    def cache_lengths(self):
+        return [self.model.cache_length]
