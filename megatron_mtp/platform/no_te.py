@@ -24,4 +24,34 @@ def apply() -> None:
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+
+    _patch_torch_adam_state_load()
     _APPLIED = True
+
+
+def _patch_torch_adam_state_load() -> None:
+    """Resharding load of torch-Adam state in the distributed optimizer.
+
+    Without TE/apex fused Adam, megatron-core keeps torch Adam's per-parameter 'step' in the live
+    state but leaves it out of `fully_reshardable` checkpoints (it is restored from the param
+    groups); copying the loaded tensors then looks up 'step' and fails. We carry the live 'step'
+    over (it already holds the restored value).
+    """
+    from megatron.core.optimizer import distrib_optimizer
+
+    cls = distrib_optimizer.DistributedOptimizer
+    original = cls._set_main_param_and_optimizer_states
+    if getattr(original, "_megatron_mtp_patched", False):
+        return
+
+    def set_states(self, model_param, tensors):
+        if "step" not in tensors:
+            group_index, group_order = self.model_param_group_index_map[model_param]
+            main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+            live = self.optimizer.state.get(main_param, {})
+            if "step" in live:
+                tensors = {**tensors, "step": live["step"]}
+        return original(self, model_param, tensors)
+
+    set_states._megatron_mtp_patched = True
+    cls._set_main_param_and_optimizer_states = set_states

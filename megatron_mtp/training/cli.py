@@ -1,0 +1,74 @@
+"""`megatron-mtp train` and `megatron-mtp eval`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train", help="train a model (resumes from the run directory's latest checkpoint)")
+    p.add_argument("config", nargs="?", help=f"YAML config (default: configs/tiny_cpu.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="key.path=value", help="dotted config overrides")
+    p.add_argument("--run-dir", help="run directory (default: runs/<config name>)")
+    p.add_argument("--max-steps", type=int, help="same as training.max_steps=N")
+    p.add_argument("--nproc-per-node", type=int, default=None,
+                   help="start this many local processes with torchrun (omit inside torchrun/Slurm)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.set_defaults(func=run_train)
+
+    e = subparsers.add_parser("eval", help="evaluate a checkpoint: LM loss, MTP loss and acceptance per depth")
+    e.add_argument("checkpoint", help="run directory, checkpoints/ directory or step_* directory")
+    e.add_argument("overrides", nargs="*", metavar="key.path=value", help="dotted config overrides")
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument("--text-file", help="evaluate on this plain text file instead of the validation split")
+    e.add_argument("--steps", type=int, default=None, help="global batches of the validation split (default: logging.eval_steps)")
+    e.set_defaults(func=run_eval)
+
+
+def _split_config_arg(args) -> tuple[str | None, list[str]]:
+    # `train key=value` without a config: the first positional is an override
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config and not os.path.exists(config):
+        overrides.insert(0, config)
+        config = None
+    return config or str(DEFAULT_CONFIG), overrides
+
+
+def run_train(args) -> int:
+    from megatron_mtp.config import load_config
+    from megatron_mtp.errors import UserError
+
+    config_path, overrides = _split_config_arg(args)
+    if args.max_steps is not None:
+        overrides.append(f"training.max_steps={args.max_steps}")
+    cfg = load_config(config_path, overrides)
+    if args.print_config:
+        print(cfg.to_yaml(), end="")
+        return 0
+    in_job = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    if args.nproc_per_node and args.nproc_per_node > 1 and not in_job:
+        from megatron_mtp.config.validate import validate
+        from megatron_mtp.launch.local import run_local
+
+        validate(cfg, args.nproc_per_node)
+        run_dir = Path(args.run_dir or Path("runs") / cfg.name).resolve()
+        argv = ["train", config_path, *overrides, "--run-dir", str(run_dir)]
+        return run_local(args.nproc_per_node, argv)
+    if args.nproc_per_node and in_job and int(os.environ["WORLD_SIZE"]) % args.nproc_per_node:
+        raise UserError("--nproc-per-node does not match the job this process was launched in")
+    run_dir = Path(args.run_dir or Path("runs") / cfg.name)
+    from megatron_mtp.training.run import train_main
+
+    return train_main(cfg, run_dir)
+
+
+def run_eval(args) -> int:
+    from megatron_mtp.training.run import eval_main
+
+    return eval_main(args.checkpoint, list(args.overrides), as_json=args.json, text_file=args.text_file,
+                     steps=args.steps)

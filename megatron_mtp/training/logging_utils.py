@@ -1,0 +1,72 @@
+"""Console lines and TensorBoard scalars (rank 0 only)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+
+class RunLogger:
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool):
+        self.enabled = enabled
+        self.writer = None
+        self.log_file = None
+        if enabled:
+            (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+            self.log_file = open(run_dir / "logs" / "train.log", "a", encoding="utf-8")
+            if tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def info(self, line: str) -> None:
+        if not self.enabled:
+            return
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        text = f"[{stamp}] {line}"
+        print(text, flush=True)
+        self.log_file.write(text + "\n")
+        self.log_file.flush()
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        if self.writer is None:
+            return
+        for key, value in values.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self.log_file is not None:
+            self.log_file.close()
+
+
+def format_step_line(step: int, max_steps: int, v: dict[str, float], depth: int) -> str:
+    parts = [
+        f"step {step}/{max_steps}",
+        f"lm_loss {v['train/lm_loss']:.4f}",
+    ]
+    for k in range(1, depth + 1):
+        parts.append(f"mtp{k}_loss {v[f'train/mtp_loss_{k}']:.4f}")
+        parts.append(f"accept{k} {v[f'train/mtp_acceptance_{k}']:.3f}")
+    parts += [
+        f"λ {v['train/mtp_lambda']:.3g}",
+        f"lr {v['train/lr']:.3e}",
+        f"grad_norm {v['train/grad_norm']:.3f}",
+        f"tok/s {v['perf/tokens_per_s']:.0f}",
+        f"step_s {v['perf/step_time_s']:.3f}",
+        f"moe_maxvio {v['moe/max_violation']:.3f}",
+        f"mem_gib {v['perf/memory_gib']:.2f}",
+    ]
+    return " | ".join(parts)
+
+
+def progress_line(prefix: str, done: int, total: int, extra: Optional[str] = None) -> str:
+    return f"{prefix} {done}/{total}" + (f" ({extra})" if extra else "")
+
+
+def stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

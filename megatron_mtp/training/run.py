@@ -1,0 +1,107 @@
+"""Entry points behind `megatron-mtp train` / `eval` (one process of a possibly larger job)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from megatron_mtp.config import Config
+from megatron_mtp.errors import UserError
+
+
+def _write_resolved_config(cfg: Config, run_dir: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / "config.yaml.tmp"
+    tmp.write_text(cfg.to_yaml())
+    os.replace(tmp, run_dir / "config.yaml")
+
+
+def train_main(cfg: Config, run_dir: Path) -> int:
+    from megatron_mtp.training.distributed import destroy
+    from megatron_mtp.training.session import open_training
+    from megatron_mtp.training.trainer import Trainer
+
+    run_dir = run_dir.resolve()
+    session = open_training(cfg, run_dir)
+    try:
+        lay = session.layout
+        if lay.rank == 0:
+            _write_resolved_config(session.cfg, run_dir)
+            restart = os.environ.get("SLURM_RESTART_COUNT")
+            where = f"resumed from {session.loaded_from} at step {session.state.step}" if session.loaded_from else "from scratch"
+            print(f"megatron-mtp train: run {session.cfg.name} in {run_dir} on {session.platform.device}/"
+                  f"{session.platform.backend}, world {lay.world_size} = TP{lay.tp} × PP{lay.pp} × DP{lay.dp} "
+                  f"(EP{lay.ep}), {where}" + (f", SLURM_RESTART_COUNT={restart}" if restart else ""), flush=True)
+        return Trainer(session.cfg, run_dir, session).train()
+    finally:
+        destroy()
+
+
+def _eval_config(ckpt: Path, overrides: list[str]) -> Config:
+    from megatron_mtp.config.base import apply_override, from_dict
+    from megatron_mtp.config.root import Config as RootConfig
+    from megatron_mtp.training.checkpointing import read_checkpoint_info
+    from megatron_mtp.training.distributed import env_world
+
+    _, cfg = read_checkpoint_info(ckpt)
+    data = cfg.to_dict()
+    _, world = env_world()
+    # evaluate at the layout of the processes launched now (default: one process)
+    data["parallel"].update(tensor=1, pipeline=1, expert=1, world_size=None, pipeline_layout=None,
+                            sequence_parallel=None)
+    for o in overrides:
+        apply_override(data, RootConfig, o)
+    cfg = from_dict(RootConfig, data)
+    dp = world // (cfg.parallel.tensor * cfg.parallel.pipeline)
+    data["training"]["global_batch_size"] = cfg.training.micro_batch_size * max(dp, 1)
+    return from_dict(RootConfig, data)
+
+
+def eval_main(path: str, overrides: list[str], as_json: bool, text_file: str | None, steps: int | None) -> int:
+    from megatron_mtp.training.checkpointing import resolve_checkpoint
+    from megatron_mtp.training.distributed import destroy
+    from megatron_mtp.training.evaluation import evaluate, evaluate_batches, session_metrics
+    from megatron_mtp.training.session import open_checkpoint_for_eval
+
+    ckpt = resolve_checkpoint(path)
+    if ckpt is None:
+        raise UserError(f"{path} holds no checkpoint (no checkpoints/latest, latest or train_state.json); "
+                        "pass a run directory or a step_* directory")
+    cfg = _eval_config(ckpt, overrides)
+    session = open_checkpoint_for_eval(ckpt, cfg)
+    try:
+        metrics = session_metrics(session)
+        if text_file:
+            from megatron_mtp.training.text_eval import text_file_batches
+
+            batches, num_micro = text_file_batches(session, text_file)
+            result = evaluate_batches(session, batches, num_micro, metrics, cfg.training.micro_batch_size,
+                                      cfg.training.seq_length)
+        else:
+            from megatron_mtp.data.datasets import build_datasets, resolve_data
+
+            n = steps or cfg.logging.eval_steps
+            resolved = resolve_data(cfg)
+            _, session.valid_dataset = build_datasets(cfg, resolved, cfg.training.global_batch_size,
+                                                      n * cfg.training.global_batch_size)
+            if session.valid_dataset is None:
+                raise UserError("the checkpoint's data config has no validation split; pass --text-file or set "
+                                "data.split/data.valid_paths")
+            result = evaluate(session, n, metrics)
+        if session.layout.rank == 0:
+            result["checkpoint"] = str(ckpt)
+            if as_json:
+                print(json.dumps(result))
+            else:
+                print(f"checkpoint {ckpt}")
+                print(f"tokens evaluated  {result['tokens']}")
+                print(f"lm_loss           {result['lm_loss']:.6f} (perplexity {math.exp(min(result['lm_loss'], 50)):.3f})")
+                for k, (loss, acc) in enumerate(zip(result["mtp_loss"], result["mtp_acceptance"]), start=1):
+                    print(f"mtp depth {k}       loss {loss:.6f}  acceptance {acc:.4f}")
+        sys.stdout.flush()
+        return 0
+    finally:
+        destroy()

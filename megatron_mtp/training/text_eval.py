@@ -1,0 +1,53 @@
+"""Micro-batches from a plain text file: one document, non-overlapping windows of seq_length tokens.
+
+In a window of s tokens, position t predicts token t+1 (t < s-1); MTP depth k at t predicts token
+t+1+k, scored only while it lies inside the window. The last partial window is dropped; windows
+are dealt to data-parallel ranks like training samples, and padding windows carry a zero mask.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from megatron_mtp.errors import UserError
+
+
+def text_file_batches(session, text_file: str):
+    cfg, lay = session.cfg, session.layout
+    if session.tokenizer is None:
+        raise UserError(f"checkpoint {session.loaded_from} has no tokenizer/ directory, so --text-file cannot be tokenized")
+    path = Path(text_file)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"--text-file {text_file} does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--text-file {text_file} is not UTF-8 text (byte {exc.start}); convert it to UTF-8") from None
+    ids = session.tokenizer.encode(text)
+    s = cfg.training.seq_length
+    n_windows = len(ids) // s
+    if n_windows == 0:
+        raise UserError(f"--text-file {text_file} has {len(ids)} tokens, fewer than one window of "
+                        f"training.seq_length={s}; use a longer file or a smaller seq_length")
+    windows = torch.tensor(ids[: n_windows * s], dtype=torch.long).view(n_windows, s)
+    mbs = cfg.training.micro_batch_size
+    per_round = mbs * lay.dp
+    rounds = -(-n_windows // per_round)
+    total = rounds * per_round
+    pad = total - n_windows
+    tokens = torch.cat([windows, torch.zeros(pad, s, dtype=torch.long)])
+    labels = torch.zeros_like(tokens)
+    labels[:, :-1] = tokens[:, 1:]
+    mask = torch.zeros(total, s, dtype=torch.float32)
+    mask[:n_windows, :-1] = 1.0
+    positions = torch.arange(s).expand(total, s).contiguous()
+
+    def gen():
+        for r in range(rounds):
+            lo = r * per_round + lay.dp_rank * mbs
+            sl = slice(lo, lo + mbs)
+            yield {"tokens": tokens[sl], "labels": labels[sl], "loss_mask": mask[sl], "position_ids": positions[sl]}
+
+    return gen(), rounds
