@@ -218,7 +218,7 @@ def _check_signal(request: SubmitRequest, time_seconds: Optional[int]) -> None:
     if time_seconds is not None and request.signal_before >= time_seconds:
         raise UserError(
             f"--signal-before {request.signal_before} s is not shorter than --time {request.time} "
-            f"({format_seconds(time_seconds)}); ask for more time or an earlier-arriving, smaller --signal-before"
+            f"({format_seconds(time_seconds)}); ask for more --time or give a smaller --signal-before"
         )
 
 
