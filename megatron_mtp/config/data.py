@@ -12,19 +12,26 @@ class DataConfig:
     """Indexed-dataset prefixes (PREFIX.bin/PREFIX.idx) to train on; null uses the embedded default
     corpus (the Python standard library's source, tokenized with its own BPE on first use)."""
     weights: Optional[list[float]] = None
-    """Blend weights, one per entry of `paths` (null: proportional to size... i.e. equal weights)."""
+    """Blend weights, one per entry of `paths`, normalised to sum to 1 (null: in proportion to each
+    dataset's size)."""
     valid_paths: Optional[list[str]] = None
     """Separate validation prefixes; null carves validation out of `paths` with `split`."""
+    valid_weights: Optional[list[float]] = None
+    """Blend weights, one per entry of `valid_paths` (null: in proportion to size)."""
     split: str = "98,2,0"
     """Train/valid/test percentages applied to each prefix of `paths` (when valid_paths is null)."""
     tokenizer: Optional[str] = None
     """A Hugging Face `tokenizers` tokenizer.json or a directory holding one; null with the default
     corpus uses the default corpus's tokenizer."""
     cache_dir: Optional[str] = None
-    """Where megatron-core caches dataset indices and the default corpus is built (null:
-    $MEGATRON_MTP_CACHE or ~/.cache/megatron_mtp)."""
+    """Where the default corpus is built and megatron-core caches dataset indices (under
+    `indices/`); null: $MEGATRON_MTP_CACHE or ~/.cache/megatron_mtp. Multi-node jobs need a
+    directory every node sees."""
     default_corpus_vocab_size: int = 4096
     """Vocabulary size of the default corpus's byte-level BPE tokenizer."""
+    default_corpus_max_bytes: int = 8_000_000
+    """Cap on the standard-library source the default corpus takes (bytes; keeps the first build
+    to seconds). Changing it builds a new corpus in the cache."""
     num_workers: int = 0
     """DataLoader worker processes per rank."""
     extra: dict = field(default_factory=dict)
