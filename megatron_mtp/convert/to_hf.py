@@ -1,0 +1,227 @@
+"""megatron-core torch_dist checkpoint -> Hugging Face DeepSeek-V3 directory (main, MTP, or both).
+
+Layouts (``mtp``):
+  separate  OUT/main = standard HF model (num_nextn_predict_layers 0, tokenizer);
+            OUT/mtp  = only MTP tensors + own index + config stating num_nextn_predict_layers.
+            With ``mtp_layout="hf"`` MTP keeps the release naming (layer num_hidden_layers + d, with
+            embed_tokens / shared_head.head copies) so main + mtp = the official release layout;
+            ``"nextn"`` is SGLang's NextN directory (layer d, copies dropped).
+  inline    OUT = one directory in the official release layout (main and MTP layers together).
+  none      OUT = main only.
+
+Streaming: the plan (every output name, shape, dtype, shard) is computed from checkpoint metadata
+alone; then each global tensor (routed experts: one expert at a time) is read, split into its HF
+tensors, cast and appended to its shard. The result is byte-identical for any training layout
+because it depends only on global tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Literal, Optional
+
+import torch
+
+from megatron_mtp.convert.checkpoint_dir import copy_tokenizer, load_step_config, resolve_step_dir
+from megatron_mtp.convert.dist_reader import TorchDistReader
+from megatron_mtp.convert.progress import Progress
+from megatron_mtp.convert.safetensors_io import PlannedTensor, ShardedSafetensorsWriter
+from megatron_mtp.convert.staging import staged_dir
+from megatron_mtp.errors import UserError
+from megatron_mtp.models.deepseek_v3 import hf_mapping as hm
+from megatron_mtp.models.deepseek_v3.hf_config import to_hf_config
+
+MtpMode = Literal["separate", "inline", "none"]
+MtpLayout = Literal["hf", "nextn"]
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One read from the checkpoint and the HF tensors cut out of it."""
+
+    param: hm.Param
+    rows: Optional[tuple[int, int]]  # expert slice of the leading axis, or None for the whole tensor
+    outputs: tuple[tuple[str, str, tuple[int, ...]], ...]  # (destination, hf name, shape)
+
+
+def layout_from_config(cfg) -> hm.Layout:
+    m = cfg.model
+    return hm.Layout(
+        num_layers=m.num_layers,
+        mtp_layers=cfg.mtp.num_layers,
+        num_experts=m.num_experts,
+        first_k_dense=m.first_k_dense,
+        q_lora=m.q_lora_rank is not None,
+        tie_embeddings=m.tie_embeddings,
+    )
+
+
+def select_params(reader: TorchDistReader, layout: hm.Layout, step: Path) -> list[hm.Param]:
+    """The table rows present in the checkpoint; every model tensor must be claimed by one."""
+    table = [p for p in hm.param_table(layout) if p.mcore in reader]
+    claimed = {p.mcore for p in table}
+    for key in reader.keys():
+        if key.startswith(hm.MODEL_KEY_PREFIXES) and key not in claimed:
+            raise UserError(
+                f"checkpoint '{step}' holds '{key}', which its config.yaml does not describe "
+                "(config/weights mismatch); the export would drop it"
+            )
+    produced = {name for p in table for name in p.hf_names()}
+    for param in hm.param_table(layout, spec="local"):
+        for name in param.hf_names():
+            if name not in produced:
+                raise UserError(
+                    f"checkpoint '{step}' has no tensor for '{name}' (megatron key '{param.mcore}' or its "
+                    "TE spelling); its config.yaml describes a different model"
+                )
+    return table
+
+
+def _check_shapes(reader: TorchDistReader, params: list[hm.Param], cfg, step: Path) -> None:
+    hidden = cfg.model.hidden_size
+    for p in params:
+        shape = reader.entry(p.mcore).shape
+        if p.num_experts and shape[0] != p.num_experts:
+            raise UserError(
+                f"'{p.mcore}' in '{step}' has {shape[0]} experts but the config says {p.num_experts} (config/weights mismatch)"
+            )
+        if len(p.hf) == 2 and shape[-2] % 2:
+            raise UserError(f"'{p.mcore}' in '{step}' has an odd number of rows; it cannot be a [gate; up] weight")
+    emb = reader.entry(hm.EMBEDDING).shape
+    if emb[1] != hidden:
+        raise UserError(f"the embedding in '{step}' has width {emb[1]} but config model.hidden_size is {hidden} (config/weights mismatch)")
+
+
+def _destination(param: hm.Param, mode: MtpMode) -> Optional[str]:
+    if param.part == "main":
+        return "main"
+    if mode == "none":
+        return None
+    return "mtp" if mode == "separate" else "main"
+
+
+def plan_pieces(reader: TorchDistReader, params: list[hm.Param], layout: hm.Layout, mode: MtpMode, mtp_layout: MtpLayout) -> list[Piece]:
+    pieces = []
+    for p in params:
+        dest = _destination(p, mode)
+        if dest is None:
+            continue
+        shape = reader.entry(p.mcore).shape
+
+        def rename(name: str) -> Optional[str]:
+            if dest == "mtp" and mtp_layout == "nextn":
+                return hm.nextn_name(name, layout.num_layers)
+            return name
+
+        if p.num_experts:
+            inner = shape[1:]
+            for e in range(p.num_experts):
+                names = [rename(n.format(e=e)) for n in p.hf]
+                pieces.append(Piece(p, (e, e + 1), _split_outputs(dest, names, inner)))
+        else:
+            names = [rename(n) for n in p.hf]
+            if all(n is None for n in names):
+                continue
+            pieces.append(Piece(p, None, _split_outputs(dest, names, shape)))
+    return pieces
+
+
+def _split_outputs(dest: str, names: list[Optional[str]], shape: tuple[int, ...]):
+    if len(names) == 1:
+        return ((dest, names[0], tuple(shape)),) if names[0] is not None else ()
+    half = (shape[0] // 2, *shape[1:])
+    return tuple((dest, n, half) for n in names if n is not None)
+
+
+def _out_dtype(param: hm.Param, dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if param.keep_fp32 else dtype
+
+
+def _tensors_of(piece: Piece, tensor: torch.Tensor, dtype: torch.dtype) -> Iterator[tuple[str, str, torch.Tensor]]:
+    if piece.rows is not None:
+        tensor = tensor[0]
+    tensor = tensor.to(_out_dtype(piece.param, dtype))
+    if len(piece.param.hf) == 2:
+        parts = tensor.chunk(2, dim=0)
+        for (dest, name, _), part in zip(piece.outputs, parts):
+            yield dest, name, part
+    else:
+        for dest, name, _ in piece.outputs:
+            yield dest, name, tensor
+
+
+def _hf_configs(cfg, vocab: int, mode: MtpMode, mtp_layout: MtpLayout, dtype: str) -> dict[str, dict]:
+    torch_dtype = "bfloat16" if dtype == "bf16" else "float32"
+    depth = cfg.mtp.num_layers
+    main = to_hf_config(cfg.model, cfg.mtp, vocab_size=vocab, num_nextn_predict_layers=0, torch_dtype=torch_dtype)
+    if mode == "none":
+        return {"main": main}
+    full = to_hf_config(cfg.model, cfg.mtp, vocab_size=vocab, num_nextn_predict_layers=depth, torch_dtype=torch_dtype)
+    if mode == "inline":
+        return {"main": full}
+    mtp = dict(full)
+    if mtp_layout == "nextn":
+        mtp.update(architectures=["DeepseekV3ForCausalLMNextN"], num_hidden_layers=depth)
+    return {"main": main, "mtp": mtp}
+
+
+def export_to_hf(
+    ckpt_path: str | Path,
+    out_dir: str | Path,
+    mtp: MtpMode = "separate",
+    mtp_layout: MtpLayout = "hf",
+    dtype: str = "bf16",
+    max_shard_bytes: int = 4 << 30,
+) -> Path:
+    """Convert a megatron-mtp checkpoint (run dir or step dir) to HF format under ``out_dir``."""
+    if mtp not in ("separate", "inline", "none"):
+        raise UserError(f"--mtp must be separate, inline or none, not '{mtp}'")
+    if mtp_layout not in ("hf", "nextn"):
+        raise UserError(f"--mtp-layout must be hf or nextn, not '{mtp_layout}'")
+    if mtp_layout == "nextn" and mtp != "separate":
+        raise UserError("--mtp-layout nextn only applies to --mtp separate")
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype must be bf16 or fp32, not '{dtype}'")
+    step = resolve_step_dir(ckpt_path)
+    cfg = load_step_config(step)
+    layout = layout_from_config(cfg)
+    reader = TorchDistReader(step)
+    has_mtp_keys = any(k.startswith("mtp.") for k in reader.keys())
+    if mtp != "none" and (layout.mtp_layers == 0 or not has_mtp_keys):
+        raise UserError(f"checkpoint '{step}' has no MTP layers; export it with --mtp none")
+    params = select_params(reader, layout, step)
+    _check_shapes(reader, params, cfg, step)
+    reader.validate(sorted({p.mcore for p in params}))
+    pieces = plan_pieces(reader, params, layout, mtp, mtp_layout)
+    torch_dtype = DTYPES[dtype]
+    plans: dict[str, list[PlannedTensor]] = {}
+    for piece in pieces:
+        for dest, name, shape in piece.outputs:
+            plans.setdefault(dest, []).append(PlannedTensor(name, shape, _out_dtype(piece.param, torch_dtype)))
+    vocab = reader.entry(hm.EMBEDDING).shape[0]
+    configs = _hf_configs(cfg, vocab, mtp, mtp_layout, dtype)
+    out_dir = Path(out_dir)
+    with staged_dir(out_dir) as tmp, reader:
+        dirs = {"main": tmp / "main", "mtp": tmp / "mtp"} if mtp == "separate" else {"main": tmp}
+        writers = {d: ShardedSafetensorsWriter(dirs[d], plans[d], max_shard_bytes) for d in plans}
+        total = sum(w.total_bytes for w in writers.values())
+        try:
+            with Progress(total, f"to-hf {step.name}") as bar:
+                for piece in pieces:
+                    tensor = reader.read(piece.param.mcore, piece.rows)
+                    for dest, name, part in _tensors_of(piece, tensor, torch_dtype):
+                        writers[dest].write(name, part)
+                        bar.advance(part.numel() * part.element_size())
+            for writer in writers.values():
+                writer.finish()
+        finally:
+            for writer in writers.values():
+                writer.abort()
+        if not copy_tokenizer(step / "tokenizer", dirs["main"]):
+            print(f"warning: checkpoint '{step}' has no tokenizer/ directory; the export has no tokenizer files")
+        for dest, config in configs.items():
+            (dirs[dest] / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out_dir

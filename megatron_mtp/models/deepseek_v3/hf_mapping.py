@@ -1,0 +1,212 @@
+"""THE name-mapping table between megatron-core sharded keys and Hugging Face DeepSeek-V3 names.
+
+Both conversion directions (convert/to_hf.py, convert/from_hf.py) and drop-mtp use this table and
+nothing else, so a new tensor is added in one place.
+
+Keys are the *global* sharded-checkpoint keys (torch_dist ``.metadata``), which do not depend on the
+training layout: decoder layers carry their global index in the key (``decoder.layers.N.``), routed
+experts are one tensor per layer with a leading global-expert axis (``...experts.experts.linear_fc1
+.weight`` of shape [E, 2F, H]), and a TP-sharded SwiGLU fc1 is stored globally as [gate; up] (the
+checkpoint factory splits every TP shard into its gate and up halves and places them in the two
+global halves). So a rule is: one mcore key <-> one HF name, or <-> (gate, up) concatenated on dim 0,
+optionally repeated over the expert axis.
+
+MTP module d (0-based) is HF layer ``num_hidden_layers + d``; the index always comes from the config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterator, Literal, Optional
+
+Part = Literal["main", "mtp"]
+Spec = Literal["local", "te"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One tensor of a decoder layer, relative to the layer prefixes."""
+
+    mcore: str
+    hf: tuple[str, ...]
+    experts: bool = False
+    spec: Optional[Spec] = None  # None: same name in both specs
+    keep_fp32: bool = False
+
+
+@dataclass(frozen=True)
+class Param:
+    """One global megatron-core tensor and the HF tensor(s) it becomes."""
+
+    mcore: str
+    hf: tuple[str, ...]
+    """One name, or (gate, up) = the two halves of dim 0 (per expert when num_experts > 0)."""
+    part: Part
+    num_experts: int = 0
+    """>0: the mcore tensor has a leading expert axis and the HF names hold ``{e}``."""
+    keep_fp32: bool = False
+    """Stored in fp32 even in a bf16 export (DeepSeek's e_score_correction_bias)."""
+    copy: bool = False
+    """An MTP copy of the main embedding/head: written on export, not read back on import."""
+
+    def hf_names(self) -> list[str]:
+        if not self.num_experts:
+            return list(self.hf)
+        return [name.format(e=e) for e in range(self.num_experts) for name in self.hf]
+
+
+_ATTENTION = (
+    Rule("input_layernorm.weight", ("input_layernorm.weight",)),
+    Rule("self_attention.linear_q_down_proj.weight", ("self_attn.q_a_proj.weight",)),
+    Rule("self_attention.q_layernorm.weight", ("self_attn.q_a_layernorm.weight",), spec="local"),
+    Rule("self_attention.linear_q_up_proj.layer_norm_weight", ("self_attn.q_a_layernorm.weight",), spec="te"),
+    Rule("self_attention.linear_q_up_proj.weight", ("self_attn.q_b_proj.weight",)),
+    Rule("self_attention.linear_q_proj.weight", ("self_attn.q_proj.weight",)),
+    Rule("self_attention.linear_kv_down_proj.weight", ("self_attn.kv_a_proj_with_mqa.weight",)),
+    Rule("self_attention.kv_layernorm.weight", ("self_attn.kv_a_layernorm.weight",), spec="local"),
+    Rule("self_attention.linear_kv_up_proj.layer_norm_weight", ("self_attn.kv_a_layernorm.weight",), spec="te"),
+    Rule("self_attention.linear_kv_up_proj.weight", ("self_attn.kv_b_proj.weight",)),
+    Rule("self_attention.linear_proj.weight", ("self_attn.o_proj.weight",)),
+)
+_DENSE_MLP = (
+    Rule("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",), spec="local"),
+    Rule("mlp.linear_fc1.layer_norm_weight", ("post_attention_layernorm.weight",), spec="te"),
+    Rule("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
+    Rule("mlp.linear_fc2.weight", ("mlp.down_proj.weight",)),
+)
+_MOE_MLP = (
+    Rule("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",)),
+    Rule("mlp.router.weight", ("mlp.gate.weight",)),
+    Rule("mlp.router.expert_bias", ("mlp.gate.e_score_correction_bias",), keep_fp32=True),
+    Rule(
+        "mlp.experts.experts.linear_fc1.weight",
+        ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight"),
+        experts=True,
+    ),
+    Rule("mlp.experts.experts.linear_fc2.weight", ("mlp.experts.{e}.down_proj.weight",), experts=True),
+    Rule("mlp.shared_experts.linear_fc1.weight", ("mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight")),
+    Rule("mlp.shared_experts.linear_fc2.weight", ("mlp.shared_experts.down_proj.weight",)),
+)
+_MTP_OWN = (
+    Rule("enorm.weight", ("enorm.weight",)),
+    Rule("hnorm.weight", ("hnorm.weight",)),
+    Rule("eh_proj.weight", ("eh_proj.weight",)),
+    Rule("final_layernorm.weight", ("shared_head.norm.weight",)),
+)
+
+EMBEDDING = "embedding.word_embeddings.weight"
+FINAL_NORM = "decoder.final_layernorm.weight"
+OUTPUT_LAYER = "output_layer.weight"
+
+# Megatron-core keys under these prefixes are model weights; anything else (optimizer state,
+# RNG, ``_extra_state`` objects) is never read by the converter.
+MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.", "mtp.")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the table needs to know about a model: all from the config, never literals."""
+
+    num_layers: int
+    mtp_layers: int
+    num_experts: int
+    first_k_dense: int
+    q_lora: bool = True
+    tie_embeddings: bool = False
+
+
+def mtp_hf_layer(layout: Layout, depth: int) -> int:
+    """HF layer index of MTP module ``depth``."""
+    return layout.num_layers + depth
+
+
+def mcore_mtp_prefix(depth: int) -> str:
+    return f"mtp.layers.{depth}."
+
+
+def _layer_rules(moe: bool, q_lora: bool, spec: Optional[Spec]) -> Iterator[Rule]:
+    for rule in _ATTENTION + (_MOE_MLP if moe else _DENSE_MLP):
+        if spec is not None and rule.spec not in (None, spec):
+            continue
+        if q_lora and rule.mcore.startswith("self_attention.linear_q_proj"):
+            continue
+        if not q_lora and ("q_down" in rule.mcore or "q_up" in rule.mcore or "q_layernorm" in rule.mcore):
+            continue
+        yield rule
+
+
+def _params_for_layer(mcore_prefix: str, hf_prefix: str, moe: bool, layout: Layout, part: Part, spec) -> Iterator[Param]:
+    for rule in _layer_rules(moe, layout.q_lora, spec):
+        yield Param(
+            mcore=mcore_prefix + rule.mcore,
+            hf=tuple(hf_prefix + h for h in rule.hf),
+            part=part,
+            num_experts=layout.num_experts if rule.experts else 0,
+            keep_fp32=rule.keep_fp32,
+        )
+
+
+def param_table(layout: Layout, spec: Optional[Spec] = None, mtp_copies: bool = True) -> list[Param]:
+    """Every tensor of the model in checkpoint order: embedding, layers, final norm, head, MTP.
+
+    ``spec=None`` lists the local and TE spellings of fused norms side by side (for reading a
+    checkpoint of either kind: keep the ones present); "local"/"te" lists exactly one model's keys.
+    """
+    moe_model = layout.num_experts > 0
+    table = [Param(EMBEDDING, ("model.embed_tokens.weight",), "main")]
+    for i in range(layout.num_layers):
+        moe = moe_model and i >= layout.first_k_dense
+        table += _params_for_layer(f"decoder.layers.{i}.", f"model.layers.{i}.", moe, layout, "main", spec)
+    table.append(Param(FINAL_NORM, ("model.norm.weight",), "main"))
+    if not layout.tie_embeddings:
+        table.append(Param(OUTPUT_LAYER, ("lm_head.weight",), "main"))
+    for d in range(layout.mtp_layers):
+        n = mtp_hf_layer(layout, d)
+        mp, hp = mcore_mtp_prefix(d), f"model.layers.{n}."
+        if mtp_copies:
+            table.append(Param(EMBEDDING, (hp + "embed_tokens.weight",), "mtp", copy=True))
+        for rule in _MTP_OWN:
+            table.append(Param(mp + rule.mcore, (hp + rule.hf[0],), "mtp"))
+        table += _params_for_layer(mp + "transformer_layer.", hp, moe_model, layout, "mtp", spec)
+        if mtp_copies:
+            head = OUTPUT_LAYER if not layout.tie_embeddings else EMBEDDING
+            table.append(Param(head, (hp + "shared_head.head.weight",), "mtp", copy=True))
+    return table
+
+
+def is_mtp_hf_name(name: str, num_layers: int) -> bool:
+    """True for HF tensors of MTP layers (``model.layers.{n}`` with n >= num_hidden_layers)."""
+    if not name.startswith("model.layers."):
+        return False
+    index = name.split(".", 3)[2]
+    return index.isdigit() and int(index) >= num_layers
+
+
+def nextn_name(name: str, num_layers: int) -> Optional[str]:
+    """SGLang NextN naming: MTP layer ``num_layers + d`` becomes layer ``d``; embed/head copies drop."""
+    if not is_mtp_hf_name(name, num_layers):
+        raise ValueError(f"{name} is not an MTP tensor")
+    _, _, index, rest = name.split(".", 3)
+    if rest.startswith("embed_tokens.") or rest.startswith("shared_head.head."):
+        return None
+    return f"model.layers.{int(index) - num_layers}.{rest}"
+
+
+def without_mtp(layout: Layout) -> Layout:
+    return dataclasses.replace(layout, mtp_layers=0)
+
+
+def extra_state_keys(param: Param) -> list[str]:
+    """megatron-core ``_extra_state`` object keys that accompany ``param`` in a checkpoint.
+
+    Linear layers (``linear_*``, ``eh_proj``) save one (empty) extra-state object per module; for
+    routed experts there is one per global expert, keyed ``shard_{e}_{E}``.
+    """
+    module, _, leaf = param.mcore.rpartition(".")
+    name = module.rsplit(".", 1)[-1]
+    if param.copy or leaf != "weight" or not (name.startswith("linear_") or name == "eh_proj"):
+        return []
+    if param.num_experts:
+        return [f"{module}._extra_state/shard_{e}_{param.num_experts}" for e in range(param.num_experts)]
+    return [f"{module}._extra_state/shard_0_1"]
