@@ -1,0 +1,210 @@
+"""Hugging Face DeepSeek-V3/V2 directory -> megatron-mtp torch_dist checkpoint (layout-free).
+
+Inputs: one HF directory (main only, or the release layout with MTP layers inline), a separate
+export (``DIR/main`` + ``DIR/mtp``), or ``mtp_dir`` given explicitly (release or SGLang NextN
+naming); weights in bf16/fp16/fp32 or DeepSeek's FP8 release format (dequantised per 128x128 block).
+
+Output ``OUT`` is one self-contained checkpoint directory: torch_dist files holding only model
+weights with the trainer's keys (local spec), written at TP1/PP1/EP1 as global tensors, so the
+trainer loads it at any layout; ``config.yaml`` (the translated model, the requested parallel
+layout), ``tokenizer/`` and ``train_state.json`` with ``has_optimizer: false`` (start from its
+weights with ``checkpoint.load=OUT``, or evaluate it with ``megatron-mtp eval OUT``).
+Streaming: one mcore tensor (routed experts: one expert) is assembled and written at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from megatron_mtp.config import Config
+from megatron_mtp.config.model import MTPConfig
+from megatron_mtp.config.parallel import ParallelConfig
+from megatron_mtp.convert.checkpoint_dir import TOKENIZER_FILES
+from megatron_mtp.convert.dist_writer import TorchDistWriter
+from megatron_mtp.convert.progress import Progress
+from megatron_mtp.convert.safetensors_io import HFDir
+from megatron_mtp.convert.staging import staged_dir
+from megatron_mtp.errors import UserError
+from megatron_mtp.models.deepseek_v3 import hf_mapping as hm
+from megatron_mtp.models.deepseek_v3.hf_config import from_hf_config
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class _Sources:
+    """HF tensor names -> (directory, name there), over a main dir and an optional MTP dir."""
+
+    def __init__(self, main: HFDir, mtp: Optional[HFDir], num_layers: int) -> None:
+        self.dirs = {"main": main}
+        self.where: dict[str, tuple[str, str]] = {n: ("main", n) for n in main.names()}
+        if mtp is not None:
+            self.dirs["mtp"] = mtp
+            nextn = "DeepseekV3ForCausalLMNextN" in (mtp.config.get("architectures") or [])
+            for name in mtp.names():
+                release = name
+                if nextn and name.startswith("model.layers."):
+                    _, _, index, rest = name.split(".", 3)
+                    release = f"model.layers.{int(index) + num_layers}.{rest}"
+                self.where.setdefault(release, ("mtp", name))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.where
+
+    def get(self, name: str) -> torch.Tensor:
+        d, n = self.where[name]
+        return self.dirs[d].get(n)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        d, n = self.where[name]
+        return self.dirs[d].shape(n)
+
+
+def _open_inputs(hf_dir: Path, mtp_dir: Optional[Path]) -> tuple[HFDir, Optional[HFDir]]:
+    if (hf_dir / "main" / "config.json").is_file() and not (hf_dir / "config.json").exists():
+        if mtp_dir is None and (hf_dir / "mtp" / "config.json").is_file():
+            mtp_dir = hf_dir / "mtp"
+        hf_dir = hf_dir / "main"
+    return HFDir(hf_dir), HFDir(mtp_dir) if mtp_dir is not None else None
+
+
+def _mtp_depth(main: HFDir, mtp: Optional[HFDir], num_layers: int, with_mtp: bool) -> int:
+    declared = int(main.config.get("num_nextn_predict_layers", main.config.get("num_mtp_layers", 0)) or 0)
+    if mtp is not None:
+        declared = int(mtp.config.get("num_nextn_predict_layers", mtp.config.get("num_mtp_layers", 0)) or 0)
+        if declared == 0:
+            raise UserError(f"MTP directory '{mtp.path}' has num_nextn_predict_layers 0; it holds no MTP layers")
+    if not with_mtp:
+        return 0
+    return declared
+
+
+def _vocab_multiple(vocab: int, tp: int) -> int:
+    if vocab % tp:
+        raise UserError(f"vocabulary size {vocab} is not divisible by --tp {tp}; choose a TP size that divides it")
+    return math.gcd(vocab // tp, 128)
+
+
+def _shape_of(param: hm.Param, src: _Sources) -> tuple[int, ...]:
+    names = [n.format(e=0) for n in param.hf]
+    shapes = [src.shape(n) for n in names]
+    if len(shapes) == 2:
+        if shapes[0] != shapes[1]:
+            raise UserError(f"'{names[0]}' {shapes[0]} and '{names[1]}' {shapes[1]} must have the same shape")
+        rows = (shapes[0][0] * 2, *shapes[0][1:])
+    else:
+        rows = shapes[0]
+    return (param.num_experts, *rows) if param.num_experts else tuple(rows)
+
+
+def _assemble(param: hm.Param, src: _Sources, dtype: torch.dtype, expert: Optional[int]) -> torch.Tensor:
+    names = [n.format(e=expert) for n in param.hf] if expert is not None else list(param.hf)
+    parts = [src.get(n).to(torch.float32 if param.keep_fp32 else dtype) for n in names]
+    tensor = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+    return tensor.unsqueeze(0) if expert is not None else tensor
+
+
+def import_from_hf(
+    hf_dir: str | Path,
+    out_dir: str | Path,
+    mtp_dir: Optional[str | Path] = None,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    with_mtp: bool = True,
+    dtype: str = "fp32",
+) -> Path:
+    """Convert an HF DeepSeek-V3/V2 model into a megatron-mtp checkpoint directory ``out_dir``."""
+    if dtype not in DTYPES:
+        raise UserError(f"--dtype must be fp32 or bf16, not '{dtype}'")
+    for flag, value in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
+        if value < 1:
+            raise UserError(f"{flag} must be a positive integer, got {value}")
+    hf_dir = Path(hf_dir)
+    if not hf_dir.is_dir():
+        raise UserError(f"Hugging Face directory '{hf_dir}' does not exist")
+    main, mtp = _open_inputs(hf_dir, Path(mtp_dir) if mtp_dir is not None else None)
+    model_cfg, _, vocab = from_hf_config(main.config, str(main.path / "config.json"))
+    depth = _mtp_depth(main, mtp, model_cfg.num_layers, with_mtp)
+    if model_cfg.num_experts and model_cfg.num_experts % ep:
+        raise UserError(f"--ep {ep} does not divide the {model_cfg.num_experts} routed experts")
+    layout = hm.Layout(
+        num_layers=model_cfg.num_layers, mtp_layers=depth, num_experts=model_cfg.num_experts,
+        first_k_dense=model_cfg.first_k_dense, q_lora=model_cfg.q_lora_rank is not None,
+        tie_embeddings=model_cfg.tie_embeddings,
+    )
+    src = _Sources(main, mtp, model_cfg.num_layers)
+    params = hm.param_table(layout, spec="local", mtp_copies=False)
+    for p in params:
+        for name in p.hf_names():
+            if name not in src:
+                what = "MTP layer" if p.part == "mtp" else "model"
+                raise UserError(
+                    f"'{name}' is missing from '{hf_dir}' although its config.json describes this {what} "
+                    "(config/weights mismatch or an incomplete download)"
+                )
+    used = {n for p in params for n in p.hf_names()}
+    mtp_copies = {n for p in hm.param_table(layout) if p.copy for n in p.hf_names()}
+    for name in src.where:
+        if name in used or name in mtp_copies:
+            continue
+        if not with_mtp and hm.is_mtp_hf_name(name, layout.num_layers):
+            continue
+        raise UserError(f"'{hf_dir}' holds '{name}', which the model's config.json does not describe; it would be dropped")
+    emb = src.shape("model.embed_tokens.weight")
+    if emb != (vocab, model_cfg.hidden_size):
+        raise UserError(f"model.embed_tokens.weight is {emb} but config.json says vocab {vocab} x hidden {model_cfg.hidden_size}")
+    model_cfg.make_vocab_size_divisible_by = _vocab_multiple(vocab, tp)
+    torch_dtype = DTYPES[dtype]
+    shapes = {p.mcore: _shape_of(p, src) for p in params}
+    total = sum(math.prod(s) for s in shapes.values()) * torch_dtype.itemsize
+    out_dir = Path(out_dir)
+    with staged_dir(out_dir) as tmp:
+        writer = TorchDistWriter(tmp)
+        try:
+            with Progress(total, f"from-hf {hf_dir.name}") as bar:
+                for p in params:
+                    shape = shapes[p.mcore]
+                    if p.num_experts:
+                        writer.declare(p.mcore, shape, torch.float32 if p.keep_fp32 else torch_dtype)
+                        for e in range(p.num_experts):
+                            chunk = _assemble(p, src, torch_dtype, e)
+                            writer.write_chunk(p.mcore, (e,) + (0,) * (len(shape) - 1), chunk)
+                            bar.advance(chunk.numel() * chunk.element_size(), 0)
+                    else:
+                        tensor = _assemble(p, src, torch_dtype, None)
+                        writer.write_tensor(p.mcore, tensor)
+                        bar.advance(tensor.numel() * tensor.element_size(), 0)
+                    bar.advance(0, 1)
+                    for key in hm.extra_state_keys(p):
+                        writer.write_object(key, [None])
+            writer.finish({})
+        finally:
+            writer.abort()
+        final = out_dir.absolute()
+        tok_dst = tmp / "tokenizer"
+        has_tokenizer = (main.path / "tokenizer.json").is_file()
+        if has_tokenizer:
+            tok_dst.mkdir()
+            for name in TOKENIZER_FILES:
+                if (main.path / name).is_file():
+                    (tok_dst / name).write_bytes((main.path / name).read_bytes())
+        cfg = Config(
+            name=f"from_hf_{hf_dir.name}",
+            model=model_cfg,
+            mtp=MTPConfig(num_layers=depth),
+            parallel=ParallelConfig(tensor=tp, pipeline=pp, expert=ep),
+        )
+        if has_tokenizer:
+            cfg.data.tokenizer = str(final / "tokenizer")
+        (tmp / "config.yaml").write_text(cfg.to_yaml())
+        state = {
+            "step": 0, "consumed_samples": 0, "consumed_tokens": 0, "has_optimizer": False, "world_size": 1,
+            "parallel": {"tensor": 1, "pipeline": 1, "expert": 1, "data": 1},
+        }
+        (tmp / "train_state.json").write_text(json.dumps(state, indent=2) + "\n")
+    return out_dir
