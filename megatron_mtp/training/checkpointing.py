@@ -85,7 +85,10 @@ def _set_rng_state(state: dict) -> None:
 def _sharded_state_dict(comp: Components, state: TrainState, with_optimizer: bool, is_loading: bool) -> dict:
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
-    model_sd = unwrap(comp.model[0]).sharded_state_dict()
+    from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
+
+    # explicit metadata: GPTModel's MTP-stage embedding tie reads metadata['dp_cp_group']
+    model_sd = unwrap(comp.model[0]).sharded_state_dict(metadata=ensure_metadata_has_dp_cp_group({}))
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     sd = {
         "model": model_sd,
@@ -96,6 +99,18 @@ def _sharded_state_dict(comp: Components, state: TrainState, with_optimizer: boo
         sd["optimizer"] = comp.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=OPTIMIZER_METADATA)
         sd["scheduler"] = comp.scheduler.state_dict()
     return sd
+
+
+def _use_fork_results_queue() -> None:
+    """megatron-core's writer starts a 'spawn' Manager process per rank on its first save, which
+    re-imports everything (tens of seconds for 8 ranks on 2 cores); a 'fork' Manager serves the
+    same queue at once. Set before the first save; megatron-core reuses it for the process."""
+    import multiprocessing
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", None) is None:
+        filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
 
 
 def save_checkpoint(run_dir: Path, cfg: Config, comp: Components, state: TrainState, layout,
@@ -114,6 +129,7 @@ def save_checkpoint(run_dir: Path, cfg: Config, comp: Components, state: TrainSt
             shutil.rmtree(final)
         tmp.mkdir()
     torch.distributed.barrier()
+    _use_fork_results_queue()
     dist_checkpointing.save(_sharded_state_dict(comp, state, True, is_loading=False), str(tmp))
     torch.distributed.barrier()
     if rank0:

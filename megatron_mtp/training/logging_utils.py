@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ class RunLogger:
         if enabled:
             (run_dir / "logs").mkdir(parents=True, exist_ok=True)
             self.log_file = open(run_dir / "logs" / "train.log", "a", encoding="utf-8")
+            self.metrics_file = open(run_dir / "logs" / "metrics.jsonl", "a", encoding="utf-8")
             if tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
 
@@ -31,6 +33,11 @@ class RunLogger:
         self.log_file.flush()
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
+        """TensorBoard scalars plus one JSON line in logs/metrics.jsonl (for scripts and tests)."""
+        if not self.enabled:
+            return
+        self.metrics_file.write(json.dumps({"step": step, **values}) + "\n")
+        self.metrics_file.flush()
         if self.writer is None:
             return
         for key, value in values.items():
@@ -42,6 +49,7 @@ class RunLogger:
             self.writer.close()
         if self.log_file is not None:
             self.log_file.close()
+            self.metrics_file.close()
 
 
 def format_step_line(step: int, max_steps: int, v: dict[str, float], depth: int) -> str:

@@ -1,0 +1,94 @@
+"""Full-vocabulary logits of the main model and every MTP depth, at any parallel layout.
+
+Used by tests and by the converter's checks to compare megatron-core's forward with exported
+models. Runs one forward-only pass through megatron-core's schedule (so PP works), captures the
+output layer's D+1 calls on the last stage, gathers vocab shards over TP, and returns them on the
+last stage's TP/DP rank 0 (None elsewhere).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def forward_logits(session, tokens: torch.Tensor) -> Optional[dict]:
+    """tokens [b, s] -> {"logits": [b, s, V], "mtp_logits": [D × [b, s, V]]} on one rank, else None."""
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    from megatron_mtp.training.setup import unwrap
+
+    model = session.components.model
+    gpt = unwrap(model[0])
+    captured: list[torch.Tensor] = []
+    handle = None
+    if session.layout.is_last_stage:
+        def hook(module, inputs, output):
+            logits = output[0] if isinstance(output, tuple) else output
+            captured.append(gather_from_tensor_model_parallel_region(logits.detach().clone()).float())
+        handle = gpt.output_layer.register_forward_hook(hook)
+    b, s = tokens.shape
+    batch = {
+        "tokens": tokens,
+        "position_ids": torch.arange(s).expand(b, s).contiguous(),
+        "labels": torch.zeros_like(tokens),
+        "loss_mask": torch.ones(b, s),
+    }
+
+    def forward_step(data_iterator, chunk):
+        item = next(data_iterator)
+        out = chunk(item["tokens"], item["position_ids"], None, labels=item["labels"], loss_mask=item["loss_mask"])
+        return out, lambda output_tensor: (output_tensor.float().sum() * 0, {})
+
+    for chunk in model:
+        chunk.eval()
+    try:
+        with torch.no_grad():
+            get_forward_backward_func()(
+                forward_step_func=forward_step, data_iterator=iter([batch]), model=model,
+                num_microbatches=1, seq_length=s, micro_batch_size=b, forward_only=True,
+            )
+    finally:
+        if handle is not None:
+            handle.remove()
+        for chunk in model:
+            chunk.train()
+    lay = session.layout
+    if not (lay.is_last_stage and lay.tp_rank == 0 and parallel_state.get_data_parallel_rank() == 0):
+        return None
+    depth = session.cfg.mtp.num_layers
+    as_bsv = [c.transpose(0, 1).contiguous() for c in captured]  # [s, b, V] -> [b, s, V]
+    return {"logits": as_bsv[depth], "mtp_logits": as_bsv[:depth]}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """`python -m megatron_mtp.training.forward CKPT TOKENS.pt OUT.pt [key=value ...]` (any launcher).
+
+    Loads CKPT at the layout given by the overrides (default TP1/PP1/EP1), runs forward_logits on
+    the [b, s] LongTensor saved in TOKENS.pt and writes {"logits", "mtp_logits"} to OUT.pt.
+    """
+    import sys
+
+    from megatron_mtp.training.checkpointing import resolve_checkpoint
+    from megatron_mtp.training.distributed import destroy
+    from megatron_mtp.training.run import _eval_config
+    from megatron_mtp.training.session import open_checkpoint_for_eval
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    ckpt_path, tokens_path, out_path, overrides = args[0], args[1], args[2], args[3:]
+    ckpt = resolve_checkpoint(ckpt_path)
+    session = open_checkpoint_for_eval(ckpt, _eval_config(ckpt, overrides))
+    try:
+        result = forward_logits(session, torch.load(tokens_path))
+        if result is not None:
+            torch.save(result, out_path)
+    finally:
+        destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
