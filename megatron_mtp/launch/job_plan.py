@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from megatron_mtp.config import Config, load_config
+from megatron_mtp.config.validate import validate
 from megatron_mtp.errors import UserError
 from megatron_mtp.launch.container_mounts import Mount, container_path, parse_mounts
 from megatron_mtp.launch.slurm_time import format_seconds, parse_slurm_time
@@ -125,6 +126,7 @@ def build_plan(request: SubmitRequest) -> JobPlan:
     _check_device(cfg, request.cpu)
     cfg = load_config(request.config, device_overrides + list(request.overrides)) if request.cpu else cfg
     _check_layout(cfg, request.nodes, tasks_per_node)
+    validate(cfg, request.nodes * tasks_per_node)  # the trainer's own start-up checks, run here first
     _check_data_paths(cfg)
 
     workdir = os.path.abspath(request.workdir or os.getcwd())

@@ -135,7 +135,8 @@ def _signals() -> list[str]:
         "# preemption or scancel. srun passes both on to every rank; the trainer finishes the step,",
         f"# all ranks save a checkpoint together and exit {EXIT_SAVED}.",
         'SRUN_PID=""',
-        'forward() { say "received SIG$1; asking the trainer to save and exit"; [ -n "$SRUN_PID" ] && kill -s "$1" "$SRUN_PID" 2>/dev/null; }',
+        "SIGNALLED=\"\"",
+        'forward() { SIGNALLED=$1; say "received SIG$1; asking the trainer to save and exit"; [ -n "$SRUN_PID" ] && kill -s "$1" "$SRUN_PID" 2>/dev/null; }',
         "trap 'forward USR1' USR1",
         "trap 'forward TERM' TERM",
         "",
@@ -205,7 +206,19 @@ def _outcome(plan: JobPlan) -> list[str]:
         lines += ['    say "checkpoint saved; the next job of the chain resumes"', "    exit 0 ;;"]
     else:
         lines += [f'    say "checkpoint saved; resubmit this script to continue"; exit {EXIT_SAVED} ;;']
-    lines += ["  *)", '    say "training failed with exit code $RC; see the per-rank logs"']
+    if plan.resume == "requeue":
+        # A signal that lands before the trainer installed its handler (start-up) kills a rank instead
+        # of saving; checkpoints are written atomically, so resuming from the last complete one is safe.
+        lines += [
+            "  *)",
+            f'    if [ -n "$SIGNALLED" ] && [ "$RESTART" -lt {plan.max_restarts} ]; then',
+            '        say "training ended with exit code $RC after SIG$SIGNALLED; requeueing to resume from the latest complete checkpoint"',
+            '        scontrol requeue "$SLURM_JOB_ID" && exit 0',
+            "    fi",
+            '    say "training failed with exit code $RC; see the per-rank logs"',
+        ]
+    else:
+        lines += ["  *)", '    say "training failed with exit code $RC; see the per-rank logs"']
     if plan.resume == "chain":
         lines.append("    cancel_rest_of_chain")
     lines += ['    exit "$RC" ;;', "esac"]
