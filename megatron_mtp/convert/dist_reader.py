@@ -86,8 +86,12 @@ class TorchDistReader:
             offsets = tuple(index.offset) if index.offset is not None else ()
             storage.setdefault(index.fqn, {})[offsets] = info
         self._entries: dict[str, TensorEntry] = {}
+        self._objects: dict[str, tuple[str, int, int]] = {}
         for key, meta in metadata.state_dict_metadata.items():
             if not isinstance(meta, TensorStorageMetadata):
+                info = storage.get(key, {}).get(())
+                if info is not None:
+                    self._objects[key] = (info.relative_path, info.offset, info.length)
                 continue
             entry = TensorEntry(key, tuple(meta.size), meta.properties.dtype)
             for chunk in meta.chunks:
@@ -101,9 +105,12 @@ class TorchDistReader:
         self._files: dict[str, BinaryIO] = {}
 
     # -- validation --------------------------------------------------------------------------
-    def validate(self, keys: Optional[list[str]] = None) -> None:
+    def validate(self, keys: Optional[list[str]] = None, objects: tuple[str, ...] = ()) -> None:
         """Check that the shard files of ``keys`` (default: all) exist and that chunks tile tensors."""
         needed: dict[str, int] = {}
+        for key in objects:
+            file, offset, length = self._objects[key]
+            needed[file] = max(needed.get(file, 0), offset + length)
         for key in keys if keys is not None else list(self._entries):
             entry = self.entry(key)
             covered = sum(math.prod(c.sizes) for c in entry.chunks)
@@ -135,15 +142,28 @@ class TorchDistReader:
         except KeyError:
             raise UserError(f"tensor '{key}' is not in checkpoint '{self.path}'") from None
 
+    def object_keys(self) -> list[str]:
+        """Keys of stored objects (megatron ShardedObjects such as ``..._extra_state/shard_0_1``)."""
+        return list(self._objects)
+
     # -- reading ------------------------------------------------------------------------------
-    def _chunk_tensor(self, key: str, chunk: Chunk) -> torch.Tensor:
-        fh = self._files.get(chunk.file)
+    def blob(self, key: str, file: str, offset: int, length: int) -> bytes:
+        """Raw bytes of one stored item (a torch.save blob)."""
+        fh = self._files.get(file)
         if fh is None:
-            fh = self._files[chunk.file] = open(self.path / chunk.file, "rb")
-        fh.seek(chunk.offset)
-        blob = fh.read(chunk.length)
-        if len(blob) != chunk.length:
-            raise UserError(f"shard file '{self.path / chunk.file}' ends inside '{key}'; the checkpoint is damaged")
+            fh = self._files[file] = open(self.path / file, "rb")
+        fh.seek(offset)
+        data = fh.read(length)
+        if len(data) != length:
+            raise UserError(f"shard file '{self.path / file}' ends inside '{key}'; the checkpoint is damaged")
+        return data
+
+    def object_blob(self, key: str) -> bytes:
+        file, offset, length = self._objects[key]
+        return self.blob(key, file, offset, length)
+
+    def _chunk_tensor(self, key: str, chunk: Chunk) -> torch.Tensor:
+        blob = self.blob(key, chunk.file, chunk.offset, chunk.length)
         try:
             tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
         except Exception as exc:

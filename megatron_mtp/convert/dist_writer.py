@@ -62,19 +62,35 @@ class TorchDistWriter:
         self._storage[MetadataIndex(key, offsets_size, len(meta.chunks) - 1)] = _StorageInfo(DATA_FILE, start, length)
         self._covered[key] += tensor.numel()
 
+    def copy_chunk_blob(self, key: str, offsets: tuple[int, ...], sizes: tuple[int, ...], blob: bytes) -> None:
+        """Append a chunk already serialised by torch.save (copied verbatim from another checkpoint)."""
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+        from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+        meta = self._state[key]
+        start = self._fh.tell()
+        self._fh.write(blob)
+        offsets_size = torch.Size(offsets)
+        meta.chunks.append(ChunkStorageMetadata(offsets=offsets_size, sizes=torch.Size(sizes)))
+        self._storage[MetadataIndex(key, offsets_size, len(meta.chunks) - 1)] = _StorageInfo(DATA_FILE, start, len(blob))
+        self._covered[key] += int(torch.Size(sizes).numel())
+
     def write_tensor(self, key: str, tensor: torch.Tensor) -> None:
         self.declare(key, tuple(tensor.shape), tensor.dtype)
         self.write_chunk(key, (0,) * tensor.dim(), tensor)
 
     def write_object(self, key: str, obj: Any) -> None:
         """A megatron ShardedObject (key already carries its ``/shard_i_n`` suffix)."""
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        self.write_object_blob(key, buf.getvalue())
+
+    def write_object_blob(self, key: str, blob: bytes) -> None:
         from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
         from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-        buf = io.BytesIO()
-        torch.save(obj, buf)
         start = self._fh.tell()
-        self._fh.write(buf.getbuffer())
+        self._fh.write(blob)
         self._state[key] = BytesStorageMetadata()
         self._storage[MetadataIndex(key)] = _StorageInfo(DATA_FILE, start, self._fh.tell() - start)
 

@@ -206,6 +206,13 @@ class HFDir:
     def dtype_name(self, name: str) -> str:
         return self._headers[self.weight_map[name]][name]["dtype"]
 
+    def dtype(self, name: str) -> torch.dtype:
+        code = self.dtype_name(name)
+        for dtype, dtype_code in _DTYPE_NAMES.items():
+            if dtype_code == code:
+                return dtype
+        raise UserError(f"tensor '{name}' in '{self.path}' has unsupported dtype {code}")
+
     def nbytes(self, name: str) -> int:
         start, end = self._headers[self.weight_map[name]][name]["data_offsets"]
         return end - start

@@ -1,0 +1,120 @@
+"""Remove every MTP tensor from an HF directory or a megatron-mtp checkpoint.
+
+HF (inline release layout): every non-MTP tensor (FP8 weights and their ``_scale_inv`` included,
+bytes unchanged) is streamed into new shards with a new index; config.json gets
+``num_nextn_predict_layers: 0``; other files (tokenizer, generation config) are copied. A separate
+export (``DIR/main`` + ``DIR/mtp``) becomes a copy of ``DIR/main``.
+
+megatron-mtp checkpoint (run dir or step dir): the model's tensors except ``mtp.*`` are copied
+chunk by chunk, verbatim, into a new checkpoint directory with ``mtp.num_layers: 0`` in its
+config.yaml. Optimizer state is not carried (it belongs to a model with MTP); train_state.json
+records ``has_optimizer: false``, so training starts from the weights with
+``checkpoint.load=OUT`` and ``megatron-mtp eval OUT`` evaluates it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from megatron_mtp.convert.checkpoint_dir import load_step_config, load_train_state, resolve_step_dir
+from megatron_mtp.convert.dist_reader import TorchDistReader
+from megatron_mtp.convert.dist_writer import TorchDistWriter
+from megatron_mtp.convert.progress import Progress
+from megatron_mtp.convert.safetensors_io import INDEX_NAME, HFDir, PlannedTensor, ShardedSafetensorsWriter
+from megatron_mtp.convert.staging import staged_dir
+from megatron_mtp.errors import UserError
+from megatron_mtp.models.deepseek_v3 import hf_mapping as hm
+
+_HF_WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
+def drop_mtp(src: str | Path, out: str | Path, max_shard_bytes: int = 4 << 30) -> Path:
+    src = Path(src)
+    if not src.exists():
+        raise UserError(f"drop-mtp source '{src}' does not exist")
+    if (src / "config.json").is_file() or (src / "main" / "config.json").is_file():
+        return _drop_hf(src, Path(out), max_shard_bytes)
+    return _drop_mcore(src, Path(out))
+
+
+def _mtp_depth(config: dict) -> int:
+    return int(config.get("num_nextn_predict_layers", config.get("num_mtp_layers", 0)) or 0)
+
+
+def _drop_hf(src: Path, out: Path, max_shard_bytes: int) -> Path:
+    if not (src / "config.json").is_file():  # separate export: main is already MTP-free
+        main = HFDir(src / "main")
+        if not (src / "mtp").is_dir():
+            raise UserError(f"'{src}' has no MTP part (no mtp/ directory); there is nothing to drop")
+        if _mtp_depth(main.config) or any(hm.is_mtp_hf_name(n, main.config["num_hidden_layers"]) for n in main.names()):
+            raise UserError(f"'{src / 'main'}' itself declares MTP layers; run drop-mtp on '{src / 'main'}'")
+        with staged_dir(out) as tmp:
+            shutil.rmtree(tmp)
+            shutil.copytree(src / "main", tmp)
+        return out
+    hf = HFDir(src)
+    num_layers = int(hf.config.get("num_hidden_layers", 0))
+    keep = [n for n in hf.weight_map if not hm.is_mtp_hf_name(n, num_layers)]
+    dropped = len(hf.weight_map) - len(keep)
+    if dropped == 0 and _mtp_depth(hf.config) == 0:
+        raise UserError(f"'{src}' has no MTP layers (num_nextn_predict_layers is 0 and no layer >= {num_layers}); nothing to drop")
+    keep.sort(key=lambda n: (hf.weight_map[n], n))
+    with staged_dir(out) as tmp:
+        plan = [PlannedTensor(n, hf.shape(n), hf.dtype(n)) for n in keep]
+        writer = ShardedSafetensorsWriter(tmp, plan, max_shard_bytes)
+        try:
+            with Progress(writer.total_bytes, "drop-mtp") as bar:
+                for name in keep:
+                    tensor = hf.raw(name)
+                    writer.write(name, tensor)
+                    bar.advance(tensor.numel() * tensor.element_size())
+            writer.finish()
+        finally:
+            writer.abort()
+        config = dict(hf.config, num_nextn_predict_layers=0)
+        config.pop("num_mtp_layers", None)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for item in sorted(src.iterdir()):
+            if item.is_file() and item.name not in ("config.json", INDEX_NAME) and not item.name.endswith(_HF_WEIGHT_SUFFIXES):
+                shutil.copy2(item, tmp / item.name)
+    return out
+
+
+def _drop_mcore(src: Path, out: Path) -> Path:
+    step = resolve_step_dir(src)
+    cfg = load_step_config(step)
+    reader = TorchDistReader(step)
+    mtp_keys = [k for k in reader.keys() if k.startswith("mtp.")]
+    if cfg.mtp.num_layers == 0 or not mtp_keys:
+        raise UserError(f"checkpoint '{step}' has no MTP layers; there is nothing to drop")
+    keys = [k for k in reader.keys() if k.startswith(hm.MODEL_KEY_PREFIXES) and not k.startswith("mtp.")]
+    objects = [
+        k for k in reader.object_keys()
+        if k.startswith(hm.MODEL_KEY_PREFIXES) and not k.startswith("mtp.") and "._extra_state/" in k
+    ]
+    reader.validate(keys, tuple(objects))
+    with staged_dir(out) as tmp, reader:
+        writer = TorchDistWriter(tmp)
+        try:
+            with Progress(sum(reader.entry(k).nbytes for k in keys), "drop-mtp") as bar:
+                for key in keys:
+                    entry = reader.entry(key)
+                    writer.declare(key, entry.shape, entry.dtype)
+                    for c in entry.chunks:
+                        writer.copy_chunk_blob(key, c.offsets, c.sizes, reader.blob(key, c.file, c.offset, c.length))
+                    bar.advance(entry.nbytes)
+                for key in objects:
+                    writer.write_object_blob(key, reader.object_blob(key))
+            writer.finish({})
+        finally:
+            writer.abort()
+        new_cfg = cfg.replace(mtp=type(cfg.mtp)(num_layers=0, loss_weight_schedule=cfg.mtp.loss_weight_schedule))
+        (tmp / "config.yaml").write_text(new_cfg.to_yaml())
+        if (step / "tokenizer").is_dir():
+            shutil.copytree(step / "tokenizer", tmp / "tokenizer")
+        state = load_train_state(step)
+        state.update(has_optimizer=False)
+        (tmp / "train_state.json").write_text(json.dumps(state, indent=2) + "\n")
+    return out
