@@ -9,6 +9,7 @@ so the output is identical for any number of workers or chunk size.
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -87,6 +88,6 @@ def encode_chunk(chunk: Chunk) -> EncodedChunk:
     empty = int((lengths == 0).sum())
     if empty:
         lengths = lengths[lengths > 0]
-    flat = np.fromiter((t for ids in encoded for t in ids), dtype=np.int32, count=int(lengths.sum()))
+    flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int32, count=int(lengths.sum()))
     input_bytes = sum(map(len, chunk.lines))
     return EncodedChunk(chunk.file_index, flat, lengths, input_bytes, len(chunk.lines), bad, empty)
