@@ -160,3 +160,17 @@ class TargetAsDraft:
 
     def cache_lengths(self):
         return [self.model.cache_length]
+
+
+class NoisyTargetDraft(TargetAsDraft):
+    """A good-but-imperfect draft: the target's logits, flattened and shifted by a fixed random bias,
+    so q overlaps p without equalling it (many acceptances AND many rejections)."""
+
+    def __init__(self, target, seed: int = 0, scale: float = 0.8, noise: float = 0.3) -> None:
+        super().__init__(target)
+        gen = torch.Generator().manual_seed(seed)
+        self.bias = noise * torch.randn(target.dims.vocab_size, generator=gen)
+        self.scale = scale
+
+    def propose(self, tokens, k, pick):
+        return super().propose(tokens, k, lambda logits: pick(logits * self.scale + self.bias))
