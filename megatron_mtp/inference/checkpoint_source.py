@@ -2,13 +2,14 @@
 
 A run dir (``RUN/checkpoints/latest``), a checkpoints dir (``latest``) or a checkpoint dir
 (``train_state.json``) is exported once with ``megatron_mtp.convert.to_hf.export_to_hf``
-(``mtp="separate"``) into a cache folder keyed by the checkpoint's absolute path and the mtime of
+(``mtp="separate"``, fp32 where the converter offers it) into a cache folder keyed by the checkpoint's absolute path and the mtime of
 its train_state.json; the export goes to a temporary name and is renamed when complete.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import shutil
 from pathlib import Path
@@ -59,7 +60,8 @@ def hf_dir_for(path: Path) -> Path:
     tmp.parent.mkdir(parents=True, exist_ok=True)
     print(f"exporting {ckpt} to Hugging Face format in {out}")
     try:
-        export_to_hf(str(ckpt), str(tmp), mtp="separate")
+        kwargs = {"dtype": "fp32"} if "dtype" in inspect.signature(export_to_hf).parameters else {}
+        export_to_hf(str(ckpt), str(tmp), mtp="separate", **kwargs)
         if out.exists():  # another process finished first
             shutil.rmtree(tmp, ignore_errors=True)
         else:
