@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 import pytest
@@ -24,3 +25,4 @@ def slurm_cluster():
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(cluster.root, ignore_errors=True)

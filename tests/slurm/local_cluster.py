@@ -4,7 +4,8 @@ Everything lives under one temporary directory (keys, sockets, state, spool, log
 on free TCP ports, so it never touches a system Slurm or munge and several can run side by side.
 Clients reach it through ``SLURM_CONF`` (see ``LocalSlurmCluster.env``). The node names resolve
 inside jobs because each slurmd starts in its own mount namespace with a private hosts file
-bind-mounted over /etc/hosts (jobs inherit the namespace); the real /etc/hosts is never edited.
+bind-mounted over /etc/hosts (jobs inherit the namespace). Only where mount namespaces are not
+allowed (some containers) is a marked line appended to /etc/hosts, and stop() removes it.
 ``stop`` cancels the cluster's jobs and ends exactly the daemons this object started (by the pids
 in its own pid files).
 
@@ -81,6 +82,8 @@ class LocalSlurmCluster:
         self.conf = os.path.join(self.root, "slurm.conf")
         self.hostname = socket.gethostname().split(".")[0]
         self._pid_files: list[str] = []
+        self._hosts_line: Optional[str] = None
+        self.private_hosts = True
         self.started = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -88,9 +91,8 @@ class LocalSlurmCluster:
     def start(self, timeout: float = 60.0) -> "LocalSlurmCluster":
         if os.geteuid() != 0:
             raise ClusterUnavailable("the local Slurm cluster needs root (slurmd launches jobs as their owner)")
-        if shutil.which("unshare") is None:
-            raise ClusterUnavailable("util-linux 'unshare' is missing, so node names cannot resolve inside jobs")
         ensure_slurm_installed()
+        self.private_hosts = _private_mounts_work()
         os.chmod(self.root, 0o755)  # munged (user munge) must traverse it
         try:
             self._start_munge()
@@ -120,6 +122,7 @@ class LocalSlurmCluster:
         for pid in pids:
             if _alive(pid):
                 _signal(pid, signal.SIGKILL)
+        self._remove_hosts_line()
         self.started = False
 
     # ------------------------------------------------------------------ client helpers
@@ -249,11 +252,33 @@ PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=U
         self._pid_files.append(ctld_pid)
         self._daemon("slurmctld", [_which("slurmctld"), "-f", self.conf], ctld_pid)
         hosts = os.path.join(self.root, "hosts")
+        if not self.private_hosts:
+            self._add_hosts_line()
         for node in NODES:
             pid_file = os.path.join(self.root, f"slurmd-{node}.pid")
             self._pid_files.append(pid_file)
-            inner = f"mount --bind {hosts} /etc/hosts && exec {_which('slurmd')} -f {self.conf} -N {node}"
-            self._daemon(f"slurmd {node}", ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner], pid_file)
+            slurmd = [_which("slurmd"), "-f", self.conf, "-N", node]
+            if self.private_hosts:
+                inner = f"mount --bind {hosts} /etc/hosts && exec {' '.join(slurmd)}"
+                slurmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", inner]
+            self._daemon(f"slurmd {node}", slurmd, pid_file)
+
+    def _add_hosts_line(self) -> None:
+        """Fallback without mount namespaces: a marked /etc/hosts line, removed again by stop()."""
+        if all(_resolves(n) for n in NODES):
+            return
+        self._hosts_line = f"127.0.0.1 {' '.join(NODES)}  # megatron-mtp test cluster {self.root}\n"
+        with open("/etc/hosts", "a") as fh:
+            fh.write(self._hosts_line)
+
+    def _remove_hosts_line(self) -> None:
+        if self._hosts_line is None:
+            return
+        with open("/etc/hosts") as fh:
+            lines = fh.readlines()
+        with open("/etc/hosts", "w") as fh:  # rewritten in place: /etc/hosts may be a bind mount
+            fh.writelines(line for line in lines if line != self._hosts_line)
+        self._hosts_line = None
 
     def _daemon(self, name: str, cmd: list[str], pid_file: str) -> None:
         """Run a self-daemonizing program and wait for its pid file."""
@@ -282,6 +307,22 @@ PartitionName=debug Nodes={','.join(NODES)} Default=YES MaxTime=INFINITE State=U
                 return
             time.sleep(0.5)
         raise ClusterUnavailable(f"the nodes did not become idle in {timeout:.0f} s (sinfo: {last})")
+
+
+def _private_mounts_work() -> bool:
+    """Whether `unshare --mount` can give slurmd a private /etc/hosts (not in some containers)."""
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+def _resolves(name: str) -> bool:
+    try:
+        socket.gethostbyname(name)
+        return True
+    except OSError:
+        return False
 
 
 def _read_pid(path: str) -> Optional[int]:
