@@ -8,6 +8,8 @@ We state the truth in those modules. Local (non-TE) specs are built in platform/
 
 from __future__ import annotations
 
+import torch
+
 _APPLIED = False
 
 
@@ -30,7 +32,7 @@ def apply() -> None:
 
 
 def _patch_torch_adam_state_load() -> None:
-    """Resharding load of torch-Adam state in the distributed optimizer.
+    """Resharding load of torch-Adam state in the distributed optimizer (two fixes).
 
     Without TE/apex fused Adam, megatron-core keeps torch Adam's per-parameter 'step' in the live
     state but leaves it out of `fully_reshardable` checkpoints (it is restored from the param
@@ -55,3 +57,18 @@ def _patch_torch_adam_state_load() -> None:
 
     set_states._megatron_mtp_patched = True
     cls._set_main_param_and_optimizer_states = set_states
+
+    # megatron-core's load_state_dict assigns ONE 'step' tensor to every parameter's state; torch
+    # Adam then increments it in place once per parameter per step, corrupting bias correction
+    # after a resume. Give each parameter its own copy.
+    original_load = cls.load_state_dict
+
+    def load_state_dict(self, state_dict):
+        result = original_load(self, state_dict)
+        for per_param in self.optimizer.state.values():
+            step = per_param.get("step")
+            if torch.is_tensor(step):
+                per_param["step"] = step.clone()
+        return result
+
+    cls.load_state_dict = load_state_dict

@@ -1,0 +1,69 @@
+"""Helpers that launch real training jobs (torchrun over gloo) for the multi-process tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = [
+    # a smaller, faster variant of configs/tiny_cpu.yaml for tests
+    "training.seq_length=64", "training.micro_batch_size=2", "training.global_batch_size=8",
+    "logging.log_interval=1", "logging.eval_interval=0", "logging.tensorboard=false",
+    "schedule.warmup_steps=0", "schedule.decay_style=constant", "checkpoint.save_interval=0",
+    "data.default_corpus_vocab_size=1024", "model.num_layers=2",
+]
+
+
+def train(run_dir: Path, nproc: int = 1, steps: int = 3, overrides: tuple = (), check: bool = True,
+          timeout: int = 600) -> subprocess.CompletedProcess:
+    """`megatron-mtp train configs/tiny_cpu.yaml` in `nproc` real processes."""
+    cmd = [sys.executable, "-m", "megatron_mtp", "train", str(ROOT / "configs" / "tiny_cpu.yaml"),
+           "--run-dir", str(run_dir), "--max-steps", str(steps), *SMALL, *overrides]
+    if nproc > 1:
+        cmd += ["--nproc-per-node", str(nproc)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"training failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "logs" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def probe_logits(ckpt: Path, tokens_file: Path, out: Path, nproc: int = 1, overrides: tuple = ()) -> dict:
+    """Full logits of a checkpoint at a layout (megatron_mtp.training.forward)."""
+    import torch
+
+    module = ["-m", "megatron_mtp.training.forward", str(ckpt), str(tokens_file), str(out), *overrides]
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *module]
+    else:
+        cmd = [sys.executable, *module]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return torch.load(out)
+
+
+@pytest.fixture(name="train", scope="session")
+def _train():
+    return train
+
+
+@pytest.fixture(name="metrics", scope="session")
+def _metrics():
+    return metrics
+
+
+@pytest.fixture(name="probe_logits", scope="session")
+def _probe_logits():
+    return probe_logits

@@ -1,0 +1,73 @@
+"""Every parallel layout trains like one process, and checkpoints move between layouts.
+
+One module-scoped reference checkpoint (1 process, 1 step) seeds every layout with the same
+weights; each layout then trains 3 steps on the same global batches from a fresh optimizer.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.dist
+
+LAYOUTS = {
+    "tp2": (2, ("parallel.tensor=2",)),
+    "pp2": (2, ("parallel.pipeline=2",)),
+    "ep2": (2, ("parallel.expert=2",)),
+    "tp2_pp2_ep2": (8, ("parallel.tensor=2", "parallel.pipeline=2", "parallel.expert=2")),
+}
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, train, metrics):
+    root = tmp_path_factory.mktemp("layouts")
+    seed_run = root / "seed"
+    train(seed_run, steps=1)
+    single = root / "single"
+    train(single, steps=STEPS, overrides=(f"checkpoint.load={seed_run}", "checkpoint.load_optimizer=false"))
+    return root, seed_run, metrics(single)
+
+
+def _losses(rows, key):
+    return [r[key] for r in rows]
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layout_matches_single_process(reference, name, train, metrics):
+    root, seed_run, single = reference
+    nproc, overrides = LAYOUTS[name]
+    run = root / name
+    train(run, nproc=nproc, steps=STEPS,
+          overrides=(*overrides, f"checkpoint.load={seed_run}", "checkpoint.load_optimizer=false"))
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    for key in ("train/lm_loss", "train/mtp_loss_1"):
+        got, want = _losses(rows, key), _losses(single, key)
+        assert max(abs(a - b) for a, b in zip(got, want)) < 2e-3, (name, key, got, want)
+    # and it learns: the LM loss goes down over the steps
+    lm = _losses(rows, "train/lm_loss")
+    assert lm[-1] < lm[0], lm
+    state = (run / "checkpoints" / "latest").read_text().strip()
+    info = (run / "checkpoints" / state / "train_state.json").read_text()
+    assert f'"world_size": {nproc}' in info
+
+
+def test_tp2_pp2_ep2_checkpoint_loads_at_tp1_with_equal_logits(reference, tmp_path, train, probe_logits):
+    root, _, _ = reference
+    run = root / "tp2_pp2_ep2"
+    if not (run / "checkpoints" / "latest").exists():  # running this test alone
+        nproc, overrides = LAYOUTS["tp2_pp2_ep2"]
+        train(run, nproc=nproc, steps=1, overrides=overrides)
+    tokens = torch.randint(0, 1000, (2, 64), generator=torch.Generator().manual_seed(3))
+    torch.save(tokens, tmp_path / "tokens.pt")
+    at_tp1 = probe_logits(run, tmp_path / "tokens.pt", tmp_path / "tp1.pt")
+    at_8 = probe_logits(run, tmp_path / "tokens.pt", tmp_path / "p8.pt", nproc=8,
+                        overrides=("parallel.tensor=2", "parallel.pipeline=2", "parallel.expert=2"))
+    assert at_tp1["logits"].shape == at_8["logits"].shape
+    assert (at_tp1["logits"] - at_8["logits"]).abs().max() < 1e-5
+    assert len(at_tp1["mtp_logits"]) == 1
+    assert (at_tp1["mtp_logits"][0] - at_8["mtp_logits"][0]).abs().max() < 1e-5
+    # the MTP head is a different function from the main head
+    assert (at_tp1["mtp_logits"][0] - at_tp1["logits"]).abs().max() > 1e-3
