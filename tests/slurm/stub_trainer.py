@@ -20,6 +20,8 @@ def main(argv: list[str]) -> int:
     assert argv[:3] == ["-m", "megatron_mtp", "train"], argv
     run_dir = argv[argv.index("--run-dir") + 1]
     rank = int(os.environ["RANK"])
+    # STUB_SLOW_START=S: S seconds of "start-up" before the signal handlers exist (like importing torch)
+    time.sleep(float(os.environ.get("STUB_SLOW_START", "0")))
     out = os.path.join(run_dir, "stub")
     os.makedirs(out, exist_ok=True)
     keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",

@@ -69,6 +69,9 @@ def test_signal_saves_requeues_and_resumes(slurm_cluster, tmp_path):
                        "--run-dir", run_dir, "--time", "10"], slurm_cluster.env(), str(tmp_path))
     job = submitted_job_id(proc)
     _wait_progress(run_dir, ranks=2, at_least=5)
+    again = submit_cli([_config(tmp_path), "--nodes", "2", "--cpu", "--python", STUB, "--run-dir", run_dir],
+                       slurm_cluster.env(), str(tmp_path))
+    assert again.returncode == 2 and f"job {job} is still running" in again.stderr, again.stderr
     # To the batch shell only, like the time-limit warning (--signal=B:USR1@N): the script forwards it.
     slurm_cluster.run("scancel", "--signal=USR1", "--batch", job)
     fields = slurm_cluster.wait_for(job, lambda f: f["Restarts"] == "1" and f["JobState"] in ("COMPLETED", "FAILED"), 90, "restarted once, then COMPLETED")
@@ -103,3 +106,23 @@ def test_chain_mode_next_job_resumes(slurm_cluster, tmp_path):
     third = slurm_cluster.wait_for(chain[2], lambda f: f["JobState"] != "PENDING", 20, "cancelled")
     assert third["JobState"] == "CANCELLED", "a finished chain must cancel its remaining jobs"
     assert [int(s) for s in read(os.path.join(run_dir, "stub", "progress-0")).split()] == list(range(1, 31))
+
+
+def test_signal_during_startup_still_requeues(slurm_cluster, tmp_path):
+    """A signal that kills a rank before its handler exists must not end the run: requeue, resume."""
+    run_dir = str(tmp_path / "run")
+    proc = submit_cli([_config(tmp_path), "--nodes", "2", "--cpu", "--python", STUB, "--env", "STUB_STEPS=3",
+                       "--env", "STUB_SLOW_START=4", "--run-dir", run_dir], slurm_cluster.env(), str(tmp_path))
+    job = submitted_job_id(proc)
+    batch_log = os.path.join(run_dir, "logs", f"slurm-{job}.out")
+    deadline = time.time() + 30
+    while time.time() < deadline and not (os.path.exists(batch_log) and "per-rank logs" in read(batch_log)):
+        time.sleep(0.2)
+    time.sleep(1)  # srun has started the ranks; they are still "starting up"
+    slurm_cluster.run("scancel", "--signal=USR1", "--batch", job)
+    fields = slurm_cluster.wait_for(job, lambda f: f["Restarts"] == "1" and f["JobState"] in ("COMPLETED", "FAILED"), 90, "restarted once, then COMPLETED")
+    log = read(batch_log)
+    assert fields["JobState"] == "COMPLETED", log
+    assert "after SIGUSR1; requeueing to resume from the latest complete checkpoint" in log
+    assert not glob.glob(os.path.join(run_dir, "stub", "env-*-0.json")), "the ranks died before running"
+    assert len(glob.glob(os.path.join(run_dir, "stub", "env-*-1.json"))) == 2
