@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("config", help="run config YAML (configs/tiny_cpu.yaml, ...)")
-    parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="dotted config overrides, applied after the YAML")
+    parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="dotted config overrides, applied after the YAML (write them right after CONFIG)")
     res = parser.add_argument_group("resources")
     res.add_argument("--nodes", type=int, default=1, help="nodes to allocate (default 1)")
     res.add_argument("--gpus-per-node", type=int, help="GPUs per node; one training process (task) runs per GPU")

@@ -126,3 +126,19 @@ def test_signal_during_startup_still_requeues(slurm_cluster, tmp_path):
     assert "after SIGUSR1; requeueing to resume from the latest complete checkpoint" in log
     assert not glob.glob(os.path.join(run_dir, "stub", "env-*-0.json")), "the ranks died before running"
     assert len(glob.glob(os.path.join(run_dir, "stub", "env-*-1.json"))) == 2
+
+
+@pytest.mark.slow
+def test_time_limit_warning_signal_requeues(slurm_cluster, tmp_path):
+    """The real thing: Slurm's own --signal=B:USR1@N before a 2-minute limit (slow: Slurm checks
+    time limits about once a minute, so the signal comes up to a minute early or late)."""
+    run_dir = str(tmp_path / "run")
+    proc = submit_cli([_config(tmp_path), "--nodes", "1", "--cpu", "--python", STUB, "--env", "STUB_STEPS=600",
+                       "--time", "2", "--signal-before", "100", "--run-dir", run_dir], slurm_cluster.env(), str(tmp_path))
+    job = submitted_job_id(proc)
+    slurm_cluster.wait_for(job, lambda f: f["Restarts"] == "1", 200, "requeued by the time-limit warning")
+    log = read(os.path.join(run_dir, "logs", f"slurm-{job}.out"))
+    assert "received SIGUSR1" in log and "checkpoint saved; requeueing" in log
+    first = read(os.path.join(run_dir, "logs", f"slurm-{job}", "restart-0", "rank-0.log"))
+    assert "saved at step" in first
+    slurm_cluster.run("scancel", job)
