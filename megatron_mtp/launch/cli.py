@@ -97,7 +97,7 @@ def run_submit(args: argparse.Namespace) -> int:
     result = submit(plan)
     ids = ", ".join(result.job_ids)
     print(f"submitted job {ids} ({plan.nodes} node(s) x {plan.tasks_per_node} task(s) = {plan.world_size} ranks)")
-    print(f"run directory:  {plan.run_dir}")
+    print(f"run directory:  {plan.run_dir} ({'resumes from ' + plan.resume_from if plan.resume_from else 'starts from scratch'})")
     print(f"job script:     {result.script_path}")
     print(f"batch log:      {result.batch_log.replace('JOBID', result.job_ids[0])}")
     print(f"rank logs:      {result.rank_logs.replace('JOBID', result.job_ids[0])}")

@@ -9,11 +9,13 @@ at start-up. Nothing is written here: see submit.py for the run directory.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import shutil
 import sys
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Literal, Optional
 
 from megatron_mtp.config import Config, load_config
@@ -94,6 +96,8 @@ class JobPlan:
     workdir: str
     """Submit-host working directory (the job starts there, so relative paths keep meaning)."""
     job_workdir: str
+    resume_from: Optional[str] = None
+    """The checkpoint the job will resume from (RUN_DIR/checkpoints/<latest>), None for a fresh run."""
 
     @property
     def world_size(self) -> int:
@@ -132,6 +136,7 @@ def build_plan(request: SubmitRequest) -> JobPlan:
     workdir = os.path.abspath(request.workdir or os.getcwd())
     run_dir = os.path.abspath(request.run_dir or os.path.join(workdir, "runs", cfg.name))
     _check_run_dir(run_dir)
+    resume_from = _check_resume_point(run_dir, cfg)
 
     mounts = parse_mounts(request.container_mounts)
     if mounts and not request.container_image:
@@ -169,6 +174,7 @@ def build_plan(request: SubmitRequest) -> JobPlan:
         sbatch_args=list(request.sbatch_args),
         workdir=workdir,
         job_workdir=job_workdir,
+        resume_from=resume_from,
     )
 
 
@@ -319,6 +325,29 @@ def _check_run_dir(run_dir: str) -> None:
         raise UserError(f"run directory '{run_dir}' is a file; give --run-dir a directory path")
     if not _creatable(run_dir):
         raise UserError(f"run directory '{run_dir}' cannot be created or written by you; give --run-dir a writable (shared) directory")
+
+
+def _check_resume_point(run_dir: str, cfg: Config) -> Optional[str]:
+    """The checkpoint a job in ``run_dir`` resumes from; refuse a layout that could not load it."""
+    latest_file = os.path.join(run_dir, "checkpoints", "latest")
+    if not os.path.isfile(latest_file):
+        return None
+    with open(latest_file, encoding="utf-8") as fh:
+        name = fh.read().strip()
+    state_file = os.path.join(run_dir, "checkpoints", name, "train_state.json")
+    try:
+        with open(state_file, encoding="utf-8") as fh:
+            saved = json.load(fh)
+    except (OSError, ValueError):
+        raise UserError(f"{latest_file} names '{name}', which has no readable train_state.json; restore that checkpoint or start a new --run-dir") from None
+    # The trainer resumes its own run directory with optimizer state; apply its rule now (it imports
+    # torch, so only when there is a checkpoint to check).
+    from megatron_mtp.training.checkpointing import check_optimizer_compatible
+
+    reason = check_optimizer_compatible(saved, SimpleNamespace(ep=cfg.parallel.expert))
+    if reason is not None:
+        raise UserError(f"the job would resume from {os.path.join(run_dir, 'checkpoints', name)}, but {reason}; keep the saved parallel layout or use a new --run-dir")
+    return os.path.join(run_dir, "checkpoints", name)
 
 
 def _check_python(python: str) -> str:

@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
-from typing import Optional
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.launch.job_plan import JobPlan
@@ -62,6 +61,7 @@ def submit(plan: JobPlan, sbatch: str = "sbatch") -> SubmitResult:
     fd, tmp_script = tempfile.mkstemp(prefix=".job.", suffix=".sbatch.tmp", dir=slurm_dir)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
+    os.chmod(tmp_script, 0o644)  # readable by colleagues sharing the run directory
 
     job_ids: list[str] = []
     try:
@@ -136,10 +136,9 @@ def _read(path: str) -> str:
         return fh.read()
 
 
-def _write_atomic(path: str, text: str, mode: Optional[int] = None) -> None:
+def _write_atomic(path: str, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(path))
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
-    if mode is not None:
-        os.chmod(tmp, mode)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)

@@ -188,3 +188,22 @@ def test_slurm_time_formats(text, seconds):
 def test_bad_slurm_times(text):
     with pytest.raises(UserError):
         parse_slurm_time(text)
+
+
+def _fake_checkpoint(run_dir, expert: int) -> None:
+    step = run_dir / "checkpoints" / "step_0000010"
+    step.mkdir(parents=True)
+    (step / "train_state.json").write_text(
+        '{"step": 10, "consumed_samples": 160, "consumed_tokens": 20480, "has_optimizer": true, "world_size": 2,'
+        f' "parallel": {{"tensor": 1, "pipeline": 1, "expert": {expert}, "data": 2}}}}')
+    (run_dir / "checkpoints" / "latest").write_text("step_0000010\n")
+
+
+def test_resume_point_is_reported_and_an_unloadable_layout_refused(fake_slurm, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    _fake_checkpoint(run_dir, expert=1)
+    rc, out, err = _submit([CONFIG, "--nodes", "2", "--cpu", "--run-dir", str(run_dir)], capsys)
+    assert rc == 0, err
+    assert f"resumes from {run_dir}/checkpoints/step_0000010" in out
+    rc, _, err = _submit([CONFIG, "parallel.expert=2", "--nodes", "2", "--cpu", "--run-dir", str(run_dir)], capsys)
+    assert rc == 2 and "expert parallel size 1" in err and fake_slurm.read_text().count("\n") == 1
