@@ -1,0 +1,77 @@
+"""An independent PyTorch MTP forward over exported HF weights (the serving engines' equation).
+
+For depth d: tokens shift left by one more position (the last filled with 0, as megatron-core's
+roll does), ``h = eh_proj(cat([enorm(embed(tokens)), hnorm(prev_hidden)]))`` -- embedding FIRST --
+then one DeepSeek-V3 decoder layer (transformers' implementation, weights loaded by hand), then
+``shared_head.norm`` and ``shared_head.head``. ``prev_hidden`` starts as the main model's output
+after its final norm and is then the previous depth's normalised output.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.float()
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _load_dir(path: Path) -> dict[str, torch.Tensor]:
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted(set(index["weight_map"].values())):
+        out.update(load_file(str(path / file)))
+    return {k: v.float() for k, v in out.items()}
+
+
+def _layer_state(weights: dict[str, torch.Tensor], prefix: str, experts: int) -> dict[str, torch.Tensor]:
+    state = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
+    for extra in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "embed_tokens.weight",
+                  "shared_head.norm.weight", "shared_head.head.weight"):
+        state.pop(extra, None)
+    if experts:
+        gate_up = [torch.cat([state.pop(f"mlp.experts.{e}.gate_proj.weight"), state.pop(f"mlp.experts.{e}.up_proj.weight")])
+                   for e in range(experts)]
+        down = [state.pop(f"mlp.experts.{e}.down_proj.weight") for e in range(experts)]
+        state["mlp.experts.gate_up_proj"] = torch.stack(gate_up)
+        state["mlp.experts.down_proj"] = torch.stack(down)
+    return state
+
+
+@torch.no_grad()
+def mtp_logits(main_dir: Path, mtp_dir: Path, tokens: torch.Tensor) -> list[torch.Tensor]:
+    from transformers import DeepseekV3ForCausalLM
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+
+    model = DeepseekV3ForCausalLM.from_pretrained(main_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    cfg = model.config
+    mtp_cfg = json.loads((mtp_dir / "config.json").read_text())
+    L, D = mtp_cfg["num_hidden_layers"], mtp_cfg["num_nextn_predict_layers"]
+    weights = _load_dir(mtp_dir)
+    b, s = tokens.shape
+    positions = torch.arange(s).expand(b, s)
+    mask = torch.full((s, s), float("-inf")).triu(1).expand(b, 1, s, s)
+    hidden = model.model(tokens).last_hidden_state
+    ids = tokens.clone()
+    outputs = []
+    for d in range(D):
+        p = f"model.layers.{L + d}."
+        ids = torch.roll(ids, -1, dims=-1)
+        ids[:, -1] = 0
+        emb = F.embedding(ids, weights[p + "embed_tokens.weight"])
+        x = torch.cat([_rms(emb, weights[p + "enorm.weight"], cfg.rms_norm_eps),
+                       _rms(hidden, weights[p + "hnorm.weight"], cfg.rms_norm_eps)], dim=-1)
+        x = x @ weights[p + "eh_proj.weight"].T
+        layer = DeepseekV3DecoderLayer(cfg, layer_idx=L + d).eval()
+        layer.load_state_dict(_layer_state(weights, p, cfg.n_routed_experts or 0), strict=True)
+        x = layer(x, attention_mask=mask, position_ids=positions,
+                  position_embeddings=model.model.rotary_emb(x, positions))
+        hidden = _rms(x, weights[p + "shared_head.norm.weight"], cfg.rms_norm_eps)
+        outputs.append(hidden @ weights[p + "shared_head.head.weight"].T)
+    return outputs

@@ -1,0 +1,137 @@
+"""End to end on a checkpoint written by the real trainer: export, import, drop-mtp, logits."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+
+import pytest
+import torch
+
+from megatron_mtp.convert.dist_reader import TorchDistReader
+from megatron_mtp.convert.drop_mtp import drop_mtp
+from megatron_mtp.convert.from_hf import import_from_hf
+from megatron_mtp.convert.to_hf import export_to_hf
+from tests.convert.conftest import megatron_forward
+from tests.convert.mtp_reference import mtp_logits
+
+transformers = pytest.importorskip("transformers")
+
+
+def _same_tree(a, b) -> None:
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    for name in names:
+        if (a / name).is_dir():
+            _same_tree(a / name, b / name)
+        else:
+            assert filecmp.cmp(a / name, b / name, shallow=False), name
+
+
+def _hf_model(path):
+    model, info = transformers.DeepseekV3ForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    return model.eval(), info
+
+
+def test_main_export_loads_in_transformers_with_equal_logits(export_fp32, megatron_logits, tokens):
+    model, info = _hf_model(export_fp32 / "main")
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert json.loads((export_fp32 / "main" / "config.json").read_text())["num_nextn_predict_layers"] == 0
+    assert (export_fp32 / "main" / "tokenizer.json").is_file()
+    with torch.no_grad():
+        logits = model(torch.load(tokens)).logits
+    reference = megatron_logits["logits"]
+    assert logits.shape == reference.shape
+    assert (logits - reference).abs().max().item() < 1e-4
+
+
+def test_mtp_export_reproduces_megatron_mtp_logits(export_fp32, megatron_logits, tokens):
+    mtp_cfg = json.loads((export_fp32 / "mtp" / "config.json").read_text())
+    L = mtp_cfg["num_hidden_layers"]
+    names = json.loads((export_fp32 / "mtp" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert mtp_cfg["num_nextn_predict_layers"] == 1 and all(n.startswith(f"model.layers.{L}.") for n in names)
+    assert f"model.layers.{L}.embed_tokens.weight" in names and f"model.layers.{L}.shared_head.head.weight" in names
+    ours = mtp_logits(export_fp32 / "main", export_fp32 / "mtp", torch.load(tokens))
+    reference = megatron_logits["mtp_logits"]
+    assert len(ours) == len(reference) == 1
+    assert (ours[0] - reference[0]).abs().max().item() < 1e-4
+    # the concat order matters: hidden-first would give different logits
+    assert not torch.allclose(ours[0], megatron_logits["logits"], atol=1e-2)
+
+
+def test_inline_equals_main_plus_mtp(trained_run, export_fp32, tmp_path):
+    inline = export_to_hf(trained_run, tmp_path / "inline", mtp="inline", dtype="fp32")
+    from safetensors import safe_open
+
+    def tensors(*dirs):
+        out = {}
+        for d in dirs:
+            for f in sorted(d.glob("*.safetensors")):
+                with safe_open(str(f), "pt") as h:
+                    out.update({k: h.get_tensor(k) for k in h.keys()})
+        return out
+
+    a, b = tensors(inline), tensors(export_fp32 / "main", export_fp32 / "mtp")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((inline / "config.json").read_text())["num_nextn_predict_layers"] == 1
+    model, info = _hf_model(inline)  # transformers ignores the MTP layer of the release layout
+    assert not info["missing_keys"]
+
+
+def test_nextn_layout_and_import_back(trained_run, export_fp32, tmp_path):
+    out = export_to_hf(trained_run, tmp_path / "nextn", mtp="separate", mtp_layout="nextn", dtype="fp32")
+    cfg = json.loads((out / "mtp" / "config.json").read_text())
+    names = json.loads((out / "mtp" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert cfg["architectures"] == ["DeepseekV3ForCausalLMNextN"]
+    assert all(n.startswith("model.layers.0.") for n in names)
+    assert not any("embed_tokens" in n or "shared_head.head" in n for n in names)
+    ckpt = import_from_hf(out / "main", tmp_path / "ckpt", mtp_dir=out / "mtp")
+    _same_tree(export_to_hf(ckpt, tmp_path / "again", dtype="fp32") / "mtp", export_fp32 / "mtp")
+
+
+def test_hf_mcore_hf_is_bitwise(trained_run, tmp_path):
+    first = export_to_hf(trained_run, tmp_path / "first", dtype="bf16")
+    ckpt = import_from_hf(first, tmp_path / "ckpt", dtype="bf16")
+    state = json.loads((ckpt / "train_state.json").read_text())
+    assert state["has_optimizer"] is False and (ckpt / "tokenizer" / "tokenizer.json").is_file()
+    second = export_to_hf(ckpt, tmp_path / "second", dtype="bf16")
+    _same_tree(first, second)
+    # the expert bias stays fp32 even in a bf16 export
+    from safetensors import safe_open
+
+    with safe_open(str(next((first / "main").glob("*.safetensors"))), "pt") as h:
+        assert h.get_tensor("model.layers.1.mlp.gate.e_score_correction_bias").dtype == torch.float32
+        assert h.get_tensor("model.layers.1.mlp.gate.weight").dtype == torch.bfloat16
+
+
+def test_mcore_hf_mcore_gives_identical_logits(export_fp32, megatron_logits, tokens, tmp_path):
+    ckpt = import_from_hf(export_fp32, tmp_path / "ckpt")
+    again = megatron_forward(ckpt, tokens, tmp_path / "out.pt")
+    assert torch.equal(again["logits"], megatron_logits["logits"])
+    assert torch.equal(again["mtp_logits"][0], megatron_logits["mtp_logits"][0])
+
+
+def test_drop_mtp_megatron_checkpoint(trained_run, export_fp32, megatron_logits, tokens, tmp_path):
+    dropped = drop_mtp(trained_run, tmp_path / "dropped")
+    reader = TorchDistReader(dropped)
+    assert not any(k.startswith("mtp.") for k in reader.keys())
+    assert not any(k.startswith("optimizer.") for k in reader.keys())
+    assert "num_layers: 0" in (dropped / "config.yaml").read_text().split("mtp:")[1].split("\n")[1]
+    main = export_to_hf(dropped, tmp_path / "hf", mtp="none", dtype="fp32")
+    _same_tree(main, export_fp32 / "main")
+    out = megatron_forward(dropped, tokens, tmp_path / "out.pt")  # loads and runs without MTP
+    assert out["mtp_logits"] == [] and torch.equal(out["logits"], megatron_logits["logits"])
+
+
+def test_drop_mtp_hf_inline_and_separate(trained_run, export_fp32, tmp_path):
+    inline = export_to_hf(trained_run, tmp_path / "inline", mtp="inline", dtype="fp32")
+    dropped = drop_mtp(inline, tmp_path / "dropped")
+    cfg = json.loads((dropped / "config.json").read_text())
+    index = json.loads((dropped / "model.safetensors.index.json").read_text())["weight_map"]
+    assert cfg["num_nextn_predict_layers"] == 0
+    assert not any(n.startswith(f"model.layers.{cfg['num_hidden_layers']}.") for n in index)
+    model, info = _hf_model(dropped)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert (dropped / "tokenizer.json").is_file()
+    _same_tree(drop_mtp(export_fp32, tmp_path / "from_separate"), export_fp32 / "main")
