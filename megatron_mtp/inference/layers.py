@@ -218,6 +218,12 @@ class MoE(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         idx, weights = self.gate(flat)
+        if flat.shape[0] == 1:  # decode fast path: no grouping ops, experts added in ascending order
+            order = sorted(zip(idx[0].tolist(), range(idx.shape[1])))
+            out = torch.zeros_like(flat)
+            for expert, slot in order:
+                out = out + (self.experts[expert](flat) * weights[:, slot, None]).to(out.dtype)
+            return out.view(shape) + self.shared_experts(x)
         out = torch.zeros_like(flat)
         for expert in torch.unique(idx).tolist():
             token_idx, slot = torch.where(idx == expert)
