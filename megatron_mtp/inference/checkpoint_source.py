@@ -12,6 +12,7 @@ import hashlib
 import inspect
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from megatron_mtp.errors import UserError
@@ -58,7 +59,7 @@ def hf_dir_for(path: Path) -> Path:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
-    print(f"exporting {ckpt} to Hugging Face format in {out}")
+    print(f"exporting {ckpt} to Hugging Face format in {out}", file=sys.stderr)
     try:
         kwargs = {"dtype": "fp32"} if "dtype" in inspect.signature(export_to_hf).parameters else {}
         export_to_hf(str(ckpt), str(tmp), mtp="separate", **kwargs)
