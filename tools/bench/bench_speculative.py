@@ -12,7 +12,8 @@ Leviathan-predicted speedup next to it:
   with-verify    (1 + sum_i prod_{j<=i} a_j) / (K c + v)      v = t_verify(K+1 tokens) / t_target(1 token)
 t_target is one plain decode forward; on CPU verifying K+1 tokens costs more than one token
 (v > 1), which the Leviathan formula ignores; "with-verify" accounts for it.
-EOS is ignored so every run generates exactly --max-new-tokens tokens.
+EOS is ignored so every run generates exactly --max-new-tokens tokens. "same" is the fraction of runs
+whose tokens equal the plain run's (must be 1.00 at temperature 0; with sampling the streams differ).
 """
 
 from __future__ import annotations
@@ -100,14 +101,19 @@ def run(argv: list[str] | None = None) -> dict:
     sampling = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p}
     settings = [0] + ks
     totals = {k: {"tokens": 0, "wall": 0.0, "target_time": 0.0, "decode_forwards": 0, "draft_time": 0.0,
-                  "draft_steps": 0, "rounds": 0, "round_tokens": 0, "reached": [0] * k, "accepted": [0] * k}
+                  "draft_steps": 0, "rounds": 0, "round_tokens": 0, "reached": [0] * k, "accepted": [0] * k,
+                  "identical": 0}
               for k in settings}
     gen.generate(prompts[0], max_new_tokens=4, ignore_eos=True)  # warm-up (allocations, first-call costs)
     jobs = [(k, p, r) for r in range(args.repeats) for p in range(len(prompts)) for k in settings]
+    plain_tokens: dict[tuple[int, int], list[int]] = {}
     for k, p, r in tqdm(jobs, desc="bench", unit="run", file=sys.stderr):
         res = gen.generate(prompts[p], max_new_tokens=args.max_new_tokens, seed=r, speculative_k=k,
                            ignore_eos=True, **sampling)
         s, t = res.stats, totals[k]
+        if k == 0:
+            plain_tokens[(p, r)] = res.tokens
+        t["identical"] += int(res.tokens == plain_tokens[(p, r)])
         t["tokens"] += s.new_tokens
         t["wall"] += s.wall_time_s - s.prefill_time_s
         t["target_time"] += s.target_time_s
@@ -138,6 +144,7 @@ def run(argv: list[str] | None = None) -> dict:
             "predicted_leviathan": pred["leviathan"], "predicted_per_position": pred["per_position"],
             "predicted_with_verify": pred["with_verify"],
             "measured_over_predicted": measured / pred["leviathan"] if pred["leviathan"] else 0.0,
+            "runs_identical_to_plain": t["identical"] / (len(prompts) * args.repeats),
         })
     report = {"model": str(args.model), "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "sampling": sampling, "repeats": args.repeats, "threads": os.environ.get("OMP_NUM_THREADS"),
@@ -145,13 +152,13 @@ def run(argv: list[str] | None = None) -> dict:
     print(f"plain decoding: {plain_tps:.1f} tokens/s, target forward {1000 * t_target:.2f} ms "
           f"({len(prompts)} prompts x {args.repeats}, {args.max_new_tokens} new tokens, {sampling})")
     print(f"{'K':>2} {'speedup':>8} {'pred(Lev)':>9} {'meas/pred':>9} {'pred(pos)':>9} {'pred(+v)':>8} "
-          f"{'acc.len':>7} {'alpha':>6} {'c':>6} {'v':>5}  per-position acceptance")
+          f"{'acc.len':>7} {'alpha':>6} {'c':>6} {'v':>5} {'same':>5}  per-position acceptance")
     for row in rows:
         per_pos = " ".join(f"{a:.3f}" for a in row["acceptance_per_position"])
         print(f"{row['k']:>2} {row['measured_speedup']:>8.3f} {row['predicted_leviathan']:>9.3f} "
               f"{row['measured_over_predicted']:>9.3f} {row['predicted_per_position']:>9.3f} "
               f"{row['predicted_with_verify']:>8.3f} {row['mean_accept_length']:>7.3f} {row['alpha']:>6.3f} "
-              f"{row['c']:>6.3f} {row['v']:>5.2f}  {per_pos}")
+              f"{row['c']:>6.3f} {row['v']:>5.2f} {row['runs_identical_to_plain']:>5.2f}  {per_pos}")
     if args.json:
         out = Path(args.json)
         tmp = out.with_name(out.name + ".tmp")
