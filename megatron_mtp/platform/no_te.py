@@ -65,6 +65,9 @@ def _patch_torch_adam_state_load() -> None:
 
     def load_state_dict(self, state_dict):
         result = original_load(self, state_dict)
+        steps = [g.get("step") for g in state_dict.get("optimizer", {}).get("param_groups", [])]
+        if steps and steps[0] is not None:
+            self._megatron_mtp_steps = int(steps[0])
         for per_param in self.optimizer.state.values():
             step = per_param.get("step")
             if torch.is_tensor(step):
@@ -72,3 +75,30 @@ def _patch_torch_adam_state_load() -> None:
         return result
 
     cls.load_state_dict = load_state_dict
+
+    # A rank whose sub-optimizer holds no parameter state (e.g. the expert optimizer on a pipeline
+    # stage without MoE layers) has no per-parameter 'step' to read, and megatron-core asserts on
+    # it. We count successful steps ourselves and record that count instead.
+    original_state_dict = cls.state_dict
+    original_step = cls.step_with_ready_grads
+
+    def step_with_ready_grads(self):
+        ok = original_step(self)
+        if ok:
+            self._megatron_mtp_steps = getattr(self, "_megatron_mtp_steps", 0) + 1
+        return ok
+
+    cls.step_with_ready_grads = step_with_ready_grads
+
+    def state_dict(self):
+        if len(self.optimizer.state) > 0:
+            return original_state_dict(self)
+        inner = self.optimizer.state_dict()
+        groups = [{k: v for k, v in g.items() if k != "params"} | {"step": getattr(self, "_megatron_mtp_steps", 0)}
+                  for g in inner["param_groups"]]
+        result = {"optimizer": {k: v for k, v in inner.items() if k != "state"} | {"param_groups": groups}}
+        if self.grad_scaler:
+            result["grad_scaler"] = self.grad_scaler.state_dict()
+        return result
+
+    cls.state_dict = state_dict

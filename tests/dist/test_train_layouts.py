@@ -18,6 +18,7 @@ LAYOUTS = {
     "tp2_pp2_ep2": (8, ("parallel.tensor=2", "parallel.pipeline=2", "parallel.expert=2")),
 }
 STEPS = 3
+EVAL = ("logging.eval_interval=1", "logging.eval_steps=2")
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +27,12 @@ def reference(tmp_path_factory, train, metrics):
     seed_run = root / "seed"
     train(seed_run, steps=1)
     single = root / "single"
-    train(single, steps=STEPS, overrides=(f"checkpoint.load={seed_run}", "checkpoint.load_optimizer=false"))
+    train(single, steps=STEPS, overrides=(*EVAL, f"checkpoint.load={seed_run}", "checkpoint.load_optimizer=false"))
     return root, seed_run, metrics(single)
 
 
 def _losses(rows, key):
-    return [r[key] for r in rows]
+    return [r[key] for r in rows if key in r]
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
@@ -40,15 +41,17 @@ def test_layout_matches_single_process(reference, name, train, metrics):
     nproc, overrides = LAYOUTS[name]
     run = root / name
     train(run, nproc=nproc, steps=STEPS,
-          overrides=(*overrides, f"checkpoint.load={seed_run}", "checkpoint.load_optimizer=false"))
-    rows = metrics(run)
+          overrides=(*overrides, *EVAL, f"checkpoint.load={seed_run}", "checkpoint.load_optimizer=false"))
+    rows = [r for r in metrics(run) if "train/lm_loss" in r]
+    evals = [r for r in metrics(run) if "valid/lm_loss" in r]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    for key in ("train/lm_loss", "train/mtp_loss_1"):
-        got, want = _losses(rows, key), _losses(single, key)
+    for key in ("train/lm_loss", "train/mtp_loss_1", "valid/lm_loss", "valid/mtp_loss_1"):
+        got, want = _losses(rows + evals, key), _losses(single, key)
+        assert len(got) == len(want) == STEPS
         assert max(abs(a - b) for a, b in zip(got, want)) < 2e-3, (name, key, got, want)
-    # and it learns: the LM loss goes down over the steps
-    lm = _losses(rows, "train/lm_loss")
-    assert lm[-1] < lm[0], lm
+    # and it learns: the validation loss (same held-out batches each time) goes down
+    valid = _losses(evals, "valid/lm_loss")
+    assert valid[-1] < valid[0], valid
     state = (run / "checkpoints" / "latest").read_text().strip()
     info = (run / "checkpoints" / state / "train_state.json").read_text()
     assert f'"world_size": {nproc}' in info
