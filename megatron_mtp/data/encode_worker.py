@@ -1,7 +1,7 @@
 """The tokenising half of preprocessing: raw JSONL lines in, token arrays out.
 
-Runs in worker processes (or in-process for one worker). It imports only numpy, json and
-`tokenizers`, so spawning a worker is cheap. Each worker tokenises single-threaded
+Runs in worker processes (or in-process for one worker) and uses only numpy, json and
+`tokenizers` (never torch), so forked workers are safe and a spawned one starts fast. Each worker tokenises single-threaded
 (TOKENIZERS_PARALLELISM=false): parallelism comes from the worker processes, which keeps the
 "N workers = N cores" accounting honest. Every document's tokens depend only on its own text,
 so the output is identical for any number of workers or chunk size.
@@ -42,7 +42,6 @@ _STATE: dict = {}
 
 def init_worker(tokenizer_path: str, text_key: str, eod_id: Optional[int]) -> None:
     """Load the tokenizer once per worker process; eod_id is appended to every document when set."""
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from tokenizers import Tokenizer as HFTokenizer
 
     from megatron_mtp.data.tokenizer import TOKENIZER_FILE

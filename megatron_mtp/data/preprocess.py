@@ -15,6 +15,7 @@ Each JSON line becomes one document (one sequence) of the dataset; empty documen
 from __future__ import annotations
 
 import collections
+import contextlib
 import multiprocessing
 import os
 import time
@@ -67,10 +68,9 @@ def _describe_bad(bad: BadLine, paths: list[str]) -> str:
 
 
 class _InProcess:
-    """The worker pool interface, run in this process (workers=1)."""
+    """The worker-pool interface, run in this process (workers=1)."""
 
     def __init__(self, initargs: tuple):
-        self._saved = os.environ.get("TOKENIZERS_PARALLELISM")
         encode_worker.init_worker(*initargs)
 
     def submit(self, chunk: Chunk):
@@ -82,29 +82,51 @@ class _InProcess:
 
     def close(self) -> None:
         encode_worker._STATE.clear()
-        if self._saved is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = self._saved
 
 
 class _Pool:
-    """A spawn-context process pool (spawn: safe after torch/tokenizers threads exist)."""
+    """N worker processes (concurrent.futures: a dead worker raises instead of hanging).
+
+    Linux uses fork: workers start fast and work whatever ``__main__`` is (spawn re-runs the main
+    script, which fails for stdin scripts). Workers use no torch and tokenise single-threaded.
+    """
 
     def __init__(self, workers: int, initargs: tuple):
-        ctx = multiprocessing.get_context("spawn")
-        self._pool = ctx.Pool(workers, initializer=encode_worker.init_worker, initargs=initargs)
+        from concurrent.futures import ProcessPoolExecutor
+
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
+                                         initializer=encode_worker.init_worker, initargs=initargs)
 
     def submit(self, chunk: Chunk):
-        return self._pool.apply_async(encode_worker.encode_chunk, (chunk,))
+        return self._pool.submit(encode_worker.encode_chunk, chunk)
 
     @staticmethod
     def result(handle):
-        return handle.get()
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            return handle.result()
+        except BrokenProcessPool:
+            raise RuntimeError("a preprocessing worker process died (out of memory or killed?); "
+                               "re-run with fewer --workers") from None
 
     def close(self) -> None:
-        self._pool.terminate()
-        self._pool.join()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextlib.contextmanager
+def _single_threaded_tokenizers():
+    """TOKENIZERS_PARALLELISM=false while preprocessing (one core per worker; no fork warning)."""
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
 
 
 def preprocess(
@@ -169,7 +191,7 @@ def preprocess(
 
     runner = None
     try:
-        with IndexedWriter(output_prefix, tok.vocab_size) as writer:  # imports megatron-core (seconds)
+        with _single_threaded_tokenizers(), IndexedWriter(output_prefix, tok.vocab_size) as writer:
             runner = _InProcess(initargs) if workers == 1 else _Pool(workers, initargs)
             bar = _progress_bar(inputs, progress)
             start = time.perf_counter()
@@ -217,12 +239,21 @@ def _progress_bar(inputs: list[str], enabled: bool):
     return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="preprocess", dynamic_ncols=True)
 
 
-def default_workers() -> int:
-    """Worker processes to use when the user does not say: the CPUs this process may run on."""
+MAX_DEFAULT_WORKERS = 32
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def default_workers() -> int:
+    """Worker processes to use when the user does not say: the CPUs available, at most 32
+    (past that the single reading/writing process becomes the bottleneck)."""
+    return min(available_cpus(), MAX_DEFAULT_WORKERS)
 
 
 def resolve_workers(workers: Optional[int]) -> int:

@@ -72,3 +72,11 @@ def test_same_seed_same_order_and_new_seed_reshuffles(three_sources, tokenizer_d
         first.append(np.stack([train[i]["tokens"].numpy() for i in range(5)]))
     np.testing.assert_array_equal(first[0], first[1])
     assert not np.array_equal(first[0], first[2])
+
+
+def test_tokenizer_recorded_by_preprocess_is_used(three_sources, tokenizer_dir):
+    root, prefixes = three_sources
+    cfg = load_config(None, [f"data.paths=[{prefixes[0]}]", f"data.cache_dir={root / 'cache'}"])
+    resolved = resolve_data(cfg)
+    assert resolved.tokenizer_path == str(tokenizer_dir)
+    assert resolved.train_blend == [(1.0, prefixes[0])] and resolved.split == "98,2,0"

@@ -103,3 +103,25 @@ def test_cli_preprocess_and_tokenizer_train(tmp_path, write_jsonl, documents):
     assert run.returncode == 2
     assert "a.jsonl:1: the object has no 'text' key" in run.stderr and "Traceback" not in run.stderr
     assert not any(name.startswith("bad") for name in os.listdir(tmp_path))
+
+
+def test_workers_run_from_any_main_and_report_dead_workers(tmp_path, write_jsonl, documents, tokenizer_dir):
+    """Workers must not depend on re-running __main__ (a stdin script), and a worker that cannot
+    start must fail the run instead of being respawned forever."""
+    write_jsonl(tmp_path / "a.jsonl", documents[:40])
+    script = (
+        "from megatron_mtp.data.preprocess import preprocess\n"
+        f"s = preprocess([{str(tmp_path / 'a.jsonl')!r}], {str(tokenizer_dir)!r}, {str(tmp_path / 'ds')!r}, workers=2, progress=False)\n"
+        "print('DOCS', s.documents)\n"
+    )
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0 and "DOCS 40" in run.stdout, run.stderr[-2000:]
+
+    from megatron_mtp.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_dir)
+    tok.source = str(tmp_path / "vanished")  # workers load the tokenizer from here, which fails
+    with pytest.raises(RuntimeError, match="worker process died"):
+        preprocess([str(tmp_path / "a.jsonl")], tok, str(tmp_path / "ds2"), workers=2, progress=False)
+    assert not any(n.startswith("ds2") for n in os.listdir(tmp_path))
