@@ -1,0 +1,126 @@
+"""Typed config: YAML + dotted overrides, unknown keys, type errors, and every validation rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from megatron_mtp.config import load_config
+from megatron_mtp.config.base import describe
+from megatron_mtp.config.root import Config
+from megatron_mtp.config.validate import validate, validate_vocab
+from megatron_mtp.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+def test_yaml_then_overrides_in_order(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  num_layers: 6\ntraining:\n  max_steps: 5\n")
+    cfg = load_config(str(path), ["training.max_steps=7", "training.max_steps=9", "mtp.loss_weight_schedule=[[0, 0.3], [100, 0.1]]"])
+    assert cfg.model.num_layers == 6
+    assert cfg.training.max_steps == 9
+    assert cfg.mtp.loss_weight_schedule == [(0, 0.3), (100, 0.1)]
+    assert cfg.model.hidden_size == Config().model.hidden_size  # default kept
+
+
+@pytest.mark.parametrize("override,message", [
+    ("model.num_layer=3", "did you mean 'num_layers'"),
+    ("modle.num_layers=3", "did you mean 'model'"),
+    ("model.num_layers=abc", "model.num_layers must be an integer"),
+    ("training.precision=fp64", "must be one of"),
+    ("model.num_layers", "must look like key.path=value"),
+    ("model.yarn.factr=2", "did you mean 'factor'"),
+])
+def test_bad_overrides_name_the_key(override, message):
+    with pytest.raises(UserError, match=message):
+        load_config(None, [override])
+
+
+def test_unknown_yaml_key_names_closest(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("parallel:\n  tensr: 2\n")
+    with pytest.raises(UserError, match=r"unknown config key 'parallel.tensr'; did you mean 'tensor'"):
+        load_config(str(path))
+
+
+def test_bad_yaml_file(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model: [unclosed\n")
+    with pytest.raises(UserError, match="not valid YAML at line"):
+        load_config(str(path))
+    with pytest.raises(UserError, match="does not exist"):
+        load_config(str(tmp_path / "missing.yaml"))
+
+
+def test_every_field_has_a_docstring():
+    missing = [key for key, _, doc in describe(Config) if not doc]
+    assert missing == []
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_shipped_configs_load_and_validate(path):
+    cfg = load_config(str(path))
+    p = cfg.parallel
+    validate(cfg, p.world_size or p.tensor * p.pipeline * p.expert)
+
+
+def test_roundtrip_through_yaml(tmp_path):
+    cfg = load_config(str(ROOT / "configs" / "tiny_cpu.yaml"), ["mtp.num_layers=2"])
+    path = tmp_path / "resolved.yaml"
+    path.write_text(cfg.to_yaml())
+    assert load_config(str(path)) == cfg
+
+
+BAD = [
+    (["parallel.tensor=2"], 3, "world size 3 is not divisible by parallel.tensor × parallel.pipeline"),
+    (["parallel.expert=2"], 1, "parallel.expert=2 must divide the data-parallel size 1"),
+    (["parallel.expert=3"], 3, "model.num_experts=8 is not divisible by parallel.expert=3"),
+    (["parallel.pipeline=3"], 3, "model.num_layers=4 cannot be split evenly over parallel.pipeline=3"),
+    (["parallel.tensor=2", "parallel.sequence_parallel=false"], 2, "MoE with parallel.tensor > 1 needs sequence"),
+    (["parallel.sequence_parallel=true"], 1, "sequence_parallel=true needs parallel.tensor > 1"),
+    (["parallel.world_size=4"], 2, "parallel.world_size is 4 but 2 processes were launched"),
+    (["training.global_batch_size=6", "training.micro_batch_size=4"], 1, "global_batch_size=6 must be a multiple"),
+    (["model.router_topk=9"], 1, "router_topk=9 exceeds model.num_experts=8"),
+    (["model.router_num_groups=3"], 1, "num_experts=8 is not divisible by model.router_num_groups=3"),
+    (["model.router_group_topk=5"], 1, "router_group_topk must be set and at most"),
+    (["model.router_topk=6", "model.router_group_topk=2"], 1, "exceeds the experts reachable"),
+    (["model.router_norm_topk_prob=false"], 1, "router_norm_topk_prob=false with sigmoid"),
+    (["model.num_attention_heads=3", "parallel.tensor=3", "model.num_experts=6", "model.router_num_groups=3",
+      "model.router_group_topk=2", "training.seq_length=130"], 3, "seq_length=130 must be divisible"),
+    (["model.num_experts=0", "parallel.expert=2"], 2, "parallel.expert > 1 needs a MoE model"),
+    (["parallel.pipeline=2", "parallel.pipeline_layout=[1,2]"], 2, "must be non-negative counts summing"),
+    (["parallel.pipeline=2", "parallel.pipeline_layout=[4]"], 2, "has 1 stages but parallel.pipeline is 2"),
+    (["mtp.num_layers=-1"], 1, "mtp.num_layers is -1"),
+    (["mtp.loss_weight_schedule=[]"], 1, "mtp.loss_weight_schedule is empty"),
+    (["training.fp8=delayed"], 1, "training.fp8=delayed needs training.precision=bf16"),
+    (["training.max_steps=0"], 1, "training.max_steps is 0"),
+]
+
+
+@pytest.mark.parametrize("overrides,world,message", BAD, ids=[b[2][:40] for b in BAD])
+def test_validation_errors_are_one_sentence(overrides, world, message):
+    cfg = load_config(str(ROOT / "configs" / "tiny_cpu.yaml"), overrides)
+    with pytest.raises(UserError) as info:
+        validate(cfg, world)
+    text = str(info.value)
+    assert message in text
+    assert "\n" not in text
+
+
+def test_tokenizer_larger_than_model_vocab():
+    cfg = load_config(str(ROOT / "configs" / "tiny_cpu.yaml"), ["model.vocab_size=100"])
+    validate_vocab(cfg, 128)  # padded to 128: fits
+    with pytest.raises(UserError, match="the tokenizer has 129 tokens but model.vocab_size=100"):
+        validate_vocab(cfg, 129)
+
+
+def test_fp8_without_gpu_is_one_clear_error():
+    from megatron_mtp.platform.detect import detect
+
+    with pytest.raises(UserError, match="training.fp8=delayed needs a CUDA GPU with Transformer Engine"):
+        detect("auto", "auto", fp8="delayed")
+    with pytest.raises(UserError, match="no CUDA GPU is visible"):
+        detect("cuda", "auto")

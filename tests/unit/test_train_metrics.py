@@ -1,0 +1,59 @@
+"""Teacher-forced MTP acceptance/accuracy and the MoE load-balance metric, against direct counts."""
+
+from __future__ import annotations
+
+import torch
+
+from megatron_mtp.training.metrics import MTPMetrics, max_violation
+
+
+def _direct(mtp_preds, main_pred, labels, mask):
+    """Reference: loops over positions (what a person would count by hand)."""
+    b, s = labels.shape
+    out = []
+    for k, draft in enumerate(mtp_preds, start=1):
+        acc = cor = n = 0
+        for i in range(b):
+            for t in range(s - k):
+                if mask[i, t + k]:
+                    n += 1
+                    acc += int(draft[i, t] == main_pred[i, t + k])
+                    cor += int(draft[i, t] == labels[i, t + k])
+        out.append((acc, cor, n))
+    return out
+
+
+def test_acceptance_and_accuracy_match_direct_count():
+    torch.manual_seed(0)
+    b, s, v, depth = 3, 12, 7, 2
+    labels = torch.randint(0, v, (b, s))
+    mask = (torch.rand(b, s) > 0.2).float()
+    metrics = MTPMetrics(depth, tp_group=None)
+    metrics.start_microbatch(labels, mask)
+    logits = [torch.randn(s, b, v) for _ in range(depth + 1)]  # D MTP calls, then the main model
+    for lg in logits:
+        metrics.output_hook(None, None, (lg, None))
+    preds = [lg.argmax(-1).t() for lg in logits]
+    expected = _direct(preds[:depth], preds[depth], labels, mask)
+    for k, (acc, cor, n) in enumerate(expected):
+        assert metrics.sums[0, k] == acc
+        assert metrics.sums[1, k] == cor
+        assert metrics.sums[3, k] == n
+
+
+def test_perfect_draft_is_fully_accepted():
+    b, s, v = 2, 8, 5
+    labels = torch.randint(0, v, (b, s))
+    metrics = MTPMetrics(1, tp_group=None)
+    metrics.start_microbatch(labels, torch.ones(b, s))
+    main = torch.randn(s, b, v)
+    shifted = torch.roll(main, -1, dims=0)  # draft at t == main at t+1
+    metrics.output_hook(None, None, (shifted, None))
+    metrics.output_hook(None, None, (main, None))
+    assert metrics.sums[0, 0] == metrics.sums[3, 0] == b * (s - 1)
+
+
+def test_max_violation():
+    counts = torch.tensor([[10.0, 10, 10, 10], [40, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.float64)
+    # layer 0 balanced (0), layer 1 all on one expert (4x mean -> 3), unused layer ignored
+    assert abs(max_violation(counts) - 1.5) < 1e-12

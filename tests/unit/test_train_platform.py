@@ -1,0 +1,59 @@
+"""The CPU platform layer's assumptions about megatron-core and torch still hold.
+
+If a megatron-core upgrade moves a function we neutralise, these tests fail by name instead of
+training silently going down a different path.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def test_patched_targets_exist():
+    from megatron_mtp.platform import cpu
+
+    assert cpu.check_assumptions() == []
+
+
+def test_no_te_targets_exist():
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.core.transformer import multi_latent_attention
+    from megatron.core.transformer.moe import moe_utils
+
+    assert hasattr(multi_latent_attention, "HAVE_TE")
+    assert hasattr(moe_utils, "router_gating_linear")
+    for name in ("_set_main_param_and_optimizer_states", "load_state_dict", "state_dict", "step_with_ready_grads"):
+        assert hasattr(DistributedOptimizer, name), name
+
+
+def test_megatron_core_version_in_tested_range():
+    from importlib.metadata import version
+
+    major, minor = (int(x) for x in version("megatron-core").split(".")[:2])
+    assert (major, minor) == (0, 16), "the platform layer is tested against megatron-core 0.16.x"
+
+
+def test_cpu_patches_redirect_cuda_placements():
+    # in a subprocess: the patches are process-wide
+    code = textwrap.dedent("""
+        import torch
+        from megatron_mtp.platform import setup
+        plat = setup("cpu")
+        assert plat.device == "cpu" and plat.backend == "gloo" and not plat.use_te
+        t = torch.zeros(3, device="cuda")
+        assert t.device.type == "cpu"
+        assert t.cuda().device.type == "cpu" and t.to("cuda").device.type == "cpu"
+        assert t.type() == "torch.cuda.FloatTensor"
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            pass
+        torch.cuda.synchronize()
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
