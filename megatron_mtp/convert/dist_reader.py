@@ -27,6 +27,7 @@ from typing import BinaryIO, Optional
 
 import torch
 
+from megatron_mtp.convert.torch_save_blob import read_plain_tensor
 from megatron_mtp.errors import UserError
 
 
@@ -163,6 +164,12 @@ class TorchDistReader:
         return self.blob(key, file, offset, length)
 
     def _chunk_tensor(self, key: str, chunk: Chunk) -> torch.Tensor:
+        fh = self._files.get(chunk.file)
+        if fh is None:
+            fh = self._files[chunk.file] = open(self.path / chunk.file, "rb")
+        fast = read_plain_tensor(fh, chunk.offset, chunk.length)
+        if fast is not None and tuple(fast.shape) == chunk.sizes:
+            return fast
         blob = self.blob(key, chunk.file, chunk.offset, chunk.length)
         try:
             tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
@@ -178,6 +185,11 @@ class TorchDistReader:
         start, stop = rows if rows is not None else (0, entry.shape[0] if entry.shape else 1)
         if not entry.shape:
             return self._chunk_tensor(key, entry.chunks[0]).clone()
+        whole = [c for c in entry.chunks if c.offsets[0] <= start and c.offsets[0] + c.sizes[0] >= stop
+                 and all(o == 0 and n == size for o, n, size in zip(c.offsets[1:], c.sizes[1:], entry.shape[1:]))]
+        if whole:  # one chunk holds the whole region: no assembly copy
+            c = whole[0]
+            return self._chunk_tensor(key, c)[start - c.offsets[0] : stop - c.offsets[0]]
         out = torch.empty((stop - start, *entry.shape[1:]), dtype=entry.dtype)
         filled = 0
         for chunk in entry.chunks:

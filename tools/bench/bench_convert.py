@@ -1,0 +1,172 @@
+"""Benchmark: to-hf conversion throughput vs `cp` and peak memory, small model vs a ~4x larger one.
+
+Both checkpoints are real torch_dist checkpoints written by the converter's own save path
+(``TorchDistWriter``, the same files megatron-core loads), with random weights of a DeepSeek-V3-like
+config; the large one has ~4x the layers (so ~4x the bytes) and the same largest tensor.
+
+For each: ``cp -r`` of the checkpoint (page cache warm for both), then ``export_to_hf --dtype fp32
+--mtp inline`` (the same number of bytes out as in) in a fresh subprocess that reports its peak
+RSS. Prints throughput ratio (cp time / convert time, target >= 0.5) and RSS large/small (target
+<= 1.2) and absolute (target <= 2 GB + largest tensor).
+
+    python tools/bench/bench_convert.py [--workdir DIR] [--small-layers 2] [--hidden 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from megatron_mtp.config import Config  # noqa: E402
+from megatron_mtp.config.model import ModelConfig, MTPConfig  # noqa: E402
+from megatron_mtp.convert.dist_writer import TorchDistWriter  # noqa: E402
+from megatron_mtp.models.deepseek_v3 import hf_mapping as hm  # noqa: E402
+
+
+def model_config(layers: int, hidden: int) -> Config:
+    model = ModelConfig(
+        num_layers=layers, hidden_size=hidden, ffn_hidden_size=hidden * 11 // 4, num_attention_heads=8,
+        vocab_size=8192, q_lora_rank=hidden // 4, kv_lora_rank=hidden // 8, qk_head_dim=64,
+        qk_pos_emb_head_dim=32, v_head_dim=64, num_experts=16, first_k_dense=1, moe_ffn_hidden_size=hidden // 2,
+        num_shared_experts=1, router_topk=4, router_num_groups=None, router_group_topk=None,
+    )
+    return Config(name=f"bench_{layers}", model=model, mtp=MTPConfig(num_layers=1))
+
+
+def _shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """Global megatron-core shapes of every model tensor for this config."""
+    m = cfg.model
+    h, heads = m.hidden_size, m.num_attention_heads
+    qk = m.qk_head_dim + m.qk_pos_emb_head_dim
+    per_rule = {
+        "input_layernorm.weight": (h,), "pre_mlp_layernorm.weight": (h,),
+        "self_attention.linear_q_down_proj.weight": (m.q_lora_rank, h),
+        "self_attention.q_layernorm.weight": (m.q_lora_rank,),
+        "self_attention.linear_q_up_proj.weight": (heads * qk, m.q_lora_rank),
+        "self_attention.linear_kv_down_proj.weight": (m.kv_lora_rank + m.qk_pos_emb_head_dim, h),
+        "self_attention.kv_layernorm.weight": (m.kv_lora_rank,),
+        "self_attention.linear_kv_up_proj.weight": (heads * (m.qk_head_dim + m.v_head_dim), m.kv_lora_rank),
+        "self_attention.linear_proj.weight": (h, heads * m.v_head_dim),
+        "mlp.linear_fc1.weight": (2 * m.ffn_hidden_size, h), "mlp.linear_fc2.weight": (h, m.ffn_hidden_size),
+        "mlp.router.weight": (m.num_experts, h), "mlp.router.expert_bias": (m.num_experts,),
+        "mlp.experts.experts.linear_fc1.weight": (m.num_experts, 2 * m.moe_ffn_hidden_size, h),
+        "mlp.experts.experts.linear_fc2.weight": (m.num_experts, h, m.moe_ffn_hidden_size),
+        "mlp.shared_experts.linear_fc1.weight": (2 * m.moe_ffn_hidden_size, h),
+        "mlp.shared_experts.linear_fc2.weight": (h, m.moe_ffn_hidden_size),
+        "enorm.weight": (h,), "hnorm.weight": (h,), "eh_proj.weight": (h, 2 * h), "final_layernorm.weight": (h,),
+    }
+    shapes = {}
+    layout = hm.Layout(m.num_layers, cfg.mtp.num_layers, m.num_experts, m.first_k_dense)
+    for p in hm.param_table(layout, spec="local", mtp_copies=False):
+        if p.mcore in (hm.EMBEDDING, hm.OUTPUT_LAYER):
+            shapes[p.mcore] = (m.vocab_size, h)
+        elif p.mcore == hm.FINAL_NORM:
+            shapes[p.mcore] = (h,)
+        else:
+            suffix = next(s for s in per_rule if p.mcore.endswith("." + s))
+            shapes[p.mcore] = per_rule[suffix]
+    return shapes
+
+
+def write_checkpoint(cfg: Config, out: Path) -> int:
+    """A random-weight torch_dist checkpoint (+ config.yaml); returns its model bytes."""
+    g = torch.Generator().manual_seed(0)
+    writer = TorchDistWriter(out)
+    total = 0
+    for key, shape in _shapes(cfg).items():
+        if ".experts.experts." in key:
+            writer.declare(key, shape, torch.float32)
+            for e in range(shape[0]):
+                writer.write_chunk(key, (e, 0, 0), torch.randn((1, *shape[1:]), generator=g) * 0.02)
+        else:
+            writer.write_tensor(key, torch.randn(shape, generator=g) * 0.02)
+        total += torch.Size(shape).numel() * 4
+    writer.finish({})
+    (out / "config.yaml").write_text(cfg.to_yaml())
+    (out / "train_state.json").write_text(json.dumps({"step": 0, "has_optimizer": False}))
+    return total
+
+
+_CHILD = """
+import json, os, resource, sys, time
+import torch.distributed.checkpoint  # imports are a fixed cost, not conversion throughput
+from megatron_mtp.config import load_config
+from megatron_mtp.convert.to_hf import export_to_hf
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t = time.perf_counter()
+export_to_hf(sys.argv[1], sys.argv[2], mtp="inline", dtype="fp32")
+os.sync()
+print(json.dumps({"seconds": time.perf_counter() - t, "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                  "base_kb": base}))
+"""
+
+
+def measure(ckpt: Path, work: Path) -> dict:
+    t = time.perf_counter()
+    subprocess.run(["cp", "-r", str(ckpt), str(work / "cp")], check=True)
+    subprocess.run(["sync"], check=True)
+    cp_seconds = time.perf_counter() - t
+    shutil.rmtree(work / "cp")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MEGATRON_MTP_NO_PROGRESS="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(ckpt), str(work / "hf")], env=env, check=True,
+                          capture_output=True, text=True)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    subprocess.run(["sync"], check=True)
+    shutil.rmtree(work / "hf")
+    result["cp_seconds"] = cp_seconds
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workdir", default=None, help="scratch directory (default: a new temp dir)")
+    parser.add_argument("--small-layers", type=int, default=2, help="main layers of the small model")
+    parser.add_argument("--hidden", type=int, default=1024, help="hidden size of both models")
+    args = parser.parse_args()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_convert_"))
+    work.mkdir(parents=True, exist_ok=True)
+    small = model_config(args.small_layers, args.hidden)
+    # ~4x the bytes: (layers + MTP) scale so the total (layers + embeddings) is 4x.
+    shapes = _shapes(small)
+    emb = 2 * shapes[hm.EMBEDDING][0] * shapes[hm.EMBEDDING][1]
+    layer = (sum(torch.Size(s).numel() for s in shapes.values()) - emb) / (args.small_layers + 1)
+    large_layers = round((4 * (emb + layer * (args.small_layers + 1)) - emb) / layer) - 1
+    large = model_config(large_layers, args.hidden)
+    rows = []
+    try:
+        for cfg in (small, large):
+            ckpt = work / cfg.name
+            nbytes = write_checkpoint(cfg, ckpt)
+            largest = max(torch.Size(s).numel() * 4 for s in _shapes(cfg).values())
+            r = measure(ckpt, work)
+            shutil.rmtree(ckpt)
+            rows.append((cfg, nbytes, largest, r))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{'model':<10}{'layers':>7}{'GB':>7}{'cp s':>8}{'to-hf s':>9}{'cp/to-hf':>10}{'peak RSS MB':>13}{'over base MB':>14}")
+    for cfg, nbytes, largest, r in rows:
+        print(f"{cfg.name:<10}{cfg.model.num_layers:>7}{nbytes / 1e9:>7.2f}{r['cp_seconds']:>8.2f}{r['seconds']:>9.2f}"
+              f"{r['cp_seconds'] / r['seconds']:>10.2f}{r['peak_kb'] / 1024:>13.0f}{(r['peak_kb'] - r['base_kb']) / 1024:>14.0f}")
+    (_, b_small, _, r_small), (_, b_large, largest, r_large) = rows
+    print(f"size ratio large/small: {b_large / b_small:.2f}")
+    print(f"throughput vs cp (large): {r_large['cp_seconds'] / r_large['seconds']:.2f} (target >= 0.5)")
+    print(f"peak RSS large/small: {r_large['peak_kb'] / r_small['peak_kb']:.2f} (target <= 1.2)")
+    limit_mb = 2048 + largest / 2**20
+    print(f"peak RSS large: {r_large['peak_kb'] / 1024:.0f} MB (target <= 2 GB + largest tensor = {limit_mb:.0f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
