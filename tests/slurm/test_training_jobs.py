@@ -107,12 +107,10 @@ def test_signalled_job_saves_requeues_resumes_and_continues_the_loss_curve(slurm
     state = json.loads(read(os.path.join(run_dir, "checkpoints", "step_%07d" % MAX_STEPS, "train_state.json")))
     assert state["step"] == MAX_STEPS and state["world_size"] == 2
 
-    # The resumed run starts from exactly the saved weights and data position: its first step
-    # repeats the uninterrupted run's step bit for bit (4 decimals as logged).
+    # The interrupted run's loss curve is the uninterrupted one, step for step: the resumed job
+    # restores weights, optimizer state (Adam moments and step), scheduler, data position and RNG.
+    # (A lost Adam step count once showed up here as a 0.01 drift from the second resumed step on.)
     reference = _losses(_rank0_log(ref_dir, ref_job, 0))
-    assert resumed[saved + 1] == reference[saved + 1]
-    # ...and the curve continues from there (a restart from scratch would be back near the step-1 loss).
     combined = {**_losses(first), **resumed}
     for step in range(1, MAX_STEPS + 1):
-        assert combined[step] == pytest.approx(reference[step], rel=3e-2), f"step {step}"
-    assert resumed[MAX_STEPS][0] < reference[1][0] - 0.5
+        assert combined[step] == pytest.approx(reference[step], abs=1e-3), f"step {step}"
