@@ -18,6 +18,7 @@ Run by hand: ``python tests/slurm/local_cluster.py`` starts one and prints its S
 
 from __future__ import annotations
 
+import atexit
 import os
 import pwd
 import re
@@ -93,6 +94,7 @@ class LocalSlurmCluster:
             raise ClusterUnavailable("the local Slurm cluster needs root (slurmd launches jobs as their owner)")
         ensure_slurm_installed()
         self.private_hosts = _private_mounts_work()
+        atexit.register(self.stop)  # also when the test process ends without running its fixtures' teardown
         os.chmod(self.root, 0o755)  # munged (user munge) must traverse it
         try:
             self._start_munge()
