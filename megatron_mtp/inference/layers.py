@@ -218,17 +218,22 @@ class MoE(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         idx, weights = self.gate(flat)
-        if flat.shape[0] == 1:  # decode fast path: no grouping ops, experts added in ascending order
-            order = sorted(zip(idx[0].tolist(), range(idx.shape[1])))
-            out = torch.zeros_like(flat)
-            for expert, slot in order:
-                out = out + (self.experts[expert](flat) * weights[:, slot, None]).to(out.dtype)
-            return out.view(shape) + self.shared_experts(x)
+        # Group (token, slot) pairs by expert on the host: at decode sizes (a few tokens) this is
+        # cheaper than device-side unique/where, and experts run in ascending order as in HF.
+        groups: dict[int, tuple[list[int], list[int]]] = {}
+        for token, row in enumerate(idx.tolist()):
+            for slot, expert in enumerate(row):
+                tokens, slots = groups.setdefault(expert, ([], []))
+                tokens.append(token)
+                slots.append(slot)
         out = torch.zeros_like(flat)
-        for expert in torch.unique(idx).tolist():
-            token_idx, slot = torch.where(idx == expert)
-            y = self.experts[expert](flat[token_idx]) * weights[token_idx, slot, None]
-            out.index_add_(0, token_idx, y.to(out.dtype))
+        for expert in sorted(groups):
+            tokens, slots = groups[expert]
+            mlp = self.experts[expert]
+            xs = flat[tokens]
+            hidden = F.silu(F.linear(xs, mlp.gate_proj.weight)) * F.linear(xs, mlp.up_proj.weight)
+            y = F.linear(hidden, mlp.down_proj.weight) * weights[tokens, slots, None]
+            out.index_add_(0, torch.tensor(tokens), y.to(out.dtype))
         return out.view(shape) + self.shared_experts(x)
 
 
