@@ -115,10 +115,12 @@ def test_signal_during_startup_still_requeues(slurm_cluster, tmp_path):
                        "--env", "STUB_SLOW_START=4", "--run-dir", run_dir], slurm_cluster.env(), str(tmp_path))
     job = submitted_job_id(proc)
     batch_log = os.path.join(run_dir, "logs", f"slurm-{job}.out")
+    rank_logs = [os.path.join(run_dir, "logs", f"slurm-{job}", "restart-0", f"rank-{r}.log") for r in (0, 1)]
     deadline = time.time() + 30
-    while time.time() < deadline and not (os.path.exists(batch_log) and "per-rank logs" in read(batch_log)):
-        time.sleep(0.2)
-    time.sleep(1)  # srun has started the ranks; they are still "starting up"
+    while time.time() < deadline and not all(os.path.exists(p) for p in rank_logs):
+        time.sleep(0.1)  # slurmstepd opens the rank logs as it launches the tasks
+    assert all(os.path.exists(p) for p in rank_logs), "the ranks did not start"
+    # the ranks now spend STUB_SLOW_START seconds "starting up" without signal handlers
     slurm_cluster.run("scancel", "--signal=USR1", "--batch", job)
     fields = slurm_cluster.wait_for(job, lambda f: f["Restarts"] == "1" and f["JobState"] in ("COMPLETED", "FAILED"), 90, "restarted once, then COMPLETED")
     log = read(batch_log)
