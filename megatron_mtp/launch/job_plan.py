@@ -128,7 +128,8 @@ def build_plan(request: SubmitRequest) -> JobPlan:
     device_overrides = ["training.device=cpu", "parallel.backend=gloo"] if request.cpu else []
     cfg = load_config(request.config, list(request.overrides))
     _check_device(cfg, request.cpu)
-    cfg = load_config(request.config, device_overrides + list(request.overrides)) if request.cpu else cfg
+    if request.cpu:  # applied last: _check_device refused every value they could contradict
+        cfg = load_config(request.config, list(request.overrides) + device_overrides)
     _check_layout(cfg, request.nodes, tasks_per_node)
     validate(cfg, request.nodes * tasks_per_node)  # the trainer's own start-up checks, run here first
     _check_data_paths(cfg)
