@@ -1,9 +1,9 @@
 """The tokenising half of preprocessing: raw JSONL lines in, token arrays out.
 
 Runs in worker processes (or in-process for one worker) and uses only numpy, json and
-`tokenizers` (never torch), so forked workers are safe and a spawned one starts fast. Each worker tokenises single-threaded
-(TOKENIZERS_PARALLELISM=false): parallelism comes from the worker processes, which keeps the
-"N workers = N cores" accounting honest. Every document's tokens depend only on its own text,
+`tokenizers` (never torch), so forked workers are safe and a spawned one starts fast. Each
+worker tokenises single-threaded (preprocess sets TOKENIZERS_PARALLELISM=false): parallelism
+comes from the worker processes, which keeps the "N workers = N cores" accounting honest. Every document's tokens depend only on its own text,
 so the output is identical for any number of workers or chunk size.
 """
 

@@ -183,7 +183,7 @@ def preprocess(
         lines_per_file[result.file_index] += result.lines
         if result.lines == 0 and docs_per_file[result.file_index] == 0:  # end of a file
             what = "is empty" if lines_per_file[result.file_index] == 0 else (
-                f"holds no documents ({lines_per_file[result.file_index]} lines, none with non-empty text)")
+                f"holds no documents (its {lines_per_file[result.file_index]} lines are blank, empty or bad)")
             raise UserError(f"input file '{path}' {what}; remove it from --input or fill it")
         if bar is not None:
             elapsed = max(time.perf_counter() - start, 1e-9)
