@@ -204,22 +204,47 @@ class Router(nn.Module):
         return idx, weights * d.routed_scaling_factor
 
 
+class StackedExperts(nn.Module):
+    """Routed expert weights stacked on a leading expert axis (transformers 5 names:
+    ``experts.gate_up_proj`` [E, 2I, H] = [gate; up] per expert, ``experts.down_proj`` [E, H, I]);
+    the loader fills them from HF's per-expert ``experts.{e}.gate_proj/up_proj/down_proj``."""
+
+    def __init__(self, num_experts: int, hidden: int, inner: int) -> None:
+        super().__init__()
+        self.inner = inner
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inner, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inner))
+
+
 class MoE(nn.Module):
-    """Routed experts (only those hit are run) plus always-on shared experts."""
+    """Routed experts plus always-on shared experts.
+
+    Few (token, expert) pairs (decoding): loop over the experts hit. When the pairs reach the
+    number of experts (prefill, long verification), every expert is likely hit anyway, so all
+    experts run as two batched matmuls and the routing weights select (same work, far fewer ops).
+    """
 
     def __init__(self, dims: DeepseekV3Dims) -> None:
         super().__init__()
-        n = dims.n_routed_experts or 0
+        self.num_experts = dims.n_routed_experts or 0
+        self.top_k = dims.num_experts_per_tok
         self.gate = Router(dims)
-        self.experts = nn.ModuleList(GatedMLP(dims.hidden_size, dims.moe_intermediate_size) for _ in range(n))
+        self.experts = StackedExperts(self.num_experts, dims.hidden_size, dims.moe_intermediate_size)
         self.shared_experts = GatedMLP(dims.hidden_size, dims.moe_intermediate_size * dims.n_shared_experts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         idx, weights = self.gate(flat)
-        # Group (token, slot) pairs by expert on the host: at decode sizes (a few tokens) this is
-        # cheaper than device-side unique/where, and experts run in ascending order as in HF.
+        if flat.shape[0] * self.top_k >= self.num_experts:
+            routed = self._all_experts(flat, idx, weights)
+        else:
+            routed = self._experts_hit(flat, idx, weights)
+        return routed.view(shape) + self.shared_experts(x)
+
+    def _experts_hit(self, flat: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        # Group (token, slot) pairs by expert on the host (cheaper than unique/where at these sizes);
+        # experts run in ascending order as in transformers.
         groups: dict[int, tuple[list[int], list[int]]] = {}
         for token, row in enumerate(idx.tolist()):
             for slot, expert in enumerate(row):
@@ -227,14 +252,20 @@ class MoE(nn.Module):
                 tokens.append(token)
                 slots.append(slot)
         out = torch.zeros_like(flat)
+        inner = self.experts.inner
         for expert in sorted(groups):
             tokens, slots = groups[expert]
-            mlp = self.experts[expert]
             xs = flat[tokens]
-            hidden = F.silu(F.linear(xs, mlp.gate_proj.weight)) * F.linear(xs, mlp.up_proj.weight)
-            y = F.linear(hidden, mlp.down_proj.weight) * weights[tokens, slots, None]
+            gate, up = F.linear(xs, self.experts.gate_up_proj[expert]).split(inner, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.experts.down_proj[expert]) * weights[tokens, slots, None]
             out.index_add_(0, torch.tensor(tokens), y.to(out.dtype))
-        return out.view(shape) + self.shared_experts(x)
+        return out
+
+    def _all_experts(self, flat: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        gate, up = torch.matmul(flat, self.experts.gate_up_proj.transpose(1, 2)).split(self.experts.inner, dim=-1)
+        y = torch.matmul(F.silu(gate) * up, self.experts.down_proj.transpose(1, 2))  # [E, T, H]
+        routing = torch.zeros(flat.shape[0], self.num_experts, dtype=weights.dtype).scatter_(1, idx, weights)
+        return torch.einsum("eth,te->th", y, routing.to(y.dtype))
 
 
 class DecoderLayer(nn.Module):

@@ -104,19 +104,46 @@ def resolve_layout(path: str | Path) -> ModelLayout:
     return ModelLayout(root=root, main_dir=main_dir, mtp_dir=mtp_dir, tokenizer_file=tokenizer_file)
 
 
+def _expert_sources(key: str, prefix: str, index: TensorIndex, num_experts: int) -> list[list[str]] | None:
+    """HF per-expert tensor names that make up a stacked expert weight, or None if not stacked."""
+    for stacked, parts in (("mlp.experts.gate_up_proj", ("gate_proj", "up_proj")), ("mlp.experts.down_proj", ("down_proj",))):
+        if key.endswith(stacked):
+            base = prefix + key[: -len("gate_up_proj" if parts[0] == "gate_proj" else "down_proj")]
+            return [[f"{base}{e}.{part}.weight" for part in parts] for e in range(num_experts)]
+    return None
+
+
 def _load_into(module: nn.Module, index: TensorIndex, prefix: str, dtype: torch.dtype, where: Path,
-               aliases: dict[str, str] | None = None) -> None:
-    wanted = list(module.state_dict().keys())
+               num_experts: int, aliases: dict[str, str] | None = None) -> None:
+    """Load ``module`` from HF names; stacked expert weights are assembled from per-expert tensors."""
     aliases = aliases or {}
-    missing = [k for k in wanted if prefix + k not in index and prefix + aliases.get(k, k) not in index]
+    plan: dict[str, list[list[str]]] = {}
+    stacked: set[str] = set()
+    for key in module.state_dict():
+        per_expert = _expert_sources(key, prefix, index, num_experts)
+        if prefix + key in index:
+            plan[key] = [[prefix + key]]
+        elif key in aliases and prefix + aliases[key] in index:
+            plan[key] = [[prefix + aliases[key]]]
+        elif per_expert is not None:
+            plan[key] = per_expert
+            stacked.add(key)
+        else:
+            plan[key] = [[prefix + key]]
+    missing = [name for sources in plan.values() for group in sources for name in group if name not in index]
     if missing:
-        shown = ", ".join(prefix + m for m in missing[:3])
+        shown = ", ".join(missing[:3])
         raise UserError(
             f"{where} lacks {len(missing)} tensor(s) the model needs (e.g. {shown}); re-export the model."
         )
-    names = {k: prefix + k if prefix + k in index else prefix + aliases[k] for k in wanted}
-    loaded = index.load(list(names.values()), dtype)
-    module.load_state_dict({k: loaded[n] for k, n in names.items()}, strict=True, assign=True)
+    loaded = index.load([name for sources in plan.values() for group in sources for name in group], dtype)
+    state = {}
+    for key, sources in plan.items():
+        if key in stacked:
+            state[key] = torch.stack([torch.cat([loaded[name] for name in group]) for group in sources])
+        else:
+            state[key] = loaded[sources[0][0]]
+    module.load_state_dict(state, strict=True, assign=True)
 
 
 def load_target(layout: ModelLayout, dtype: torch.dtype) -> tuple[TargetModel, DeepseekV3Dims, TensorIndex]:
@@ -127,7 +154,7 @@ def load_target(layout: ModelLayout, dtype: torch.dtype) -> tuple[TargetModel, D
     with torch.device("meta"):
         model = TargetModel(dims)
     aliases = {"lm_head.weight": "model.embed_tokens.weight"} if dims.tie_word_embeddings else {}
-    _load_into(model, index, "", dtype, layout.main_dir, aliases)
+    _load_into(model, index, "", dtype, layout.main_dir, dims.n_routed_experts or 0, aliases)
     model.eval()
     return model, dims, index
 
@@ -171,7 +198,7 @@ def load_mtp_modules(
                 own_embedding=prefix + "embed_tokens.weight" in index,
                 own_head=prefix + "shared_head.head.weight" in index,
             )
-        _load_into(module, index, prefix, dtype, where)
+        _load_into(module, index, prefix, dtype, where, mtp_dims.n_routed_experts or 0)
         module.share_with(target.model.embed_tokens, target.lm_head)
         module.eval()
         modules.append(module)
