@@ -27,7 +27,7 @@ from typing import BinaryIO, Optional
 
 import torch
 
-from megatron_mtp.convert.torch_save_blob import read_plain_tensor
+from megatron_mtp.convert.torch_save_blob import plain_record, read_plain_tensor
 from megatron_mtp.errors import UserError
 
 
@@ -163,10 +163,31 @@ class TorchDistReader:
         file, offset, length = self._objects[key]
         return self.blob(key, file, offset, length)
 
-    def _chunk_tensor(self, key: str, chunk: Chunk) -> torch.Tensor:
-        fh = self._files.get(chunk.file)
+    def _file(self, name: str) -> BinaryIO:
+        fh = self._files.get(name)
         if fh is None:
-            fh = self._files[chunk.file] = open(self.path / chunk.file, "rb")
+            fh = self._files[name] = open(self.path / name, "rb")
+        return fh
+
+    def byte_range(self, key: str, rows: Optional[tuple[int, int]] = None) -> Optional[tuple[BinaryIO, int, int]]:
+        """(open file, offset, length) of the raw bytes of ``key`` (rows of axis 0) when one stored
+        chunk holds them contiguously, so they can be copied file to file; None otherwise."""
+        entry = self.entry(key)
+        if not entry.shape:
+            return None
+        start, stop = rows if rows is not None else (0, entry.shape[0])
+        for c in entry.chunks:
+            if c.offsets[0] <= start and c.offsets[0] + c.sizes[0] >= stop and c.sizes[1:] == entry.shape[1:]:
+                fh = self._file(c.file)
+                found = plain_record(fh, c.offset, c.length)
+                if found is None or tuple(found[0].shape) != c.sizes or found[0].dtype != entry.dtype:
+                    return None
+                row_bytes = math.prod(c.sizes[1:]) * entry.dtype.itemsize
+                return fh, found[1] + (start - c.offsets[0]) * row_bytes, (stop - start) * row_bytes
+        return None
+
+    def _chunk_tensor(self, key: str, chunk: Chunk) -> torch.Tensor:
+        fh = self._file(chunk.file)
         fast = read_plain_tensor(fh, chunk.offset, chunk.length)
         if fast is not None and tuple(fast.shape) == chunk.sizes:
             return fast

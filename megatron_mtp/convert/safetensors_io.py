@@ -97,24 +97,48 @@ class ShardedSafetensorsWriter:
             offset += item.nbytes
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)
-        self._fh = open(self.out_dir / self._files[shard_i], "wb")
+        self._fh = open(self.out_dir / self._files[shard_i], "wb", buffering=0)
         self._fh.write(struct.pack("<Q", len(raw)))
         self._fh.write(raw)
         self._open_shard = shard_i
 
-    def write(self, name: str, tensor: torch.Tensor) -> None:
+    def _next(self, name: str) -> PlannedTensor:
         if self._pos >= len(self._queue):
             raise ValueError(f"tensor {name} was not announced")
         shard_i, item = self._queue[self._pos]
-        if item.name != name or tuple(tensor.shape) != item.shape or tensor.dtype != item.dtype:
-            raise ValueError(
-                f"expected {item.name} {item.shape} {item.dtype}, got {name} {tuple(tensor.shape)} {tensor.dtype}"
-            )
+        if item.name != name:
+            raise ValueError(f"expected {item.name}, got {name}")
         if shard_i != self._open_shard:
             self._open(shard_i)
-        assert self._fh is not None
-        data = tensor.detach().contiguous().view(-1).view(torch.uint8).numpy()
-        self._fh.write(memoryview(data))
+        return item
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        item = self._next(name)
+        if tuple(tensor.shape) != item.shape or tensor.dtype != item.dtype:
+            raise ValueError(f"expected {item.name} {item.shape} {item.dtype}, got {tuple(tensor.shape)} {tensor.dtype}")
+        data = memoryview(tensor.detach().contiguous().view(-1).view(torch.uint8).numpy())
+        while data:
+            data = data[self._fh.write(data):]
+        self._pos += 1
+
+    def copy_from(self, name: str, src: BinaryIO, offset: int, nbytes: int) -> None:
+        """Append ``nbytes`` raw bytes of ``src`` at ``offset`` as tensor ``name`` (kernel-side copy)."""
+        item = self._next(name)
+        if nbytes != item.nbytes:
+            raise ValueError(f"{name}: {nbytes} bytes given, {item.nbytes} planned")
+        src_fd, dst_fd = src.fileno(), self._fh.fileno()
+        done = 0
+        while done < nbytes:
+            try:
+                n = os.copy_file_range(src_fd, dst_fd, nbytes - done, offset + done)
+            except OSError:
+                n = 0
+            if n <= 0:  # no in-kernel copy here (other filesystem, old kernel): plain read + write
+                chunk = os.pread(src_fd, min(nbytes - done, 64 << 20), offset + done)
+                if not chunk:
+                    raise ValueError(f"{name}: source ended after {done} of {nbytes} bytes")
+                n = os.write(dst_fd, chunk)
+            done += n
         self._pos += 1
 
     def finish(self) -> dict[str, str]:

@@ -153,6 +153,20 @@ def _tensors_of(piece: Piece, tensor: torch.Tensor, dtype: torch.dtype) -> Itera
             yield dest, name, tensor
 
 
+def _direct_ranges(reader: TorchDistReader, piece: Piece, dtype: torch.dtype):
+    """(file, [(offset, nbytes) per output]) when the outputs are unchanged stored bytes."""
+    entry = reader.entry(piece.param.mcore)
+    if entry.dtype != _out_dtype(piece.param, dtype) or len(piece.outputs) != len(piece.param.hf):
+        return None
+    found = reader.byte_range(piece.param.mcore, piece.rows)
+    if found is None:
+        return None
+    fh, offset, nbytes = found
+    parts = len(piece.outputs)
+    step = nbytes // parts
+    return fh, [(offset + i * step, step) for i in range(parts)]
+
+
 def _hf_configs(cfg, vocab: int, mode: MtpMode, mtp_layout: MtpLayout, dtype: str) -> dict[str, dict]:
     torch_dtype = "bfloat16" if dtype == "bf16" else "float32"
     depth = cfg.mtp.num_layers
@@ -211,6 +225,13 @@ def export_to_hf(
         try:
             with Progress(total, f"to-hf {step.name}") as bar:
                 for piece in pieces:
+                    direct = _direct_ranges(reader, piece, torch_dtype)
+                    if direct is not None:  # same bytes: file-to-file copy, no decode
+                        fh, ranges = direct
+                        for (dest, name, _), (offset, nbytes) in zip(piece.outputs, ranges):
+                            writers[dest].copy_from(name, fh, offset, nbytes)
+                            bar.advance(nbytes)
+                        continue
                     tensor = reader.read(piece.param.mcore, piece.rows)
                     for dest, name, part in _tensors_of(piece, tensor, torch_dtype):
                         writers[dest].write(name, part)

@@ -67,6 +67,22 @@ def _record_bytes(view: BlobView, info: zipfile.ZipInfo) -> tuple[int, int]:
 
 def read_plain_tensor(fh: BinaryIO, start: int, length: int) -> Optional[torch.Tensor]:
     """The tensor of a torch.save blob read with a single copy, or None if it is not a plain one."""
+    found = plain_record(fh, start, length)
+    if found is None:
+        return None
+    meta, offset = found
+    nbytes = meta.numel() * meta.element_size()
+    out = torch.empty(meta.shape, dtype=meta.dtype)
+    if nbytes:
+        fh.seek(offset)
+        got = fh.readinto(memoryview(out.view(-1).view(torch.uint8).numpy()))
+        if got != nbytes:
+            return None
+    return out
+
+
+def plain_record(fh: BinaryIO, start: int, length: int) -> Optional[tuple[torch.Tensor, int]]:
+    """(meta tensor, absolute file offset of its bytes) for a plain contiguous tensor blob, else None."""
     view = BlobView(fh, start, length)
     try:
         meta = torch.load(view, map_location="meta", weights_only=True)
@@ -89,10 +105,4 @@ def read_plain_tensor(fh: BinaryIO, start: int, length: int) -> Optional[torch.T
         return None
     if size != nbytes:
         return None
-    out = torch.empty(meta.shape, dtype=meta.dtype)
-    if nbytes:
-        fh.seek(start + offset)
-        got = fh.readinto(memoryview(out.view(-1).view(torch.uint8).numpy()))
-        if got != nbytes:
-            return None
-    return out
+    return meta, start + offset

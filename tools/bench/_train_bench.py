@@ -1,0 +1,73 @@
+"""Shared pieces of the training benchmarks: one process, synthetic tokens, interleaved timing.
+
+Timings alternate between the compared variants in short blocks and report medians, so machine
+noise (other processes, frequency changes) hits both sides alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+class RandomTokens:
+    """GPTDataset-shaped items of random tokens (content does not change the cost)."""
+
+    def __init__(self, vocab: int, seq: int, n: int = 4096, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.data = torch.randint(0, vocab, (256, seq + 1), generator=g)
+        self.n, self.seq = n, seq
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        x = self.data[i % 256]
+        return {"tokens": x[:-1], "labels": x[1:], "loss_mask": torch.ones(self.seq),
+                "position_ids": torch.arange(self.seq)}
+
+
+def interleaved(variants: dict[str, Callable[[], None]], rounds: int, steps_per_round: int,
+                warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each variant, measured in alternating blocks."""
+    for fn in variants.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(rounds):
+        order = list(variants.items())
+        if r % 2:
+            order.reverse()
+        for name, fn in order:
+            start = time.perf_counter()
+            for _ in range(steps_per_round):
+                fn()
+            times[name].append((time.perf_counter() - start) / steps_per_round)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def bare_step(comp, data, num_micro: int, seq: int, mbs: int) -> None:
+    """A bare megatron-core training step: schedule forward/backward, optimizer and LR step."""
+    from functools import partial
+
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def loss_func(mask, out):
+        loss = (out.float() * mask).sum() / mask.sum()
+        return loss, {"lm loss": loss.detach()}
+
+    def forward_step(it, model):
+        b = next(it)
+        out = model(b["tokens"], b["position_ids"], None, labels=b["labels"], loss_mask=b["loss_mask"])
+        return out, partial(loss_func, b["loss_mask"])
+
+    for chunk in comp.model:
+        chunk.zero_grad_buffer()
+    comp.optimizer.zero_grad()
+    get_forward_backward_func()(forward_step_func=forward_step, data_iterator=data, model=comp.model,
+                                num_microbatches=num_micro, seq_length=seq, micro_batch_size=mbs, forward_only=False)
+    comp.optimizer.step()
+    comp.scheduler.step(increment=1)
