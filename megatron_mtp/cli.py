@@ -18,7 +18,7 @@ _COMMAND_MODULES = (
     "megatron_mtp.data.cli",  # preprocess, tokenizer
     "megatron_mtp.convert.cli",  # convert, drop-mtp
     "megatron_mtp.inference.cli",  # generate
-    "megatron_mtp.launch.cli",  # submit, launch
+    "megatron_mtp.launch.cli",  # submit
 )
 
 

@@ -3,6 +3,6 @@
 Everything else asks `current()` (after `setup()`) and never checks `torch.cuda` itself.
 """
 
-from megatron_mtp.platform.detect import Platform, current, setup
+from megatron_mtp.platform.detect import Platform, all_reduce_sum, current, setup
 
-__all__ = ["Platform", "current", "setup"]
+__all__ = ["Platform", "all_reduce_sum", "current", "setup"]

@@ -93,6 +93,20 @@ def setup(device: str = "auto", backend: str = "auto", fp8: Optional[str] = None
     return plat
 
 
+def all_reduce_sum(tensor, op=None):
+    """All-reduce a host tensor over the world, through the device the backend needs (NCCL: GPU)."""
+    import torch
+
+    plat = current()
+    op = op or torch.distributed.ReduceOp.SUM
+    if plat.backend == "nccl":
+        dev = tensor.to("cuda")
+        torch.distributed.all_reduce(dev, op=op)
+        return dev.cpu()
+    torch.distributed.all_reduce(tensor, op=op)
+    return tensor
+
+
 def current() -> Platform:
     if _CURRENT is None:
         raise RuntimeError("megatron_mtp.platform.setup() must run before the platform is queried")

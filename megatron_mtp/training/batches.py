@@ -13,12 +13,14 @@ KEYS = ("tokens", "labels", "loss_mask", "position_ids")
 
 
 class MicroBatchIterator:
-    def __init__(self, dataset, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int):
+    def __init__(self, dataset, consumed_samples: int, micro_batch_size: int, dp_rank: int, dp_size: int,
+                 device: str = "cpu"):
         self.dataset = dataset
         self.position = consumed_samples
         self.mbs = micro_batch_size
         self.dp_rank = dp_rank
         self.dp_size = dp_size
+        self.device = device
 
     def __iter__(self):
         return self
@@ -27,4 +29,5 @@ class MicroBatchIterator:
         start = self.position + self.dp_rank * self.mbs
         items = [self.dataset[(start + i) % len(self.dataset)] for i in range(self.mbs)]
         self.position += self.mbs * self.dp_size
-        return {k: torch.stack([torch.as_tensor(item[k]) for item in items]) for k in KEYS}
+        return {k: torch.stack([torch.as_tensor(item[k]) for item in items]).to(self.device, non_blocking=True)
+                for k in KEYS}

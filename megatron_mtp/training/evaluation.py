@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from megatron_mtp.platform import all_reduce_sum
 from megatron_mtp.training.batches import MicroBatchIterator
 from megatron_mtp.training.hooks import attach_metrics
 from megatron_mtp.training.metrics import MTPMetrics
@@ -35,9 +36,10 @@ def evaluate_batches(session, batches, num_microbatches: int, metrics: MTPMetric
     if metrics is not None:
         metrics.reset()
         metrics.compute_ce = True
+        was_active, metrics.active = metrics.active, True
 
     def forward_step(data_iterator, chunk):
-        batch = next(data_iterator)
+        batch = {k: v.to(session.platform.device) for k, v in next(data_iterator).items()}
         if metrics is not None:
             metrics.start_microbatch(batch["labels"], batch["loss_mask"])
         out = chunk(batch["tokens"], batch["position_ids"], None, labels=batch["labels"], loss_mask=batch["loss_mask"])
@@ -64,8 +66,9 @@ def evaluate_batches(session, batches, num_microbatches: int, metrics: MTPMetric
             vec[2 + 2 * dd:2 + 3 * dd] = metrics.sums[3]
     if metrics is not None:
         metrics.compute_ce = False
+        metrics.active = was_active
         metrics.reset()
-    torch.distributed.all_reduce(vec)
+    vec = all_reduce_sum(vec)
     counts = [max(float(vec[2 + 2 * dd + i]), 1.0) for i in range(d)]
     return {
         "lm_loss": float(vec[0]) / max(float(vec[1]), 1.0),
@@ -80,7 +83,8 @@ def evaluate(session, global_batches: int, metrics: MTPMetrics | None) -> dict:
     cfg, lay = session.cfg, session.layout
     t = cfg.training
     num_micro = t.global_batch_size // (t.micro_batch_size * lay.dp) * global_batches
-    batches = MicroBatchIterator(session.valid_dataset, 0, t.micro_batch_size, lay.dp_rank, lay.dp)
+    batches = MicroBatchIterator(session.valid_dataset, 0, t.micro_batch_size, lay.dp_rank, lay.dp,
+                                 device=session.platform.device)
     return evaluate_batches(session, batches, num_micro, metrics, t.micro_batch_size, t.seq_length)
 
 

@@ -31,11 +31,12 @@ def forward_logits(session, tokens: torch.Tensor) -> Optional[dict]:
             captured.append(gather_from_tensor_model_parallel_region(logits.detach().clone()).float())
         handle = gpt.output_layer.register_forward_hook(hook)
     b, s = tokens.shape
+    tokens = tokens.to(session.platform.device)
     batch = {
         "tokens": tokens,
-        "position_ids": torch.arange(s).expand(b, s).contiguous(),
+        "position_ids": torch.arange(s, device=tokens.device).expand(b, s).contiguous(),
         "labels": torch.zeros_like(tokens),
-        "loss_mask": torch.ones(b, s),
+        "loss_mask": torch.ones(b, s, device=tokens.device),
     }
 
     def forward_step(data_iterator, chunk):
@@ -61,6 +62,7 @@ def forward_logits(session, tokens: torch.Tensor) -> Optional[dict]:
         return None
     depth = session.cfg.mtp.num_layers
     as_bsv = [c.transpose(0, 1).contiguous() for c in captured]  # [s, b, V] -> [b, s, V]
+    as_bsv = [t.cpu() for t in as_bsv]
     return {"logits": as_bsv[depth], "mtp_logits": as_bsv[:depth]}
 
 

@@ -8,7 +8,9 @@ k, the prediction at position t targets token t+1+k, which the main model predic
     acceptance_k = mean_t [ argmax MTP_k(t) == argmax main(t+k) ]     (what greedy drafting accepts)
     accuracy_k   = mean_t [ argmax MTP_k(t) == label(t+k) ]           (top-1 against the data)
 over positions t < s-k whose shifted loss mask is set. In evaluation the hook also computes the
-per-depth cross entropy (megatron-core only records it in training mode). Routers get a hook that
+per-depth cross entropy (megatron-core only records it in training mode). The argmax over the
+vocabulary costs a few percent of a step on CPU, so training measures acceptance on the last step
+of each logging interval (one global batch); evaluation measures every batch. Routers get a hook that
 counts tokens per expert for the load-balance metric (max violation: max load / mean load - 1).
 """
 
@@ -42,6 +44,7 @@ class MTPMetrics:
         self.depth = depth
         self.tp_group = tp_group
         self.compute_ce = False
+        self.active = True  # when False, micro-batches are not measured
         self._labels = None
         self._mask = None
         self._preds: list[torch.Tensor] = []
@@ -54,6 +57,9 @@ class MTPMetrics:
         self.sums = torch.zeros(4, max(d, 1), dtype=torch.float64)
 
     def start_microbatch(self, labels: torch.Tensor, loss_mask: torch.Tensor) -> None:
+        if not self.active:
+            self._labels = None
+            return
         self._labels = labels  # [b, s]
         self._mask = loss_mask
         self._preds = []

@@ -17,6 +17,7 @@ import torch
 
 from megatron_mtp.config import Config
 from megatron_mtp.errors import UserError
+from megatron_mtp.platform import all_reduce_sum
 from megatron_mtp.training import checkpointing as ckpt_io
 from megatron_mtp.training.batches import MicroBatchIterator
 from megatron_mtp.training.hooks import attach_metrics
@@ -44,8 +45,7 @@ class _SignalFlag:
 
 
 def _any_rank(flag: bool) -> bool:
-    t = torch.tensor([1.0 if flag else 0.0])
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    t = all_reduce_sum(torch.tensor([1.0 if flag else 0.0]), op=torch.distributed.ReduceOp.MAX)
     return bool(t.item() > 0)
 
 
@@ -66,7 +66,6 @@ class Trainer:
     # ------------------------------------------------------------------ loop
     def train(self) -> int:
         from megatron.core.pipeline_parallel import get_forward_backward_func
-        from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
         cfg, lay = self.cfg, self.layout
         state = self.s.state
@@ -77,30 +76,12 @@ class Trainer:
         fwd_bwd = get_forward_backward_func()
         forward_step = make_forward_step(self.metrics)
         data = MicroBatchIterator(self.s.train_dataset, state.consumed_samples, cfg.training.micro_batch_size,
-                                  lay.dp_rank, lay.dp)
-        model = self.comp.model
+                                  lay.dp_rank, lay.dp, device=self.s.platform.device)
         acc = self._new_accumulator()
         interval_start = time.perf_counter()
         interval_steps = 0
         while state.step < cfg.training.max_steps:
-            lam = mtp_lambda(cfg, state.consumed_tokens)
-            self.comp.config.mtp_loss_scaling_factor = lam
-            for chunk in model:
-                chunk.zero_grad_buffer()
-            self.comp.optimizer.zero_grad()
-            losses = fwd_bwd(
-                forward_step_func=forward_step, data_iterator=data, model=model,
-                num_microbatches=self.num_micro, seq_length=cfg.training.seq_length,
-                micro_batch_size=cfg.training.micro_batch_size, forward_only=False,
-            )
-            ok, grad_norm, _ = self.comp.optimizer.step()
-            if not ok:
-                raise RuntimeError(f"optimizer step {state.step + 1} was skipped (non-finite gradients)")
-            self.comp.scheduler.step(increment=1)
-            state.step += 1
-            state.consumed_samples += cfg.training.global_batch_size
-            state.consumed_tokens += self.tokens_per_step
-            self._accumulate(acc, losses, MTPLossLoggingHelper, lam, grad_norm)
+            self.train_step(fwd_bwd, forward_step, data, state, acc)
             interval_steps += 1
 
             stop_signal = _any_rank(flag.received is not None)
@@ -124,6 +105,36 @@ class Trainer:
         self.log.info(f"training finished at step {state.step}")
         self.log.close()
         return EXIT_FINISHED
+
+    def train_step(self, fwd_bwd, forward_step, data, state: TrainState, acc: torch.Tensor) -> None:
+        """One optimizer step: λ for the tokens consumed so far, forward/backward over all
+        micro-batches through megatron-core's schedule, optimizer and LR scheduler steps."""
+        from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker
+        from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+        cfg = self.cfg
+        lam = mtp_lambda(cfg, state.consumed_tokens)
+        self.comp.config.mtp_loss_scaling_factor = lam  # read by GPTModel at every forward
+        if self.metrics is not None:  # acceptance is measured on the last step of each log interval
+            upcoming = state.step + 1
+            self.metrics.active = upcoming % cfg.logging.log_interval == 0 or upcoming == cfg.training.max_steps
+        for chunk in self.comp.model:
+            chunk.zero_grad_buffer()
+        self.comp.optimizer.zero_grad()
+        losses = fwd_bwd(
+            forward_step_func=forward_step, data_iterator=data, model=self.comp.model,
+            num_microbatches=self.num_micro, seq_length=cfg.training.seq_length,
+            micro_batch_size=cfg.training.micro_batch_size, forward_only=False,
+        )
+        ok, grad_norm, _ = self.comp.optimizer.step()
+        if not ok:
+            raise RuntimeError(f"optimizer step {state.step + 1} was skipped (non-finite gradients)")
+        self.comp.scheduler.step(increment=1)
+        state.step += 1
+        state.consumed_samples += cfg.training.global_batch_size
+        state.consumed_tokens += self.tokens_per_step
+        self._accumulate(acc, losses, MTPLossLoggingHelper, lam, grad_norm)
+        clear_aux_losses_tracker()  # megatron-core accumulates per-layer aux losses until cleared
 
     def save(self, state: TrainState) -> Path:
         return ckpt_io.save_checkpoint(self.run_dir, self.cfg, self.comp, state, self.layout,
@@ -163,9 +174,8 @@ class Trainer:
         # only last-stage TP-rank-0 ranks contribute loss/metric sums; every rank has grad norm/lr
         shared = local[2:5].clone()
         local[2:5] = 0
-        torch.distributed.all_reduce(local)
-        loads = self.expert_load.counts.clone()
-        torch.distributed.all_reduce(loads)
+        local = all_reduce_sum(local)
+        loads = all_reduce_sum(self.expert_load.counts.clone())
         self.expert_load.reset()
         contributions = max(float(local[1]), 1.0)
         values = {
