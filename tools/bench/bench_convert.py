@@ -6,7 +6,8 @@ config; the large one has ~4x the layers (so ~4x the bytes) and the same largest
 
 For each: ``cp -r`` of the checkpoint (page cache warm for both), then ``export_to_hf --dtype fp32
 --mtp inline`` (the same number of bytes out as in) in a fresh subprocess that reports its peak
-RSS. Prints throughput ratio (cp time / convert time, target >= 0.5) and RSS large/small (target
+RSS (times include the final sync, as does cp's); the bf16 export (decode + cast, half the bytes
+out) is timed too, for information. Prints throughput ratio (cp time / convert time, target >= 0.5) and RSS large/small (target
 <= 1.2) and absolute (target <= 2 GB + largest tensor).
 
     python tools/bench/bench_convert.py [--workdir DIR] [--small-layers 2] [--hidden 1024]
@@ -106,7 +107,7 @@ from megatron_mtp.config import load_config
 from megatron_mtp.convert.to_hf import export_to_hf
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
-export_to_hf(sys.argv[1], sys.argv[2], mtp="inline", dtype="fp32")
+export_to_hf(sys.argv[1], sys.argv[2], mtp="inline", dtype=sys.argv[3])
 os.sync()
 print(json.dumps({"seconds": time.perf_counter() - t, "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                   "base_kb": base}))
@@ -120,12 +121,15 @@ def measure(ckpt: Path, work: Path) -> dict:
     cp_seconds = time.perf_counter() - t
     shutil.rmtree(work / "cp")
     env = dict(os.environ, OMP_NUM_THREADS="1", MEGATRON_MTP_NO_PROGRESS="1", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(ckpt), str(work / "hf")], env=env, check=True,
-                          capture_output=True, text=True)
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    subprocess.run(["sync"], check=True)
-    shutil.rmtree(work / "hf")
-    result["cp_seconds"] = cp_seconds
+    results = {}
+    for dtype in ("fp32", "bf16"):
+        proc = subprocess.run([sys.executable, "-c", _CHILD, str(ckpt), str(work / "hf"), dtype], env=env,
+                              check=True, capture_output=True, text=True)
+        results[dtype] = json.loads(proc.stdout.strip().splitlines()[-1])
+        subprocess.run(["sync"], check=True)
+        shutil.rmtree(work / "hf")
+    result = dict(results["fp32"], cp_seconds=cp_seconds, bf16_seconds=results["bf16"]["seconds"])
+    result["peak_kb"] = max(results["fp32"]["peak_kb"], results["bf16"]["peak_kb"])
     return result
 
 
@@ -156,10 +160,10 @@ def main() -> int:
             rows.append((cfg, nbytes, largest, r))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{'model':<10}{'layers':>7}{'GB':>7}{'cp s':>8}{'to-hf s':>9}{'cp/to-hf':>10}{'peak RSS MB':>13}{'largest MB':>12}")
+    print(f"{'model':<10}{'layers':>7}{'GB':>7}{'cp s':>8}{'to-hf s':>9}{'cp/to-hf':>10}{'bf16 s':>8}{'peak RSS MB':>13}{'largest MB':>12}")
     for cfg, nbytes, largest, r in rows:
         print(f"{cfg.name:<10}{cfg.model.num_layers:>7}{nbytes / 1e9:>7.2f}{r['cp_seconds']:>8.2f}{r['seconds']:>9.2f}"
-              f"{r['cp_seconds'] / r['seconds']:>10.2f}{r['peak_kb'] / 1024:>13.0f}{largest / 2**20:>12.0f}")
+              f"{r['cp_seconds'] / r['seconds']:>10.2f}{r['bf16_seconds']:>8.2f}{r['peak_kb'] / 1024:>13.0f}{largest / 2**20:>12.0f}")
     (_, b_small, _, r_small), (_, b_large, largest, r_large) = rows
     print(f"size ratio large/small: {b_large / b_small:.2f}")
     print(f"throughput vs cp (large): {r_large['cp_seconds'] / r_large['seconds']:.2f} (target >= 0.5)")
