@@ -135,3 +135,27 @@ def test_drop_mtp_hf_inline_and_separate(trained_run, export_fp32, tmp_path):
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert (dropped / "tokenizer.json").is_file()
     _same_tree(drop_mtp(export_fp32, tmp_path / "from_separate"), export_fp32 / "main")
+
+
+def test_eval_loss_equals_loss_from_transformers_logits(trained_run, export_fp32, tmp_path):
+    import torch.nn.functional as F
+    from tokenizers import Tokenizer
+
+    from tests.convert.helpers import megatron_cli
+
+    text = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(40))
+    text_file = tmp_path / "text.py"
+    text_file.write_text(text)
+    proc = megatron_cli("eval", str(trained_run), "--text-file", str(text_file), "--json")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    seq = int(__import__("yaml").safe_load((next((trained_run / "checkpoints").glob("step_*")) / "config.yaml")
+                                            .read_text())["training"]["seq_length"])
+    ids = Tokenizer.from_file(str(export_fp32 / "main" / "tokenizer.json")).encode(text).ids
+    n = len(ids) // seq
+    windows = torch.tensor(ids[: n * seq]).view(n, seq)
+    model, _ = _hf_model(export_fp32 / "main")
+    with torch.no_grad():
+        logits = model(windows).logits
+    loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
+    assert result["tokens"] == n * (seq - 1)
+    assert abs(result["lm_loss"] - loss.item()) < 1e-4
