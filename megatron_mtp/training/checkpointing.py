@@ -114,7 +114,8 @@ def _use_fork_results_queue() -> None:
 
 
 def save_checkpoint(run_dir: Path, cfg: Config, comp: Components, state: TrainState, layout,
-                    tokenizer_src: Optional[str], keep_last: int) -> Path:
+                    tokenizer, keep_last: int) -> Path:
+    """`tokenizer` is a megatron_mtp.data.tokenizer.Tokenizer (saved HF-loadable), or None."""
     from megatron.core import dist_checkpointing
 
     ckpt_root = run_dir / "checkpoints"
@@ -134,8 +135,8 @@ def save_checkpoint(run_dir: Path, cfg: Config, comp: Components, state: TrainSt
     torch.distributed.barrier()
     if rank0:
         (tmp / CONFIG_FILE).write_text(cfg.to_yaml())
-        if tokenizer_src:
-            _copy_tokenizer(tokenizer_src, tmp / TOKENIZER_DIR)
+        if tokenizer is not None:
+            tokenizer.save(tmp / TOKENIZER_DIR)
         info = dict(vars(state), has_optimizer=True, world_size=layout.world_size,
                     parallel={"tensor": layout.tp, "pipeline": layout.pp, "expert": layout.ep, "data": layout.dp})
         (tmp / STATE_FILE).write_text(json.dumps(info, indent=2) + "\n")
@@ -146,17 +147,6 @@ def save_checkpoint(run_dir: Path, cfg: Config, comp: Components, state: TrainSt
         _prune(ckpt_root, keep_last, keep=final.name)
     torch.distributed.barrier()
     return final
-
-
-def _copy_tokenizer(src: str, dst: Path) -> None:
-    src_path = Path(src)
-    dst.mkdir(parents=True, exist_ok=True)
-    if src_path.is_dir():
-        for f in src_path.iterdir():
-            if f.is_file():
-                shutil.copy2(f, dst / f.name)
-    else:
-        shutil.copy2(src_path, dst / "tokenizer.json")
 
 
 def _prune(ckpt_root: Path, keep_last: int, keep: str) -> None:

@@ -43,13 +43,14 @@ def _with_vocab(cfg: Config, tokenizer) -> Config:
 
 
 def open_training(cfg: Config, run_dir: Path) -> Session:
-    from megatron_mtp.data.datasets import build_datasets, resolve_data
+    from megatron_mtp.data.datasets import build_datasets, check_data_config, resolve_data
     from megatron_mtp.models.deepseek_v3.model import padded_vocab_size
 
     _, world = env_world()
     validate(cfg, world)
     resolved = resolve_data(cfg)
     cfg = _with_vocab(cfg, resolved.tokenizer)
+    check_data_config(cfg, resolved)
     platform = setup_platform(cfg.training.device, cfg.parallel.backend, cfg.training.fp8)
     layout = init_distributed(cfg, platform)
     comp = build_components(cfg, platform, padded_vocab_size(cfg.model.vocab_size, cfg))

@@ -138,7 +138,7 @@ class Trainer:
 
     def save(self, state: TrainState) -> Path:
         return ckpt_io.save_checkpoint(self.run_dir, self.cfg, self.comp, state, self.layout,
-                                       self.s.tokenizer_path, self.cfg.checkpoint.keep_last)
+                                       self.s.tokenizer, self.cfg.checkpoint.keep_last)
 
     # ------------------------------------------------------------ metrics
     def _new_accumulator(self) -> torch.Tensor:
