@@ -21,8 +21,9 @@ def _hf_model(main_dir):
     [
         {"rope": "yarn", "interleave": True, "q_lora": 32},
         {"rope": "default", "interleave": False, "q_lora": None},
+        {"rope": "yarn", "interleave": True, "q_lora": 32, "experts": 16},  # single tokens take the expert loop
     ],
-    ids=["yarn-interleave-qlora", "default-rope-no-qlora"],
+    ids=["yarn-interleave-qlora", "default-rope-no-qlora", "16-experts"],
 )
 def test_target_logits_match_transformers(tmp_path, variant):
     from megatron_mtp.inference.generate import load_generator
