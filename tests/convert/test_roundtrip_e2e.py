@@ -61,7 +61,8 @@ def test_mtp_export_reproduces_megatron_mtp_logits(export_fp32, megatron_logits,
 
 
 def test_inline_equals_main_plus_mtp(trained_run, export_fp32, tmp_path):
-    inline = export_to_hf(trained_run, tmp_path / "inline", mtp="inline", dtype="fp32")
+    inline = export_to_hf(trained_run, tmp_path / "inline", mtp="inline", dtype="fp32", max_shard_bytes=1 << 20)
+    assert len(list(inline.glob("*.safetensors"))) > 3  # several shards, one index
     from safetensors import safe_open
 
     def tensors(*dirs):
@@ -77,6 +78,24 @@ def test_inline_equals_main_plus_mtp(trained_run, export_fp32, tmp_path):
     assert json.loads((inline / "config.json").read_text())["num_nextn_predict_layers"] == 1
     model, info = _hf_model(inline)  # transformers ignores the MTP layer of the release layout
     assert not info["missing_keys"]
+    # the release layout imports too, and exports back to the separate layout unchanged
+    ckpt = import_from_hf(inline, tmp_path / "ckpt")
+    _same_tree(export_to_hf(ckpt, tmp_path / "again", dtype="fp32"), export_fp32)
+    main_only = import_from_hf(inline, tmp_path / "main_only", with_mtp=False)
+    assert not any(k.startswith("mtp.") for k in TorchDistReader(main_only).keys())
+    _same_tree(export_to_hf(main_only, tmp_path / "main_hf", mtp="none", dtype="fp32"), export_fp32 / "main")
+
+
+def test_cli_to_hf_and_drop_mtp(trained_run, export_fp32, tmp_path):
+    from tests.convert.helpers import megatron_cli
+
+    megatron_cli("convert", "to-hf", str(trained_run), str(tmp_path / "hf"), "--mtp", "none", "--dtype", "fp32")
+    _same_tree(tmp_path / "hf", export_fp32 / "main")
+    megatron_cli("drop-mtp", str(export_fp32), str(tmp_path / "dropped"))
+    _same_tree(tmp_path / "dropped", export_fp32 / "main")
+    megatron_cli("convert", "from-hf", str(export_fp32), str(tmp_path / "ckpt"), "--tp", "2", "--ep", "2")
+    cfg = (tmp_path / "ckpt" / "config.yaml").read_text()
+    assert "tensor: 2" in cfg and "expert: 2" in cfg
 
 
 def test_nextn_layout_and_import_back(trained_run, export_fp32, tmp_path):
