@@ -67,3 +67,8 @@ def _metrics():
 @pytest.fixture(name="probe_logits", scope="session")
 def _probe_logits():
     return probe_logits
+
+
+@pytest.fixture(name="small_overrides", scope="session")
+def _small_overrides():
+    return list(SMALL)
