@@ -86,7 +86,7 @@ BAD = [
     (["model.router_topk=9"], 1, "router_topk=9 exceeds model.num_experts=8"),
     (["model.router_num_groups=3"], 1, "num_experts=8 is not divisible by model.router_num_groups=3"),
     (["model.router_group_topk=5"], 1, "router_group_topk must be set and at most"),
-    (["model.router_topk=6", "model.router_group_topk=2"], 1, "exceeds the experts reachable"),
+    (["model.router_topk=6", "model.router_group_topk=1"], 1, "exceeds the experts reachable"),
     (["model.router_norm_topk_prob=false"], 1, "router_norm_topk_prob=false with sigmoid"),
     (["model.num_attention_heads=3", "parallel.tensor=3", "model.num_experts=6", "model.router_num_groups=3",
       "model.router_group_topk=2", "training.seq_length=130"], 3, "seq_length=130 must be divisible"),
