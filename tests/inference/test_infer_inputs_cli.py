@@ -39,6 +39,11 @@ def test_plain_dir_rejects_speculative(tmp_path):
         gen.generate("def", max_new_tokens=3, speculative_k=2)
     _one_sentence(str(info.value))
     assert "no MTP module" in str(info.value)
+    proc = _cli(str(root), "--prompt", "def", "--speculative", "2")
+    assert proc.returncode == 2
+    assert [line for line in proc.stderr.splitlines() if line.strip()] == [
+        f"megatron-mtp generate: error: {info.value}"
+    ]
 
 
 @pytest.mark.parametrize("k", [-1, 17, 1.5])
@@ -83,18 +88,24 @@ def test_inline_layout_equals_separate_layout(tmp_path, gen_d1):
     assert a.tokens == b.tokens and a.stats.accepted == b.stats.accepted
 
 
-def test_megatron_checkpoint_without_converter_is_a_clear_error(tmp_path):
+def _fake_run(tmp_path, name="step_0000010"):
     run = tmp_path / "run"
     (run / "checkpoints" / "step_0000010").mkdir(parents=True)
     (run / "checkpoints" / "step_0000010" / "train_state.json").write_text("{}")
-    (run / "checkpoints" / "latest").write_text("step_0000010\n")
-    try:
-        import megatron_mtp.convert.to_hf  # noqa: F401
-    except ImportError:
-        with pytest.raises(UserError, match="export_to_hf"):
-            load_generator(run)
-    else:
-        pytest.skip("the converter exists; its own tests cover exporting")
+    (run / "checkpoints" / "latest").write_text(name + "\n")
+    return run
+
+
+def test_megatron_checkpoint_without_converter_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "megatron_mtp.convert.to_hf", None)  # a build without the converter
+    with pytest.raises(UserError, match="export_to_hf") as info:
+        load_generator(_fake_run(tmp_path))
+    _one_sentence(str(info.value))
+
+
+def test_run_dir_with_dangling_latest(tmp_path):
+    with pytest.raises(UserError, match="not a checkpoint directory"):
+        load_generator(_fake_run(tmp_path, name="step_0000999"))
 
 
 def _cli(*args, cwd=None):
