@@ -71,3 +71,43 @@ def bare_step(comp, data, num_micro: int, seq: int, mbs: int) -> None:
                                 num_microbatches=num_micro, seq_length=seq, micro_batch_size=mbs, forward_only=False)
     comp.optimizer.step()
     comp.scheduler.step(increment=1)
+
+
+def model_arguments(parser) -> None:
+    """Model/size options shared by the training benchmarks."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    parser.add_argument("--config", default=str(root / "configs" / "tiny_cpu.yaml"))
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--steps-per-round", type=int, default=3)
+
+
+def bench_config(args):
+    """The config under test: the given YAML resized by the command-line options, one micro-batch per step."""
+    from megatron_mtp.config import load_config
+
+    h = args.hidden
+    return load_config(args.config, [
+        f"model.hidden_size={h}", f"model.num_layers={args.layers}", f"model.ffn_hidden_size={3 * h}",
+        f"model.moe_ffn_hidden_size={3 * h // 4}", f"model.vocab_size={args.vocab}",
+        f"training.seq_length={args.seq}", f"training.micro_batch_size={args.micro_batch}",
+        f"training.global_batch_size={args.micro_batch}", "logging.tensorboard=false",
+    ])
+
+
+def single_process_trainer(cfg, comp, run_dir):
+    """A Trainer over already-built components in a one-process job (no data, no checkpoint)."""
+    from types import SimpleNamespace
+
+    from megatron_mtp.training.distributed import Layout
+    from megatron_mtp.training.setup import TrainState
+    from megatron_mtp.training.trainer import Trainer
+
+    session = SimpleNamespace(layout=Layout(0, 1, 1, 1, 1, 1, 0, 0, 0, 0), components=comp, state=TrainState())
+    return Trainer(cfg, run_dir, session)

@@ -11,31 +11,25 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default=str(ROOT / "configs" / "tiny_cpu.yaml"))
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--micro-batch", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--steps-per-round", type=int, default=3)
+    from _train_bench import model_arguments
+
+    model_arguments(ap)
     args = ap.parse_args()
 
     import torch
 
-    from _train_bench import RandomTokens, interleaved
-    from megatron_mtp.config import load_config
+    from _train_bench import RandomTokens, bench_config, interleaved, single_process_trainer
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
     from megatron_mtp.models.deepseek_v3.model import padded_vocab_size
     from megatron_mtp.models.deepseek_v3.size import training_flops_per_token
     from megatron_mtp.platform import setup
@@ -43,37 +37,21 @@ def main() -> None:
     from megatron_mtp.training.distributed import destroy, init_distributed
     from megatron_mtp.training.setup import TrainState, build_components
     from megatron_mtp.training.step import make_forward_step
-    from megatron_mtp.training.trainer import Trainer
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
 
-    h = args.hidden
-    base = load_config(args.config, [
-        f"model.hidden_size={h}", f"model.num_layers={args.layers}", f"model.ffn_hidden_size={3 * h}",
-        f"model.moe_ffn_hidden_size={3 * h // 4}", f"model.vocab_size={args.vocab}",
-        f"training.seq_length={args.seq}", f"training.micro_batch_size={args.micro_batch}",
-        f"training.global_batch_size={args.micro_batch}", "logging.tensorboard=false",
-    ])
+    base = bench_config(args)
     plat = setup(base.training.device)
     init_distributed(base, plat)
     vocab = padded_vocab_size(args.vocab, base)
     data_set = RandomTokens(vocab, args.seq)
+    fwd_bwd = get_forward_backward_func()
     steps, predicted = {}, {}
     run_dir = Path(tempfile.mkdtemp(prefix="bench_mtp_"))
     for depth in (0, 1):
         cfg = base.replace(mtp=dataclasses.replace(base.mtp, num_layers=depth))
-        comp = build_components(cfg, plat, vocab)
-        session = type("S", (), {})()
-        session.layout, session.components, session.state = None, comp, TrainState()
-        from megatron_mtp.training.distributed import Layout
+        trainer = single_process_trainer(cfg, build_components(cfg, plat, vocab), run_dir / f"d{depth}")
+        data = MicroBatchIterator(data_set, 0, args.micro_batch, 0, 1, device=plat.device)
 
-        session.layout = Layout(0, 1, 1, 1, 1, 1, 0, 0, 0, 0)
-        trainer = Trainer(cfg, run_dir / f"d{depth}", session)
-        data = MicroBatchIterator(data_set, 0, args.micro_batch, 0, 1)
-        acc = trainer._new_accumulator()
-        state = TrainState()
-        fwd_bwd, fstep = get_forward_backward_func(), make_forward_step(trainer.metrics)
-        def step(t=trainer, d=data, s=state, a=acc, f=fstep):
+        def step(t=trainer, d=data, s=TrainState(), a=trainer._new_accumulator(), f=make_forward_step(trainer.metrics)):
             # megatron-core's aux-loss tracker is process-global and sized by the first model
             get_moe_layer_wise_logging_tracker().clear()
             t.train_step(fwd_bwd, f, d, s, a)
@@ -83,8 +61,8 @@ def main() -> None:
     times = interleaved(steps, rounds=args.rounds, steps_per_round=args.steps_per_round)
     measured = times["D=1"] / times["D=0"]
     pred = predicted[1] / predicted[0]
-    print(f"model: hidden {h}, layers {args.layers}, seq {args.seq}, vocab {vocab}, micro batch {args.micro_batch}, "
-          f"device {plat.device}, threads {torch.get_num_threads()}")
+    print(f"model: hidden {args.hidden}, layers {args.layers}, seq {args.seq}, vocab {vocab}, "
+          f"micro batch {args.micro_batch}, device {plat.device}, threads {torch.get_num_threads()}")
     print(f"step time D=0: {times['D=0'] * 1e3:.1f} ms   D=1: {times['D=1'] * 1e3:.1f} ms (medians of {args.rounds} rounds)")
     print(f"measured ratio D=1/D=0: {measured:.3f}")
     print(f"FLOPs-predicted ratio:  {pred:.3f}")
