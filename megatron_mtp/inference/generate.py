@@ -151,7 +151,7 @@ class Generator:
             )
         stop = [s for s in (stop or []) if s]
         if stop and self.tokenizer is None:
-            self.encode("")  # raises the no-tokenizer sentence
+            raise UserError(f"{self.source} has no tokenizer.json, so stop strings cannot be matched; drop --stop.")
         ids = self._prompt_ids(prompt)
         if len(ids) + max_new_tokens + speculative_k > self.dims.max_position_embeddings:
             raise UserError(

@@ -139,3 +139,17 @@ def test_cli_prompt_file_and_errors(export_d1, tmp_path):
     assert len(lines) == 1 and "does not exist" in lines[0]
     bad_k = _cli(str(export_d1), "--prompt", "x", "--speculative", "-3")
     assert bad_k.returncode == 2 and "--speculative" in bad_k.stderr
+
+
+def test_bfloat16_runs_close_to_fp32(export_d1, gen_d1):
+    gen = load_generator(export_d1, dtype="bfloat16")
+    ids = gen.encode("def add(a, b):")
+    gen.target.reset_cache()
+    gen_d1.target.reset_cache()
+    low, _ = gen.target.forward(ids)
+    ref, _ = gen_d1.target.forward(ids)
+    assert (low - ref).abs().max() < 0.1 * ref.abs().max()
+    result = gen.generate(ids, max_new_tokens=6, speculative_k=2, temperature=0.8, seed=1, ignore_eos=True)
+    assert len(result.tokens) == 6
+    with pytest.raises(UserError, match="dtype"):
+        load_generator(export_d1, dtype="int8")
