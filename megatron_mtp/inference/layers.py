@@ -1,8 +1,10 @@
 """DeepSeek-V3 building blocks for decoding: RMSNorm, (YaRN) RoPE, MLA with a latent KV cache,
 dense MLP, sigmoid-routed MoE, and the decoder layer.
 
-Attribute names mirror the Hugging Face tensor names (``self_attn.q_a_proj``,
-``mlp.experts.3.gate_proj``...), so a layer loads with ``load_state_dict`` straight from an export.
+Attribute names mirror the Hugging Face tensor names (``self_attn.q_a_proj``...), so a layer loads
+with ``load_state_dict`` from an export; routed experts are stacked on an expert axis under
+transformers 5's names (``mlp.experts.gate_up_proj``), assembled by the loader from HF's per-expert
+``mlp.experts.{e}.gate_proj/up_proj/down_proj``.
 The math follows transformers' ``modeling_deepseek_v3`` (the reference the tests compare against,
 to 1e-5 in fp32); it is written out here so the cache can be cut back in O(1) and the per-call
 Python overhead stays small on CPU (see README.md, "Why our own model").

@@ -180,9 +180,9 @@ def load_mtp_modules(
             raise UserError(f"{config_path} states num_nextn_predict_layers < 1; re-export the MTP part.")
         index, where, depth = TensorIndex(layout.mtp_dir), layout.mtp_dir, mtp_dims.num_nextn_predict_layers
     else:
-        index, where, dims_used = main_index, layout.main_dir, dims
-        depth = 0
-        for prefix in mtp_prefixes(dims_used, max(dims.num_nextn_predict_layers, 0)):
+        index, where = main_index, layout.main_dir
+        depth = 0  # inline: the weights decide (transformers writes num_nextn_predict_layers=1 by default)
+        for prefix in mtp_prefixes(dims, max(dims.num_nextn_predict_layers, 0)):
             if prefix + "eh_proj.weight" not in index:
                 break
             depth += 1
