@@ -28,6 +28,7 @@ from megatron_mtp.convert.checkpoint_dir import TOKENIZER_FILES
 from megatron_mtp.convert.dist_writer import TorchDistWriter
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import HFDir
+from megatron_mtp.convert.shapes import check_shape
 from megatron_mtp.convert.staging import staged_dir
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3 import hf_mapping as hm
@@ -161,6 +162,8 @@ def import_from_hf(
     model_cfg.make_vocab_size_divisible_by = _vocab_multiple(vocab, tp)
     torch_dtype = DTYPES[dtype]
     shapes = {p.mcore: _shape_of(p, src) for p in params}
+    for key, shape in shapes.items():
+        check_shape(key, shape, model_cfg, vocab, f"'{hf_dir}'")
     total = sum(math.prod(s) for s in shapes.values()) * torch_dtype.itemsize
     out_dir = Path(out_dir)
     with staged_dir(out_dir) as tmp:

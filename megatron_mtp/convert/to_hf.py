@@ -28,6 +28,7 @@ from megatron_mtp.convert.checkpoint_dir import copy_tokenizer, load_step_config
 from megatron_mtp.convert.dist_reader import TorchDistReader
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import PlannedTensor, ShardedSafetensorsWriter
+from megatron_mtp.convert.shapes import check_shape
 from megatron_mtp.convert.staging import staged_dir
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3 import hf_mapping as hm
@@ -81,18 +82,9 @@ def select_params(reader: TorchDistReader, layout: hm.Layout, step: Path) -> lis
 
 
 def _check_shapes(reader: TorchDistReader, params: list[hm.Param], cfg, step: Path) -> None:
-    hidden = cfg.model.hidden_size
+    vocab = reader.entry(hm.EMBEDDING).shape[0]
     for p in params:
-        shape = reader.entry(p.mcore).shape
-        if p.num_experts and shape[0] != p.num_experts:
-            raise UserError(
-                f"'{p.mcore}' in '{step}' has {shape[0]} experts but the config says {p.num_experts} (config/weights mismatch)"
-            )
-        if len(p.hf) == 2 and shape[-2] % 2:
-            raise UserError(f"'{p.mcore}' in '{step}' has an odd number of rows; it cannot be a [gate; up] weight")
-    emb = reader.entry(hm.EMBEDDING).shape
-    if emb[1] != hidden:
-        raise UserError(f"the embedding in '{step}' has width {emb[1]} but config model.hidden_size is {hidden} (config/weights mismatch)")
+        check_shape(p.mcore, reader.entry(p.mcore).shape, cfg.model, vocab, f"checkpoint '{step}'")
 
 
 def _destination(param: hm.Param, mode: MtpMode) -> Optional[str]:

@@ -56,6 +56,11 @@ def test_to_hf_bad_inputs(trained_run, tmp_path):
     (step / "config.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(UserError, match="describes a different model"):
         export_to_hf(step, tmp_path / "out")
+    cfg["model"]["num_layers"] -= 1
+    cfg["model"]["ffn_hidden_size"] += 8
+    (step / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(UserError, match="linear_fc1.weight' in checkpoint .*config/weights mismatch"):
+        export_to_hf(step, tmp_path / "out")
     _no_output(tmp_path, "out")
 
 
@@ -89,6 +94,9 @@ def test_from_hf_bad_inputs(export_fp32, tmp_path):
     cfg = json.loads((main / "config.json").read_text())
     (main / "config.json").write_text(json.dumps(dict(cfg, num_hidden_layers=cfg["num_hidden_layers"] + 1)))
     with pytest.raises(UserError, match="is missing from"):
+        import_from_hf(hf, tmp_path / "out")
+    (main / "config.json").write_text(json.dumps(dict(cfg, moe_intermediate_size=cfg["moe_intermediate_size"] * 2)))
+    with pytest.raises(UserError, match="config/weights mismatch"):
         import_from_hf(hf, tmp_path / "out")
     (main / "config.json").write_text(json.dumps(dict(cfg, unknown_knob=1)))
     with pytest.raises(UserError, match="unknown_knob"):

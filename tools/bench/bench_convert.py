@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 from megatron_mtp.config import Config  # noqa: E402
 from megatron_mtp.config.model import ModelConfig, MTPConfig  # noqa: E402
 from megatron_mtp.convert.dist_writer import TorchDistWriter  # noqa: E402
+from megatron_mtp.convert.shapes import expected_shape  # noqa: E402
 from megatron_mtp.models.deepseek_v3 import hf_mapping as hm  # noqa: E402
 
 
@@ -49,36 +50,9 @@ def model_config(layers: int, hidden: int) -> Config:
 def _shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     """Global megatron-core shapes of every model tensor for this config."""
     m = cfg.model
-    h, heads = m.hidden_size, m.num_attention_heads
-    qk = m.qk_head_dim + m.qk_pos_emb_head_dim
-    per_rule = {
-        "input_layernorm.weight": (h,), "pre_mlp_layernorm.weight": (h,),
-        "self_attention.linear_q_down_proj.weight": (m.q_lora_rank, h),
-        "self_attention.q_layernorm.weight": (m.q_lora_rank,),
-        "self_attention.linear_q_up_proj.weight": (heads * qk, m.q_lora_rank),
-        "self_attention.linear_kv_down_proj.weight": (m.kv_lora_rank + m.qk_pos_emb_head_dim, h),
-        "self_attention.kv_layernorm.weight": (m.kv_lora_rank,),
-        "self_attention.linear_kv_up_proj.weight": (heads * (m.qk_head_dim + m.v_head_dim), m.kv_lora_rank),
-        "self_attention.linear_proj.weight": (h, heads * m.v_head_dim),
-        "mlp.linear_fc1.weight": (2 * m.ffn_hidden_size, h), "mlp.linear_fc2.weight": (h, m.ffn_hidden_size),
-        "mlp.router.weight": (m.num_experts, h), "mlp.router.expert_bias": (m.num_experts,),
-        "mlp.experts.experts.linear_fc1.weight": (m.num_experts, 2 * m.moe_ffn_hidden_size, h),
-        "mlp.experts.experts.linear_fc2.weight": (m.num_experts, h, m.moe_ffn_hidden_size),
-        "mlp.shared_experts.linear_fc1.weight": (2 * m.moe_ffn_hidden_size, h),
-        "mlp.shared_experts.linear_fc2.weight": (h, m.moe_ffn_hidden_size),
-        "enorm.weight": (h,), "hnorm.weight": (h,), "eh_proj.weight": (h, 2 * h), "final_layernorm.weight": (h,),
-    }
-    shapes = {}
     layout = hm.Layout(m.num_layers, cfg.mtp.num_layers, m.num_experts, m.first_k_dense)
-    for p in hm.param_table(layout, spec="local", mtp_copies=False):
-        if p.mcore in (hm.EMBEDDING, hm.OUTPUT_LAYER):
-            shapes[p.mcore] = (m.vocab_size, h)
-        elif p.mcore == hm.FINAL_NORM:
-            shapes[p.mcore] = (h,)
-        else:
-            suffix = next(s for s in per_rule if p.mcore.endswith("." + s))
-            shapes[p.mcore] = per_rule[suffix]
-    return shapes
+    return {p.mcore: expected_shape(p.mcore, m, m.vocab_size)
+            for p in hm.param_table(layout, spec="local", mtp_copies=False)}
 
 
 def write_checkpoint(cfg: Config, out: Path) -> int:
