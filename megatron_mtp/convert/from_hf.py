@@ -136,7 +136,7 @@ def import_from_hf(
     layout = hm.Layout(
         num_layers=model_cfg.num_layers, mtp_layers=depth, num_experts=model_cfg.num_experts,
         first_k_dense=model_cfg.first_k_dense, q_lora=model_cfg.q_lora_rank is not None,
-        tie_embeddings=model_cfg.tie_embeddings,
+        tie_embeddings=model_cfg.tie_embeddings, expert_bias=model_cfg.router_enable_expert_bias,
     )
     src = _Sources(main, mtp, model_cfg.num_layers)
     params = hm.param_table(layout, spec="local", mtp_copies=False)

@@ -57,6 +57,7 @@ def layout_from_config(cfg) -> hm.Layout:
         first_k_dense=m.first_k_dense,
         q_lora=m.q_lora_rank is not None,
         tie_embeddings=m.tie_embeddings,
+        expert_bias=m.router_enable_expert_bias,
     )
 
 

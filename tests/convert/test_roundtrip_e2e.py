@@ -178,3 +178,26 @@ def test_eval_loss_equals_loss_from_transformers_logits(trained_run, export_fp32
     loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
     assert result["tokens"] == n * (seq - 1)
     assert abs(result["lm_loss"] - loss.item()) < 1e-4
+
+
+def test_v2_style_softmax_model_without_expert_bias(export_fp32, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    src, v2 = export_fp32 / "main", tmp_path / "v2"
+    v2.mkdir()
+    tensors = {}
+    for f in src.glob("*.safetensors"):
+        tensors.update({k: v for k, v in load_file(str(f)).items() if "e_score_correction_bias" not in k})
+    save_file(tensors, str(v2 / "model.safetensors"))
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.update(architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", scoring_func="softmax",
+               topk_method="greedy", n_group=1, topk_group=1)
+    (v2 / "config.json").write_text(json.dumps(cfg))
+    ckpt = import_from_hf(v2, tmp_path / "ckpt")
+    assert "router_score_function: softmax" in (ckpt / "config.yaml").read_text()
+    assert not any(k.endswith("expert_bias") for k in TorchDistReader(ckpt).keys())
+    back = export_to_hf(ckpt, tmp_path / "back", mtp="none", dtype="fp32")
+    out_cfg = json.loads((back / "config.json").read_text())
+    assert (out_cfg["scoring_func"], out_cfg["topk_method"]) == ("softmax", "greedy")
+    got = load_file(str(next(back.glob("*.safetensors"))))
+    assert got.keys() == tensors.keys() and all(torch.equal(got[k], tensors[k]) for k in got)

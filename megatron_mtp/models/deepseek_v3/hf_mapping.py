@@ -114,6 +114,8 @@ class Layout:
     first_k_dense: int
     q_lora: bool = True
     tie_embeddings: bool = False
+    expert_bias: bool = True
+    """Routers carry an expert bias (DeepSeek-V3 noaux_tc); V2-style softmax routers do not."""
 
 
 def mtp_hf_layer(layout: Layout, depth: int) -> int:
@@ -125,8 +127,10 @@ def mcore_mtp_prefix(depth: int) -> str:
     return f"mtp.layers.{depth}."
 
 
-def _layer_rules(moe: bool, q_lora: bool, spec: Optional[Spec]) -> Iterator[Rule]:
+def _layer_rules(moe: bool, q_lora: bool, spec: Optional[Spec], expert_bias: bool = True) -> Iterator[Rule]:
     for rule in _ATTENTION + (_MOE_MLP if moe else _DENSE_MLP):
+        if not expert_bias and rule.mcore == "mlp.router.expert_bias":
+            continue
         if spec is not None and rule.spec not in (None, spec):
             continue
         if q_lora and rule.mcore.startswith("self_attention.linear_q_proj"):
@@ -137,7 +141,7 @@ def _layer_rules(moe: bool, q_lora: bool, spec: Optional[Spec]) -> Iterator[Rule
 
 
 def _params_for_layer(mcore_prefix: str, hf_prefix: str, moe: bool, layout: Layout, part: Part, spec) -> Iterator[Param]:
-    for rule in _layer_rules(moe, layout.q_lora, spec):
+    for rule in _layer_rules(moe, layout.q_lora, spec, layout.expert_bias):
         yield Param(
             mcore=mcore_prefix + rule.mcore,
             hf=tuple(hf_prefix + h for h in rule.hf),
