@@ -24,7 +24,7 @@ from typing import Iterator, Literal, Optional
 
 import torch
 
-from megatron_mtp.convert.checkpoint_dir import copy_tokenizer, load_step_config, resolve_step_dir
+from megatron_mtp.convert.checkpoint_dir import copy_tokenizer, load_step_config, resolve_step_dir, special_token_ids
 from megatron_mtp.convert.dist_reader import TorchDistReader
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import PlannedTensor, ShardedSafetensorsWriter
@@ -160,13 +160,15 @@ def _direct_ranges(reader: TorchDistReader, piece: Piece, dtype: torch.dtype):
     return fh, [(offset + i * step, step) for i in range(parts)]
 
 
-def _hf_configs(cfg, vocab: int, mode: MtpMode, mtp_layout: MtpLayout, dtype: str) -> dict[str, dict]:
-    torch_dtype = "bfloat16" if dtype == "bf16" else "float32"
+def _hf_configs(cfg, vocab: int, mode: MtpMode, mtp_layout: MtpLayout, dtype: str, step: Path) -> dict[str, dict]:
+    bos, eos = special_token_ids(step / "tokenizer")
+    common = dict(vocab_size=vocab, torch_dtype="bfloat16" if dtype == "bf16" else "float32",
+                  bos_token_id=bos, eos_token_id=eos)
     depth = cfg.mtp.num_layers
-    main = to_hf_config(cfg.model, cfg.mtp, vocab_size=vocab, num_nextn_predict_layers=0, torch_dtype=torch_dtype)
+    main = to_hf_config(cfg.model, cfg.mtp, num_nextn_predict_layers=0, **common)
     if mode == "none":
         return {"main": main}
-    full = to_hf_config(cfg.model, cfg.mtp, vocab_size=vocab, num_nextn_predict_layers=depth, torch_dtype=torch_dtype)
+    full = to_hf_config(cfg.model, cfg.mtp, num_nextn_predict_layers=depth, **common)
     if mode == "inline":
         return {"main": full}
     mtp = dict(full)
@@ -209,7 +211,7 @@ def export_to_hf(
         for dest, name, shape in piece.outputs:
             plans.setdefault(dest, []).append(PlannedTensor(name, shape, _out_dtype(piece.param, torch_dtype)))
     vocab = reader.entry(hm.EMBEDDING).shape[0]
-    configs = _hf_configs(cfg, vocab, mtp, mtp_layout, dtype)
+    configs = _hf_configs(cfg, vocab, mtp, mtp_layout, dtype, step)
     out_dir = Path(out_dir)
     with staged_dir(out_dir) as tmp, reader:
         dirs = {"main": tmp / "main", "mtp": tmp / "mtp"} if mtp == "separate" else {"main": tmp}

@@ -39,6 +39,12 @@ def test_main_export_loads_in_transformers_with_equal_logits(export_fp32, megatr
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     assert json.loads((export_fp32 / "main" / "config.json").read_text())["num_nextn_predict_layers"] == 0
     assert (export_fp32 / "main" / "tokenizer.json").is_file()
+    from tokenizers import Tokenizer
+
+    cfg = json.loads((export_fp32 / "main" / "config.json").read_text())
+    tok = Tokenizer.from_file(str(export_fp32 / "main" / "tokenizer.json"))
+    eos = json.loads((export_fp32 / "main" / "tokenizer_config.json").read_text())["eos_token"]
+    assert cfg["eos_token_id"] == tok.token_to_id(eos) is not None
     with torch.no_grad():
         logits = model(torch.load(tokens)).logits
     reference = megatron_logits["logits"]
