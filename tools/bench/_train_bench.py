@@ -79,13 +79,13 @@ def model_arguments(parser) -> None:
 
     root = Path(__file__).resolve().parents[2]
     parser.add_argument("--config", default=str(root / "configs" / "tiny_cpu.yaml"))
-    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--vocab", type=int, default=4096)
-    parser.add_argument("--micro-batch", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--steps-per-round", type=int, default=3)
+    parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--steps-per-round", type=int, default=2)
 
 
 def bench_config(args):

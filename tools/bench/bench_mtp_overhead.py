@@ -1,7 +1,10 @@
 """MTP overhead: training step time with MTP depth D=1 over D=0 on the same model, beside the
 ratio predicted from FLOPs (models/deepseek_v3/size.py). Target: within 3% of predicted.
 
-    .venv/bin/python tools/bench/bench_mtp_overhead.py [--hidden 256 --layers 4 --seq 256 ...]
+    .venv/bin/python tools/bench/bench_mtp_overhead.py [--hidden 512 --layers 4 --seq 512 ...]
+
+The default size keeps matmuls dominant; at hidden 256 / seq 256 on CPU, MoE dispatch and other
+non-matmul work make the main model relatively dearer and the measured ratio falls below FLOPs.
 
 One process (CPU/gloo or one GPU); both models are built in the same process and timed in
 alternating blocks through the real trainer step.

@@ -1,7 +1,7 @@
 """Trainer overhead: our training step over a bare megatron-core forward_backward + optimizer loop,
 on the same model and data in one process. Target: ratio <= 1.05.
 
-    .venv/bin/python tools/bench/bench_trainer_overhead.py [--hidden 256 --seq 256 ...]
+    .venv/bin/python tools/bench/bench_trainer_overhead.py [--hidden 512 --seq 512 ...]
 
 "Ours" is Trainer.train_step plus the per-step stop-signal agreement (an all-reduce) — everything
 the loop does every step; logging/eval/checkpoint intervals are excluded on both sides. The bare
