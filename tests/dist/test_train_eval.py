@@ -26,8 +26,21 @@ def _eval(*args) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, train):
     run_dir = tmp_path_factory.mktemp("eval") / "run"
-    train(run_dir, steps=2)
+    train(run_dir, steps=2, overrides=("logging.tensorboard=true",))
     return run_dir
+
+
+def test_tensorboard_event_files_hold_the_scalars(run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for tag in ("train/lm_loss", "train/mtp_loss_1", "train/mtp_acceptance_1", "train/mtp_lambda", "train/lr",
+                "train/grad_norm", "perf/tokens_per_s", "perf/memory_gib", "moe/max_violation"):
+        assert tag in tags, tag
+    assert [e.step for e in events.Scalars("train/lm_loss")] == [1, 2]
+    assert events.Scalars("train/mtp_lambda")[0].value == pytest.approx(0.3)
 
 
 def test_eval_json_on_validation_split(run):
