@@ -19,6 +19,7 @@ def register(subparsers) -> None:
     p.add_argument("--nproc-per-node", type=int, default=None,
                    help="start this many local processes with torchrun (omit inside torchrun/Slurm)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--help-config", action="store_true", help="list every config key with its type and meaning")
     p.set_defaults(func=run_train)
 
     e = subparsers.add_parser("eval", help="evaluate a checkpoint: LM loss, MTP loss and acceptance per depth")
@@ -43,6 +44,13 @@ def run_train(args) -> int:
     from megatron_mtp.config import load_config
     from megatron_mtp.errors import UserError
 
+    if args.help_config:
+        from megatron_mtp.config.base import describe
+        from megatron_mtp.config.root import Config
+
+        for key, type_name, doc in describe(Config):
+            print(f"{key} ({type_name})\n    " + doc.replace("\n", "\n    "))
+        return 0
     config_path, overrides = _split_config_arg(args)
     if args.max_steps is not None:
         overrides.append(f"training.max_steps={args.max_steps}")

@@ -124,3 +124,13 @@ def test_fp8_without_gpu_is_one_clear_error():
         detect("auto", "auto", fp8="delayed")
     with pytest.raises(UserError, match="no CUDA GPU is visible"):
         detect("cuda", "auto")
+
+
+def test_help_config_lists_every_key(capsys):
+    from megatron_mtp.cli import main
+
+    assert main(["train", "--help-config"]) == 0
+    out = capsys.readouterr().out
+    keys = [key for key, _, _ in describe(Config)]
+    assert all(f"{key} (" in out for key in keys)
+    assert "mtp.loss_weight_schedule" in out and "λ of the last entry" in out
