@@ -54,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"megatron-mtp {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head` and the like
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print(f"megatron-mtp {args.command}: interrupted", file=sys.stderr)
         return 130
