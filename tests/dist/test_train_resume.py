@@ -38,3 +38,20 @@ def test_optimizer_cannot_move_between_ep1_and_ep2(tmp_path, train):
     # weights-only start from it at EP1 works
     fresh = tmp_path / "fresh"
     train(fresh, nproc=2, steps=1, overrides=(f"checkpoint.load={run}", "checkpoint.load_optimizer=false"))
+
+
+@pytest.mark.parametrize("layout", [("parallel.tensor=2",), ("parallel.pipeline=2",)], ids=["tp2", "pp2"])
+def test_resume_at_another_layout_reshards_optimizer(tmp_path, train, metrics, layout):
+    """1 process for 3 steps, then 2 processes at another layout: optimizer state is resharded and the
+    run continues like the uninterrupted one (within the numerics of the layout change)."""
+    straight = tmp_path / "straight"
+    train(straight, steps=5, overrides=COMMON)
+    moved = tmp_path / "moved"
+    train(moved, steps=3, overrides=COMMON)
+    second = train(moved, nproc=2, steps=5, overrides=(*COMMON, *layout))
+    assert "at step 3" in second.stdout
+    a, b = metrics(straight), metrics(moved)
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5]
+    for x, y in zip(a[3:], b[3:]):
+        for key in ("train/lm_loss", "train/mtp_loss_1"):
+            assert abs(x[key] - y[key]) < 2e-3, (x["step"], key, x[key], y[key])
