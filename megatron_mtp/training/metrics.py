@@ -111,7 +111,9 @@ class ExpertLoad:
         def hook(module, inputs, output):
             routing_map = output[1]  # [tokens, experts] bool
             with torch.no_grad():
-                self.counts[layer_index] += routing_map.sum(dim=0).double().cpu()
+                if self.counts.device != routing_map.device:  # accumulate where routing runs: no sync
+                    self.counts = self.counts.to(routing_map.device)
+                self.counts[layer_index] += routing_map.sum(dim=0).double()
 
         return hook
 

@@ -175,7 +175,7 @@ class Trainer:
         shared = local[2:5].clone()
         local[2:5] = 0
         local = all_reduce_sum(local)
-        loads = all_reduce_sum(self.expert_load.counts.clone())
+        loads = all_reduce_sum(self.expert_load.counts.clone()).cpu()
         self.expert_load.reset()
         contributions = max(float(local[1]), 1.0)
         values = {
