@@ -5,7 +5,7 @@ export (``DIR/main`` + ``DIR/mtp``), or ``mtp_dir`` given explicitly (release or
 naming); weights in bf16/fp16/fp32 or DeepSeek's FP8 release format (dequantised per 128x128 block).
 
 Output ``OUT`` is one self-contained checkpoint directory: torch_dist files holding only model
-weights with the trainer's keys (local spec), written at TP1/PP1/EP1 as global tensors, so the
+weights with the trainer's keys (TE spelling of fused norms, used on every platform), written at TP1/PP1/EP1 as global tensors, so the
 trainer loads it at any layout; ``config.yaml`` (the translated model, the requested parallel
 layout), ``tokenizer/`` and ``train_state.json`` with ``has_optimizer: false`` (start from its
 weights with ``checkpoint.load=OUT``, or evaluate it with ``megatron-mtp eval OUT``).
@@ -139,7 +139,7 @@ def import_from_hf(
         tie_embeddings=model_cfg.tie_embeddings, expert_bias=model_cfg.router_enable_expert_bias,
     )
     src = _Sources(main, mtp, model_cfg.num_layers)
-    params = hm.param_table(layout, spec="local", mtp_copies=False)
+    params = hm.param_table(layout, spec="te", mtp_copies=False)  # the trainer writes TE spellings on every platform
     for p in params:
         for name in p.hf_names():
             if name not in src:

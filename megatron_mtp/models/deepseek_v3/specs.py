@@ -3,6 +3,12 @@
 With Transformer Engine we use megatron-core's TE specs unchanged. Without it we start from
 megatron-core's local specs and swap in two platform modules (see platform/local_modules.py):
 an RMSNorm that supports sequence parallelism and an MLA-aware core attention.
+
+Checkpoint names are the same for both. TE fuses the MLA q/kv norms into the following up-projection
+and a dense layer's pre-MLP norm into fc1 (`...layer_norm_weight`); the local layers keep separate
+norm modules, so their sharded keys are renamed to the TE spelling (TransformerLayer's
+`sharded_state_dict_keys_map`). A checkpoint written on CPU therefore loads into a TE model and
+the other way round, and the HF mapping table needs one spelling.
 """
 
 from __future__ import annotations
@@ -28,15 +34,18 @@ def _swap_local_modules(spec):
     except ImportError:
         pass
 
+    from megatron.core.transformer.transformer_layer import TransformerLayer
+
     def walk(node):
         if isinstance(node, type) and node in swap:
             return swap[node]
         if isinstance(node, ModuleSpec):
-            return dataclasses.replace(
+            node = dataclasses.replace(
                 node,
                 module=swap.get(node.module, node.module),
                 submodules=walk(node.submodules) if node.submodules is not None else None,
             )
+            return _with_te_checkpoint_names(node) if node.module is TransformerLayer else node
         if isinstance(node, list):
             return [walk(n) for n in node]
         if dataclasses.is_dataclass(node) and not isinstance(node, type):
@@ -46,6 +55,27 @@ def _swap_local_modules(spec):
         return node
 
     return walk(spec)
+
+
+# local sharded-key prefix -> TE spelling, per layer (relative to the layer's prefix)
+_MLA_KEYS_AS_TE = {
+    "self_attention.q_layernorm.": "self_attention.linear_q_up_proj.layer_norm_",
+    "self_attention.kv_layernorm.": "self_attention.linear_kv_up_proj.layer_norm_",
+}
+_DENSE_MLP_KEYS_AS_TE = {"pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
+
+
+def _with_te_checkpoint_names(layer_spec):
+    """A local TransformerLayer spec whose checkpoint keys use TE's fused-norm names."""
+    from megatron.core.transformer.mlp import MLP
+
+    sub = layer_spec.submodules
+    keys = dict(_MLA_KEYS_AS_TE)
+    mlp = sub.mlp
+    if getattr(mlp, "module", None) is MLP:  # dense layer: TE fuses its pre-MLP norm into fc1
+        keys.update(_DENSE_MLP_KEYS_AS_TE)
+    keys.update(sub.sharded_state_dict_keys_map or {})
+    return dataclasses.replace(layer_spec, submodules=dataclasses.replace(sub, sharded_state_dict_keys_map=keys))
 
 
 def decoder_block_spec(config, platform: Platform, vp_stage=None, pp_rank=None):
