@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 from pathlib import Path
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
@@ -12,7 +10,7 @@ DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yam
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="train a model (resumes from the run directory's latest checkpoint)")
-    p.add_argument("config", nargs="?", help=f"YAML config (default: configs/tiny_cpu.yaml)")
+    p.add_argument("config", nargs="?", help="YAML config (default: configs/tiny_cpu.yaml)")
     p.add_argument("overrides", nargs="*", metavar="key.path=value", help="dotted config overrides")
     p.add_argument("--run-dir", help="run directory (default: runs/<config name>)")
     p.add_argument("--max-steps", type=int, help="same as training.max_steps=N")

@@ -44,7 +44,6 @@ def env_world() -> tuple[int, int]:
 def init_distributed(cfg: Config, platform: Platform) -> Layout:
     """Join the job described by RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (single process if unset)."""
     from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     rank, world = env_world()
     if not torch.distributed.is_initialized():
@@ -53,7 +52,9 @@ def init_distributed(cfg: Config, platform: Platform) -> Layout:
             if world > 1:
                 raise UserError("WORLD_SIZE > 1 but MASTER_PORT is not set; launch through torchrun, "
                                 "`megatron-mtp train --nproc-per-node N` or `megatron-mtp submit`")
-            os.environ["MASTER_PORT"] = str(_free_port())
+            from megatron_mtp.launch.local import free_port
+
+            os.environ["MASTER_PORT"] = str(free_port())
         torch.distributed.init_process_group(
             backend=platform.backend, rank=rank, world_size=world,
             timeout=datetime.timedelta(minutes=30),
@@ -97,11 +98,3 @@ def destroy() -> None:
         parallel_state.destroy_model_parallel()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

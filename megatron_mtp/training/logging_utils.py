@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 
 class RunLogger:
@@ -70,11 +68,3 @@ def format_step_line(step: int, max_steps: int, v: dict[str, float], depth: int)
         f"mem_gib {v['perf/memory_gib']:.2f}",
     ]
     return " | ".join(parts)
-
-
-def progress_line(prefix: str, done: int, total: int, extra: Optional[str] = None) -> str:
-    return f"{prefix} {done}/{total}" + (f" ({extra})" if extra else "")
-
-
-def stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)

@@ -8,7 +8,6 @@ save-and-exit signal. Exit codes: 0 finished, 75 saved on a signal and should be
 from __future__ import annotations
 
 import math
-import os
 import signal
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from megatron_mtp.training.hooks import attach_metrics
 from megatron_mtp.training.logging_utils import RunLogger, format_step_line
 from megatron_mtp.training.metrics import max_violation, memory_gib
 from megatron_mtp.training.schedules import mtp_lambda
-from megatron_mtp.training.setup import TrainState, build_components
+from megatron_mtp.training.setup import TrainState
 from megatron_mtp.training.step import make_forward_step
 
 EXIT_FINISHED = 0
