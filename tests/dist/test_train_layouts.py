@@ -74,3 +74,17 @@ def test_tp2_pp2_ep2_checkpoint_loads_at_tp1_with_equal_logits(reference, tmp_pa
     assert (at_tp1["mtp_logits"][0] - at_8["mtp_logits"][0]).abs().max() < 1e-5
     # the MTP head is a different function from the main head
     assert (at_tp1["mtp_logits"][0] - at_tp1["logits"]).abs().max() > 1e-3
+
+
+def test_uneven_pipeline_layout_matches_single_process(tmp_path, train, metrics):
+    """parallel.pipeline_layout (as in the 671B config: MTP with a short last stage) trains like 1 process."""
+    four = ("model.num_layers=4",)
+    seed_run = tmp_path / "seed"
+    train(seed_run, steps=1, overrides=four)
+    start = (*four, f"checkpoint.load={seed_run}", "checkpoint.load_optimizer=false")
+    single, uneven = tmp_path / "single", tmp_path / "uneven"
+    train(single, steps=2, overrides=start)
+    train(uneven, nproc=2, steps=2, overrides=(*start, "parallel.pipeline=2", "parallel.pipeline_layout=[3,1]"))
+    a, b = metrics(single), metrics(uneven)
+    for key in ("train/lm_loss", "train/mtp_loss_1"):
+        assert max(abs(x[key] - y[key]) for x, y in zip(a, b)) < 2e-3, key
