@@ -174,6 +174,7 @@ def load_checkpoint(ckpt: Path, comp: Components, layout, load_optimizer: bool) 
     from megatron.core import dist_checkpointing
 
     saved, _ = read_checkpoint_info(ckpt)
+    _check_shard_files(ckpt)
     if load_optimizer:
         reason = check_optimizer_compatible(saved, layout)
         if reason is not None:
@@ -195,6 +196,15 @@ def load_checkpoint(ckpt: Path, comp: Components, layout, load_optimizer: bool) 
     if "rng_state" in loaded:
         _set_rng_state(loaded["rng_state"])
     return TrainState(**{k: int(v) for k, v in loaded["train_state"].items()})
+
+
+def _check_shard_files(ckpt: Path) -> None:
+    """One clear error for a missing or truncated shard file (megatron-core would raise EOFError
+    or FileNotFoundError from deep inside its reader). Reads only the .metadata index."""
+    from megatron_mtp.convert.dist_reader import TorchDistReader
+
+    with TorchDistReader(ckpt) as reader:
+        reader.validate(objects=tuple(reader.object_keys()))
 
 
 def _prepare_optimizer_for_load(optimizer) -> None:

@@ -89,3 +89,19 @@ def test_eval_bad_inputs(run, tmp_path):
     too_short = _eval(run, "--text-file", short)
     assert too_short.returncode == 2
     assert "fewer than one window" in too_short.stderr
+
+
+def test_damaged_checkpoint_is_one_clear_error(run, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run / "checkpoints", copy / "checkpoints")
+    step = copy / "checkpoints" / (copy / "checkpoints" / "latest").read_text().strip()
+    shard = sorted(step.glob("*.distcp"))[0]
+    with open(shard, "r+b") as fh:
+        fh.truncate(1000)
+    truncated = _eval(copy)
+    assert truncated.returncode == 2 and "is truncated" in truncated.stderr and "Traceback" not in truncated.stderr
+    shard.unlink()
+    missing = _eval(copy)
+    assert missing.returncode == 2 and "is missing" in missing.stderr and "Traceback" not in missing.stderr
