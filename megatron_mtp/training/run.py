@@ -35,9 +35,22 @@ def train_main(cfg: Config, run_dir: Path) -> int:
             print(f"megatron-mtp train: run {session.cfg.name} in {run_dir} on {session.platform.device}/"
                   f"{session.platform.backend}, world {lay.world_size} = TP{lay.tp} × PP{lay.pp} × DP{lay.dp} "
                   f"(EP{lay.ep}), {where}" + (f", SLURM_RESTART_COUNT={restart}" if restart else ""), flush=True)
+            _note_if_not_exportable(session.cfg)
         return Trainer(session.cfg, run_dir, session).train()
     finally:
         destroy()
+
+
+def _note_if_not_exportable(cfg: Config) -> None:
+    """Say at the start, not after days of training, if `convert to-hf` will refuse this model."""
+    from megatron_mtp.models.deepseek_v3.hf_config import to_hf_config
+
+    try:
+        to_hf_config(cfg.model, cfg.mtp, vocab_size=cfg.model.vocab_size or 1,
+                     num_nextn_predict_layers=cfg.mtp.num_layers)
+    except UserError as exc:
+        print(f"megatron-mtp train: note: this model cannot be exported to the Hugging Face DeepSeek-V3 "
+              f"format as configured ({exc})", flush=True)
 
 
 def _eval_config(ckpt: Path, overrides: list[str]) -> Config:
