@@ -134,3 +134,13 @@ def test_help_config_lists_every_key(capsys):
     keys = [key for key, _, _ in describe(Config)]
     assert all(f"{key} (" in out for key in keys)
     assert "mtp.loss_weight_schedule" in out and "λ of the last entry" in out
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_shipped_configs_are_exportable_to_hf(path):
+    from megatron_mtp.models.deepseek_v3.hf_config import to_hf_config
+
+    cfg = load_config(str(path))
+    hf = to_hf_config(cfg.model, cfg.mtp, vocab_size=cfg.model.vocab_size or 4096,
+                      num_nextn_predict_layers=cfg.mtp.num_layers)
+    assert hf["num_nextn_predict_layers"] == cfg.mtp.num_layers
