@@ -65,6 +65,7 @@ def format_step_line(step: int, max_steps: int, v: dict[str, float], depth: int)
         f"tok/s {v['perf/tokens_per_s']:.0f}",
         f"step_s {v['perf/step_time_s']:.3f}",
         f"moe_maxvio {v['moe/max_violation']:.3f}",
+        f"moe_balance {v['moe/balance_loss']:.3f}",
         f"mem_gib {v['perf/memory_gib']:.2f}",
     ]
     return " | ".join(parts)

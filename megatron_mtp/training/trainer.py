@@ -61,6 +61,7 @@ class Trainer:
         t = cfg.training
         self.num_micro = t.global_batch_size // (t.micro_batch_size * self.layout.dp)
         self.tokens_per_step = t.global_batch_size * t.seq_length
+        self._aux: torch.Tensor | None = None  # [sum, count] per layer of the MoE balance loss
 
     # ------------------------------------------------------------------ loop
     def train(self) -> int:
@@ -133,6 +134,7 @@ class Trainer:
         state.consumed_samples += cfg.training.global_batch_size
         state.consumed_tokens += self.tokens_per_step
         self._accumulate(acc, losses, MTPLossLoggingHelper, lam, grad_norm)
+        self._accumulate_aux_loss()
         clear_aux_losses_tracker()  # megatron-core accumulates per-layer aux losses until cleared
 
     def save(self, state: TrainState) -> Path:
@@ -166,6 +168,28 @@ class Trainer:
         acc[3] = lam
         acc[4] = self.comp.optimizer.param_groups[0]["lr"]
 
+    def _accumulate_aux_loss(self) -> None:
+        """Per-layer MoE balance loss (unscaled by its coefficient) from megatron-core's tracker."""
+        from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+        for name, entry in get_moe_layer_wise_logging_tracker().items():
+            if "load_balancing" not in name:
+                continue
+            values = entry["values"].detach().double().cpu() / self.num_micro
+            if self._aux is None or self._aux.shape[1] != values.numel():
+                self._aux = torch.zeros(2, values.numel(), dtype=torch.float64)
+            self._aux[0] += values
+            self._aux[1] += (values != 0).double()
+
+    def _aux_loss_mean(self) -> float:
+        """Mean over MoE layers of the balance loss, averaged over the ranks and steps that saw it."""
+        if self._aux is None:
+            return 0.0
+        totals = all_reduce_sum(self._aux.clone())
+        self._aux.zero_()
+        seen = totals[1] > 0
+        return float((totals[0][seen] / totals[1][seen]).mean()) if bool(seen.any()) else 0.0
+
     def _log_interval(self, state: TrainState, acc: torch.Tensor, steps: int, elapsed: float) -> None:
         d = self.cfg.mtp.num_layers
         dd = max(d, 1)
@@ -186,6 +210,7 @@ class Trainer:
             "perf/tokens_per_s": self.tokens_per_step * steps / max(elapsed, 1e-9),
             "perf/memory_gib": memory_gib(),
             "moe/max_violation": max_violation(loads),
+            "moe/balance_loss": self._aux_loss_mean(),
             "progress/consumed_tokens": float(state.consumed_tokens),
         }
         for k in range(1, d + 1):

@@ -37,7 +37,7 @@ def test_tensorboard_event_files_hold_the_scalars(run):
     events.Reload()
     tags = set(events.Tags()["scalars"])
     for tag in ("train/lm_loss", "train/mtp_loss_1", "train/mtp_acceptance_1", "train/mtp_lambda", "train/lr",
-                "train/grad_norm", "perf/tokens_per_s", "perf/memory_gib", "moe/max_violation"):
+                "train/grad_norm", "perf/tokens_per_s", "perf/memory_gib", "moe/max_violation", "moe/balance_loss"):
         assert tag in tags, tag
     assert [e.step for e in events.Scalars("train/lm_loss")] == [1, 2]
     assert events.Scalars("train/mtp_lambda")[0].value == pytest.approx(0.3)
