@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from megatron_mtp.errors import UserError
+from megatron_mtp.errors import EXIT_USAGE, UserError
 
 # Modules that contribute subcommands, in the order they appear in --help.
 _COMMAND_MODULES = (
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         result = args.func(args)
     except UserError as exc:
         print(f"megatron-mtp {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except BrokenPipeError:  # output piped into `head` and the like
         import os
 

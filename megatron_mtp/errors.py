@@ -7,3 +7,11 @@ what is wrong, where, and what to do. The CLI prints it without a traceback and 
 
 class UserError(Exception):
     """A problem with the user's input, reported as one clear sentence."""
+
+
+# Process exit codes shared by the trainer, the CLI and the Slurm job script.
+EXIT_FINISHED = 0
+EXIT_USAGE = 2
+"""A bad input: the CLI printed one sentence."""
+EXIT_RESUME = 75
+"""EX_TEMPFAIL: the trainer saved on a signal; run the same command again to continue."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 
@@ -34,5 +34,3 @@ class DataConfig:
     to seconds). Changing it builds a new corpus in the cache."""
     num_workers: int = 0
     """DataLoader worker processes per rank."""
-    extra: dict = field(default_factory=dict)
-    """Reserved for dataset options that have no field yet; must stay empty."""

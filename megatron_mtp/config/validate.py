@@ -94,20 +94,6 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> None:
         raise UserError("model.q_lora_rank must be positive or null")
     if t.fp8 is not None and t.precision != "bf16":
         raise UserError(f"training.fp8={t.fp8} needs training.precision=bf16")
-    if cfg.data.extra:
-        raise UserError(f"data.extra has keys {sorted(cfg.data.extra)} that no dataset option uses; remove them")
-
-
-def validate_vocab(cfg: Config, tokenizer_vocab: int) -> None:
-    """The tokenizer's ids must fit the model's (padded) embedding."""
-    from megatron_mtp.models.deepseek_v3.model import padded_vocab_size
-
-    if cfg.model.vocab_size is None:
-        return
-    padded = padded_vocab_size(cfg.model.vocab_size, cfg)
-    if tokenizer_vocab > padded:
-        raise UserError(f"the tokenizer has {tokenizer_vocab} tokens but model.vocab_size={cfg.model.vocab_size} "
-                        f"(padded {padded}) is smaller; raise model.vocab_size or set it to null")
 
 
 def _positive(cfg: Config, keys: list[str]) -> None:

@@ -18,9 +18,10 @@ import json
 import shutil
 from pathlib import Path
 
-from megatron_mtp.convert.checkpoint_dir import load_step_config, load_train_state, resolve_step_dir
-from megatron_mtp.convert.dist_reader import TorchDistReader
-from megatron_mtp.convert.dist_writer import TorchDistWriter
+from megatron_mtp.checkpoint.info import read_checkpoint_info, write_checkpoint_info
+from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, resolve_checkpoint
+from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
+from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import INDEX_NAME, HFDir, PlannedTensor, ShardedSafetensorsWriter
 from megatron_mtp.convert.staging import staged_dir
@@ -83,8 +84,8 @@ def _drop_hf(src: Path, out: Path, max_shard_bytes: int) -> Path:
 
 
 def _drop_mcore(src: Path, out: Path) -> Path:
-    step = resolve_step_dir(src)
-    cfg = load_step_config(step)
+    step = resolve_checkpoint(src, what="drop-mtp source").path
+    state, cfg = read_checkpoint_info(step)
     reader = TorchDistReader(step)
     mtp_keys = [k for k in reader.keys() if k.startswith("mtp.")]
     if cfg.mtp.num_layers == 0 or not mtp_keys:
@@ -111,10 +112,7 @@ def _drop_mcore(src: Path, out: Path) -> Path:
         finally:
             writer.abort()
         new_cfg = cfg.replace(mtp=type(cfg.mtp)(num_layers=0, loss_weight_schedule=cfg.mtp.loss_weight_schedule))
-        (tmp / "config.yaml").write_text(new_cfg.to_yaml())
-        if (step / "tokenizer").is_dir():
-            shutil.copytree(step / "tokenizer", tmp / "tokenizer")
-        state = load_train_state(step)
-        state.update(has_optimizer=False)
-        (tmp / "train_state.json").write_text(json.dumps(state, indent=2) + "\n")
+        if (step / TOKENIZER_DIR).is_dir():
+            shutil.copytree(step / TOKENIZER_DIR, tmp / TOKENIZER_DIR)
+        write_checkpoint_info(tmp, new_cfg, dict(state, has_optimizer=False))
     return out

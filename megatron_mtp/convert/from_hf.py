@@ -14,7 +14,6 @@ Streaming: one mcore tensor (routed experts: one expert) is assembled and writte
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Optional
@@ -24,8 +23,10 @@ import torch
 from megatron_mtp.config import Config
 from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.config.parallel import ParallelConfig
-from megatron_mtp.convert.checkpoint_dir import TOKENIZER_FILES
-from megatron_mtp.convert.dist_writer import TorchDistWriter
+from megatron_mtp.checkpoint.info import train_state_record, write_checkpoint_info
+from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR
+from megatron_mtp.convert.tokenizer_files import TOKENIZER_FILES
+from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.convert.shapes import check_shape
@@ -189,7 +190,7 @@ def import_from_hf(
         finally:
             writer.abort()
         final = out_dir.absolute()
-        tok_dst = tmp / "tokenizer"
+        tok_dst = tmp / TOKENIZER_DIR
         has_tokenizer = (main.path / "tokenizer.json").is_file()
         if has_tokenizer:
             tok_dst.mkdir()
@@ -203,11 +204,6 @@ def import_from_hf(
             parallel=ParallelConfig(tensor=tp, pipeline=pp, expert=ep),
         )
         if has_tokenizer:
-            cfg.data.tokenizer = str(final / "tokenizer")
-        (tmp / "config.yaml").write_text(cfg.to_yaml())
-        state = {
-            "step": 0, "consumed_samples": 0, "consumed_tokens": 0, "has_optimizer": False, "world_size": 1,
-            "parallel": {"tensor": 1, "pipeline": 1, "expert": 1, "data": 1},
-        }
-        (tmp / "train_state.json").write_text(json.dumps(state, indent=2) + "\n")
+            cfg.data.tokenizer = str(final / TOKENIZER_DIR)
+        write_checkpoint_info(tmp, cfg, train_state_record(has_optimizer=False))
     return out_dir

@@ -18,14 +18,17 @@ because it depends only on global tensors.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Literal, Optional
 
 import torch
 
-from megatron_mtp.convert.checkpoint_dir import copy_tokenizer, load_step_config, resolve_step_dir, special_token_ids
-from megatron_mtp.convert.dist_reader import TorchDistReader
+from megatron_mtp.checkpoint.info import read_config
+from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, resolve_checkpoint
+from megatron_mtp.convert.tokenizer_files import copy_tokenizer, special_token_ids
+from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import PlannedTensor, ShardedSafetensorsWriter
 from megatron_mtp.convert.shapes import check_shape
@@ -161,7 +164,7 @@ def _direct_ranges(reader: TorchDistReader, piece: Piece, dtype: torch.dtype):
 
 
 def _hf_configs(cfg, vocab: int, mode: MtpMode, mtp_layout: MtpLayout, dtype: str, step: Path) -> dict[str, dict]:
-    bos, eos = special_token_ids(step / "tokenizer")
+    bos, eos = special_token_ids(step / TOKENIZER_DIR)
     common = dict(vocab_size=vocab, torch_dtype="bfloat16" if dtype == "bf16" else "float32",
                   bos_token_id=bos, eos_token_id=eos)
     depth = cfg.mtp.num_layers
@@ -194,8 +197,11 @@ def export_to_hf(
         raise UserError("--mtp-layout nextn only applies to --mtp separate")
     if dtype not in DTYPES:
         raise UserError(f"--dtype must be bf16 or fp32, not '{dtype}'")
-    step = resolve_step_dir(ckpt_path)
-    cfg = load_step_config(step)
+    resolved = resolve_checkpoint(ckpt_path)
+    step = resolved.path
+    if resolved.note:
+        print(f"note: {resolved.note}", file=sys.stderr)
+    cfg = read_config(step)
     layout = layout_from_config(cfg)
     reader = TorchDistReader(step)
     has_mtp_keys = any(k.startswith("mtp.") for k in reader.keys())
@@ -236,7 +242,7 @@ def export_to_hf(
         finally:
             for writer in writers.values():
                 writer.abort()
-        if not copy_tokenizer(step / "tokenizer", dirs["main"]):
+        if not copy_tokenizer(step / TOKENIZER_DIR, dirs["main"]):
             print(f"warning: checkpoint '{step}' has no tokenizer/ directory; the export has no tokenizer files")
         for dest, config in configs.items():
             (dirs[dest] / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -31,6 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from megatron_mtp.config.vocab import check_tokenizer_fits
 from megatron_mtp.data.default_corpus import DefaultCorpus, default_cache_dir, ensure_default_corpus
 from megatron_mtp.data.indexed import IndexInfo, check_indexed_pair, read_meta
 from megatron_mtp.data.tokenizer import Tokenizer, load_tokenizer
@@ -71,12 +72,6 @@ class ResolvedData:
             return None
         weights = self.valid_weights or [1.0] * len(self.valid_prefixes)
         return list(zip(weights, self.valid_prefixes))
-
-
-def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tensor_parallel: int) -> int:
-    """Rows of the embedding/output layer: vocab rounded up to a multiple of divisible_by × TP."""
-    multiple = max(1, make_vocab_size_divisible_by) * max(1, tensor_parallel)
-    return int(math.ceil(vocab_size / multiple) * multiple)
 
 
 def _abs(path: str) -> str:
@@ -179,23 +174,13 @@ def check_data_config(cfg: Any, resolved: ResolvedData) -> None:
     """Validate the data section against the files on disk and the model; raises UserError."""
     data = cfg.data
     tok = resolved.tokenizer
-    if getattr(data, "extra", None):
-        raise UserError(f"data.extra holds {sorted(data.extra)}; it is reserved and must stay empty")
     tok.require_eod()
     _check_weights("weights", data.weights, data.paths or [], "paths")
     if data.valid_weights is not None and data.valid_paths is None:
         raise UserError("data.valid_weights is set but data.valid_paths is null; set both or neither")
     _check_weights("valid_weights", data.valid_weights, data.valid_paths or [], "valid_paths")
 
-    tp = cfg.parallel.tensor
-    divisible = cfg.model.make_vocab_size_divisible_by
-    if cfg.model.vocab_size is not None:
-        padded = padded_vocab_size(cfg.model.vocab_size, divisible, tp)
-        if tok.vocab_size > padded:
-            raise UserError(
-                f"tokenizer '{tok.source}' has {tok.vocab_size} tokens but the model's padded vocabulary is {padded} "
-                f"(model.vocab_size={cfg.model.vocab_size}); raise model.vocab_size to at least {tok.vocab_size} or set it to null"
-            )
+    check_tokenizer_fits(cfg, tok.vocab_size, tok.source)
 
     infos = [_check_prefix(p, tok) for p in resolved.train_prefixes]
     for p in resolved.valid_prefixes or []:

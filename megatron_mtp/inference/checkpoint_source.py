@@ -15,21 +15,20 @@ import shutil
 import sys
 from pathlib import Path
 
+from megatron_mtp.checkpoint.run_dir import find_checkpoint
 from megatron_mtp.errors import UserError
 
 
 def checkpoint_dir_of(path: Path) -> Path | None:
-    """The checkpoint directory ``path`` designates, or None if it is not a megatron-mtp checkpoint."""
-    for latest in (path / "checkpoints" / "latest", path / "latest"):
-        if latest.is_file():
-            name = latest.read_text().strip()
-            ckpt = latest.parent / name
-            if not name or not ckpt.is_dir():
-                raise UserError(f"{latest} names {name!r}, which is not a checkpoint directory; the run may be corrupt.")
-            return ckpt
-    if (path / "train_state.json").is_file():
-        return path
-    return None
+    """The checkpoint ``path`` designates (checkpoint.run_dir's rules), or None for an HF export."""
+    if (path / "config.json").is_file() or (path / "main" / "config.json").is_file():
+        return None
+    found = find_checkpoint(path)
+    if found is None:
+        return None
+    if found.note:
+        print(f"note: {found.note}", file=sys.stderr)
+    return found.path
 
 
 def _cache_root() -> Path:
@@ -41,7 +40,7 @@ def hf_dir_for(path: Path) -> Path:
     """``path`` itself for HF exports; a cached HF export for megatron-mtp checkpoints."""
     if not path.exists():
         raise UserError(f"model directory {path} does not exist; pass an exported Hugging Face DeepSeek-V3 directory.")
-    ckpt = checkpoint_dir_of(path) if path.is_dir() else None
+    ckpt = checkpoint_dir_of(path)
     if ckpt is None:
         return path
     try:

@@ -9,13 +9,11 @@ at start-up. Nothing is written here: see submit.py for the run directory.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import re
 import shutil
 import sys
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Literal, Optional
 
 from megatron_mtp.config import Config, load_config
@@ -330,25 +328,18 @@ def _check_run_dir(run_dir: str) -> None:
 
 def _check_resume_point(run_dir: str, cfg: Config) -> Optional[str]:
     """The checkpoint a job in ``run_dir`` resumes from; refuse a layout that could not load it."""
-    latest_file = os.path.join(run_dir, "checkpoints", "latest")
-    if not os.path.isfile(latest_file):
-        return None
-    with open(latest_file, encoding="utf-8") as fh:
-        name = fh.read().strip()
-    state_file = os.path.join(run_dir, "checkpoints", name, "train_state.json")
-    try:
-        with open(state_file, encoding="utf-8") as fh:
-            saved = json.load(fh)
-    except (OSError, ValueError):
-        raise UserError(f"{latest_file} names '{name}', which has no readable train_state.json; restore that checkpoint or start a new --run-dir") from None
-    # The trainer resumes its own run directory with optimizer state; apply its rule now (it imports
-    # torch, so only when there is a checkpoint to check).
-    from megatron_mtp.training.checkpointing import check_optimizer_compatible
+    from megatron_mtp.checkpoint.info import check_optimizer_compatible, read_train_state
+    from megatron_mtp.checkpoint.run_dir import find_checkpoint
 
-    reason = check_optimizer_compatible(saved, SimpleNamespace(ep=cfg.parallel.expert))
+    found = find_checkpoint(run_dir)
+    if found is None:
+        return None
+    # The trainer resumes its own run directory with optimizer state; apply its rule now.
+    reason = check_optimizer_compatible(read_train_state(found.path), cfg.parallel.expert)
     if reason is not None:
-        raise UserError(f"the job would resume from {os.path.join(run_dir, 'checkpoints', name)}, but {reason}; keep the saved parallel layout or use a new --run-dir")
-    return os.path.join(run_dir, "checkpoints", name)
+        raise UserError(f"the job would resume from {found.path}, but {reason}; keep the saved parallel layout "
+                        "or use a new --run-dir")
+    return str(found.path)
 
 
 def _check_python(python: str) -> str:

@@ -6,7 +6,8 @@ Shape of the job (see README.md for the reasons):
   * MASTER_ADDR is the first host of the allocation, MASTER_PORT is derived from the job id (and
     the restart count, so a requeued run never meets its predecessor's socket);
   * the batch shell traps USR1 (the ``--signal=B:USR1@N`` warning) and TERM (preemption) and
-    forwards them to ``srun``, which forwards them to every rank; the trainer saves and exits 75;
+    forwards them to ``srun``, which forwards them to every rank; the trainer saves and exits 75
+    (errors.EXIT_RESUME);
   * exit 75 -> ``scontrol requeue`` (or, in chain mode, let the next job of the chain run);
     exit 0 -> finished; anything else -> the job fails.
 """
@@ -16,17 +17,11 @@ from __future__ import annotations
 import datetime
 import shlex
 
+from megatron_mtp.errors import EXIT_RESUME
 from megatron_mtp.launch.job_plan import JobPlan
-
-EXIT_SAVED = 75
-"""The trainer's exit code for 'checkpoint saved, resume me' (contract with megatron_mtp.training)."""
 
 CHAIN_FILE = "chain.txt"
 """In chain mode: the job ids of the chain, one per line, written under RUN_DIR/slurm/ by submit."""
-
-
-def q(value: str) -> str:
-    return shlex.quote(value)
 
 
 def render_sbatch(plan: JobPlan) -> str:
@@ -91,7 +86,7 @@ def _directives(plan: JobPlan) -> list[str]:
 def _preamble(plan: JobPlan) -> list[str]:
     return [
         "set -uo pipefail",
-        f"RUN_DIR={q(plan.run_dir)}",
+        f"RUN_DIR={shlex.quote(plan.run_dir)}",
         "RESTART=${SLURM_RESTART_COUNT:-0}",
         'say() { echo "[megatron-mtp $(date -u +%H:%M:%S)] $*"; }',
         'say "job ${SLURM_JOB_ID} starts on ${SLURM_JOB_NODELIST}; SLURM_RESTART_COUNT=${RESTART}"',
@@ -124,7 +119,7 @@ def _environment(plan: JobPlan) -> list[str]:
         ]
     if plan.env:
         lines.append("# ---- User settings (--env).")
-        lines += [f"export {key}={q(value)}" for key, value in plan.env.items()]
+        lines += [f"export {key}={shlex.quote(value)}" for key, value in plan.env.items()]
     lines.append("")
     return lines
 
@@ -133,7 +128,7 @@ def _signals() -> list[str]:
     return [
         "# ---- Save-and-exit: USR1 arrives --signal-before seconds ahead of the time limit, TERM on",
         "# preemption or scancel. srun passes both on to every rank; the trainer finishes the step,",
-        f"# all ranks save a checkpoint together and exit {EXIT_SAVED}.",
+        f"# all ranks save a checkpoint together and exit {EXIT_RESUME}.",
         'SRUN_PID=""',
         "SIGNALLED=\"\"",
         'forward() { SIGNALLED=$1; say "received SIG$1; asking the trainer to save and exit"; [ -n "$SRUN_PID" ] && kill -s "$1" "$SRUN_PID" 2>/dev/null; }',
@@ -152,15 +147,15 @@ def _launch(plan: JobPlan) -> list[str]:
     ]
     if plan.container_image:
         mounts = ",".join(m.spec() for m in plan.container_mounts)
-        srun.append(f"--container-image={q(plan.container_image)}")
+        srun.append(f"--container-image={shlex.quote(plan.container_image)}")
         if mounts:
-            srun.append(f"--container-mounts={q(mounts)}")
-        srun.append(f"--container-workdir={q(plan.job_workdir)}")
+            srun.append(f"--container-mounts={shlex.quote(mounts)}")
+        srun.append(f"--container-workdir={shlex.quote(plan.job_workdir)}")
     rank_env = (
         "'export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID "
         "LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE; exec \"$@\"' rank-env"
     )
-    train = [q(plan.python), "-m", "megatron_mtp", "train", q(plan.job_snapshot_path), "--run-dir", q(plan.job_run_dir)]
+    train = [shlex.quote(plan.python), "-m", "megatron_mtp", "train", shlex.quote(plan.job_snapshot_path), "--run-dir", shlex.quote(plan.job_run_dir)]
     lines = [
         "# ---- Launch: one task per rank; each maps the Slurm task ids to torch.distributed's names.",
         "# srun writes the rank logs on the host side (outside any container).",
@@ -180,32 +175,32 @@ def _launch(plan: JobPlan) -> list[str]:
 
 
 def _outcome(plan: JobPlan) -> list[str]:
-    lines = ["# ---- Outcome: 0 = finished, 75 = saved and wants to resume, anything else = failure."]
+    lines = [f"# ---- Outcome: 0 = finished, {EXIT_RESUME} = saved and wants to resume, anything else = failure."]
     if plan.resume == "chain":
         chain = f"{plan.run_dir}/slurm/{CHAIN_FILE}"
         lines += [
             "cancel_rest_of_chain() {",
-            f"    local later; later=$(awk -v me=\"$SLURM_JOB_ID\" 'seen {{print}} $1 == me {{seen = 1}}' {q(chain)} 2>/dev/null | tr '\\n' ' ')",
+            f"    local later; later=$(awk -v me=\"$SLURM_JOB_ID\" 'seen {{print}} $1 == me {{seen = 1}}' {shlex.quote(chain)} 2>/dev/null | tr '\\n' ' ')",
             '    if [ -n "$later" ]; then say "cancelling the rest of the chain: $later"; scancel $later; fi',
             "}",
         ]
     lines += ['case "$RC" in', '  0)', '    say "training finished"']
     if plan.resume == "chain":
         lines.append("    cancel_rest_of_chain")
-    lines += ["    exit 0 ;;", f"  {EXIT_SAVED})"]
+    lines += ["    exit 0 ;;", f"  {EXIT_RESUME})"]
     if plan.resume == "requeue":
         lines += [
             f'    if [ "$RESTART" -ge {plan.max_restarts} ]; then',
-            f'        say "checkpoint saved; not requeueing: already restarted {plan.max_restarts} time(s) (--max-restarts)"; exit {EXIT_SAVED}',
+            f'        say "checkpoint saved; not requeueing: already restarted {plan.max_restarts} time(s) (--max-restarts)"; exit {EXIT_RESUME}',
             "    fi",
             '    say "checkpoint saved; requeueing job ${SLURM_JOB_ID} (restart $((RESTART + 1)))"',
-            '    scontrol requeue "$SLURM_JOB_ID" || { say "scontrol requeue failed; resubmit this script to continue"; exit ' + str(EXIT_SAVED) + "; }",
+            '    scontrol requeue "$SLURM_JOB_ID" || { say "scontrol requeue failed; resubmit this script to continue"; exit ' + str(EXIT_RESUME) + "; }",
             "    exit 0 ;;",
         ]
     elif plan.resume == "chain":
         lines += ['    say "checkpoint saved; the next job of the chain resumes"', "    exit 0 ;;"]
     else:
-        lines += [f'    say "checkpoint saved; resubmit this script to continue"; exit {EXIT_SAVED} ;;']
+        lines += [f'    say "checkpoint saved; resubmit this script to continue"; exit {EXIT_RESUME} ;;']
     if plan.resume == "requeue":
         # A signal that lands before the trainer installed its handler (start-up) kills a rank instead
         # of saving; checkpoints are written atomically, so resuming from the last complete one is safe.

@@ -15,7 +15,6 @@ layout it was written with travel inside it.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -25,48 +24,18 @@ from typing import Optional
 import numpy as np
 import torch
 
-from megatron_mtp.config import Config, config_from_dict
+from megatron_mtp.checkpoint.info import (
+    check_optimizer_compatible,
+    read_train_state,
+    train_state_record,
+    write_checkpoint_info,
+)
+from megatron_mtp.checkpoint.run_dir import CHECKPOINTS_DIR, LATEST, step_dir_name
+from megatron_mtp.config import Config
 from megatron_mtp.errors import UserError
 from megatron_mtp.training.setup import Components, TrainState, unwrap
 
-LATEST = "latest"
-STATE_FILE = "train_state.json"
-CONFIG_FILE = "config.yaml"
-TOKENIZER_DIR = "tokenizer"
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
-
-
-def step_dir_name(step: int) -> str:
-    return f"step_{step:07d}"
-
-
-def resolve_checkpoint(path: str | os.PathLike) -> Optional[Path]:
-    """A step directory from a run dir, a checkpoints/ dir or a step dir; None if there is none."""
-    path = Path(path)
-    for base in (path / "checkpoints", path):
-        latest = base / LATEST
-        if latest.is_file():
-            name = latest.read_text().strip()
-            target = base / name
-            if not (target / STATE_FILE).is_file():
-                raise UserError(f"{latest} names '{name}', which is not a complete checkpoint; "
-                                "delete the latest file to start over or restore the directory")
-            return target
-    if (path / STATE_FILE).is_file():
-        return path
-    return None
-
-
-def read_checkpoint_info(ckpt: Path) -> tuple[dict, Config]:
-    """train_state.json and the resolved config stored in a checkpoint."""
-    import yaml
-
-    try:
-        state = json.loads((ckpt / STATE_FILE).read_text())
-        cfg = config_from_dict(yaml.safe_load((ckpt / CONFIG_FILE).read_text()))
-    except FileNotFoundError as exc:
-        raise UserError(f"checkpoint {ckpt} is incomplete: {Path(exc.filename).name} is missing") from None
-    return state, cfg
 
 
 def _rng_state() -> dict:
@@ -82,13 +51,13 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _sharded_state_dict(comp: Components, state: TrainState, with_optimizer: bool, is_loading: bool) -> dict:
+def _sharded_state_dict(components: Components, state: TrainState, with_optimizer: bool, is_loading: bool) -> dict:
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
     from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
 
     # explicit metadata: GPTModel's MTP-stage embedding tie reads metadata['dp_cp_group']
-    model_sd = unwrap(comp.model[0]).sharded_state_dict(metadata=ensure_metadata_has_dp_cp_group({}))
+    model_sd = unwrap(components.model[0]).sharded_state_dict(metadata=ensure_metadata_has_dp_cp_group({}))
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     sd = {
         "model": model_sd,
@@ -96,8 +65,8 @@ def _sharded_state_dict(comp: Components, state: TrainState, with_optimizer: boo
         "train_state": vars(state).copy(),
     }
     if with_optimizer:
-        sd["optimizer"] = comp.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=OPTIMIZER_METADATA)
-        sd["scheduler"] = comp.scheduler.state_dict()
+        sd["optimizer"] = components.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=OPTIMIZER_METADATA)
+        sd["scheduler"] = components.scheduler.state_dict()
     return sd
 
 
@@ -113,12 +82,12 @@ def _use_fork_results_queue() -> None:
         filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
 
 
-def save_checkpoint(run_dir: Path, cfg: Config, comp: Components, state: TrainState, layout,
+def save_checkpoint(run_dir: Path, cfg: Config, components: Components, state: TrainState, ranks,
                     tokenizer, keep_last: int) -> Path:
     """`tokenizer` is a megatron_mtp.data.tokenizer.Tokenizer (saved HF-loadable), or None."""
     from megatron.core import dist_checkpointing
 
-    ckpt_root = run_dir / "checkpoints"
+    ckpt_root = run_dir / CHECKPOINTS_DIR
     final = ckpt_root / step_dir_name(state.step)
     tmp = ckpt_root / (final.name + ".tmp")
     rank0 = torch.distributed.get_rank() == 0
@@ -131,15 +100,12 @@ def save_checkpoint(run_dir: Path, cfg: Config, comp: Components, state: TrainSt
         tmp.mkdir()
     torch.distributed.barrier()
     _use_fork_results_queue()
-    dist_checkpointing.save(_sharded_state_dict(comp, state, True, is_loading=False), str(tmp))
+    dist_checkpointing.save(_sharded_state_dict(components, state, True, is_loading=False), str(tmp))
     torch.distributed.barrier()
     if rank0:
-        (tmp / CONFIG_FILE).write_text(cfg.to_yaml())
-        if tokenizer is not None:
-            tokenizer.save(tmp / TOKENIZER_DIR)
-        info = dict(vars(state), has_optimizer=True, world_size=layout.world_size,
-                    parallel={"tensor": layout.tp, "pipeline": layout.pp, "expert": layout.ep, "data": layout.dp})
-        (tmp / STATE_FILE).write_text(json.dumps(info, indent=2) + "\n")
+        info = train_state_record(**vars(state), has_optimizer=True, world_size=ranks.world_size,
+                                  tensor=ranks.tp, pipeline=ranks.pp, expert=ranks.ep, data=ranks.dp)
+        write_checkpoint_info(tmp, cfg, info, tokenizer)
         os.replace(tmp, final)
         latest_tmp = ckpt_root / (LATEST + ".tmp")
         latest_tmp.write_text(final.name + "\n")
@@ -158,41 +124,30 @@ def _prune(ckpt_root: Path, keep_last: int, keep: str) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def check_optimizer_compatible(saved: dict, layout) -> Optional[str]:
-    """Why optimizer state cannot be loaded at this layout (None when it can)."""
-    if not saved.get("has_optimizer", False):
-        return "it holds no optimizer state"
-    saved_ep = saved.get("parallel", {}).get("expert", 1)
-    if (saved_ep == 1) != (layout.ep == 1):
-        return (f"its optimizer state was written with expert parallel size {saved_ep} and cannot be "
-                f"resharded to {layout.ep} (megatron-core splits it differently when EP=1 and EP>1)")
-    return None
-
-
-def load_checkpoint(ckpt: Path, comp: Components, layout, load_optimizer: bool) -> TrainState:
+def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: bool) -> TrainState:
     """Load weights (any layout) and, when asked, optimizer/scheduler/progress/RNG."""
     from megatron.core import dist_checkpointing
 
-    saved, _ = read_checkpoint_info(ckpt)
+    saved = read_train_state(ckpt)
     _check_shard_files(ckpt)
     if load_optimizer:
-        reason = check_optimizer_compatible(saved, layout)
+        reason = check_optimizer_compatible(saved, ranks.ep)
         if reason is not None:
             raise UserError(f"cannot resume training from {ckpt}: {reason}; set checkpoint.load_optimizer=false "
                             "(with checkpoint.load) to start from its weights only")
-        _prepare_optimizer_for_load(comp.optimizer)
-    sd = _sharded_state_dict(comp, TrainState(), load_optimizer, is_loading=True)
+        _prepare_optimizer_for_load(components.optimizer)
+    sd = _sharded_state_dict(components, TrainState(), load_optimizer, is_loading=True)
     if not load_optimizer:
         sd.pop("rng_state")
         sd.pop("train_state")
-    elif saved.get("world_size") != layout.world_size:
+    elif saved.get("world_size") != ranks.world_size:
         sd.pop("rng_state")  # per-rank RNG streams only make sense at the same world size
     loaded = dist_checkpointing.load(sd, str(ckpt))
-    unwrap(comp.model[0]).load_state_dict(loaded["model"], strict=True)
+    unwrap(components.model[0]).load_state_dict(loaded["model"], strict=True)
     if not load_optimizer:
         return TrainState()
-    comp.optimizer.load_state_dict(loaded["optimizer"])
-    comp.scheduler.load_state_dict(loaded["scheduler"])
+    components.optimizer.load_state_dict(loaded["optimizer"])
+    components.scheduler.load_state_dict(loaded["scheduler"])
     if "rng_state" in loaded:
         _set_rng_state(loaded["rng_state"])
     return TrainState(**{k: int(v) for k, v in loaded["train_state"].items()})
@@ -201,7 +156,7 @@ def load_checkpoint(ckpt: Path, comp: Components, layout, load_optimizer: bool) 
 def _check_shard_files(ckpt: Path) -> None:
     """One clear error for a missing or truncated shard file (megatron-core would raise EOFError
     or FileNotFoundError from deep inside its reader). Reads only the .metadata index."""
-    from megatron_mtp.convert.dist_reader import TorchDistReader
+    from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 
     with TorchDistReader(ckpt) as reader:
         reader.validate(objects=tuple(reader.object_keys()))

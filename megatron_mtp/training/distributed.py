@@ -16,7 +16,9 @@ from megatron_mtp.platform import Platform
 
 
 @dataclass(frozen=True)
-class Layout:
+class Ranks:
+    """This process's place in the parallel grid (sizes and this process's rank along each)."""
+
     rank: int
     world_size: int
     tp: int
@@ -29,10 +31,6 @@ class Layout:
     dp_rank: int
 
     @property
-    def is_first_stage(self) -> bool:
-        return self.pp_rank == 0
-
-    @property
     def is_last_stage(self) -> bool:
         return self.pp_rank == self.pp - 1
 
@@ -41,7 +39,7 @@ def env_world() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def init_distributed(cfg: Config, platform: Platform) -> Layout:
+def init_distributed(cfg: Config, platform: Platform) -> Ranks:
     """Join the job described by RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (single process if unset)."""
     from megatron.core import parallel_state
 
@@ -66,7 +64,7 @@ def init_distributed(cfg: Config, platform: Platform) -> Layout:
         expert_model_parallel_size=p.expert,
     )
     seed_everything(cfg.training.seed, platform)
-    return Layout(
+    return Ranks(
         rank=rank,
         world_size=world,
         tp=p.tensor,

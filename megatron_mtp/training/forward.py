@@ -19,13 +19,14 @@ def forward_logits(session, tokens: torch.Tensor) -> Optional[dict]:
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
+    from megatron_mtp.training.forward_step import make_forward_step
     from megatron_mtp.training.setup import unwrap
 
     model = session.components.model
     gpt = unwrap(model[0])
     captured: list[torch.Tensor] = []
     handle = None
-    if session.layout.is_last_stage:
+    if session.ranks.is_last_stage:
         def hook(module, inputs, output):
             logits = output[0] if isinstance(output, tuple) else output
             captured.append(gather_from_tensor_model_parallel_region(logits.detach().clone()).float())
@@ -39,17 +40,12 @@ def forward_logits(session, tokens: torch.Tensor) -> Optional[dict]:
         "loss_mask": torch.ones(b, s, device=tokens.device),
     }
 
-    def forward_step(data_iterator, chunk):
-        item = next(data_iterator)
-        out = chunk(item["tokens"], item["position_ids"], None, labels=item["labels"], loss_mask=item["loss_mask"])
-        return out, lambda output_tensor: (output_tensor.float().sum() * 0, {})
-
     for chunk in model:
         chunk.eval()
     try:
         with torch.no_grad():
             get_forward_backward_func()(
-                forward_step_func=forward_step, data_iterator=iter([batch]), model=model,
+                forward_step_func=make_forward_step(None), data_iterator=iter([batch]), model=model,
                 num_microbatches=1, seq_length=s, micro_batch_size=b, forward_only=True,
             )
     finally:
@@ -57,8 +53,8 @@ def forward_logits(session, tokens: torch.Tensor) -> Optional[dict]:
             handle.remove()
         for chunk in model:
             chunk.train()
-    lay = session.layout
-    if not (lay.is_last_stage and lay.tp_rank == 0 and parallel_state.get_data_parallel_rank() == 0):
+    ranks = session.ranks
+    if not (ranks.is_last_stage and ranks.tp_rank == 0 and parallel_state.get_data_parallel_rank() == 0):
         return None
     depth = session.cfg.mtp.num_layers
     as_bsv = [c.transpose(0, 1).contiguous() for c in captured]  # [s, b, V] -> [b, s, V]
@@ -74,14 +70,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     """
     import sys
 
-    from megatron_mtp.training.checkpointing import resolve_checkpoint
+    from megatron_mtp.checkpoint.run_dir import resolve_checkpoint
     from megatron_mtp.training.distributed import destroy
     from megatron_mtp.training.run import _eval_config
     from megatron_mtp.training.session import open_checkpoint_for_eval
 
     args = list(sys.argv[1:] if argv is None else argv)
     ckpt_path, tokens_path, out_path, overrides = args[0], args[1], args[2], args[3:]
-    ckpt = resolve_checkpoint(ckpt_path)
+    ckpt = resolve_checkpoint(ckpt_path).path
     session = open_checkpoint_for_eval(ckpt, _eval_config(ckpt, overrides))
     try:
         result = forward_logits(session, torch.load(tokens_path))

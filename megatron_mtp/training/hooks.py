@@ -6,13 +6,13 @@ from megatron_mtp.training.metrics import ExpertLoad, MTPMetrics
 from megatron_mtp.training.setup import unwrap
 
 
-def attach_metrics(model_chunk, cfg, layout) -> tuple[MTPMetrics | None, ExpertLoad]:
+def attach_metrics(model_chunk, cfg, ranks) -> tuple[MTPMetrics | None, ExpertLoad]:
     from megatron.core import parallel_state
     from megatron.core.transformer.moe.router import Router
 
     gpt = unwrap(model_chunk)
     metrics = None
-    if layout.is_last_stage and cfg.mtp.num_layers > 0:
+    if ranks.is_last_stage and cfg.mtp.num_layers > 0:
         metrics = MTPMetrics(cfg.mtp.num_layers, parallel_state.get_tensor_model_parallel_group())
         gpt.output_layer.register_forward_hook(metrics.output_hook)
     total_layers = cfg.model.num_layers + cfg.mtp.num_layers

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from megatron_mtp.platform import current as current_platform
+from megatron_mtp.training.sums import NamedSums
 
 
 def _vocab_parallel_argmax(logits: torch.Tensor, tp_group) -> torch.Tensor:
@@ -52,9 +53,10 @@ class MTPMetrics:
         self.reset()
 
     def reset(self) -> None:
+        # per depth: drafts equal to the main model's argmax, drafts equal to the label, the summed
+        # cross entropy (evaluation only) and the positions judged
         d = self.depth
-        # rows: accepted, correct, ce_sum, count (per depth); plus main lm ce_sum, count
-        self.sums = torch.zeros(4, max(d, 1), dtype=torch.float64)
+        self.sums = NamedSums(accepted=d, correct=d, ce_sum=d, judged=d)
 
     def start_microbatch(self, labels: torch.Tensor, loss_mask: torch.Tensor) -> None:
         if not self.active:
@@ -78,7 +80,7 @@ class MTPMetrics:
                 target = torch.roll(self._labels, -k, dims=1).t().contiguous()  # [s, b]
                 ce = vocab_parallel_cross_entropy(logits.float().clone(), target).t()  # [b, s]
                 mask = self._valid_mask(k)
-                self.sums[2, call] += float((ce * mask).sum())
+                self.sums["ce_sum"][call] += float((ce * mask).sum())
             self._preds.append(pred)
             if call == self.depth:  # the main model's call: everything for this micro-batch is in
                 self._accumulate(pred)
@@ -95,9 +97,9 @@ class MTPMetrics:
             k = i + 1
             draft = self._preds[i][:, : s - k]
             mask = self._valid_mask(k)[:, : s - k]
-            self.sums[0, i] += float(((draft == main_pred[:, k:]).float() * mask).sum())
-            self.sums[1, i] += float(((draft == self._labels[:, k:]).float() * mask).sum())
-            self.sums[3, i] += float(mask.sum())
+            self.sums["accepted"][i] += float(((draft == main_pred[:, k:]).float() * mask).sum())
+            self.sums["correct"][i] += float(((draft == self._labels[:, k:]).float() * mask).sum())
+            self.sums["judged"][i] += float(mask.sum())
         self._labels = None
 
 

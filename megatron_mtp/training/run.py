@@ -27,16 +27,18 @@ def train_main(cfg: Config, run_dir: Path) -> int:
     run_dir = run_dir.resolve()
     session = open_training(cfg, run_dir)
     try:
-        lay = session.layout
-        if lay.rank == 0:
+        ranks = session.ranks
+        if ranks.rank == 0:
             _write_resolved_config(session.cfg, run_dir)
             restart = os.environ.get("SLURM_RESTART_COUNT")
             where = f"resumed from {session.loaded_from} at step {session.state.step}" if session.loaded_from else "from scratch"
+            if session.resume_note:
+                print(f"megatron-mtp train: note: {session.resume_note}", flush=True)
             print(f"megatron-mtp train: run {session.cfg.name} in {run_dir} on {session.platform.device}/"
-                  f"{session.platform.backend}, world {lay.world_size} = TP{lay.tp} × PP{lay.pp} × DP{lay.dp} "
-                  f"(EP{lay.ep}), {where}" + (f", SLURM_RESTART_COUNT={restart}" if restart else ""), flush=True)
+                  f"{session.platform.backend}, world {ranks.world_size} = TP{ranks.tp} × PP{ranks.pp} × DP{ranks.dp} "
+                  f"(EP{ranks.ep}), {where}" + (f", SLURM_RESTART_COUNT={restart}" if restart else ""), flush=True)
             _note_if_not_exportable(session.cfg)
-        return Trainer(session.cfg, run_dir, session).train()
+        return Trainer(session, run_dir).train()
     finally:
         destroy()
 
@@ -56,10 +58,10 @@ def _note_if_not_exportable(cfg: Config) -> None:
 def _eval_config(ckpt: Path, overrides: list[str]) -> Config:
     from megatron_mtp.config.base import apply_override, from_dict
     from megatron_mtp.config.root import Config as RootConfig
-    from megatron_mtp.training.checkpointing import read_checkpoint_info
+    from megatron_mtp.checkpoint.info import read_config
     from megatron_mtp.training.distributed import env_world
 
-    _, cfg = read_checkpoint_info(ckpt)
+    cfg = read_config(ckpt)
     data = cfg.to_dict()
     _, world = env_world()
     # evaluate at the layout of the processes launched now (default: one process)
@@ -74,15 +76,15 @@ def _eval_config(ckpt: Path, overrides: list[str]) -> Config:
 
 
 def eval_main(path: str, overrides: list[str], as_json: bool, text_file: str | None, steps: int | None) -> int:
-    from megatron_mtp.training.checkpointing import resolve_checkpoint
+    from megatron_mtp.checkpoint.run_dir import resolve_checkpoint
     from megatron_mtp.training.distributed import destroy
     from megatron_mtp.training.evaluation import evaluate, evaluate_batches, session_metrics
     from megatron_mtp.training.session import open_checkpoint_for_eval
 
-    ckpt = resolve_checkpoint(path)
-    if ckpt is None:
-        raise UserError(f"{path} holds no checkpoint (no checkpoints/latest, latest or train_state.json); "
-                        "pass a run directory or a step_* directory")
+    resolved = resolve_checkpoint(path)
+    if resolved.note:
+        print(f"megatron-mtp eval: note: {resolved.note}", file=sys.stderr)
+    ckpt = resolved.path
     cfg = _eval_config(ckpt, overrides)
     session = open_checkpoint_for_eval(ckpt, cfg)
     try:
@@ -104,7 +106,7 @@ def eval_main(path: str, overrides: list[str], as_json: bool, text_file: str | N
                 raise UserError("the checkpoint's data config has no validation split; pass --text-file or set "
                                 "data.split/data.valid_paths")
             result = evaluate(session, n, metrics)
-        if session.layout.rank == 0:
+        if session.ranks.rank == 0:
             result["checkpoint"] = str(ckpt)
             if as_json:
                 print(json.dumps(result))

@@ -15,7 +15,7 @@ from megatron_mtp.errors import UserError
 
 
 def text_file_batches(session, text_file: str):
-    cfg, lay = session.cfg, session.layout
+    cfg, ranks = session.cfg, session.ranks
     if session.tokenizer is None:
         raise UserError(f"checkpoint {session.loaded_from} has no tokenizer/ directory, so --text-file cannot be tokenized")
     path = Path(text_file)
@@ -33,7 +33,7 @@ def text_file_batches(session, text_file: str):
                         f"training.seq_length={s}; use a longer file or a smaller seq_length")
     windows = torch.tensor(ids[: n_windows * s], dtype=torch.long).view(n_windows, s)
     mbs = cfg.training.micro_batch_size
-    per_round = mbs * lay.dp
+    per_round = mbs * ranks.dp
     rounds = -(-n_windows // per_round)
     total = rounds * per_round
     pad = total - n_windows
@@ -46,7 +46,7 @@ def text_file_batches(session, text_file: str):
 
     def gen():
         for r in range(rounds):
-            lo = r * per_round + lay.dp_rank * mbs
+            lo = r * per_round + ranks.dp_rank * mbs
             sl = slice(lo, lo + mbs)
             yield {"tokens": tokens[sl], "labels": labels[sl], "loss_mask": mask[sl], "position_ids": positions[sl]}
 

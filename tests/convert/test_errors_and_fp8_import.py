@@ -11,7 +11,7 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from megatron_mtp.convert.dist_reader import TorchDistReader
+from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.convert.drop_mtp import drop_mtp
 from megatron_mtp.convert.fp8 import dequantize_blockwise
 from megatron_mtp.convert.from_hf import import_from_hf

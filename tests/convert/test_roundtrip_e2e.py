@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from megatron_mtp.convert.dist_reader import TorchDistReader
+from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.convert.drop_mtp import drop_mtp
 from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.to_hf import export_to_hf

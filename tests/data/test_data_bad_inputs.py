@@ -140,7 +140,6 @@ def test_config_vocab_exceeds_padded_model_vocab(tmp_path, tokenizer_dir, two_da
     (["data.split=0,100,0"], "the train part"),
     (["training.seq_length=100000"], "fewer than one sequence"),
     (["data.valid_weights=[1]"], "data.valid_weights is set but data.valid_paths is null"),
-    (["data.extra={foo: 1}"], "data.extra holds"),
 ])
 def test_config_errors(tmp_path, tokenizer_dir, two_datasets, overrides, message):
     a, b = two_datasets

@@ -19,6 +19,12 @@ LAYOUTS = {
 }
 STEPS = 3
 EVAL = ("logging.eval_interval=1", "logging.eval_steps=2")
+# Every logged scalar except timings and memory must not depend on the layout. Losses agree to float32
+# reduction order; the grad norm (~1.8) agrees to 5e-5 at step 1 and drifts with the weights after it;
+# acceptance, accuracy and expert loads count argmax/routing decisions, of which a near-tie may flip
+# (one position in ~500 changes acceptance by 0.002).
+TOLERANCE = {"train/grad_norm": 1e-2, "train/mtp_acceptance_1": 1e-2, "train/mtp_accuracy_1": 1e-2, "valid/mtp_acceptance_1": 1e-2,
+             "moe/max_violation": 2e-2}
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +51,13 @@ def test_layout_matches_single_process(reference, name, train, metrics):
     rows = [r for r in metrics(run) if "train/lm_loss" in r]
     evals = [r for r in metrics(run) if "valid/lm_loss" in r]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    for key in ("train/lm_loss", "train/mtp_loss_1", "valid/lm_loss", "valid/mtp_loss_1"):
+    keys = sorted({k for r in single for k in r if k != "step" and not k.startswith("perf/")})
+    assert {"train/lm_loss", "train/mtp_loss_1", "train/grad_norm", "train/mtp_acceptance_1", "moe/balance_loss",
+            "moe/max_violation", "valid/lm_loss", "valid/mtp_loss_1"} <= set(keys)
+    for key in keys:
         got, want = _losses(rows + evals, key), _losses(single, key)
-        assert len(got) == len(want) == STEPS
-        assert max(abs(a - b) for a, b in zip(got, want)) < 2e-3, (name, key, got, want)
+        assert len(got) == len(want) == STEPS, key
+        assert max(abs(a - b) for a, b in zip(got, want)) < TOLERANCE.get(key, 2e-3), (name, key, got, want)
     # and it learns: the validation loss (same held-out batches each time) goes down
     valid = _losses(evals, "valid/lm_loss")
     assert valid[-1] < valid[0], valid

@@ -9,7 +9,8 @@ import pytest
 from megatron_mtp.config import load_config
 from megatron_mtp.config.base import describe
 from megatron_mtp.config.root import Config
-from megatron_mtp.config.validate import validate, validate_vocab
+from megatron_mtp.config.validate import validate
+from megatron_mtp.config.vocab import check_tokenizer_fits
 from megatron_mtp.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,9 +113,14 @@ def test_validation_errors_are_one_sentence(overrides, world, message):
 
 def test_tokenizer_larger_than_model_vocab():
     cfg = load_config(str(ROOT / "configs" / "tiny_cpu.yaml"), ["model.vocab_size=100"])
-    validate_vocab(cfg, 128)  # padded to 128: fits
-    with pytest.raises(UserError, match="the tokenizer has 129 tokens but model.vocab_size=100"):
-        validate_vocab(cfg, 129)
+    check_tokenizer_fits(cfg, 128, "tok")  # padded to 128: fits
+    with pytest.raises(UserError, match="tokenizer 'tok' has 129 tokens but the model's padded vocabulary is 128"):
+        check_tokenizer_fits(cfg, 129, "tok")
+
+
+def test_data_extra_is_not_a_key():
+    with pytest.raises(UserError, match="unknown config key 'data.extra'"):
+        load_config(str(ROOT / "configs" / "tiny_cpu.yaml"), ["data.extra={foo: 1}"])
 
 
 def test_fp8_without_gpu_is_one_clear_error():

@@ -36,9 +36,9 @@ def test_acceptance_and_accuracy_match_direct_count():
     preds = [lg.argmax(-1).t() for lg in logits]
     expected = _direct(preds[:depth], preds[depth], labels, mask)
     for k, (acc, cor, n) in enumerate(expected):
-        assert metrics.sums[0, k] == acc
-        assert metrics.sums[1, k] == cor
-        assert metrics.sums[3, k] == n
+        assert metrics.sums["accepted"][k] == acc
+        assert metrics.sums["correct"][k] == cor
+        assert metrics.sums["judged"][k] == n
 
 
 def test_perfect_draft_is_fully_accepted():
@@ -50,7 +50,7 @@ def test_perfect_draft_is_fully_accepted():
     shifted = torch.roll(main, -1, dims=0)  # draft at t == main at t+1
     metrics.output_hook(None, None, (shifted, None))
     metrics.output_hook(None, None, (main, None))
-    assert metrics.sums[0, 0] == metrics.sums[3, 0] == b * (s - 1)
+    assert metrics.sums["accepted"][0] == metrics.sums["judged"][0] == b * (s - 1)
 
 
 def test_max_violation():

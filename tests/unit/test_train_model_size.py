@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 from megatron_mtp.config import load_config
-from megatron_mtp.models.deepseek_v3.model import padded_vocab_size
+from megatron_mtp.config.vocab import padded_vocab_size
 from megatron_mtp.models.deepseek_v3.size import parameter_counts
 
 ROOT = Path(__file__).resolve().parents[2]

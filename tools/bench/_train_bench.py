@@ -49,7 +49,7 @@ def interleaved(variants: dict[str, Callable[[], None]], rounds: int, steps_per_
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def bare_step(comp, data, num_micro: int, seq: int, mbs: int) -> None:
+def bare_step(components, data, num_micro: int, seq: int, mbs: int) -> None:
     """A bare megatron-core training step: schedule forward/backward, optimizer and LR step."""
     from functools import partial
 
@@ -64,13 +64,13 @@ def bare_step(comp, data, num_micro: int, seq: int, mbs: int) -> None:
         out = model(b["tokens"], b["position_ids"], None, labels=b["labels"], loss_mask=b["loss_mask"])
         return out, partial(loss_func, b["loss_mask"])
 
-    for chunk in comp.model:
+    for chunk in components.model:
         chunk.zero_grad_buffer()
-    comp.optimizer.zero_grad()
-    get_forward_backward_func()(forward_step_func=forward_step, data_iterator=data, model=comp.model,
+    components.optimizer.zero_grad()
+    get_forward_backward_func()(forward_step_func=forward_step, data_iterator=data, model=components.model,
                                 num_microbatches=num_micro, seq_length=seq, micro_batch_size=mbs, forward_only=False)
-    comp.optimizer.step()
-    comp.scheduler.step(increment=1)
+    components.optimizer.step()
+    components.scheduler.step(increment=1)
 
 
 def model_arguments(parser) -> None:
@@ -101,13 +101,14 @@ def bench_config(args):
     ])
 
 
-def single_process_trainer(cfg, comp, run_dir):
+def single_process_trainer(cfg, components, run_dir):
     """A Trainer over already-built components in a one-process job (no data, no checkpoint)."""
     from types import SimpleNamespace
 
-    from megatron_mtp.training.distributed import Layout
+    from megatron_mtp.training.distributed import Ranks
     from megatron_mtp.training.setup import TrainState
     from megatron_mtp.training.trainer import Trainer
 
-    session = SimpleNamespace(layout=Layout(0, 1, 1, 1, 1, 1, 0, 0, 0, 0), components=comp, state=TrainState())
-    return Trainer(cfg, run_dir, session)
+    session = SimpleNamespace(cfg=cfg, ranks=Ranks(0, 1, 1, 1, 1, 1, 0, 0, 0, 0), components=components,
+                              state=TrainState())
+    return Trainer(session, run_dir)

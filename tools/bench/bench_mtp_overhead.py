@@ -33,13 +33,13 @@ def main() -> None:
     from _train_bench import RandomTokens, bench_config, interleaved, single_process_trainer
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
-    from megatron_mtp.models.deepseek_v3.model import padded_vocab_size
+    from megatron_mtp.config.vocab import padded_vocab_size
     from megatron_mtp.models.deepseek_v3.size import training_flops_per_token
     from megatron_mtp.platform import setup
     from megatron_mtp.training.batches import MicroBatchIterator
     from megatron_mtp.training.distributed import destroy, init_distributed
     from megatron_mtp.training.setup import TrainState, build_components
-    from megatron_mtp.training.step import make_forward_step
+    from megatron_mtp.training.forward_step import make_forward_step
 
     base = bench_config(args)
     plat = setup(base.training.device)
@@ -54,10 +54,10 @@ def main() -> None:
         trainer = single_process_trainer(cfg, build_components(cfg, plat, vocab), run_dir / f"d{depth}")
         data = MicroBatchIterator(data_set, 0, args.micro_batch, 0, 1, device=plat.device)
 
-        def step(t=trainer, d=data, s=TrainState(), a=trainer._new_accumulator(), f=make_forward_step(trainer.metrics)):
+        def step(t=trainer, d=data, s=TrainState(), f=make_forward_step(trainer.metrics)):
             # megatron-core's aux-loss tracker is process-global and sized by the first model
             get_moe_layer_wise_logging_tracker().clear()
-            t.train_step(fwd_bwd, f, d, s, a)
+            t.train_step(fwd_bwd, f, d, s)
 
         steps[f"D={depth}"] = step
         predicted[depth] = training_flops_per_token(cfg, vocab, depth)

@@ -29,32 +29,32 @@ def main() -> None:
 
     from _train_bench import RandomTokens, bare_step, bench_config, interleaved, single_process_trainer
     from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron_mtp.models.deepseek_v3.model import padded_vocab_size
+    from megatron_mtp.config.vocab import padded_vocab_size
     from megatron_mtp.platform import setup
     from megatron_mtp.training.batches import MicroBatchIterator
     from megatron_mtp.training.distributed import destroy, init_distributed
     from megatron_mtp.training.setup import TrainState, build_components
-    from megatron_mtp.training.step import make_forward_step
+    from megatron_mtp.training.forward_step import make_forward_step
     from megatron_mtp.training.trainer import _any_rank
 
     cfg = bench_config(args)
     plat = setup(cfg.training.device)
     init_distributed(cfg, plat)
     vocab = padded_vocab_size(args.vocab, cfg)
-    comp = build_components(cfg, plat, vocab)
-    trainer = single_process_trainer(cfg, comp, Path(tempfile.mkdtemp(prefix="bench_trainer_")))
+    components = build_components(cfg, plat, vocab)
+    trainer = single_process_trainer(cfg, components, Path(tempfile.mkdtemp(prefix="bench_trainer_")))
     ds = RandomTokens(vocab, args.seq)
     ours_data = MicroBatchIterator(ds, 0, args.micro_batch, 0, 1, device=plat.device)
     bare_data = MicroBatchIterator(ds, 0, args.micro_batch, 0, 1, device=plat.device)
-    state, acc = TrainState(), trainer._new_accumulator()
+    state = TrainState()
     fwd_bwd, fstep = get_forward_backward_func(), make_forward_step(trainer.metrics)
 
     def ours():
-        trainer.train_step(fwd_bwd, fstep, ours_data, state, acc)
+        trainer.train_step(fwd_bwd, fstep, ours_data, state)
         _any_rank(False)
 
     def bare():
-        bare_step(comp, bare_data, 1, args.seq, args.micro_batch)
+        bare_step(components, bare_data, 1, args.seq, args.micro_batch)
 
     times = interleaved({"ours": ours, "bare": bare}, rounds=args.rounds, steps_per_round=args.steps_per_round)
     print(f"model: hidden {args.hidden}, layers {args.layers}, seq {args.seq}, vocab {vocab}, "

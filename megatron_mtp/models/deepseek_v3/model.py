@@ -7,12 +7,6 @@ from megatron_mtp.models.deepseek_v3.specs import decoder_block_spec, mtp_block_
 from megatron_mtp.platform import Platform
 
 
-def padded_vocab_size(vocab_size: int, cfg: Config) -> int:
-    """Vocabulary padded to a multiple of make_vocab_size_divisible_by × TP (megatron convention)."""
-    multiple = cfg.model.make_vocab_size_divisible_by * cfg.parallel.tensor
-    return -(-vocab_size // multiple) * multiple
-
-
 def build_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_process: bool,
                 post_process: bool, vp_stage=None):
     """GPTModel for the current pipeline stage; `config` is the MLATransformerConfig."""

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 def main():
     from megatron_mtp.config import load_config
-    from megatron_mtp.models.deepseek_v3.model import padded_vocab_size
+    from megatron_mtp.config.vocab import padded_vocab_size
     from megatron_mtp.platform import setup
     from megatron_mtp.training.distributed import destroy, init_distributed
     from megatron_mtp.training.setup import build_components, unwrap

@@ -27,7 +27,7 @@ from typing import BinaryIO, Optional
 
 import torch
 
-from megatron_mtp.convert.torch_save_blob import plain_record, read_plain_tensor
+from megatron_mtp.checkpoint.torch_save_blob import plain_record, read_plain_tensor
 from megatron_mtp.errors import UserError
 
 

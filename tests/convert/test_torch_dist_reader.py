@@ -5,8 +5,8 @@ import shutil
 import pytest
 import torch
 
-from megatron_mtp.convert.dist_reader import TorchDistReader
-from megatron_mtp.convert.dist_writer import TorchDistWriter
+from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
+from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
 from megatron_mtp.errors import UserError
 from tests.convert.helpers import sharded_io
 from tests.convert.sharded_io_script import global_tensors

@@ -1,0 +1,47 @@
+"""The forward step megatron-core's schedules call, and the loss it reports (training, evaluation
+and the logits probe all use this one)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Optional
+
+import torch
+
+from megatron_mtp.training.metrics import MTPMetrics
+
+
+def masked_lm_loss(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    """Masked mean LM cross entropy of one micro-batch, plus its sum and token count.
+
+    The MTP losses enter through backward inside GPTModel (MTPLossAutoScaler), not here.
+    """
+    mask = loss_mask.float()
+    total = torch.sum(output_tensor.float() * mask)
+    count = mask.sum()
+    return total / count.clamp(min=1), {"lm_sum": total.detach().clone(), "lm_count": count.detach().clone()}
+
+
+def micro_batch_mean(reported: dict) -> float:
+    """The mean LM loss of one micro-batch from what `masked_lm_loss` reported."""
+    return float(reported["lm_sum"]) / max(float(reported["lm_count"]), 1.0)
+
+
+def make_forward_step(metrics: Optional[MTPMetrics], device: Optional[str] = None):
+    """forward_step(data_iterator, model) for megatron-core's forward_backward functions.
+
+    ``metrics``: told about each micro-batch's labels before the forward (its output-layer hook
+    then measures acceptance); ``device``: where to move batches that arrive elsewhere.
+    """
+
+    def forward_step(data_iterator, model):
+        batch = next(data_iterator)
+        if device is not None:
+            batch = {k: v.to(device) for k, v in batch.items()}
+        if metrics is not None:
+            metrics.start_microbatch(batch["labels"], batch["loss_mask"])
+        output = model(batch["tokens"], batch["position_ids"], None,
+                       labels=batch["labels"], loss_mask=batch["loss_mask"])
+        return output, partial(masked_lm_loss, batch["loss_mask"])
+
+    return forward_step

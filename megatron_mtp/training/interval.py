@@ -1,0 +1,108 @@
+"""What one logging interval accumulates, and the scalars it logs.
+
+Every logged scalar is layout-independent: the same weights and data give the same values at any
+TP/PP/EP/DP layout (tested in tests/dist/test_train_layouts.py).
+  - Losses and acceptance live on the last pipeline stage; each data-parallel replica counts once
+    (its TP rank 0), so the sums are averaged over replicas.
+  - megatron-core's MoE balance-loss tracker holds, per layer, a partial value on each TP rank
+    (each rank sees its sequence-parallel slice); the parts sum to the layer's value. We sum
+    over all ranks and divide by the number of TP-rank-0 ranks that saw the layer, i.e. the
+    replicas, which is what megatron-core's reduce_aux_losses_tracker_across_ranks computes.
+  - Expert loads are token counts per expert; every token is routed on exactly one rank.
+  - grad norm, λ and lr are the same on every rank.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megatron_mtp.platform import all_reduce_sum
+from megatron_mtp.training.forward_step import micro_batch_mean
+from megatron_mtp.training.metrics import ExpertLoad, MTPMetrics, max_violation, memory_gib
+from megatron_mtp.training.sums import NamedSums
+
+
+class IntervalStats:
+    def __init__(self, depth: int, ranks, num_microbatches: int, tokens_per_step: int, expert_load: ExpertLoad):
+        self.depth = depth
+        self.ranks = ranks
+        self.num_micro = num_microbatches
+        self.tokens_per_step = tokens_per_step
+        self.expert_load = expert_load
+        # held by the last stage's TP rank 0 of each replica
+        self.sums = NamedSums(lm_loss=1, replica_steps=1, mtp_loss=depth, accepted=depth, correct=depth,
+                              judged=depth)
+        self.aux: torch.Tensor | None = None  # [sum, count] per layer of the MoE balance loss
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums.zero_()
+        self.steps = 0
+        self.grad_norm_sum = 0.0
+        self.lam = 0.0
+        self.lr = 0.0
+
+    @property
+    def _holds_losses(self) -> bool:
+        return self.ranks.is_last_stage and self.ranks.tp_rank == 0
+
+    def add_step(self, reported: list, mtp_tracker: dict, metrics: MTPMetrics | None, lam: float, lr: float,
+                 grad_norm: float | None) -> None:
+        """One optimizer step: the schedule's per-micro-batch reports and megatron-core's trackers."""
+        if self._holds_losses and reported:
+            self.sums["lm_loss"] += sum(micro_batch_mean(r) for r in reported) / len(reported)
+            self.sums["replica_steps"] += 1
+            if "values" in mtp_tracker and self.depth:
+                self.sums["mtp_loss"] += mtp_tracker["values"].double().cpu() / self.num_micro
+        if metrics is not None:
+            if self._holds_losses:
+                for name in ("accepted", "correct", "judged"):
+                    self.sums[name] += metrics.sums[name]
+            metrics.reset()
+        self.steps += 1
+        self.grad_norm_sum += float(grad_norm or 0.0)
+        self.lam, self.lr = lam, lr
+
+    def add_balance_loss(self, layer_values: torch.Tensor) -> None:
+        """Per-layer MoE balance loss of one step (megatron-core's tracker, before its coefficient)."""
+        values = layer_values.detach().double().cpu() / self.num_micro
+        if self.aux is None or self.aux.shape[1] != values.numel():
+            self.aux = torch.zeros(2, values.numel(), dtype=torch.float64)
+        self.aux[0] += values
+        if self.ranks.tp_rank == 0:
+            self.aux[1] += (values != 0).double()
+
+    def _balance_loss(self) -> float:
+        if self.aux is None:
+            return 0.0
+        totals = all_reduce_sum(self.aux.clone())
+        self.aux.zero_()
+        seen = totals[1] > 0
+        return float((totals[0][seen] / totals[1][seen]).mean()) if bool(seen.any()) else 0.0
+
+    def values(self, consumed_tokens: int, elapsed: float) -> dict[str, float]:
+        """The interval's scalars (every rank must call: it all-reduces), then a reset."""
+        total = self.sums.all_reduced()
+        loads = all_reduce_sum(self.expert_load.counts.clone()).cpu()
+        self.expert_load.reset()
+        replicas = max(total.value("replica_steps"), 1.0)
+        steps = max(self.steps, 1)
+        values = {
+            "train/lm_loss": total.value("lm_loss") / replicas,
+            "train/mtp_lambda": self.lam,
+            "train/lr": self.lr,
+            "train/grad_norm": self.grad_norm_sum / steps,
+            "perf/step_time_s": elapsed / steps,
+            "perf/tokens_per_s": self.tokens_per_step * self.steps / max(elapsed, 1e-9),
+            "perf/memory_gib": memory_gib(),
+            "moe/max_violation": max_violation(loads),
+            "moe/balance_loss": self._balance_loss(),
+            "progress/consumed_tokens": float(consumed_tokens),
+        }
+        judged = total["judged"].clamp(min=1.0)
+        for k in range(1, self.depth + 1):
+            values[f"train/mtp_loss_{k}"] = float(total["mtp_loss"][k - 1]) / replicas
+            values[f"train/mtp_acceptance_{k}"] = float(total["accepted"][k - 1] / judged[k - 1])
+            values[f"train/mtp_accuracy_{k}"] = float(total["correct"][k - 1] / judged[k - 1])
+        self.reset()
+        return values
