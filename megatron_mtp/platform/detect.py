@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from megatron_mtp.errors import UserError
+from megatron_mtp.platform import checkpoint_writer
+from megatron_mtp.platform.known_warnings import silence_known_harmless
 
 
 @dataclass(frozen=True)
@@ -18,8 +20,6 @@ class Platform:
     """torch.distributed backend: 'nccl' or 'gloo'."""
     use_te: bool
     """Build Transformer Engine specs (GPU with transformer_engine importable)."""
-    has_apex: bool
-    """NVIDIA apex is importable (NGC containers); never required."""
 
     @property
     def is_cpu(self) -> bool:
@@ -38,10 +38,6 @@ def te_available() -> bool:
     except Exception:  # a broken or CUDA-less install counts as absent
         return False
     return True
-
-
-def _apex_available() -> bool:
-    return importlib.util.find_spec("apex") is not None and importlib.util.find_spec("apex.normalization") is not None
 
 
 def detect(device: str = "auto", backend: str = "auto", fp8: Optional[str] = None) -> Platform:
@@ -69,13 +65,15 @@ def detect(device: str = "auto", backend: str = "auto", fp8: Optional[str] = Non
                 f"training.fp8={fp8} needs Transformer Engine, which is not installed here; "
                 "install the 'gpu' extra (pip install 'megatron-mtp[gpu]') or set training.fp8=null"
             )
-    return Platform(device=device, backend=backend, use_te=use_te, has_apex=_apex_available())
+    return Platform(device=device, backend=backend, use_te=use_te)
 
 
 def setup(device: str = "auto", backend: str = "auto", fp8: Optional[str] = None) -> Platform:
     """Detect the platform once per process and make megatron-core run on it."""
     global _CURRENT
     plat = detect(device, backend, fp8)
+    silence_known_harmless(plat)
+    checkpoint_writer.apply()
     if plat.is_cpu:
         from megatron_mtp.platform import cpu
 

@@ -70,18 +70,6 @@ def _sharded_state_dict(components: Components, state: TrainState, with_optimize
     return sd
 
 
-def _use_fork_results_queue() -> None:
-    """megatron-core's writer starts a 'spawn' Manager process per rank on its first save, which
-    re-imports everything (tens of seconds for 8 ranks on 2 cores); a 'fork' Manager serves the
-    same queue at once. Set before the first save; megatron-core reuses it for the process."""
-    import multiprocessing
-
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    if getattr(filesystem_async, "_results_queue", None) is None:
-        filesystem_async._results_queue = multiprocessing.get_context("fork").Manager().Queue()
-
-
 def save_checkpoint(run_dir: Path, cfg: Config, components: Components, state: TrainState, ranks,
                     tokenizer, keep_last: int) -> Path:
     """`tokenizer` is a megatron_mtp.data.tokenizer.Tokenizer (saved HF-loadable), or None."""
@@ -99,7 +87,6 @@ def save_checkpoint(run_dir: Path, cfg: Config, components: Components, state: T
             shutil.rmtree(final)
         tmp.mkdir()
     torch.distributed.barrier()
-    _use_fork_results_queue()
     dist_checkpointing.save(_sharded_state_dict(components, state, True, is_loading=False), str(tmp))
     torch.distributed.barrier()
     if rank0:

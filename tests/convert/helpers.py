@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from megatron_mtp.launch.local import free_port
+
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def env(**extra: str) -> dict:

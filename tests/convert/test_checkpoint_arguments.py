@@ -1,0 +1,67 @@
+"""eval, convert to-hf, drop-mtp and generate accept the same checkpoint arguments.
+
+A run directory, its checkpoints/ directory, a step_N directory and the checkpoints/latest file all
+name the newest checkpoint; a run whose `latest` is gone uses its newest complete step and says so.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+
+from tests.convert.helpers import run
+
+
+def _spellings(run_dir):
+    step = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+    return step, {"run": run_dir, "checkpoints": run_dir / "checkpoints", "step": step,
+                  "latest": run_dir / "checkpoints" / "latest"}
+
+
+def test_every_command_accepts_the_four_spellings(trained_run, tmp_path):
+    from megatron_mtp.convert.drop_mtp import drop_mtp
+    from megatron_mtp.convert.to_hf import export_to_hf
+    from megatron_mtp.inference.generate import load_generator
+
+    step, spellings = _spellings(trained_run)
+    exports = []
+    for name, path in spellings.items():
+        proc = run([sys.executable, "-m", "megatron_mtp", "eval", str(path), "--json", "--steps", "1"])
+        assert json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"] == str(step), name
+        out = export_to_hf(path, tmp_path / f"hf_{name}", mtp="none", dtype="fp32")
+        exports.append((out / "model.safetensors.index.json").read_text())
+        assert (drop_mtp(path, tmp_path / f"dropped_{name}") / "config.yaml").is_file()
+        assert load_generator(path).generate([1, 2, 3], max_new_tokens=2, ignore_eos=True).tokens
+    assert len(set(exports)) == 1
+
+
+def test_run_without_latest_uses_newest_complete_step_everywhere(trained_run, tmp_path, capsys):
+    from megatron_mtp.convert.to_hf import export_to_hf
+
+    copy = tmp_path / "run"
+    shutil.copytree(trained_run / "checkpoints", copy / "checkpoints")
+    step, _ = _spellings(copy)
+    (copy / "checkpoints" / "latest").unlink()
+    (copy / "checkpoints" / "step_9999999.tmp").mkdir()  # an interrupted save is never used
+    proc = run([sys.executable, "-m", "megatron_mtp", "eval", str(copy), "--json", "--steps", "1"])
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"] == str(step)
+    assert "using the newest complete checkpoint" in proc.stderr
+    export_to_hf(copy, tmp_path / "hf", mtp="none")
+    assert "using the newest complete checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["eval", "to-hf", "generate"])
+def test_a_path_without_checkpoint_is_one_sentence(tmp_path, command):
+    import subprocess
+
+    from tests.convert.helpers import env
+
+    argv = {"eval": ["eval", str(tmp_path)], "to-hf": ["convert", "to-hf", str(tmp_path), str(tmp_path / "o")],
+            "generate": ["generate", str(tmp_path), "--prompt", "x"]}[command]
+    proc = subprocess.run([sys.executable, "-m", "megatron_mtp", *argv], capture_output=True, text=True, env=env(),
+                          timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

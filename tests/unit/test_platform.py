@@ -1,0 +1,103 @@
+"""The CPU platform layer's assumptions about megatron-core and torch still hold.
+
+If a megatron-core upgrade moves a function we neutralise, these tests fail by name instead of
+training silently going down a different path.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+
+
+def test_patched_targets_exist():
+    from megatron_mtp.platform import cpu
+
+    assert cpu.check_assumptions() == []
+
+
+def test_no_te_targets_exist():
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.core.transformer import multi_latent_attention
+    from megatron.core.transformer.moe import moe_utils
+
+    assert hasattr(multi_latent_attention, "HAVE_TE")
+    assert hasattr(moe_utils, "router_gating_linear")
+    for name in ("_set_main_param_and_optimizer_states", "load_state_dict", "state_dict", "step_with_ready_grads"):
+        assert hasattr(DistributedOptimizer, name), name
+
+
+def test_megatron_core_version_in_tested_range():
+    from importlib.metadata import version
+
+    major, minor = (int(x) for x in version("megatron-core").split(".")[:2])
+    assert (major, minor) == (0, 16), "the platform layer is tested against megatron-core 0.16.x"
+
+
+def test_cpu_patches_redirect_cuda_placements():
+    # in a subprocess: the patches are process-wide
+    code = textwrap.dedent("""
+        import torch
+        from megatron_mtp.platform import setup
+        plat = setup("cpu")
+        assert plat.device == "cpu" and plat.backend == "gloo" and not plat.use_te
+        t = torch.zeros(3, device="cuda")
+        assert t.device.type == "cpu"
+        assert t.cuda().device.type == "cpu" and t.to("cuda").device.type == "cpu"
+        assert t.type() == "torch.cuda.FloatTensor"
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            pass
+        torch.cuda.synchronize()
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
+
+
+def test_checkpoint_writer_target_exists():
+    import importlib
+
+    from megatron_mtp.platform import checkpoint_writer
+
+    module_name, attr = checkpoint_writer.TARGET
+    assert hasattr(importlib.import_module(module_name), attr)
+
+
+def test_known_warnings_are_silenced_and_others_stay_visible():
+    import warnings
+
+    from megatron_mtp.platform.known_warnings import KNOWN_HARMLESS, silence_known_harmless
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        silence_known_harmless()
+        for known in KNOWN_HARMLESS:
+            text = known.message.replace("\\", "").replace("(reduce_scatter_tensor|all_gather_into_tensor)",
+                                                           "reduce_scatter_tensor")
+            warnings.warn_explicit(text + " (sample)", known.category, "x.py", 1,
+                                   module="megatron_mtp.platform.cpu")
+        warnings.warn_explicit("Apex is slow today", UserWarning, "x.py", 1, module="megatron.core.models.backends")
+        warnings.warn_explicit("The .grad attribute of a Tensor that is not a leaf Tensor (user code)", UserWarning,
+                               "x.py", 1, module="my_training_script")
+    assert [str(w.message) for w in caught] == [
+        "Apex is slow today", "The .grad attribute of a Tensor that is not a leaf Tensor (user code)"]
+
+
+def test_main_job_prints_no_warnings(tmp_path):
+    import os
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "megatron_mtp", "train", str(root / "configs" / "tiny_cpu.yaml"), "--run-dir",
+         str(tmp_path / "run"), "--max-steps", "1", "training.seq_length=32", "training.micro_batch_size=2", "training.global_batch_size=4",
+         "model.num_layers=2", "data.default_corpus_vocab_size=1024", "logging.tensorboard=false"],
+        capture_output=True, text=True, env=env, timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Warning" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
