@@ -23,11 +23,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("config", help="run config YAML (configs/tiny_cpu.yaml, ...)")
-    parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="dotted config overrides, applied after the YAML (write them right after CONFIG)")
+    parser.add_argument("overrides", nargs="*", metavar="key.path=value",
+                        help="dotted config overrides, applied after the YAML (write them right after CONFIG)")
     res = parser.add_argument_group("resources")
     res.add_argument("--nodes", type=int, default=1, help="nodes to allocate (default 1)")
     res.add_argument("--gpus-per-node", type=int, help="GPUs per node; one training process (task) runs per GPU")
-    res.add_argument("--cpu", action="store_true", help="CPU-only job: no GPUs requested, gloo backend, training.device=cpu")
+    res.add_argument("--cpu", action="store_true",
+                     help="CPU-only job: no GPUs requested, gloo backend, training.device=cpu")
     res.add_argument("--tasks-per-node", type=int, help="with --cpu: training processes per node (default 1)")
     res.add_argument("--cpus-per-task", type=int, help="CPU cores per training process (sets OMP_NUM_THREADS too)")
     slurm = parser.add_argument_group("slurm")
@@ -43,18 +45,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cont.add_argument("--container-image", help="container image for every rank (pyxis --container-image)")
     cont.add_argument("--container-mounts", action="append", default=[], metavar="SRC[:DST[:ro]],...",
                       help="host paths to mount into the container (repeatable); run dir and data must be under one")
-    cont.add_argument("--python", help="interpreter that runs megatron_mtp in the job (default: this one; 'python' in a container)")
+    cont.add_argument("--python",
+                      help="interpreter that runs megatron_mtp in the job "
+                           "(default: this one; 'python' in a container)")
     env = parser.add_argument_group("environment and resume")
     env.add_argument("--env", action="append", default=[], metavar="NAME=value",
                      help="environment variable for every rank (repeatable), e.g. NCCL_IB_HCA=mlx5")
     env.add_argument("--resume", choices=["requeue", "chain", "none"], default="requeue",
-                     help="after a save-and-exit: requeue the same job (default), let the next job of a --chain run, or stop")
+                     help="after a save-and-exit: requeue the same job (default), "
+                          "let the next job of a --chain run, or stop")
     env.add_argument("--chain", type=int, default=1, help="with --resume chain: number of dependent jobs to queue")
     env.add_argument("--signal-before", type=int, default=300, metavar="SECONDS",
                      help="ask Slurm for the save signal this many seconds before the time limit (default 300)")
-    env.add_argument("--max-restarts", type=int, default=50, help="stop requeueing after this many restarts (default 50)")
-    parser.add_argument("--run-dir", help="run directory on a filesystem all nodes share (default ./runs/<config name>)")
-    parser.add_argument("--dry-run", action="store_true", help="validate and print the job script; submit nothing, write nothing")
+    env.add_argument("--max-restarts", type=int, default=50,
+                     help="stop requeueing after this many restarts (default 50)")
+    parser.add_argument("--run-dir",
+                        help="run directory on a filesystem all nodes share (default ./runs/<config name>)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate and print the job script; submit nothing, write nothing")
     parser.set_defaults(func=run_submit)
 
 
@@ -64,7 +72,10 @@ def run_submit(args: argparse.Namespace) -> int:
 
     for item in args.overrides:
         if "=" not in item:
-            raise UserError(f"'{item}' is neither an option nor a key.path=value override; check the spelling of the command line")
+            raise UserError(
+                f"'{item}' is neither an option nor a key.path=value override; "
+                "check the spelling of the command line"
+            )
     request = SubmitRequest(
         config=args.config,
         overrides=list(args.overrides),
@@ -97,7 +108,10 @@ def run_submit(args: argparse.Namespace) -> int:
     result = submit(plan)
     ids = ", ".join(result.job_ids)
     print(f"submitted job {ids} ({plan.nodes} node(s) x {plan.tasks_per_node} task(s) = {plan.world_size} ranks)")
-    print(f"run directory:  {plan.run_dir} ({'resumes from ' + plan.resume_from if plan.resume_from else 'starts from scratch'})")
+    print(
+        f"run directory:  {plan.run_dir} "
+        f"({'resumes from ' + plan.resume_from if plan.resume_from else 'starts from scratch'})"
+    )
     print(f"job script:     {result.script_path}")
     print(f"batch log:      {result.batch_log.replace('JOBID', result.job_ids[0])}")
     print(f"rank logs:      {result.rank_logs.replace('JOBID', result.job_ids[0])}")

@@ -16,7 +16,10 @@ from typing import Optional
 
 from megatron_mtp.errors import UserError
 
-_FLAGS = {"ro", "rw", "rbind", "bind", "private", "rprivate", "slave", "rslave", "shared", "rshared", "x-create=file", "x-create=dir"}
+_FLAGS = {
+    "ro", "rw", "rbind", "bind", "private", "rprivate", "slave", "rslave", "shared", "rshared",
+    "x-create=file", "x-create=dir",
+}
 
 
 @dataclass(frozen=True)
@@ -45,11 +48,16 @@ def parse_mounts(items: list[str]) -> list[Mount]:
             target = parts[1] if len(parts) > 1 and parts[1] else source
             flags = parts[2] if len(parts) > 2 else ""
             if len(parts) == 2 and parts[1] in _FLAGS:  # SRC:FLAGS is not valid pyxis syntax
-                raise UserError(f"--container-mounts entry '{entry}' gives flags without a container path; write {source}:{source}:{parts[1]}")
+                raise UserError(
+                    f"--container-mounts entry '{entry}' gives flags without a container path; "
+                    f"write {source}:{source}:{parts[1]}"
+                )
             if not os.path.isabs(source) or not os.path.isabs(target):
                 raise UserError(f"--container-mounts entry '{entry}' must use absolute paths on both sides")
             if not os.path.exists(source):
-                raise UserError(f"--container-mounts source '{source}' does not exist on this machine; fix the path or create it")
+                raise UserError(
+                    f"--container-mounts source '{source}' does not exist on this machine; fix the path or create it"
+                )
             mounts.append(Mount(os.path.normpath(source), os.path.normpath(target), flags))
     return mounts
 

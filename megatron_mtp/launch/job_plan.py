@@ -27,7 +27,9 @@ ResumeMode = Literal["requeue", "chain", "none"]
 # Variables the job script itself sets for rendezvous; --env must not fight them.
 RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_DEPENDENCY_ITEM = re.compile(r"^(singleton|(after|afterany|afterok|afternotok|aftercorr|afterburstbuffer)(:\d+(_\d+)?(\+\d+)?)+)$")
+_DEPENDENCY_ITEM = re.compile(
+    r"^(singleton|(after|afterany|afterok|afternotok|aftercorr|afterburstbuffer)(:\d+(_\d+)?(\+\d+)?)+)$"
+)
 _SAFE_WORD = re.compile(r"^[A-Za-z0-9_.,:@%+=/-]+$")
 
 
@@ -139,7 +141,10 @@ def build_plan(request: SubmitRequest) -> JobPlan:
 
     mounts = parse_mounts(request.container_mounts)
     if mounts and not request.container_image:
-        raise UserError("--container-mounts was given without --container-image; name the container image to run in (e.g. --container-image nvcr.io/nvidia/pytorch:25.09-py3)")
+        raise UserError(
+            "--container-mounts was given without --container-image; name the container image to run in "
+            "(e.g. --container-image nvcr.io/nvidia/pytorch:25.09-py3)"
+        )
     job_cfg, job_run_dir, job_workdir = cfg, run_dir, workdir
     if request.container_image:
         job_cfg, job_run_dir, job_workdir = _into_container(cfg, run_dir, workdir, mounts)
@@ -186,42 +191,65 @@ def _resources(request: SubmitRequest) -> tuple[int, Optional[int]]:
         raise UserError(f"--nodes is {request.nodes}; ask for at least one node")
     if request.cpu:
         if request.gpus_per_node is not None:
-            raise UserError("--cpu and --gpus-per-node contradict each other; use --cpu --tasks-per-node N for CPU (gloo) jobs or --gpus-per-node G for GPU jobs")
+            raise UserError(
+                "--cpu and --gpus-per-node contradict each other; use --cpu --tasks-per-node N for CPU (gloo) jobs "
+                "or --gpus-per-node G for GPU jobs"
+            )
         tasks = 1 if request.tasks_per_node is None else request.tasks_per_node
         if tasks < 1:
             raise UserError(f"--tasks-per-node is {tasks}; run at least one task per node")
         return tasks, None
     if request.gpus_per_node is None:
-        raise UserError("say how many GPUs each node has with --gpus-per-node G (one training process runs per GPU), or pass --cpu for a CPU (gloo) job")
+        raise UserError(
+            "say how many GPUs each node has with --gpus-per-node G (one training process runs per GPU), "
+            "or pass --cpu for a CPU (gloo) job"
+        )
     if request.gpus_per_node < 1:
-        raise UserError(f"--gpus-per-node is {request.gpus_per_node}; give at least 1, or pass --cpu for a CPU (gloo) job")
+        raise UserError(
+            f"--gpus-per-node is {request.gpus_per_node}; give at least 1, or pass --cpu for a CPU (gloo) job"
+        )
     if request.tasks_per_node is not None and request.tasks_per_node != request.gpus_per_node:
-        raise UserError("--tasks-per-node is only for --cpu jobs; GPU jobs always run one task per GPU, so drop it or make it equal to --gpus-per-node")
+        raise UserError(
+            "--tasks-per-node is only for --cpu jobs; GPU jobs always run one task per GPU, "
+            "so drop it or make it equal to --gpus-per-node"
+        )
     return request.gpus_per_node, request.gpus_per_node
 
 
 def _check_words(request: SubmitRequest) -> None:
     for flag, value in (("--partition", request.partition), ("--account", request.account), ("--qos", request.qos)):
         if value is not None and not _SAFE_WORD.match(value):
-            raise UserError(f"{flag} '{value}' has characters Slurm does not accept there; use the plain name (letters, digits, '_', '-', ',')")
+            raise UserError(
+                f"{flag} '{value}' has characters Slurm does not accept there; "
+                "use the plain name (letters, digits, '_', '-', ',')"
+            )
     if request.job_name is not None and (not request.job_name or not re.match(r"^[A-Za-z0-9_.+-]+$", request.job_name)):
         raise UserError(f"--job-name '{request.job_name}' must be a non-empty word of letters, digits and . _ + -")
     if request.dependency is not None:
         for item in re.split(r"[,?]", request.dependency):
             if not _DEPENDENCY_ITEM.match(item):
-                raise UserError(f"--dependency '{request.dependency}' is not a Slurm dependency; use forms like afterok:123456, afterany:12:34 or singleton")
+                raise UserError(
+                    f"--dependency '{request.dependency}' is not a Slurm dependency; "
+                    "use forms like afterok:123456, afterany:12:34 or singleton"
+                )
     if request.cpus_per_task is not None and request.cpus_per_task < 1:
         raise UserError(f"--cpus-per-task is {request.cpus_per_task}; give at least 1")
     for arg in request.sbatch_args:
         if not arg.startswith("--") or "\n" in arg or not arg[2:3].isalpha():
             raise UserError(f"--sbatch-arg '{arg}' must be one long sbatch option such as --exclusive or --mem=0")
-    if request.container_image is not None and (not request.container_image.strip() or any(c.isspace() for c in request.container_image)):
-        raise UserError(f"--container-image '{request.container_image}' must be an image name or .sqsh path without spaces")
+    if request.container_image is not None and (
+        not request.container_image.strip() or any(c.isspace() for c in request.container_image)
+    ):
+        raise UserError(
+            f"--container-image '{request.container_image}' must be an image name or .sqsh path without spaces"
+        )
 
 
 def _check_signal(request: SubmitRequest, time_seconds: Optional[int]) -> None:
     if not 10 <= request.signal_before <= 65535:
-        raise UserError(f"--signal-before is {request.signal_before} s; Slurm accepts 10..65535 seconds before the time limit")
+        raise UserError(
+            f"--signal-before is {request.signal_before} s; Slurm accepts 10..65535 seconds before the time limit"
+        )
     if time_seconds is not None and request.signal_before >= time_seconds:
         raise UserError(
             f"--signal-before {request.signal_before} s is not shorter than --time {request.time} "
@@ -247,7 +275,10 @@ def _parse_env(items: list[str]) -> dict[str, str]:
         if not sep or not _ENV_KEY.match(key):
             raise UserError(f"--env '{item}' must look like NAME=value with NAME a shell variable name")
         if key in RESERVED_ENV:
-            raise UserError(f"--env {key} is set by the job from the Slurm environment; drop it (the job derives {', '.join(RESERVED_ENV)})")
+            raise UserError(
+                f"--env {key} is set by the job from the Slurm environment; drop it "
+                f"(the job derives {', '.join(RESERVED_ENV)})"
+            )
         if "\n" in value:
             raise UserError(f"--env {key} holds a newline; give a one-line value")
         env[key] = value
@@ -260,11 +291,20 @@ def _parse_env(items: list[str]) -> dict[str, str]:
 def _check_device(cfg: Config, cpu: bool) -> None:
     if cpu:
         if cfg.training.device == "cuda":
-            raise UserError("the config sets training.device=cuda but the job was submitted with --cpu; drop --cpu and give --gpus-per-node, or override training.device=cpu")
+            raise UserError(
+                "the config sets training.device=cuda but the job was submitted with --cpu; "
+                "drop --cpu and give --gpus-per-node, or override training.device=cpu"
+            )
         if cfg.parallel.backend == "nccl":
-            raise UserError("the config sets parallel.backend=nccl but --cpu jobs have no GPUs; override parallel.backend=gloo (or auto)")
+            raise UserError(
+                "the config sets parallel.backend=nccl but --cpu jobs have no GPUs; "
+                "override parallel.backend=gloo (or auto)"
+            )
     elif cfg.training.device == "cpu":
-        raise UserError("the config sets training.device=cpu but GPUs were requested with --gpus-per-node; submit with --cpu --tasks-per-node N instead")
+        raise UserError(
+            "the config sets training.device=cpu but GPUs were requested with --gpus-per-node; "
+            "submit with --cpu --tasks-per-node N instead"
+        )
 
 
 def _check_layout(cfg: Config, nodes: int, tasks_per_node: int) -> None:
@@ -273,20 +313,33 @@ def _check_layout(cfg: Config, nodes: int, tasks_per_node: int) -> None:
     where = f"{nodes} node(s) × {tasks_per_node} task(s) = {world} processes"
     p = cfg.parallel
     if p.world_size is not None and p.world_size != world:
-        raise UserError(f"the config expects parallel.world_size={p.world_size} but the job has {where}; change --nodes/--gpus-per-node or the config")
+        raise UserError(
+            f"the config expects parallel.world_size={p.world_size} but the job has {where}; "
+            "change --nodes/--gpus-per-node or the config"
+        )
     model = p.tensor * p.pipeline
     if world % model:
-        raise UserError(f"{where} is not a multiple of tensor × pipeline = {p.tensor} × {p.pipeline} = {model}; change --nodes/--gpus-per-node or parallel.tensor/pipeline")
+        raise UserError(
+            f"{where} is not a multiple of tensor × pipeline = {p.tensor} × {p.pipeline} = {model}; "
+            "change --nodes/--gpus-per-node or parallel.tensor/pipeline"
+        )
     expert_group = p.tensor * p.expert * p.pipeline
     if world % expert_group:
-        raise UserError(f"{where} is not a multiple of tensor × expert × pipeline = {expert_group}; change --nodes/--gpus-per-node or parallel.expert")
+        raise UserError(
+            f"{where} is not a multiple of tensor × expert × pipeline = {expert_group}; "
+            "change --nodes/--gpus-per-node or parallel.expert"
+        )
     if cfg.model.num_experts and cfg.model.num_experts % p.expert:
-        raise UserError(f"model.num_experts={cfg.model.num_experts} does not split over parallel.expert={p.expert} ranks; pick an expert-parallel size that divides it")
+        raise UserError(
+            f"model.num_experts={cfg.model.num_experts} does not split over parallel.expert={p.expert} ranks; "
+            "pick an expert-parallel size that divides it"
+        )
     dp = world // model
     t = cfg.training
     if t.global_batch_size % (t.micro_batch_size * dp):
         raise UserError(
-            f"training.global_batch_size={t.global_batch_size} is not a multiple of micro_batch_size × data-parallel size = "
+            f"training.global_batch_size={t.global_batch_size} is not a multiple of "
+            "micro_batch_size × data-parallel size = "
             f"{t.micro_batch_size} × {dp} with {where}; change the batch sizes or the job size"
         )
 
@@ -299,13 +352,22 @@ def _check_data_paths(cfg: Config) -> None:
                 continue
             missing = [ext for ext in (".bin", ".idx") if not os.path.exists(prefix + ext)]
             if missing:
-                raise UserError(f"{key} entry '{prefix}' has no {' or '.join(prefix + m for m in missing)} on this machine; run `megatron-mtp preprocess` or fix the path (the job's nodes must see it too)")
+                raise UserError(
+                    f"{key} entry '{prefix}' has no {' or '.join(prefix + m for m in missing)} on this machine; "
+                    "run `megatron-mtp preprocess` or fix the path (the job's nodes must see it too)"
+                )
     if d.tokenizer is not None and not os.path.exists(d.tokenizer):
-        raise UserError(f"data.tokenizer '{d.tokenizer}' does not exist; point it at a tokenizer.json or a directory holding one")
+        raise UserError(
+            f"data.tokenizer '{d.tokenizer}' does not exist; point it at a tokenizer.json or a directory holding one"
+        )
     if d.cache_dir is not None and not _creatable(d.cache_dir):
-        raise UserError(f"data.cache_dir '{d.cache_dir}' cannot be created or written; choose a writable shared directory")
+        raise UserError(
+            f"data.cache_dir '{d.cache_dir}' cannot be created or written; choose a writable shared directory"
+        )
     if cfg.checkpoint.load is not None and not os.path.exists(cfg.checkpoint.load):
-        raise UserError(f"checkpoint.load '{cfg.checkpoint.load}' does not exist; give an existing checkpoint or run directory")
+        raise UserError(
+            f"checkpoint.load '{cfg.checkpoint.load}' does not exist; give an existing checkpoint or run directory"
+        )
 
 
 def _creatable(path: str) -> bool:
@@ -323,7 +385,10 @@ def _check_run_dir(run_dir: str) -> None:
     if os.path.exists(run_dir) and not os.path.isdir(run_dir):
         raise UserError(f"run directory '{run_dir}' is a file; give --run-dir a directory path")
     if not _creatable(run_dir):
-        raise UserError(f"run directory '{run_dir}' cannot be created or written by you; give --run-dir a writable (shared) directory")
+        raise UserError(
+            f"run directory '{run_dir}' cannot be created or written by you; "
+            "give --run-dir a writable (shared) directory"
+        )
 
 
 def _check_resume_point(run_dir: str, cfg: Config) -> Optional[str]:
@@ -345,7 +410,10 @@ def _check_resume_point(run_dir: str, cfg: Config) -> Optional[str]:
 def _check_python(python: str) -> str:
     found = shutil.which(python)
     if found is None:
-        raise UserError(f"--python '{python}' is not an executable on this machine; give the interpreter that has megatron_mtp installed")
+        raise UserError(
+            f"--python '{python}' is not an executable on this machine; "
+            "give the interpreter that has megatron_mtp installed"
+        )
     return os.path.abspath(found) if os.sep in python else python
 
 
@@ -359,11 +427,18 @@ def _into_container(cfg: Config, run_dir: str, workdir: str, mounts: list[Mount]
     def inside(path: str, what: str, writable: bool = False) -> str:
         target = container_path(path, mounts, home)
         if target is None:
-            raise UserError(f"{what} '{path}' is not under any --container-mounts source, so the job could not see it; add a mount such as {os.path.dirname(os.path.abspath(path))}:{os.path.dirname(os.path.abspath(path))}")
+            raise UserError(
+                f"{what} '{path}' is not under any --container-mounts source, so the job could not see it; "
+                f"add a mount such as {os.path.dirname(os.path.abspath(path))}:"
+                f"{os.path.dirname(os.path.abspath(path))}"
+            )
         if writable:
             for m in mounts:
                 if "ro" in m.flags.split("+") and (os.path.abspath(path) + "/").startswith(m.source.rstrip("/") + "/"):
-                    raise UserError(f"{what} '{path}' is under the read-only mount {m.spec()}; the job must write there, so mount it read-write")
+                    raise UserError(
+                        f"{what} '{path}' is under the read-only mount {m.spec()}; "
+                        "the job must write there, so mount it read-write"
+                    )
         return target
 
     job_cfg = copy.deepcopy(cfg)

@@ -46,7 +46,11 @@ def _header(plan: JobPlan) -> list[str]:
         "chain": f"is one of a chain of {plan.chain} dependent jobs; the next one resumes after a save-and-exit",
         "none": "does not resume by itself; resubmit it to continue",
     }[plan.resume]
-    devices = f"{plan.gpus_per_node} GPU(s), one task per GPU" if not plan.cpu else f"CPU only, {plan.tasks_per_node} task(s), gloo"
+    devices = (
+        f"{plan.gpus_per_node} GPU(s), one task per GPU"
+        if not plan.cpu
+        else f"CPU only, {plan.tasks_per_node} task(s), gloo"
+    )
     return [
         "#!/bin/bash",
         f"# megatron-mtp training job, written by `megatron-mtp submit` at {stamp}.",
@@ -69,7 +73,13 @@ def _directives(plan: JobPlan) -> list[str]:
         lines.append(f"#SBATCH --gpus-per-node={plan.gpus_per_node}")
     if plan.cpus_per_task is not None:
         lines.append(f"#SBATCH --cpus-per-task={plan.cpus_per_task}")
-    for flag, value in (("time", plan.time), ("partition", plan.partition), ("account", plan.account), ("qos", plan.qos), ("dependency", plan.dependency)):
+    for flag, value in (
+        ("time", plan.time),
+        ("partition", plan.partition),
+        ("account", plan.account),
+        ("qos", plan.qos),
+        ("dependency", plan.dependency),
+    ):
         if value:
             lines.append(f"#SBATCH --{flag}={value}")
     lines += [
@@ -131,7 +141,8 @@ def _signals() -> list[str]:
         f"# all ranks save a checkpoint together and exit {EXIT_RESUME}.",
         'SRUN_PID=""',
         "SIGNALLED=\"\"",
-        'forward() { SIGNALLED=$1; say "received SIG$1; asking the trainer to save and exit"; [ -n "$SRUN_PID" ] && kill -s "$1" "$SRUN_PID" 2>/dev/null; }',
+        'forward() { SIGNALLED=$1; say "received SIG$1; asking the trainer to save and exit"; '
+        '[ -n "$SRUN_PID" ] && kill -s "$1" "$SRUN_PID" 2>/dev/null; }',
         "trap 'forward USR1' USR1",
         "trap 'forward TERM' TERM",
         "",
@@ -155,7 +166,10 @@ def _launch(plan: JobPlan) -> list[str]:
         "'export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID "
         "LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE; exec \"$@\"' rank-env"
     )
-    train = [shlex.quote(plan.python), "-m", "megatron_mtp", "train", shlex.quote(plan.job_snapshot_path), "--run-dir", shlex.quote(plan.job_run_dir)]
+    train = [
+        shlex.quote(plan.python), "-m", "megatron_mtp", "train", shlex.quote(plan.job_snapshot_path),
+        "--run-dir", shlex.quote(plan.job_run_dir),
+    ]
     lines = [
         "# ---- Launch: one task per rank; each maps the Slurm task ids to torch.distributed's names.",
         "# srun writes the rank logs on the host side (outside any container).",
@@ -180,7 +194,8 @@ def _outcome(plan: JobPlan) -> list[str]:
         chain = f"{plan.run_dir}/slurm/{CHAIN_FILE}"
         lines += [
             "cancel_rest_of_chain() {",
-            f"    local later; later=$(awk -v me=\"$SLURM_JOB_ID\" 'seen {{print}} $1 == me {{seen = 1}}' {shlex.quote(chain)} 2>/dev/null | tr '\\n' ' ')",
+            f"    local later; later=$(awk -v me=\"$SLURM_JOB_ID\" 'seen {{print}} $1 == me {{seen = 1}}' "
+            f"{shlex.quote(chain)} 2>/dev/null | tr '\\n' ' ')",
             '    if [ -n "$later" ]; then say "cancelling the rest of the chain: $later"; scancel $later; fi',
             "}",
         ]
@@ -191,10 +206,12 @@ def _outcome(plan: JobPlan) -> list[str]:
     if plan.resume == "requeue":
         lines += [
             f'    if [ "$RESTART" -ge {plan.max_restarts} ]; then',
-            f'        say "checkpoint saved; not requeueing: already restarted {plan.max_restarts} time(s) (--max-restarts)"; exit {EXIT_RESUME}',
+            f'        say "checkpoint saved; not requeueing: already restarted {plan.max_restarts} time(s) '
+            f'(--max-restarts)"; exit {EXIT_RESUME}',
             "    fi",
             '    say "checkpoint saved; requeueing job ${SLURM_JOB_ID} (restart $((RESTART + 1)))"',
-            '    scontrol requeue "$SLURM_JOB_ID" || { say "scontrol requeue failed; resubmit this script to continue"; exit ' + str(EXIT_RESUME) + "; }",
+            '    scontrol requeue "$SLURM_JOB_ID" || '
+            '{ say "scontrol requeue failed; resubmit this script to continue"; exit ' + str(EXIT_RESUME) + "; }",
             "    exit 0 ;;",
         ]
     elif plan.resume == "chain":
@@ -207,7 +224,8 @@ def _outcome(plan: JobPlan) -> list[str]:
         lines += [
             "  *)",
             f'    if [ -n "$SIGNALLED" ] && [ "$RESTART" -lt {plan.max_restarts} ]; then',
-            '        say "training ended with exit code $RC after SIG$SIGNALLED; requeueing to resume from the latest complete checkpoint"',
+            '        say "training ended with exit code $RC after SIG$SIGNALLED; '
+            'requeueing to resume from the latest complete checkpoint"',
             '        scontrol requeue "$SLURM_JOB_ID" && exit 0',
             "    fi",
             '    say "training failed with exit code $RC; see the per-rank logs"',

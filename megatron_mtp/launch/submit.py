@@ -26,7 +26,10 @@ from megatron_mtp.errors import UserError
 from megatron_mtp.launch.job_plan import JobPlan
 from megatron_mtp.launch.sbatch_script import CHAIN_FILE, render_sbatch
 
-_ACTIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT"}
+_ACTIVE_STATES = {
+    "PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED",
+    "RESIZING", "SIGNALING", "STAGE_OUT",
+}
 
 
 @dataclass
@@ -47,7 +50,10 @@ def submit(plan: JobPlan, sbatch: str = "sbatch") -> SubmitResult:
     """Write the snapshot and script, submit (a chain of) job(s), record the job ids."""
     sbatch_path = shutil.which(sbatch)
     if sbatch_path is None:
-        raise UserError(f"'{sbatch}' was not found on PATH; run submit on a Slurm login node, or use --dry-run to only print the job script")
+        raise UserError(
+            f"'{sbatch}' was not found on PATH; run submit on a Slurm login node, "
+            "or use --dry-run to only print the job script"
+        )
     slurm_dir = os.path.join(plan.run_dir, "slurm")
     _refuse_if_active(slurm_dir)
 
@@ -105,7 +111,10 @@ def submit(plan: JobPlan, sbatch: str = "sbatch") -> SubmitResult:
 def _sbatch(sbatch_path: str, extra: list[str], script: str) -> str:
     proc = subprocess.run([sbatch_path, "--parsable", *extra, script], capture_output=True, text=True)
     if proc.returncode != 0:
-        message = " ".join(line.strip() for line in proc.stderr.splitlines() if line.strip()) or f"exit code {proc.returncode}"
+        message = (
+            " ".join(line.strip() for line in proc.stderr.splitlines() if line.strip())
+            or f"exit code {proc.returncode}"
+        )
         raise UserError(f"sbatch refused the job ({message}); fix the Slurm options and submit again")
     job_id = proc.stdout.strip().split(";")[0]
     if not job_id.isdigit():

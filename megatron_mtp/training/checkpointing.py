@@ -65,7 +65,8 @@ def _sharded_state_dict(components: Components, state: TrainState, with_optimize
         "train_state": vars(state).copy(),
     }
     if with_optimizer:
-        sd["optimizer"] = components.optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=OPTIMIZER_METADATA)
+        sd["optimizer"] = components.optimizer.sharded_state_dict(model_sd, is_loading=is_loading,
+                                                                  metadata=OPTIMIZER_METADATA)
         sd["scheduler"] = components.scheduler.state_dict()
     return sd
 

@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     e.add_argument("overrides", nargs="*", metavar="key.path=value", help="dotted config overrides")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.add_argument("--text-file", help="evaluate on this plain text file instead of the validation split")
-    e.add_argument("--steps", type=int, default=None, help="global batches of the validation split (default: logging.eval_steps)")
+    e.add_argument("--steps", type=int, default=None,
+                   help="global batches of the validation split (default: logging.eval_steps)")
     e.set_defaults(func=run_eval)
 
 

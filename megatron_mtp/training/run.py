@@ -31,7 +31,9 @@ def train_main(cfg: Config, run_dir: Path) -> int:
         if ranks.rank == 0:
             _write_resolved_config(session.cfg, run_dir)
             restart = os.environ.get("SLURM_RESTART_COUNT")
-            where = f"resumed from {session.loaded_from} at step {session.state.step}" if session.loaded_from else "from scratch"
+            where = "from scratch"
+            if session.loaded_from:
+                where = f"resumed from {session.loaded_from} at step {session.state.step}"
             if session.resume_note:
                 print(f"megatron-mtp train: note: {session.resume_note}", flush=True)
             print(f"megatron-mtp train: run {session.cfg.name} in {run_dir} on {session.platform.device}/"
@@ -113,7 +115,8 @@ def eval_main(path: str, overrides: list[str], as_json: bool, text_file: str | N
             else:
                 print(f"checkpoint {ckpt}")
                 print(f"tokens evaluated  {result['tokens']}")
-                print(f"lm_loss           {result['lm_loss']:.6f} (perplexity {math.exp(min(result['lm_loss'], 50)):.3f})")
+                ppl = math.exp(min(result["lm_loss"], 50))
+                print(f"lm_loss           {result['lm_loss']:.6f} (perplexity {ppl:.3f})")
                 for k, (loss, acc) in enumerate(zip(result["mtp_loss"], result["mtp_acceptance"]), start=1):
                     print(f"mtp depth {k}       loss {loss:.6f}  acceptance {acc:.4f}")
         sys.stdout.flush()

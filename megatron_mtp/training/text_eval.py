@@ -17,7 +17,8 @@ from megatron_mtp.errors import UserError
 def text_file_batches(session, text_file: str):
     cfg, ranks = session.cfg, session.ranks
     if session.tokenizer is None:
-        raise UserError(f"checkpoint {session.loaded_from} has no tokenizer/ directory, so --text-file cannot be tokenized")
+        raise UserError(f"checkpoint {session.loaded_from} has no tokenizer/ directory, so --text-file cannot be "
+                        "tokenized")
     path = Path(text_file)
     try:
         text = path.read_text(encoding="utf-8")

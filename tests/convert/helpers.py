@@ -22,7 +22,8 @@ def env(**extra: str) -> dict:
 def run(cmd: list[str], timeout: int = 600, **extra: str) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, cwd=REPO, env=env(**extra), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                             f"{proc.stderr[-5000:]}")
     return proc
 
 

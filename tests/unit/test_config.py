@@ -20,7 +20,8 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 def test_yaml_then_overrides_in_order(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("model:\n  num_layers: 6\ntraining:\n  max_steps: 5\n")
-    cfg = load_config(str(path), ["training.max_steps=7", "training.max_steps=9", "mtp.loss_weight_schedule=[[0, 0.3], [100, 0.1]]"])
+    cfg = load_config(str(path), ["training.max_steps=7", "training.max_steps=9",
+                                  "mtp.loss_weight_schedule=[[0, 0.3], [100, 0.1]]"])
     assert cfg.model.num_layers == 6
     assert cfg.training.max_steps == 9
     assert cfg.mtp.loss_weight_schedule == [(0, 0.3), (100, 0.1)]

@@ -30,7 +30,8 @@ def _layer_sizes(cfg: Config) -> LayerSizes:
         q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * n * qk
     else:
         q = h * n * qk
-    kv = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank + m.kv_lora_rank * n * (m.qk_head_dim + m.v_head_dim)
+    kv_down = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank  # projection + its norm
+    kv = kv_down + m.kv_lora_rank * n * (m.qk_head_dim + m.v_head_dim)
     attention = q + kv + n * m.v_head_dim * h
     expert = 3 * h * m.moe_ffn_hidden_size
     shared = 3 * h * m.moe_ffn_hidden_size * m.num_shared_experts
