@@ -98,7 +98,9 @@ class TorchDistReader:
             for chunk in meta.chunks:
                 info = storage.get(key, {}).get(tuple(chunk.offsets))
                 if info is None:
-                    raise UserError(f"checkpoint '{self.path}' lists a chunk of '{key}' with no stored data; it is damaged")
+                    raise UserError(
+                        f"checkpoint '{self.path}' lists a chunk of '{key}' with no stored data; it is damaged"
+                    )
                 entry.chunks.append(
                     Chunk(tuple(chunk.offsets), tuple(chunk.sizes), info.relative_path, info.offset, info.length)
                 )
@@ -128,7 +130,9 @@ class TorchDistReader:
                 raise UserError(f"shard file '{file}' is missing; the checkpoint is incomplete")
             size = file.stat().st_size
             if size < end:
-                raise UserError(f"shard file '{file}' is truncated ({size} bytes, needs {end}); the checkpoint is damaged")
+                raise UserError(
+                    f"shard file '{file}' is truncated ({size} bytes, needs {end}); the checkpoint is damaged"
+                )
 
     # -- lookup -------------------------------------------------------------------------------
     def keys(self) -> list[str]:
@@ -195,9 +199,13 @@ class TorchDistReader:
         try:
             tensor = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
         except Exception as exc:
-            raise UserError(f"a chunk of '{key}' in '{self.path / chunk.file}' cannot be decoded ({type(exc).__name__})") from None
+            raise UserError(
+                f"a chunk of '{key}' in '{self.path / chunk.file}' cannot be decoded ({type(exc).__name__})"
+            ) from None
         if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != chunk.sizes:
-            raise UserError(f"a chunk of '{key}' in '{self.path / chunk.file}' does not have its recorded shape {chunk.sizes}")
+            raise UserError(
+                f"a chunk of '{key}' in '{self.path / chunk.file}' does not have its recorded shape {chunk.sizes}"
+            )
         return tensor
 
     def read(self, key: str, rows: Optional[tuple[int, int]] = None) -> torch.Tensor:
@@ -225,7 +233,9 @@ class TorchDistReader:
             target.copy_(data)
             filled += data.numel()
         if filled != out.numel():
-            raise UserError(f"'{key}' rows {start}:{stop} are not fully stored in '{self.path}'; the checkpoint is incomplete")
+            raise UserError(
+                f"'{key}' rows {start}:{stop} are not fully stored in '{self.path}'; the checkpoint is incomplete"
+            )
         return out
 
     def close(self) -> None:

@@ -72,7 +72,9 @@ class TorchDistWriter:
         self._fh.write(blob)
         offsets_size = torch.Size(offsets)
         meta.chunks.append(ChunkStorageMetadata(offsets=offsets_size, sizes=torch.Size(sizes)))
-        self._storage[MetadataIndex(key, offsets_size, len(meta.chunks) - 1)] = _StorageInfo(DATA_FILE, start, len(blob))
+        self._storage[MetadataIndex(key, offsets_size, len(meta.chunks) - 1)] = _StorageInfo(
+            DATA_FILE, start, len(blob)
+        )
         self._covered[key] += int(torch.Size(sizes).numel())
 
     def write_tensor(self, key: str, tensor: torch.Tensor) -> None:
@@ -109,7 +111,12 @@ class TorchDistWriter:
         torch.save(common or {}, self.out_dir / "common.pt")
         (self.out_dir / "metadata.json").write_text(
             json.dumps(
-                {"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch", "common_backend_version": 1}
+                {
+                    "sharded_backend": "torch_dist",
+                    "sharded_backend_version": 1,
+                    "common_backend": "torch",
+                    "common_backend_version": 1,
+                }
             )
         )
 

@@ -157,7 +157,9 @@ def apply_override(data: dict[str, Any], cls: type, override: str) -> None:
         fields = {f.name: f for f in dataclasses.fields(node_cls)}
         walked.append(key)
         if key not in fields:
-            raise UserError(f"unknown config key '{'.'.join(walked)}' in override '{override}'{_closest(key, list(fields))}")
+            raise UserError(
+                f"unknown config key '{'.'.join(walked)}' in override '{override}'{_closest(key, list(fields))}"
+            )
         if i == len(keys) - 1:
             node[key] = value
             return

@@ -18,13 +18,19 @@ def register(subparsers) -> None:
         "indexed dataset. Each line becomes one document. Output is written to temporary names and "
         "renamed at the end; it is identical for any --workers.",
     )
-    p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="JSONL files (plain or .gz), read in the given order")
-    p.add_argument("--tokenizer", required=True, metavar="PATH", help="tokenizer.json, or a directory holding one (an HF model dir works)")
-    p.add_argument("--output-prefix", required=True, metavar="PREFIX", help="write PREFIX.bin, PREFIX.idx and PREFIX.meta.json")
+    p.add_argument("--input", nargs="+", required=True, metavar="FILE",
+                   help="JSONL files (plain or .gz), read in the given order")
+    p.add_argument("--tokenizer", required=True, metavar="PATH",
+                   help="tokenizer.json, or a directory holding one (an HF model dir works)")
+    p.add_argument("--output-prefix", required=True, metavar="PREFIX",
+                   help="write PREFIX.bin, PREFIX.idx and PREFIX.meta.json")
     p.add_argument("--text-key", default="text", help="JSON key holding the document text (default: text)")
-    p.add_argument("--workers", type=int, default=None, metavar="N", help="tokenizing processes (default: the CPUs available)")
-    p.add_argument("--append-eod", action="store_true", help="append the tokenizer's end-of-document token to every document")
-    p.add_argument("--skip-bad-lines", action="store_true", help="skip (and count) malformed lines instead of stopping at the first")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="tokenizing processes (default: the CPUs available)")
+    p.add_argument("--append-eod", action="store_true",
+                   help="append the tokenizer's end-of-document token to every document")
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="skip (and count) malformed lines instead of stopping at the first")
     p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     p.set_defaults(func=run_preprocess)
 
@@ -87,5 +93,8 @@ def run_tokenizer_train(args: argparse.Namespace) -> int:
             os.replace(os.path.join(tmp, name), os.path.join(args.output, name))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"wrote a byte-level BPE tokenizer ({tok.vocab_size} tokens, EOD id {tok.eod_id}, BOS id {tok.bos_id}) to {args.output}")
+    print(
+        f"wrote a byte-level BPE tokenizer ({tok.vocab_size} tokens, EOD id {tok.eod_id}, BOS id {tok.bos_id}) "
+        f"to {args.output}"
+    )
     return 0

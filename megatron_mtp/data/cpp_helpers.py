@@ -62,8 +62,14 @@ def _compile(source: str, target: str) -> None:
     try:
         result = subprocess.run(cmd, capture_output=True, text=True)
     except FileNotFoundError:
-        raise UserError(f"megatron-core's dataset helpers need compiling but the C++ compiler '{cmd[0]}' is not installed; install g++ or set $CXX") from None
+        raise UserError(
+            f"megatron-core's dataset helpers need compiling but the C++ compiler '{cmd[0]}' is not installed; "
+            "install g++ or set $CXX"
+        ) from None
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise UserError(f"compiling megatron-core's dataset helpers failed ({tail[0]}); check g++ and the Python headers, or install a megatron-core wheel")
+        raise UserError(
+            f"compiling megatron-core's dataset helpers failed ({tail[0]}); "
+            "check g++ and the Python headers, or install a megatron-core wheel"
+        )
     os.replace(tmp, target)

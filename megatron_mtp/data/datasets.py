@@ -129,21 +129,29 @@ def _tokenizer_from_meta(prefixes: list[str]) -> str:
         (path,) = recorded
         if path and os.path.exists(path):
             return path
-    raise UserError("data.tokenizer is not set and the datasets do not record one tokenizer that still exists; set data.tokenizer to the tokenizer the data was preprocessed with")
+    raise UserError(
+        "data.tokenizer is not set and the datasets do not record one tokenizer that still exists; "
+        "set data.tokenizer to the tokenizer the data was preprocessed with"
+    )
 
 
 def _check_weights(name: str, weights: Optional[list[float]], prefixes: list[str], paths_name: str) -> None:
     if weights is None:
         return
     if len(weights) != len(prefixes):
-        raise UserError(f"data.{name} has {len(weights)} entries but data.{paths_name} has {len(prefixes)}; give one weight per path")
+        raise UserError(
+            f"data.{name} has {len(weights)} entries but data.{paths_name} has {len(prefixes)}; "
+            "give one weight per path"
+        )
     if any(w < 0 or not math.isfinite(w) for w in weights) or sum(weights) <= 0:
         raise UserError(f"data.{name} is {weights}; weights must be finite, non-negative and not all zero")
 
 
 def _split_vector(split: str) -> list[float]:
     if not _SPLIT_RE.match(split):
-        raise UserError(f"data.split is '{split}'; write up to three comma-separated non-negative numbers such as '98,2,0'")
+        raise UserError(
+            f"data.split is '{split}'; write up to three comma-separated non-negative numbers such as '98,2,0'"
+        )
     parts = [float(x) for x in split.split(",")] + [0.0, 0.0]
     parts = parts[:3]
     if sum(parts) <= 0 or parts[0] <= 0:
@@ -164,9 +172,15 @@ def _check_prefix(prefix: str, tok: Tokenizer) -> IndexInfo:
             )
     fingerprint = meta_tok.get("fingerprint")
     if fingerprint and fingerprint != tok.fingerprint():
-        warnings.warn(f"dataset '{prefix}' was tokenised with a different tokenizer file than '{tok.source}' (same vocab size and EOD)")
+        warnings.warn(
+            f"dataset '{prefix}' was tokenised with a different tokenizer file than '{tok.source}' "
+            "(same vocab size and EOD)"
+        )
     if info.tokens and info.dtype().itemsize == 2 and tok.vocab_size > 65536:
-        raise UserError(f"dataset '{prefix}' stores 16-bit token ids but tokenizer '{tok.source}' has {tok.vocab_size} tokens; it was made with another tokenizer, re-run preprocess")
+        raise UserError(
+            f"dataset '{prefix}' stores 16-bit token ids but tokenizer '{tok.source}' has {tok.vocab_size} tokens; "
+            "it was made with another tokenizer, re-run preprocess"
+        )
     return info
 
 
@@ -190,7 +204,10 @@ def check_data_config(cfg: Any, resolved: ResolvedData) -> None:
         vector = _split_vector(resolved.split)
         train_fraction = vector[0]
         if cfg.logging.eval_interval > 0 and vector[1] == 0:
-            raise UserError(f"logging.eval_interval is {cfg.logging.eval_interval} but data.split '{resolved.split}' leaves no validation part; give it one (e.g. '98,2,0') or set data.valid_paths")
+            raise UserError(
+                f"logging.eval_interval is {cfg.logging.eval_interval} but data.split '{resolved.split}' "
+                "leaves no validation part; give it one (e.g. '98,2,0') or set data.valid_paths"
+            )
     need = cfg.training.seq_length + 1
     weights = resolved.train_weights or [1.0] * len(infos)
     for info, weight in zip(infos, weights):
@@ -235,7 +252,8 @@ class MegatronTokenizerAdapter:
         self.eod = tokenizer.require_eod()
         self.eos = self.eod
         self.unique_identifiers = OrderedDict(
-            [("class", type(self).__name__), ("fingerprint", tokenizer.fingerprint()), ("vocab_size", self.vocab_size), ("eod", self.eod)]
+            [("class", type(self).__name__), ("fingerprint", tokenizer.fingerprint()),
+             ("vocab_size", self.vocab_size), ("eod", self.eod)]
         )
 
 

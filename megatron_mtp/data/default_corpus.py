@@ -61,7 +61,9 @@ class DefaultCorpus:
 
 def default_cache_dir(cache_dir: Optional[str] = None) -> str:
     """cache_dir, else $MEGATRON_MTP_CACHE, else ~/.cache/megatron_mtp."""
-    return os.path.abspath(os.path.expanduser(cache_dir or os.environ.get("MEGATRON_MTP_CACHE") or "~/.cache/megatron_mtp"))
+    return os.path.abspath(
+        os.path.expanduser(cache_dir or os.environ.get("MEGATRON_MTP_CACHE") or "~/.cache/megatron_mtp")
+    )
 
 
 def _path_hash(rel: str) -> int:
@@ -100,7 +102,10 @@ def select_files(max_bytes: int, root: Optional[str] = None) -> tuple[list[tuple
     if not valid and len(train) > 1:
         valid.append(train.pop())
     if not train or not valid:
-        raise UserError(f"the Python standard library at '{root}' has too few source files for the default corpus; set data.paths to your own dataset")
+        raise UserError(
+            f"the Python standard library at '{root}' has too few source files for the default corpus; "
+            "set data.paths to your own dataset"
+        )
     return train, valid
 
 
@@ -119,7 +124,9 @@ def corpus_key(vocab_size: int, max_bytes: int) -> str:
     return f"py{sys.version_info[0]}{sys.version_info[1]}-v{vocab_size}-{digest}"
 
 
-def write_documents(texts: Iterable[str], tokenizer: Tokenizer, prefix: str, meta: dict, batch: int = 64) -> IndexedWriter:
+def write_documents(
+    texts: Iterable[str], tokenizer: Tokenizer, prefix: str, meta: dict, batch: int = 64
+) -> IndexedWriter:
     """Tokenise texts (EOD appended to each) into a new indexed dataset at prefix (in-process)."""
     import numpy as np
 
@@ -144,7 +151,9 @@ def write_documents(texts: Iterable[str], tokenizer: Tokenizer, prefix: str, met
 
 
 def _corpus_paths(root: str) -> DefaultCorpus:
-    return DefaultCorpus(os.path.join(root, "train"), os.path.join(root, "valid"), os.path.join(root, "tokenizer"), root)
+    return DefaultCorpus(
+        os.path.join(root, "train"), os.path.join(root, "valid"), os.path.join(root, "tokenizer"), root
+    )
 
 
 def ensure_default_corpus(
@@ -155,7 +164,9 @@ def ensure_default_corpus(
     Safe to call from many processes at once: exactly one builds, the others wait on a file lock.
     """
     if vocab_size < 258:
-        raise UserError(f"data.default_corpus_vocab_size is {vocab_size}; it must be at least 258 (256 bytes + 2 special tokens)")
+        raise UserError(
+            f"data.default_corpus_vocab_size is {vocab_size}; it must be at least 258 (256 bytes + 2 special tokens)"
+        )
     base = os.path.join(default_cache_dir(cache_dir), "default_corpus")
     key = corpus_key(vocab_size, max_bytes)
     final = os.path.join(base, key)
@@ -164,7 +175,10 @@ def ensure_default_corpus(
     try:
         os.makedirs(base, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"cannot create the cache directory '{base}' ({exc.strerror}); set data.cache_dir or $MEGATRON_MTP_CACHE to a writable place") from None
+        raise UserError(
+            f"cannot create the cache directory '{base}' ({exc.strerror}); "
+            "set data.cache_dir or $MEGATRON_MTP_CACHE to a writable place"
+        ) from None
     with open(os.path.join(base, f"{key}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -201,7 +215,8 @@ def _build(base: str, key: str, vocab_size: int, max_bytes: int, progress: bool)
 
                 texts = tqdm(texts, total=len(files), desc=f"default corpus {name}", unit="file", file=sys.stderr)
             writer = write_documents(texts, tok, prefix, {"source": f"python-stdlib/{name}", "tokenizer": {
-                "vocab_size": tok.vocab_size, "eod_id": tok.eod_id, "bos_id": tok.bos_id, "fingerprint": tok.fingerprint()}})
+                "vocab_size": tok.vocab_size, "eod_id": tok.eod_id, "bos_id": tok.bos_id,
+                "fingerprint": tok.fingerprint()}})
             counts[name] = {"files": len(files), "tokens": writer.tokens}
         manifest = {
             "recipe": RECIPE_VERSION,

@@ -3,8 +3,9 @@
 Runs in worker processes (or in-process for one worker) and uses only numpy, json and
 `tokenizers` (never torch), so forked workers are safe and a spawned one starts fast. Each
 worker tokenises single-threaded (preprocess sets TOKENIZERS_PARALLELISM=false): parallelism
-comes from the worker processes, which keeps the "N workers = N cores" accounting honest. Every document's tokens depend only on its own text,
-so the output is identical for any number of workers or chunk size.
+comes from the worker processes, which keeps the "N workers = N cores" accounting honest. Every
+document's tokens depend only on its own text, so the output is identical for any number of
+workers or chunk size.
 """
 
 from __future__ import annotations
@@ -76,7 +77,14 @@ def encode_chunk(chunk: Chunk) -> EncodedChunk:
             try:
                 encoded.append(tok.encode(text, add_special_tokens=False).ids)
             except Exception:
-                bad.append(BadLine(chunk.file_index, line, BAD_UNICODE, "the text holds an unpaired surrogate escape (e.g. \\ud800), which is not valid Unicode"))
+                bad.append(
+                    BadLine(
+                        chunk.file_index,
+                        line,
+                        BAD_UNICODE,
+                        "the text holds an unpaired surrogate escape (e.g. \\ud800), which is not valid Unicode",
+                    )
+                )
                 continue
         bad.sort(key=lambda b: b.line)
 

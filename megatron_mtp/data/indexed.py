@@ -50,7 +50,10 @@ class IndexedWriter:
     def __init__(self, prefix: str, vocab_size: int):
         self.prefix = prefix
         if os.path.isdir(prefix):
-            raise UserError(f"output prefix '{prefix}' is a directory; pass a path prefix such as '{os.path.join(prefix, 'corpus')}'")
+            raise UserError(
+                f"output prefix '{prefix}' is a directory; "
+                f"pass a path prefix such as '{os.path.join(prefix, 'corpus')}'"
+            )
         parent = os.path.dirname(os.path.abspath(prefix))
         os.makedirs(parent, exist_ok=True)
         tag = f".tmp-{os.getpid()}"
@@ -126,7 +129,9 @@ def read_meta(prefix: str) -> Optional[dict]:
         with open(path, encoding="utf-8") as fh:
             meta = json.load(fh)
     except (OSError, ValueError) as exc:
-        raise UserError(f"dataset metadata '{path}' is unreadable ({exc}); delete it or re-run `megatron-mtp preprocess`") from None
+        raise UserError(
+            f"dataset metadata '{path}' is unreadable ({exc}); delete it or re-run `megatron-mtp preprocess`"
+        ) from None
     return meta if isinstance(meta, dict) else None
 
 
@@ -135,7 +140,10 @@ def check_indexed_pair(prefix: str) -> IndexInfo:
     redo = "re-run `megatron-mtp preprocess` to rebuild it"
     for suffix in (".bin", ".idx"):
         if prefix.endswith(suffix):
-            raise UserError(f"dataset prefix '{prefix}' ends with '{suffix}'; give the prefix without the extension ('{prefix[: -len(suffix)]}')")
+            raise UserError(
+                f"dataset prefix '{prefix}' ends with '{suffix}'; "
+                f"give the prefix without the extension ('{prefix[: -len(suffix)]}')"
+            )
     idx_path, bin_path = prefix + ".idx", prefix + ".bin"
     missing = [p for p in (bin_path, idx_path) if not os.path.isfile(p)]
     if missing:
@@ -150,10 +158,15 @@ def check_indexed_pair(prefix: str) -> IndexInfo:
     code = head[17]
     sequences, documents = struct.unpack("<QQ", head[18:34])
     if version != 1 or code not in _DTYPES:
-        raise UserError(f"'{idx_path}' has index version {version} / dtype code {code}, which megatron-core 0.16 cannot read; {redo}")
+        raise UserError(
+            f"'{idx_path}' has index version {version} / dtype code {code}, "
+            f"which megatron-core 0.16 cannot read; {redo}"
+        )
     expected_idx = 34 + sequences * (4 + 8) + documents * 8
     if idx_size != expected_idx:
-        raise UserError(f"'{idx_path}' is {idx_size} bytes but its header describes {expected_idx} (truncated or corrupt); {redo}")
+        raise UserError(
+            f"'{idx_path}' is {idx_size} bytes but its header describes {expected_idx} (truncated or corrupt); {redo}"
+        )
     lengths = np.fromfile(idx_path, dtype=np.int32, count=sequences, offset=34)
     pointers = np.fromfile(idx_path, dtype=np.int64, count=sequences, offset=34 + 4 * sequences)
     doc_idx = np.fromfile(idx_path, dtype=np.int64, count=documents, offset=34 + 12 * sequences)

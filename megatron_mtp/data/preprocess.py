@@ -168,7 +168,9 @@ def preprocess(
         if result.bad:
             if not skip_bad_lines:
                 first = result.bad[0]
-                raise UserError(f"{_describe_bad(first, inputs)}; fix the line or pass --skip-bad-lines to skip bad lines")
+                raise UserError(
+                    f"{_describe_bad(first, inputs)}; fix the line or pass --skip-bad-lines to skip bad lines"
+                )
             for bad in result.bad:
                 stats.bad_lines[bad.kind] = stats.bad_lines.get(bad.kind, 0) + 1
                 if len(stats.bad_examples) < MAX_BAD_EXAMPLES:
@@ -187,7 +189,9 @@ def preprocess(
             raise UserError(f"input file '{path}' {what}; remove it from --input or fill it")
         if bar is not None:
             elapsed = max(time.perf_counter() - start, 1e-9)
-            bar.set_postfix_str(f"{stats.documents / elapsed:.0f} docs/s, {stats.tokens / elapsed:.0f} tokens/s", refresh=False)
+            bar.set_postfix_str(
+                f"{stats.documents / elapsed:.0f} docs/s, {stats.tokens / elapsed:.0f} tokens/s", refresh=False
+            )
 
     runner = None
     try:

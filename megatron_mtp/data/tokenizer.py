@@ -59,7 +59,10 @@ class Tokenizer:
         self.bos_id: Optional[int] = backend.token_to_id(bos_token) if bos_token else None
         """Id of the begin-of-text token (None when the tokenizer has none)."""
         if eod_token and self.eod_id is None:
-            raise UserError(f"tokenizer '{source}' names '{eod_token}' as its end-of-document token but its vocabulary lacks it; fix eos_token in tokenizer_config.json")
+            raise UserError(
+                f"tokenizer '{source}' names '{eod_token}' as its end-of-document token "
+                "but its vocabulary lacks it; fix eos_token in tokenizer_config.json"
+            )
         if bos_token and self.bos_id is None:
             self.bos_token = None
         vocab = backend.get_vocab(with_added_tokens=True)
@@ -149,7 +152,8 @@ def load_tokenizer(path: Union[str, os.PathLike]) -> Tokenizer:
         if not file.is_file():
             raise UserError(
                 f"tokenizer directory '{p}' has no {TOKENIZER_FILE}; save a fast tokenizer there "
-                f"(e.g. `AutoTokenizer.from_pretrained(...).save_pretrained(dir)`) or train one with `megatron-mtp tokenizer train`"
+                "(e.g. `AutoTokenizer.from_pretrained(...).save_pretrained(dir)`) "
+                "or train one with `megatron-mtp tokenizer train`"
             )
         config_file = p / TOKENIZER_CONFIG_FILE
     elif p.is_file():
@@ -160,7 +164,10 @@ def load_tokenizer(path: Union[str, os.PathLike]) -> Tokenizer:
     try:
         backend = HFTokenizer.from_file(str(file))
     except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
-        raise UserError(f"tokenizer file '{file}' cannot be read by the `tokenizers` library ({str(exc).splitlines()[0]}); pass a valid tokenizer.json") from None
+        raise UserError(
+            f"tokenizer file '{file}' cannot be read by the `tokenizers` library ({str(exc).splitlines()[0]}); "
+            "pass a valid tokenizer.json"
+        ) from None
 
     eod = bos = None
     if config_file.is_file():
@@ -208,7 +215,10 @@ def train_bpe(
     from tokenizers import pre_tokenizers, trainers
 
     if vocab_size < 258:
-        raise UserError(f"vocab size {vocab_size} is too small for a byte-level BPE; use at least 258 (256 bytes + 2 special tokens)")
+        raise UserError(
+            f"vocab size {vocab_size} is too small for a byte-level BPE; "
+            "use at least 258 (256 bytes + 2 special tokens)"
+        )
     tok = new_byte_level_bpe()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -23,7 +23,9 @@ from megatron_mtp.training.sums import NamedSums
 
 
 class IntervalStats:
-    def __init__(self, depth: int, ranks, num_microbatches: int, tokens_per_step: int, expert_load: ExpertLoad):
+    def __init__(self, depth: int, total_layers: int, ranks, num_microbatches: int, tokens_per_step: int,
+                 expert_load: ExpertLoad):
+        """total_layers: decoder plus MTP layers (the length of megatron-core's per-layer trackers)."""
         self.depth = depth
         self.ranks = ranks
         self.num_micro = num_microbatches
@@ -32,7 +34,9 @@ class IntervalStats:
         # held by the last stage's TP rank 0 of each replica
         self.sums = NamedSums(lm_loss=1, replica_steps=1, mtp_loss=depth, accepted=depth, correct=depth,
                               judged=depth)
-        self.aux: torch.Tensor | None = None  # [sum, count] per layer of the MoE balance loss
+        # [sum, count] per layer of the MoE balance loss; every rank holds all layers (zeros for those on
+        # other stages) so that every rank takes part in the same all-reduce
+        self.aux = torch.zeros(2, total_layers, dtype=torch.float64)
         self.reset()
 
     def reset(self) -> None:
@@ -66,15 +70,11 @@ class IntervalStats:
     def add_balance_loss(self, layer_values: torch.Tensor) -> None:
         """Per-layer MoE balance loss of one step (megatron-core's tracker, before its coefficient)."""
         values = layer_values.detach().double().cpu() / self.num_micro
-        if self.aux is None or self.aux.shape[1] != values.numel():
-            self.aux = torch.zeros(2, values.numel(), dtype=torch.float64)
         self.aux[0] += values
         if self.ranks.tp_rank == 0:
             self.aux[1] += (values != 0).double()
 
     def _balance_loss(self) -> float:
-        if self.aux is None:
-            return 0.0
         totals = all_reduce_sum(self.aux.clone())
         self.aux.zero_()
         seen = totals[1] > 0

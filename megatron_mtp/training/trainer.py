@@ -58,8 +58,8 @@ class Trainer:
         t = cfg.training
         self.num_micro = t.global_batch_size // (t.micro_batch_size * self.ranks.dp)
         self.tokens_per_step = t.global_batch_size * t.seq_length
-        self.interval = IntervalStats(cfg.mtp.num_layers, self.ranks, self.num_micro, self.tokens_per_step,
-                                      expert_load)
+        self.interval = IntervalStats(cfg.mtp.num_layers, cfg.model.num_layers + cfg.mtp.num_layers, self.ranks,
+                                      self.num_micro, self.tokens_per_step, expert_load)
 
     # ------------------------------------------------------------------ loop
     def train(self) -> int:

@@ -50,7 +50,9 @@ def test_skip_bad_lines_counts_and_reports(tmp_path, tokenizer_dir):
     stats = _run(tmp_path, tokenizer_dir, content, skip_bad_lines=True)
     assert stats.documents == 3
     assert stats.bad_lines == {"malformed JSON": 1, "missing text key": 1, "non-UTF-8 bytes": 1}
-    assert stats.bad_examples[0].endswith("in.jsonl:2: the line is not valid JSON (Expecting property name enclosed in double quotes at column 2)")
+    assert stats.bad_examples[0].endswith(
+        "in.jsonl:2: the line is not valid JSON (Expecting property name enclosed in double quotes at column 2)"
+    )
     assert "skipped 3 bad lines" in stats.summary()
     meta = json.loads((tmp_path / "out" / "ds.meta.json").read_text())
     assert meta["skipped_lines"]["malformed JSON"] == 1

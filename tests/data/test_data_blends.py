@@ -32,7 +32,8 @@ def _cfg(root, tokenizer_dir, *overrides):
 @pytest.mark.parametrize("weights", [[1, 1, 2], [0.7, 0.2, 0.1]])
 def test_blend_honours_weights(three_sources, tokenizer_dir, weights):
     root, prefixes = three_sources
-    cfg = _cfg(root, tokenizer_dir, f"data.paths=[{','.join(prefixes)}]", f"data.weights={weights}", "data.split=90,10,0")
+    cfg = _cfg(root, tokenizer_dir, f"data.paths=[{','.join(prefixes)}]", f"data.weights={weights}",
+               "data.split=90,10,0")
     resolved = resolve_data(cfg)
     check_data_config(cfg, resolved)
     n = 3000  # more than the small source holds: megatron-core repeats its epochs

@@ -63,7 +63,8 @@ def test_concurrent_first_use_builds_once(tmp_path):
         print("ROOT", c.root)
     """)
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env)
              for _ in range(2)]
     results = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [r[1] for r in results]
@@ -78,7 +79,8 @@ def test_concurrent_first_use_builds_once(tmp_path):
 def test_training_api_on_default_corpus(small_corpus):
     cache, corpus = small_corpus
     cfg = load_config(None, [f"data.cache_dir={cache}", "data.default_corpus_vocab_size=512",
-                             f"data.default_corpus_max_bytes={SMALL}", "training.seq_length=64", "model.vocab_size=512"])
+                             f"data.default_corpus_max_bytes={SMALL}", "training.seq_length=64",
+                             "model.vocab_size=512"])
     resolved = resolve_data(cfg)
     assert resolved.default_corpus == corpus
     assert resolved.train_prefixes == [corpus.train_prefix] and resolved.valid_prefixes == [corpus.valid_prefix]

@@ -87,7 +87,9 @@ def test_cli_preprocess_and_tokenizer_train(tmp_path, write_jsonl, documents):
                                 "--vocab-size", "300", "--output", str(tmp_path / "tok")],
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr
-    assert sorted(os.listdir(tmp_path / "tok")) == ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(os.listdir(tmp_path / "tok")) == [
+        "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"
+    ]
     run = subprocess.run(cli + ["preprocess", "--input", str(tmp_path / "a.jsonl"), "--text-key", "content",
                                 "--tokenizer", str(tmp_path / "tok"), "--output-prefix", str(tmp_path / "ds"),
                                 "--workers", "1", "--append-eod"],
@@ -97,7 +99,8 @@ def test_cli_preprocess_and_tokenizer_train(tmp_path, write_jsonl, documents):
     assert "docs/s" in run.stderr and "tokens/s" in run.stderr  # the progress bar
     assert check_indexed_pair(str(tmp_path / "ds")).documents == 50
     # A user mistake is one line on stderr and exit code 2, no traceback.
-    run = subprocess.run(cli + ["preprocess", "--input", str(tmp_path / "a.jsonl"), "--tokenizer", str(tmp_path / "tok"),
+    run = subprocess.run(cli + ["preprocess", "--input", str(tmp_path / "a.jsonl"),
+                                "--tokenizer", str(tmp_path / "tok"),
                                 "--output-prefix", str(tmp_path / "bad"), "--workers", "1", "--no-progress"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 2
@@ -111,7 +114,8 @@ def test_workers_run_from_any_main_and_report_dead_workers(tmp_path, write_jsonl
     write_jsonl(tmp_path / "a.jsonl", documents[:40])
     script = (
         "from megatron_mtp.data.preprocess import preprocess\n"
-        f"s = preprocess([{str(tmp_path / 'a.jsonl')!r}], {str(tokenizer_dir)!r}, {str(tmp_path / 'ds')!r}, workers=2, progress=False)\n"
+        f"s = preprocess([{str(tmp_path / 'a.jsonl')!r}], {str(tokenizer_dir)!r}, {str(tmp_path / 'ds')!r}, "
+        "workers=2, progress=False)\n"
         "print('DOCS', s.documents)\n"
     )
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -83,7 +83,10 @@ def test_eval_text_file_matches_logits(run, tmp_path, probe_logits):
 def test_eval_bad_inputs(run, tmp_path):
     missing = _eval(tmp_path / "nothing")
     assert missing.returncode == 2
-    assert "holds no checkpoint" in missing.stderr and "Traceback" not in missing.stderr
+    assert "does not exist" in missing.stderr and "Traceback" not in missing.stderr
+    empty = _eval(tmp_path)
+    assert empty.returncode == 2
+    assert "holds no checkpoint" in empty.stderr and "Traceback" not in empty.stderr
     short = tmp_path / "short.txt"
     short.write_text("x = 1\n")
     too_short = _eval(run, "--text-file", short)

@@ -46,7 +46,9 @@ def ensure_slurm_installed() -> None:
     if not missing:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise ClusterUnavailable(f"Slurm programs {', '.join(missing)} are missing and cannot be installed here (needs root and apt-get)")
+        raise ClusterUnavailable(
+            f"Slurm programs {', '.join(missing)} are missing and cannot be installed here (needs root and apt-get)"
+        )
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
     proc = subprocess.run(install, env=env, capture_output=True, text=True)
@@ -164,7 +166,10 @@ class LocalSlurmCluster:
             if fields and predicate(fields):
                 return fields
             time.sleep(0.5)
-        raise AssertionError(f"job {job_id} did not reach '{what}' in {timeout:.0f} s; last state {fields.get('JobState')} restarts={fields.get('Restarts')}")
+        raise AssertionError(
+            f"job {job_id} did not reach '{what}' in {timeout:.0f} s; "
+            f"last state {fields.get('JobState')} restarts={fields.get('Restarts')}"
+        )
 
     def logs(self) -> str:
         """The daemons' log tails (for failure messages)."""
@@ -208,7 +213,8 @@ class LocalSlurmCluster:
             os.makedirs(os.path.join(self.root, sub), exist_ok=True)
         r = self.root
         nodes = "\n".join(
-            f"NodeName={name} NodeHostname={self.hostname} NodeAddr=127.0.0.1 Port={port} CPUs={CPUS_PER_NODE} State=UNKNOWN"
+            f"NodeName={name} NodeHostname={self.hostname} NodeAddr=127.0.0.1 Port={port} "
+            f"CPUs={CPUS_PER_NODE} State=UNKNOWN"
             for name, port in zip(NODES, (node1_port, node2_port))
         )
         text = f"""# Local two-node test cluster (tests/slurm/local_cluster.py); everything under {r}.
@@ -354,4 +360,7 @@ def _signal(pid: int, sig: int) -> None:
 
 if __name__ == "__main__":
     cluster = LocalSlurmCluster().start()
-    print(f"export SLURM_CONF={cluster.conf}\n# stop: kill the pids in {cluster.root}/*.pid {cluster.root}/munge-run/munged.pid")
+    print(
+        f"export SLURM_CONF={cluster.conf}\n"
+        f"# stop: kill the pids in {cluster.root}/*.pid {cluster.root}/munge-run/munged.pid"
+    )

@@ -38,11 +38,13 @@ def _wait_progress(run_dir: str, ranks: int, at_least: int, timeout: float = 60)
 def test_two_node_job_gets_slurm_rendezvous(slurm_cluster, tmp_path):
     run_dir = str(tmp_path / "run")
     proc = submit_cli([_config(tmp_path), "--nodes", "2", "--cpu", "--tasks-per-node", "2", "--python", STUB,
-                       "--env", "STUB_STEPS=3", "--env", "STUB_FLAVOUR=plain value", "--run-dir", run_dir, "--time", "10"],
+                       "--env", "STUB_STEPS=3", "--env", "STUB_FLAVOUR=plain value", "--run-dir", run_dir,
+                       "--time", "10"],
                       slurm_cluster.env(), str(tmp_path))
     job = submitted_job_id(proc)
     assert os.path.join(run_dir, "logs", f"slurm-{job}.out") in proc.stdout
-    fields = slurm_cluster.wait_for(job, lambda f: f["JobState"] in ("COMPLETED", "FAILED", "CANCELLED"), 60, "COMPLETED")
+    fields = slurm_cluster.wait_for(job, lambda f: f["JobState"] in ("COMPLETED", "FAILED", "CANCELLED"), 60,
+                                    "COMPLETED")
     batch_log = read(os.path.join(run_dir, "logs", f"slurm-{job}.out"))
     assert fields["JobState"] == "COMPLETED", batch_log
     envs = [json.loads(read(p)) for p in sorted(glob.glob(os.path.join(run_dir, "stub", "env-*-0.json")))]
@@ -74,7 +76,8 @@ def test_signal_saves_requeues_and_resumes(slurm_cluster, tmp_path):
     assert again.returncode == 2 and f"job {job} is still running" in again.stderr, again.stderr
     # To the batch shell only, like the time-limit warning (--signal=B:USR1@N): the script forwards it.
     slurm_cluster.run("scancel", "--signal=USR1", "--batch", job)
-    fields = slurm_cluster.wait_for(job, lambda f: f["Restarts"] == "1" and f["JobState"] in ("COMPLETED", "FAILED"), 90, "restarted once, then COMPLETED")
+    fields = slurm_cluster.wait_for(job, lambda f: f["Restarts"] == "1" and f["JobState"] in ("COMPLETED", "FAILED"),
+                                    90, "restarted once, then COMPLETED")
     batch_log = read(os.path.join(run_dir, "logs", f"slurm-{job}.out"))
     assert fields["JobState"] == "COMPLETED", batch_log
     assert "received SIGUSR1" in batch_log and "requeueing job" in batch_log and "SLURM_RESTART_COUNT=1" in batch_log
@@ -100,7 +103,8 @@ def test_chain_mode_next_job_resumes(slurm_cluster, tmp_path):
     assert len(chain) == 3 and chain[0] == first
     _wait_progress(run_dir, ranks=1, at_least=3)
     slurm_cluster.run("scancel", "--signal=USR1", "--batch", first)
-    second = slurm_cluster.wait_for(chain[1], lambda f: f["JobState"] in ("COMPLETED", "FAILED", "CANCELLED"), 60, "COMPLETED")
+    second = slurm_cluster.wait_for(chain[1], lambda f: f["JobState"] in ("COMPLETED", "FAILED", "CANCELLED"), 60,
+                                    "COMPLETED")
     assert slurm_cluster.job(first)["JobState"] == "COMPLETED"
     assert second["JobState"] == "COMPLETED", read(os.path.join(run_dir, "logs", f"slurm-{chain[1]}.out"))
     third = slurm_cluster.wait_for(chain[2], lambda f: f["JobState"] != "PENDING", 20, "cancelled")
@@ -122,7 +126,8 @@ def test_signal_during_startup_still_requeues(slurm_cluster, tmp_path):
     assert all(os.path.exists(p) for p in rank_logs), "the ranks did not start"
     # the ranks now spend STUB_SLOW_START seconds "starting up" without signal handlers
     slurm_cluster.run("scancel", "--signal=USR1", "--batch", job)
-    fields = slurm_cluster.wait_for(job, lambda f: f["Restarts"] == "1" and f["JobState"] in ("COMPLETED", "FAILED"), 90, "restarted once, then COMPLETED")
+    fields = slurm_cluster.wait_for(job, lambda f: f["Restarts"] == "1" and f["JobState"] in ("COMPLETED", "FAILED"),
+                                    90, "restarted once, then COMPLETED")
     log = read(batch_log)
     assert fields["JobState"] == "COMPLETED", log
     assert "after SIGUSR1; requeueing to resume from the latest complete checkpoint" in log
@@ -136,7 +141,8 @@ def test_time_limit_warning_signal_requeues(slurm_cluster, tmp_path):
     time limits about once a minute, so the signal comes up to a minute early or late)."""
     run_dir = str(tmp_path / "run")
     proc = submit_cli([_config(tmp_path), "--nodes", "1", "--cpu", "--python", STUB, "--env", "STUB_STEPS=600",
-                       "--time", "2", "--signal-before", "100", "--run-dir", run_dir], slurm_cluster.env(), str(tmp_path))
+                       "--time", "2", "--signal-before", "100", "--run-dir", run_dir],
+                      slurm_cluster.env(), str(tmp_path))
     job = submitted_job_id(proc)
     slurm_cluster.wait_for(job, lambda f: f["Restarts"] == "1", 200, "requeued by the time-limit warning")
     log = read(os.path.join(run_dir, "logs", f"slurm-{job}.out"))

@@ -51,13 +51,17 @@ BAD = [
     (["--nodes", "1", "--cpu", "--tasks-per-node", "3", "parallel.tensor=2"], "not a multiple of tensor × pipeline"),
     (["--nodes", "2", "--cpu", "--tasks-per-node", "2", "parallel.world_size=8"], "parallel.world_size=8"),
     (["--nodes", "3", "--cpu"], "global_batch_size=16 is not a multiple"),
-    (["--nodes", "1", "--cpu", "--tasks-per-node", "6", "parallel.expert=4", "training.global_batch_size=48"], "tensor × expert × pipeline"),
-    (["--nodes", "1", "--cpu", "data.paths=[/nonexistent/corpus_text_document]"], "/nonexistent/corpus_text_document.bin"),
+    (["--nodes", "1", "--cpu", "--tasks-per-node", "6", "parallel.expert=4", "training.global_batch_size=48"],
+     "tensor × expert × pipeline"),
+    (["--nodes", "1", "--cpu", "data.paths=[/nonexistent/corpus_text_document]"],
+     "/nonexistent/corpus_text_document.bin"),
     (["--nodes", "1", "--cpu", "data.tokenizer=/nonexistent/tokenizer.json"], "data.tokenizer"),
     (["--nodes", "1", "--cpu", "checkpoint.load=/nonexistent/run"], "checkpoint.load"),
     (["--nodes", "1", "--cpu", "--container-mounts", "/tmp:/data"], "without --container-image"),
-    (["--nodes", "1", "--gpus-per-node", "8", "training.global_batch_size=64", "--container-image", "nvcr.io/nvidia/pytorch:25.09-py3",
-      "--container-mounts", "/usr:/usr", "--run-dir", "/tmp/elsewhere/run"], "is not under any --container-mounts source"),
+    (["--nodes", "1", "--gpus-per-node", "8", "training.global_batch_size=64",
+      "--container-image", "nvcr.io/nvidia/pytorch:25.09-py3",
+      "--container-mounts", "/usr:/usr", "--run-dir", "/tmp/elsewhere/run"],
+     "is not under any --container-mounts source"),
     (["--nodes", "1", "--cpu", "--time", "ten minutes"], "is not a Slurm time limit"),
     (["--nodes", "1", "--cpu", "--time", "4", "--signal-before", "300"], "is not shorter than --time"),
     (["--nodes", "1", "--cpu", "--gpus-per-node", "8"], "contradict"),
@@ -72,7 +76,8 @@ BAD = [
     (["--nodes", "1", "--cpu", "--partition", "gpu;rm -rf"], "--partition"),
     (["--nodes", "1", "--cpu", "--chain", "3"], "--resume chain"),
     (["--nodes", "1", "--cpu", "trainig.max_steps=5"], "did you mean 'training'"),
-    (["--nodes", "1", "--cpu", "model.num_layers=5", "parallel.pipeline=2", "training.global_batch_size=16"], "not a multiple of tensor × pipeline"),
+    (["--nodes", "1", "--cpu", "model.num_layers=5", "parallel.pipeline=2", "training.global_batch_size=16"],
+     "not a multiple of tensor × pipeline"),
     (["--nodes", "2", "--cpu", "--sbatch-arg", "exclusive"], "--sbatch-arg"),
 ]
 
@@ -101,12 +106,14 @@ def test_run_dir_that_is_a_file_is_refused(fake_slurm, tmp_path, capsys):
 
 def test_dry_run_prints_the_script_and_writes_nothing(fake_slurm, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    rc, out, err = _submit([CONFIG, "training.max_steps=6", "training.global_batch_size=32", "--nodes", "2", "--cpu", "--tasks-per-node", "2",
-                            "--time", "1:00:00", "--partition", "debug", "--run-dir", str(run_dir), "--dry-run"], capsys)
+    rc, out, err = _submit([CONFIG, "training.max_steps=6", "training.global_batch_size=32", "--nodes", "2", "--cpu",
+                            "--tasks-per-node", "2", "--time", "1:00:00", "--partition", "debug",
+                            "--run-dir", str(run_dir), "--dry-run"], capsys)
     assert rc == 0, err
-    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --time=1:00:00", "#SBATCH --partition=debug",
-                 "#SBATCH --signal=B:USR1@300", "#SBATCH --requeue", f"#SBATCH --output={run_dir}/logs/slurm-%j.out",
-                 'scontrol requeue "$SLURM_JOB_ID"', "RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID"):
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --time=1:00:00",
+                 "#SBATCH --partition=debug", "#SBATCH --signal=B:USR1@300", "#SBATCH --requeue",
+                 f"#SBATCH --output={run_dir}/logs/slurm-%j.out", 'scontrol requeue "$SLURM_JOB_ID"',
+                 "RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID"):
         assert line in out, line
     assert "gpus-per-node" not in out and "NCCL" not in out
     assert subprocess.run(["bash", "-n"], input=out, text=True).returncode == 0
@@ -115,7 +122,8 @@ def test_dry_run_prints_the_script_and_writes_nothing(fake_slurm, tmp_path, caps
 
 def test_gpu_job_runs_one_task_per_gpu_with_nccl_settings(tmp_path):
     plan = build_plan(SubmitRequest(config=CONFIG, nodes=4, gpus_per_node=8, run_dir=str(tmp_path / "run"),
-                                    env=["NCCL_IB_HCA=mlx5", "NCCL_DEBUG=INFO"], overrides=["training.global_batch_size=256"]))
+                                    env=["NCCL_IB_HCA=mlx5", "NCCL_DEBUG=INFO"],
+                                    overrides=["training.global_batch_size=256"]))
     script = render_sbatch(plan)
     assert plan.world_size == 32
     assert "#SBATCH --gpus-per-node=8" in script and "#SBATCH --ntasks-per-node=8" in script
@@ -196,6 +204,8 @@ def _fake_checkpoint(run_dir, expert: int) -> None:
     (step / "train_state.json").write_text(
         '{"step": 10, "consumed_samples": 160, "consumed_tokens": 20480, "has_optimizer": true, "world_size": 2,'
         f' "parallel": {{"tensor": 1, "pipeline": 1, "expert": {expert}, "data": 2}}}}')
+    for name in ("metadata.json", "config.yaml"):  # the rest of a complete checkpoint (contents unread here)
+        (step / name).write_text("{}")
     (run_dir / "checkpoints" / "latest").write_text("step_0000010\n")
 
 

@@ -66,7 +66,8 @@ def main() -> None:
     pred = predicted[1] / predicted[0]
     print(f"model: hidden {args.hidden}, layers {args.layers}, seq {args.seq}, vocab {vocab}, "
           f"micro batch {args.micro_batch}, device {plat.device}, threads {torch.get_num_threads()}")
-    print(f"step time D=0: {times['D=0'] * 1e3:.1f} ms   D=1: {times['D=1'] * 1e3:.1f} ms (medians of {args.rounds} rounds)")
+    print(f"step time D=0: {times['D=0'] * 1e3:.1f} ms   D=1: {times['D=1'] * 1e3:.1f} ms "
+          f"(medians of {args.rounds} rounds)")
     print(f"measured ratio D=1/D=0: {measured:.3f}")
     print(f"FLOPs-predicted ratio:  {pred:.3f}")
     print(f"measured / predicted:   {measured / pred:.3f} (target within 0.97-1.03)")

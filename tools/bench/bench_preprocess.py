@@ -9,8 +9,8 @@ Ratios printed: pre-1 / raw-1, and pre-N / (N × raw-1) = wall-clock throughput 
 relative to the raw tokenizer (target ≥ 0.8), plus the N-worker speedup over 1 worker. Because a
 shared machine distorts wall-clock scaling, the same ratios are also printed per CPU-second
 (tokens / CPU time of this process and its worker processes), which measures the work spent per
-token independently of contention. Timings exclude the one-off megatron-core import. The corpus is the Python standard library's source as JSONL,
-repeated up to --mb megabytes.
+token independently of contention. Timings exclude the one-off megatron-core import. The corpus
+is the Python standard library's source as JSONL, repeated up to --mb megabytes.
 
     python tools/bench/bench_preprocess.py [--mb 16] [--workers N] [--tokenizer PATH] [--repeats 2]
 """
@@ -107,12 +107,14 @@ def main() -> int:
     rate = {k: v[1] / v[0] for k, v in results.items()}
     tokens = {v[1] for k, v in results.items() if k.startswith("pre")}
     print(f"pre-1 / raw-1                        = {rate['pre-1'] / rate['raw-1']:.2f}")
-    print(f"pre-{workers} / ({workers} x raw-1)  (per core used) = {rate[f'pre-{workers}'] / (workers * rate['raw-1']):.2f}   (target >= 0.80)")
+    print(f"pre-{workers} / ({workers} x raw-1)  (per core used) = "
+          f"{rate[f'pre-{workers}'] / (workers * rate['raw-1']):.2f}   (target >= 0.80)")
     print(f"pre-{workers} / pre-1  (speedup)           = {rate[f'pre-{workers}'] / rate['pre-1']:.2f}")
     print(f"raw-all / raw-1 (library threads)     = {rate['raw-all'] / rate['raw-1']:.2f}")
     print("per CPU-second (independent of machine load):")
     print(f"  pre-1 / raw-1                       = {per_cpu['pre-1'] / per_cpu['raw-1']:.2f}")
-    print(f"  pre-{workers} / raw-1                       = {per_cpu[f'pre-{workers}'] / per_cpu['raw-1']:.2f}   (target >= 0.80)")
+    print(f"  pre-{workers} / raw-1                       = "
+          f"{per_cpu[f'pre-{workers}'] / per_cpu['raw-1']:.2f}   (target >= 0.80)")
     if len(tokens) != 1 or results["raw-1"][1] != tokens.pop():
         print("WARNING: token counts differ between runs", file=sys.stderr)
         return 1
