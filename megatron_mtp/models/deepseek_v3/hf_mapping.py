@@ -16,7 +16,6 @@ MTP module d (0-based) is HF layer ``num_hidden_layers + d``; the index always c
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Iterator, Literal, Optional
 
@@ -195,10 +194,6 @@ def nextn_name(name: str, num_layers: int) -> Optional[str]:
     if rest.startswith("embed_tokens.") or rest.startswith("shared_head.head."):
         return None
     return f"model.layers.{int(index) - num_layers}.{rest}"
-
-
-def without_mtp(layout: Layout) -> Layout:
-    return dataclasses.replace(layout, mtp_layers=0)
 
 
 def extra_state_keys(param: Param) -> list[str]:
