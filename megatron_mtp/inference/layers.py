@@ -6,8 +6,9 @@ with ``load_state_dict`` from an export; routed experts are stacked on an expert
 transformers 5's names (``mlp.experts.gate_up_proj``), assembled by the loader from HF's per-expert
 ``mlp.experts.{e}.gate_proj/up_proj/down_proj``.
 The math follows transformers' ``modeling_deepseek_v3`` (the reference the tests compare against,
-to 1e-5 in fp32); it is written out here so the cache can be cut back in O(1) and the per-call
-Python overhead stays small on CPU (see README.md, "Why our own model").
+to 1e-5 in fp32), except that RMSNorm multiplies by its weight before casting back (the trained
+model's order; the same numbers in fp32). It is written out here so the cache can be cut back in
+O(1) and the per-call Python overhead stays small on CPU (see README.md, "Why our own model").
 Shapes: B batch (always 1 here), T new positions, S cached + new positions, H heads.
 """
 
@@ -21,10 +22,11 @@ from torch import nn
 
 from megatron_mtp.inference.dims import DeepseekV3Dims, RopeSettings
 from megatron_mtp.inference.kv_cache import LatentKVCache
+from megatron_mtp.rms_norm import rms_norm
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in fp32, scaled by ``weight`` in the input dtype."""
+    """``model.norm``-style RMSNorm holding an HF ``weight`` (math: megatron_mtp/rms_norm.py)."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -32,10 +34,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.to(torch.float32)
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
