@@ -31,8 +31,8 @@ from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.convert.shapes import check_shape
 from megatron_mtp.convert.staging import staged_dir
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.deepseek_v3 import hf_mapping as hm
 from megatron_mtp.models.deepseek_v3.hf_config import from_hf_config
+from megatron_mtp.models.deepseek_v3.hf_mapping import Param, extra_state_keys, is_mtp_hf_name, param_table
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -90,7 +90,7 @@ def _vocab_multiple(vocab: int, tp: int) -> int:
     return math.gcd(vocab // tp, 128)
 
 
-def _shape_of(param: hm.Param, src: _Sources) -> tuple[int, ...]:
+def _shape_of(param: Param, src: _Sources) -> tuple[int, ...]:
     names = [n.format(e=0) for n in param.hf]
     shapes = [src.shape(n) for n in names]
     if len(shapes) == 2:
@@ -102,7 +102,7 @@ def _shape_of(param: hm.Param, src: _Sources) -> tuple[int, ...]:
     return (param.num_experts, *rows) if param.num_experts else tuple(rows)
 
 
-def _assemble(param: hm.Param, src: _Sources, dtype: torch.dtype, expert: Optional[int]) -> torch.Tensor:
+def _assemble(param: Param, src: _Sources, dtype: torch.dtype, expert: Optional[int]) -> torch.Tensor:
     names = [n.format(e=expert) for n in param.hf] if expert is not None else list(param.hf)
     parts = [src.get(n).to(torch.float32 if param.keep_fp32 else dtype) for n in names]
     tensor = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
@@ -133,13 +133,9 @@ def import_from_hf(
     depth = _mtp_depth(main, mtp, model_cfg.num_layers, with_mtp)
     if model_cfg.num_experts and model_cfg.num_experts % ep:
         raise UserError(f"--ep {ep} does not divide the {model_cfg.num_experts} routed experts")
-    layout = hm.Layout(
-        num_layers=model_cfg.num_layers, mtp_layers=depth, num_experts=model_cfg.num_experts,
-        first_k_dense=model_cfg.first_k_dense, q_lora=model_cfg.q_lora_rank is not None,
-        tie_embeddings=model_cfg.tie_embeddings, expert_bias=model_cfg.router_enable_expert_bias,
-    )
     src = _Sources(main, mtp, model_cfg.num_layers)
-    params = hm.param_table(layout, spec="te", mtp_copies=False)  # the trainer writes TE spellings on every platform
+    # the trainer writes TE spellings on every platform
+    params = param_table(model_cfg, depth, spec="te", mtp_copies=False)
     for p in params:
         for name in p.hf_names():
             if name not in src:
@@ -149,11 +145,11 @@ def import_from_hf(
                     "(config/weights mismatch or an incomplete download)"
                 )
     used = {n for p in params for n in p.hf_names()}
-    mtp_copies = {n for p in hm.param_table(layout) if p.copy for n in p.hf_names()}
+    mtp_copies = {n for p in param_table(model_cfg, depth) if p.copy for n in p.hf_names()}
     for name in src.where:
         if name in used or name in mtp_copies:
             continue
-        if not with_mtp and hm.is_mtp_hf_name(name, layout.num_layers):
+        if not with_mtp and is_mtp_hf_name(name, model_cfg.num_layers):
             continue
         raise UserError(f"'{hf_dir}' holds '{name}', which the model's config.json does not describe; it would be dropped")
     emb = src.shape("model.embed_tokens.weight")
@@ -183,7 +179,7 @@ def import_from_hf(
                         writer.write_tensor(p.mcore, tensor)
                         bar.advance(tensor.numel() * tensor.element_size(), 0)
                     bar.advance(0, 1)
-                    for key in hm.extra_state_keys(p):
+                    for key in extra_state_keys(p):
                         writer.write_object(key, [None])
             writer.finish({})
         finally:
