@@ -17,6 +17,7 @@ because it depends only on global tensors.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,14 +160,14 @@ def _hf_configs(
     depth = cfg.mtp.num_layers
     main = to_hf_config(cfg.model, cfg.mtp, num_nextn_predict_layers=0, **common)
     if mode == "none":
-        return {"main": main}
+        return {"main": main.to_dict()}
     full = to_hf_config(cfg.model, cfg.mtp, num_nextn_predict_layers=depth, **common)
     if mode == "inline":
-        return {"main": full}
-    mtp = dict(full)
+        return {"main": full.to_dict()}
+    mtp = full
     if mtp_layout == "nextn":
-        mtp.update(architectures=["DeepseekV3ForCausalLMNextN"], num_hidden_layers=depth)
-    return {"main": main, "mtp": mtp}
+        mtp = dataclasses.replace(full, architectures=("DeepseekV3ForCausalLMNextN",), num_hidden_layers=depth)
+    return {"main": main.to_dict(), "mtp": mtp.to_dict()}
 
 
 def export_to_hf(

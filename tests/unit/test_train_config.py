@@ -19,7 +19,8 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 def test_yaml_then_overrides_in_order(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("model:\n  num_layers: 6\ntraining:\n  max_steps: 5\n")
-    cfg = load_config(str(path), ["training.max_steps=7", "training.max_steps=9", "mtp.loss_weight_schedule=[[0, 0.3], [100, 0.1]]"])
+    cfg = load_config(str(path), ["training.max_steps=7", "training.max_steps=9",
+                                  "mtp.loss_weight_schedule=[[0, 0.3], [100, 0.1]]"])
     assert cfg.model.num_layers == 6
     assert cfg.training.max_steps == 9
     assert cfg.mtp.loss_weight_schedule == [(0, 0.3), (100, 0.1)]
@@ -142,5 +143,5 @@ def test_shipped_configs_are_exportable_to_hf(path):
 
     cfg = load_config(str(path))
     hf = to_hf_config(cfg.model, cfg.mtp, vocab_size=cfg.model.vocab_size or 4096,
-                      num_nextn_predict_layers=cfg.mtp.num_layers)
+                      num_nextn_predict_layers=cfg.mtp.num_layers).to_dict()
     assert hf["num_nextn_predict_layers"] == cfg.mtp.num_layers
