@@ -11,6 +11,7 @@ MTP module i lives at HF layer index ``L + i`` (L = ``num_hidden_layers``), comp
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +20,9 @@ from safetensors import safe_open
 from torch import nn
 
 from megatron_mtp.errors import UserError
-from megatron_mtp.inference.dims import DeepseekV3Dims, dims_from_config, read_config_json
 from megatron_mtp.inference.mtp_module import MTPModule
 from megatron_mtp.inference.target import TargetModel
+from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig, parse_hf_config
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -106,7 +107,8 @@ def resolve_layout(path: str | Path) -> ModelLayout:
 
 def _expert_sources(key: str, prefix: str, index: TensorIndex, num_experts: int) -> list[list[str]] | None:
     """HF per-expert tensor names that make up a stacked expert weight, or None if not stacked."""
-    for stacked, parts in (("mlp.experts.gate_up_proj", ("gate_proj", "up_proj")), ("mlp.experts.down_proj", ("down_proj",))):
+    stacked_names = (("mlp.experts.gate_up_proj", ("gate_proj", "up_proj")), ("mlp.experts.down_proj", ("down_proj",)))
+    for stacked, parts in stacked_names:
         if key.endswith(stacked):
             base = prefix + key[: -len("gate_up_proj" if parts[0] == "gate_proj" else "down_proj")]
             return [[f"{base}{e}.{part}.weight" for part in parts] for e in range(num_experts)]
@@ -146,59 +148,85 @@ def _load_into(module: nn.Module, index: TensorIndex, prefix: str, dtype: torch.
     module.load_state_dict(state, strict=True, assign=True)
 
 
-def load_target(layout: ModelLayout, dtype: torch.dtype) -> tuple[TargetModel, DeepseekV3Dims, TensorIndex]:
+def _read_config_json(path: Path) -> dict:
+    if not path.is_file():
+        raise UserError(f"{path} does not exist; point at a Hugging Face DeepSeek-V3 export.")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path} is not valid JSON ({exc}); re-export the model.") from exc
+
+
+def decodable_config(raw: dict, where: Path) -> DeepseekV3HFConfig:
+    """The HF config of a model this decoder runs; what it cannot run is one sentence each."""
+    config = parse_hf_config(raw, str(where))
+    if config.model_type != "deepseek_v3":
+        raise UserError(
+            f"{where}: model_type is {config.model_type!r}, expected 'deepseek_v3'; "
+            "megatron-mtp generate only decodes DeepSeek-V3 exports."
+        )
+    if config.quantization_config:
+        raise UserError(f"{where}: quantized (FP8) weights are not supported; dequantize to bf16/fp32 first.")
+    if config.scoring_func != "sigmoid":
+        raise UserError(f"{where}: only scoring_func 'sigmoid' (DeepSeek-V3 routing) is supported.")
+    if config.hidden_act != "silu":
+        raise UserError(f"{where}: only hidden_act 'silu' is supported.")
+    return config
+
+
+def load_target(layout: ModelLayout, dtype: torch.dtype) -> tuple[TargetModel, TensorIndex]:
     """Build the main model from ``layout.main_dir``."""
     config_path = layout.main_dir / "config.json"
-    dims = dims_from_config(read_config_json(config_path), config_path)
+    config = decodable_config(_read_config_json(config_path), config_path)
     index = TensorIndex(layout.main_dir)
     with torch.device("meta"):
-        model = TargetModel(dims)
-    aliases = {"lm_head.weight": "model.embed_tokens.weight"} if dims.tie_word_embeddings else {}
-    _load_into(model, index, "", dtype, layout.main_dir, dims.n_routed_experts or 0, aliases)
+        model = TargetModel(config)
+    aliases = {"lm_head.weight": "model.embed_tokens.weight"} if config.tie_word_embeddings else {}
+    _load_into(model, index, "", dtype, layout.main_dir, config.n_routed_experts, aliases)
     model.eval()
-    return model, dims, index
+    return model, index
 
 
-def mtp_prefixes(dims: DeepseekV3Dims, depth: int) -> list[str]:
-    return [f"model.layers.{dims.num_hidden_layers + i}." for i in range(depth)]
+def mtp_prefixes(config: DeepseekV3HFConfig, depth: int) -> list[str]:
+    return [f"model.layers.{config.num_hidden_layers + i}." for i in range(depth)]
 
 
 def load_mtp_modules(
     layout: ModelLayout, target: TargetModel, main_index: TensorIndex, dtype: torch.dtype
 ) -> list[MTPModule]:
     """The MTP modules of an export, in depth order; [] when the export has none."""
-    dims = target.dims
+    config = target.config
     if layout.mtp_dir is not None:
         config_path = layout.mtp_dir / "config.json"
-        mtp_dims = dims_from_config(read_config_json(config_path), config_path)
-        if mtp_dims.num_hidden_layers != dims.num_hidden_layers or mtp_dims.hidden_size != dims.hidden_size:
+        mtp_config = decodable_config(_read_config_json(config_path), config_path)
+        if mtp_config.num_hidden_layers != config.num_hidden_layers or mtp_config.hidden_size != config.hidden_size:
             raise UserError(
                 f"{config_path} describes a different model than {layout.main_dir / 'config.json'} "
                 "(num_hidden_layers or hidden_size differ); export main and mtp from the same checkpoint."
             )
-        if mtp_dims.num_nextn_predict_layers < 1:
+        if mtp_config.num_nextn_predict_layers < 1:
             raise UserError(f"{config_path} states num_nextn_predict_layers < 1; re-export the MTP part.")
-        index, where, depth = TensorIndex(layout.mtp_dir), layout.mtp_dir, mtp_dims.num_nextn_predict_layers
+        index, where, depth = TensorIndex(layout.mtp_dir), layout.mtp_dir, mtp_config.num_nextn_predict_layers
     else:
         index, where = main_index, layout.main_dir
         depth = 0  # inline: the weights decide (transformers writes num_nextn_predict_layers=1 by default)
-        for prefix in mtp_prefixes(dims, max(dims.num_nextn_predict_layers, 0)):
+        for prefix in mtp_prefixes(config, config.num_nextn_predict_layers):
             if prefix + "eh_proj.weight" not in index:
                 break
             depth += 1
-        mtp_dims = dims
+        mtp_config = config
     modules: list[MTPModule] = []
-    for i, prefix in enumerate(mtp_prefixes(dims, depth)):
+    for i, prefix in enumerate(mtp_prefixes(config, depth)):
         if prefix + "eh_proj.weight" not in index:
             raise UserError(f"{where} lacks {prefix}eh_proj.weight for MTP depth {i + 1}; re-export the MTP part.")
         with torch.device("meta"):
             module = MTPModule(
-                mtp_dims,
-                dims.num_hidden_layers + i,
+                mtp_config,
+                config.num_hidden_layers + i,
                 own_embedding=prefix + "embed_tokens.weight" in index,
                 own_head=prefix + "shared_head.head.weight" in index,
             )
-        _load_into(module, index, prefix, dtype, where, mtp_dims.n_routed_experts or 0)
+        _load_into(module, index, prefix, dtype, where, mtp_config.n_routed_experts)
         module.share_with(target.model.embed_tokens, target.lm_head)
         module.eval()
         modules.append(module)
