@@ -11,14 +11,13 @@ MTP module i lives at HF layer index ``L + i`` (L = ``num_hidden_layers``), comp
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
+from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.mtp_module import MTPModule
 from megatron_mtp.inference.target import TargetModel
@@ -47,39 +46,6 @@ class ModelLayout:
     tokenizer_file: Path | None
 
 
-class TensorIndex:
-    """name -> safetensors file for every ``*.safetensors`` in a directory (headers only)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.files: dict[str, Path] = {}
-        for file in sorted(directory.glob("*.safetensors")):
-            try:
-                with safe_open(str(file), framework="pt") as handle:
-                    for name in handle.keys():
-                        self.files[name] = file
-            except Exception as exc:  # safetensors raises its own error types
-                raise UserError(f"{file} is not a readable safetensors file ({exc}); re-export the model.") from exc
-        if not self.files:
-            raise UserError(f"{directory} holds no *.safetensors weights; point at an exported model directory.")
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.files
-
-    def load(self, names: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        by_file: dict[Path, list[str]] = {}
-        for name in names:
-            by_file.setdefault(self.files[name], []).append(name)
-        out: dict[str, torch.Tensor] = {}
-        for file, file_names in by_file.items():
-            with safe_open(str(file), framework="pt") as handle:
-                for name in file_names:
-                    tensor = handle.get_tensor(name)
-                    keep_fp32 = name.endswith(_FP32_SUFFIXES)
-                    out[name] = tensor.to(torch.float32 if keep_fp32 else dtype)
-        return out
-
-
 def resolve_layout(path: str | Path) -> ModelLayout:
     """Classify ``path``; raise UserError naming what is missing."""
     root = Path(path).expanduser()
@@ -105,7 +71,7 @@ def resolve_layout(path: str | Path) -> ModelLayout:
     return ModelLayout(root=root, main_dir=main_dir, mtp_dir=mtp_dir, tokenizer_file=tokenizer_file)
 
 
-def _expert_sources(key: str, prefix: str, index: TensorIndex, num_experts: int) -> list[list[str]] | None:
+def _expert_sources(key: str, prefix: str, num_experts: int) -> list[list[str]] | None:
     """HF per-expert tensor names that make up a stacked expert weight, or None if not stacked."""
     stacked_names = (("mlp.experts.gate_up_proj", ("gate_proj", "up_proj")), ("mlp.experts.down_proj", ("down_proj",)))
     for stacked, parts in stacked_names:
@@ -115,30 +81,31 @@ def _expert_sources(key: str, prefix: str, index: TensorIndex, num_experts: int)
     return None
 
 
-def _load_into(module: nn.Module, index: TensorIndex, prefix: str, dtype: torch.dtype, where: Path,
-               num_experts: int, aliases: dict[str, str] | None = None) -> None:
+def _load_into(module: nn.Module, weights: HFDir, prefix: str, dtype: torch.dtype, num_experts: int,
+               aliases: dict[str, str] | None = None) -> None:
     """Load ``module`` from HF names; stacked expert weights are assembled from per-expert tensors."""
     aliases = aliases or {}
     plan: dict[str, list[list[str]]] = {}
     stacked: set[str] = set()
     for key in module.state_dict():
-        per_expert = _expert_sources(key, prefix, index, num_experts)
-        if prefix + key in index:
+        per_expert = _expert_sources(key, prefix, num_experts)
+        if prefix + key in weights:
             plan[key] = [[prefix + key]]
-        elif key in aliases and prefix + aliases[key] in index:
+        elif key in aliases and prefix + aliases[key] in weights:
             plan[key] = [[prefix + aliases[key]]]
         elif per_expert is not None:
             plan[key] = per_expert
             stacked.add(key)
         else:
             plan[key] = [[prefix + key]]
-    missing = [name for sources in plan.values() for group in sources for name in group if name not in index]
+    names = [name for sources in plan.values() for group in sources for name in group]
+    missing = [name for name in names if name not in weights]
     if missing:
         shown = ", ".join(missing[:3])
         raise UserError(
-            f"{where} lacks {len(missing)} tensor(s) the model needs (e.g. {shown}); re-export the model."
+            f"{weights.path} lacks {len(missing)} tensor(s) the model needs (e.g. {shown}); re-export the model."
         )
-    loaded = index.load([name for sources in plan.values() for group in sources for name in group], dtype)
+    loaded = {name: weights.get(name).to(torch.float32 if name.endswith(_FP32_SUFFIXES) else dtype) for name in names}
     state = {}
     for key, sources in plan.items():
         if key in stacked:
@@ -146,15 +113,6 @@ def _load_into(module: nn.Module, index: TensorIndex, prefix: str, dtype: torch.
         else:
             state[key] = loaded[sources[0][0]]
     module.load_state_dict(state, strict=True, assign=True)
-
-
-def _read_config_json(path: Path) -> dict:
-    if not path.is_file():
-        raise UserError(f"{path} does not exist; point at a Hugging Face DeepSeek-V3 export.")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path} is not valid JSON ({exc}); re-export the model.") from exc
 
 
 def decodable_config(raw: dict, where: Path) -> DeepseekV3HFConfig:
@@ -174,17 +132,16 @@ def decodable_config(raw: dict, where: Path) -> DeepseekV3HFConfig:
     return config
 
 
-def load_target(layout: ModelLayout, dtype: torch.dtype) -> tuple[TargetModel, TensorIndex]:
+def load_target(layout: ModelLayout, dtype: torch.dtype) -> tuple[TargetModel, HFDir]:
     """Build the main model from ``layout.main_dir``."""
-    config_path = layout.main_dir / "config.json"
-    config = decodable_config(_read_config_json(config_path), config_path)
-    index = TensorIndex(layout.main_dir)
+    weights = HFDir(layout.main_dir)
+    config = decodable_config(weights.config, weights.path / "config.json")
     with torch.device("meta"):
         model = TargetModel(config)
     aliases = {"lm_head.weight": "model.embed_tokens.weight"} if config.tie_word_embeddings else {}
-    _load_into(model, index, "", dtype, layout.main_dir, config.n_routed_experts, aliases)
+    _load_into(model, weights, "", dtype, config.n_routed_experts, aliases)
     model.eval()
-    return model, index
+    return model, weights
 
 
 def mtp_prefixes(config: DeepseekV3HFConfig, depth: int) -> list[str]:
@@ -192,13 +149,14 @@ def mtp_prefixes(config: DeepseekV3HFConfig, depth: int) -> list[str]:
 
 
 def load_mtp_modules(
-    layout: ModelLayout, target: TargetModel, main_index: TensorIndex, dtype: torch.dtype
+    layout: ModelLayout, target: TargetModel, main_weights: HFDir, dtype: torch.dtype
 ) -> list[MTPModule]:
     """The MTP modules of an export, in depth order; [] when the export has none."""
     config = target.config
     if layout.mtp_dir is not None:
-        config_path = layout.mtp_dir / "config.json"
-        mtp_config = decodable_config(_read_config_json(config_path), config_path)
+        weights = HFDir(layout.mtp_dir)
+        config_path = weights.path / "config.json"
+        mtp_config = decodable_config(weights.config, config_path)
         if mtp_config.num_hidden_layers != config.num_hidden_layers or mtp_config.hidden_size != config.hidden_size:
             raise UserError(
                 f"{config_path} describes a different model than {layout.main_dir / 'config.json'} "
@@ -206,27 +164,29 @@ def load_mtp_modules(
             )
         if mtp_config.num_nextn_predict_layers < 1:
             raise UserError(f"{config_path} states num_nextn_predict_layers < 1; re-export the MTP part.")
-        index, where, depth = TensorIndex(layout.mtp_dir), layout.mtp_dir, mtp_config.num_nextn_predict_layers
+        depth = mtp_config.num_nextn_predict_layers
     else:
-        index, where = main_index, layout.main_dir
+        weights = main_weights
         depth = 0  # inline: the weights decide (transformers writes num_nextn_predict_layers=1 by default)
         for prefix in mtp_prefixes(config, config.num_nextn_predict_layers):
-            if prefix + "eh_proj.weight" not in index:
+            if prefix + "eh_proj.weight" not in weights:
                 break
             depth += 1
         mtp_config = config
     modules: list[MTPModule] = []
     for i, prefix in enumerate(mtp_prefixes(config, depth)):
-        if prefix + "eh_proj.weight" not in index:
-            raise UserError(f"{where} lacks {prefix}eh_proj.weight for MTP depth {i + 1}; re-export the MTP part.")
+        if prefix + "eh_proj.weight" not in weights:
+            raise UserError(
+                f"{weights.path} lacks {prefix}eh_proj.weight for MTP depth {i + 1}; re-export the MTP part."
+            )
         with torch.device("meta"):
             module = MTPModule(
                 mtp_config,
                 config.num_hidden_layers + i,
-                own_embedding=prefix + "embed_tokens.weight" in index,
-                own_head=prefix + "shared_head.head.weight" in index,
+                own_embedding=prefix + "embed_tokens.weight" in weights,
+                own_head=prefix + "shared_head.head.weight" in weights,
             )
-        _load_into(module, index, prefix, dtype, where, mtp_config.n_routed_experts)
+        _load_into(module, weights, prefix, dtype, mtp_config.n_routed_experts)
         module.share_with(target.model.embed_tokens, target.lm_head)
         module.eval()
         modules.append(module)
