@@ -161,11 +161,12 @@ class Generator:
                 f"max_position_embeddings ({self.config.max_position_embeddings}); shorten one of them."
             )
         eos = set() if ignore_eos else set(self.config.eos_token_ids)
-        return _Run(self, params, seed, speculative_k, drafter, _Output(self, max_new_tokens, stop, eos)).run(ids)
+        output = _Output(self, max_new_tokens, stop, eos)
+        return _Generation(self, params, seed, speculative_k, drafter, output).run(ids)
 
 
-class _Run:
-    """State of one generate() call."""
+class _Generation:
+    """One generate() call: its sampling state, statistics and round loop."""
 
     def __init__(
         self, g: Generator, params: SamplingParams, seed: int, k: int, drafter: Drafter | None, out: _Output
@@ -250,21 +251,21 @@ def load_generator(
 ) -> Generator:
     """Load an exported HF directory (main/ + mtp/, inline, or plain) or a megatron checkpoint/run dir."""
     from megatron_mtp.inference.checkpoint_source import hf_dir_for
-    from megatron_mtp.inference.model_dir import load_mtp_modules, load_target, parse_dtype, resolve_layout
+    from megatron_mtp.inference.model_dir import find_export_dirs, load_mtp_modules, load_target, parse_dtype
 
     torch_dtype = parse_dtype(dtype)
-    layout = resolve_layout(hf_dir_for(Path(model_dir)))
-    target, index = load_target(layout, torch_dtype)
-    modules = load_mtp_modules(layout, target, index, torch_dtype)
+    dirs = find_export_dirs(hf_dir_for(Path(model_dir)))
+    target, main_weights = load_target(dirs, torch_dtype)
+    modules = load_mtp_modules(dirs, target, main_weights, torch_dtype)
     tokenizer = None
-    if layout.tokenizer_file is not None:
+    if dirs.tokenizer_file is not None:
         from tokenizers import Tokenizer
 
         try:
-            tokenizer = Tokenizer.from_file(str(layout.tokenizer_file))
+            tokenizer = Tokenizer.from_file(str(dirs.tokenizer_file))
         except Exception as exc:  # tokenizers raises a bare Exception subclass
             raise UserError(
-                f"{layout.tokenizer_file} is not a readable tokenizer ({exc}); re-export the model."
+                f"{dirs.tokenizer_file} is not a readable tokenizer ({exc}); re-export the model."
             ) from exc
     drafter = MTPDrafter(modules, chain_hidden=chain_hidden) if modules else None
-    return Generator(target, drafter, tokenizer, layout.root)
+    return Generator(target, drafter, tokenizer, dirs.root)

@@ -37,8 +37,8 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 @dataclass(frozen=True)
-class ModelLayout:
-    """Where the main weights, the MTP weights and the tokenizer of an export live."""
+class ExportDirs:
+    """Where the main weights, the MTP weights and the tokenizer of an HF export live."""
 
     root: Path
     main_dir: Path
@@ -46,11 +46,13 @@ class ModelLayout:
     tokenizer_file: Path | None
 
 
-def resolve_layout(path: str | Path) -> ModelLayout:
-    """Classify ``path``; raise UserError naming what is missing."""
+def find_export_dirs(path: str | Path) -> ExportDirs:
+    """The directories of the export at ``path`` (main/ + mtp/, inline or plain); a UserError names what is missing."""
     root = Path(path).expanduser()
     if not root.exists():
-        raise UserError(f"model directory {root} does not exist; pass an exported Hugging Face DeepSeek-V3 directory.")
+        raise UserError(
+            f"model directory {root} does not exist; pass an exported Hugging Face DeepSeek-V3 directory."
+        )
     if not root.is_dir():
         raise UserError(f"model path {root} is not a directory; pass an exported Hugging Face DeepSeek-V3 directory.")
     if (root / "main" / "config.json").is_file():
@@ -68,7 +70,7 @@ def resolve_layout(path: str | Path) -> ModelLayout:
         if candidate is not None and (candidate / "tokenizer.json").is_file():
             tokenizer_file = candidate / "tokenizer.json"
             break
-    return ModelLayout(root=root, main_dir=main_dir, mtp_dir=mtp_dir, tokenizer_file=tokenizer_file)
+    return ExportDirs(root=root, main_dir=main_dir, mtp_dir=mtp_dir, tokenizer_file=tokenizer_file)
 
 
 def _expert_sources(key: str, prefix: str, num_experts: int) -> list[list[str]] | None:
@@ -132,9 +134,9 @@ def decodable_config(raw: dict, where: Path) -> DeepseekV3HFConfig:
     return config
 
 
-def load_target(layout: ModelLayout, dtype: torch.dtype) -> tuple[TargetModel, HFDir]:
-    """Build the main model from ``layout.main_dir``."""
-    weights = HFDir(layout.main_dir)
+def load_target(dirs: ExportDirs, dtype: torch.dtype) -> tuple[TargetModel, HFDir]:
+    """Build the main model from ``dirs.main_dir``."""
+    weights = HFDir(dirs.main_dir)
     config = decodable_config(weights.config, weights.path / "config.json")
     with torch.device("meta"):
         model = TargetModel(config)
@@ -149,17 +151,17 @@ def mtp_prefixes(config: DeepseekV3HFConfig, depth: int) -> list[str]:
 
 
 def load_mtp_modules(
-    layout: ModelLayout, target: TargetModel, main_weights: HFDir, dtype: torch.dtype
+    dirs: ExportDirs, target: TargetModel, main_weights: HFDir, dtype: torch.dtype
 ) -> list[MTPModule]:
     """The MTP modules of an export, in depth order; [] when the export has none."""
     config = target.config
-    if layout.mtp_dir is not None:
-        weights = HFDir(layout.mtp_dir)
+    if dirs.mtp_dir is not None:
+        weights = HFDir(dirs.mtp_dir)
         config_path = weights.path / "config.json"
         mtp_config = decodable_config(weights.config, config_path)
         if mtp_config.num_hidden_layers != config.num_hidden_layers or mtp_config.hidden_size != config.hidden_size:
             raise UserError(
-                f"{config_path} describes a different model than {layout.main_dir / 'config.json'} "
+                f"{config_path} describes a different model than {dirs.main_dir / 'config.json'} "
                 "(num_hidden_layers or hidden_size differ); export main and mtp from the same checkpoint."
             )
         if mtp_config.num_nextn_predict_layers < 1:
