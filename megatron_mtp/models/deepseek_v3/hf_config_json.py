@@ -8,8 +8,10 @@ field takes the default below; each consumer refuses what it cannot run (convert
 
 YaRN ``mscale``/``mscale_all_dim`` default to 1.0/0.0, megatron-core's defaults: with them
 megatron-core computes the attention factor and softmax scale that transformers computes for a file
-giving neither. A missing ``original_max_position_embeddings`` is ``max_position_embeddings`` and a
-missing ``factor`` their ratio, as in transformers.
+giving neither. (For a file giving ``mscale_all_dim`` without ``mscale`` the two libraries disagree
+whatever the default; the view, and so the decoder, takes megatron-core's reading, mscale 1.0.)
+A missing ``original_max_position_embeddings`` is ``max_position_embeddings`` and a missing
+``factor`` their ratio, as in transformers.
 """
 
 from __future__ import annotations
