@@ -26,7 +26,8 @@ from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import INDEX_NAME, HFDir, PlannedTensor, ShardedSafetensorsWriter
 from megatron_mtp.convert.staging import staged_dir
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.deepseek_v3 import hf_mapping as hm
+from megatron_mtp.models.deepseek_v3.hf_config_json import mtp_depth
+from megatron_mtp.models.deepseek_v3.hf_mapping import MODEL_KEY_PREFIXES, is_mtp_hf_name
 
 _HF_WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
@@ -40,16 +41,13 @@ def drop_mtp(src: str | Path, out: str | Path, max_shard_bytes: int = 4 << 30) -
     return _drop_mcore(src, Path(out))
 
 
-def _mtp_depth(config: dict) -> int:
-    return int(config.get("num_nextn_predict_layers", config.get("num_mtp_layers", 0)) or 0)
-
-
 def _drop_hf(src: Path, out: Path, max_shard_bytes: int) -> Path:
     if not (src / "config.json").is_file():  # separate export: main is already MTP-free
         main = HFDir(src / "main")
         if not (src / "mtp").is_dir():
             raise UserError(f"'{src}' has no MTP part (no mtp/ directory); there is nothing to drop")
-        if _mtp_depth(main.config) or any(hm.is_mtp_hf_name(n, main.config["num_hidden_layers"]) for n in main.names()):
+        layers = main.config["num_hidden_layers"]
+        if mtp_depth(main.config) or any(is_mtp_hf_name(n, layers) for n in main.names()):
             raise UserError(f"'{src / 'main'}' itself declares MTP layers; run drop-mtp on '{src / 'main'}'")
         with staged_dir(out) as tmp:
             shutil.rmtree(tmp)
@@ -57,10 +55,12 @@ def _drop_hf(src: Path, out: Path, max_shard_bytes: int) -> Path:
         return out
     hf = HFDir(src)
     num_layers = int(hf.config.get("num_hidden_layers", 0))
-    keep = [n for n in hf.weight_map if not hm.is_mtp_hf_name(n, num_layers)]
+    keep = [n for n in hf.weight_map if not is_mtp_hf_name(n, num_layers)]
     dropped = len(hf.weight_map) - len(keep)
-    if dropped == 0 and _mtp_depth(hf.config) == 0:
-        raise UserError(f"'{src}' has no MTP layers (num_nextn_predict_layers is 0 and no layer >= {num_layers}); nothing to drop")
+    if dropped == 0 and mtp_depth(hf.config) == 0:
+        raise UserError(
+            f"'{src}' has no MTP layers (num_nextn_predict_layers is 0 and no layer >= {num_layers}); nothing to drop"
+        )
     keep.sort(key=lambda n: (hf.weight_map[n], n))
     with staged_dir(out) as tmp:
         plan = [PlannedTensor(n, hf.shape(n), hf.dtype(n)) for n in keep]
@@ -78,7 +78,8 @@ def _drop_hf(src: Path, out: Path, max_shard_bytes: int) -> Path:
         config.pop("num_mtp_layers", None)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         for item in sorted(src.iterdir()):
-            if item.is_file() and item.name not in ("config.json", INDEX_NAME) and not item.name.endswith(_HF_WEIGHT_SUFFIXES):
+            weights = item.name.endswith(_HF_WEIGHT_SUFFIXES)
+            if item.is_file() and item.name not in ("config.json", INDEX_NAME) and not weights:
                 shutil.copy2(item, tmp / item.name)
     return out
 
@@ -90,10 +91,10 @@ def _drop_mcore(src: Path, out: Path) -> Path:
     mtp_keys = [k for k in reader.keys() if k.startswith("mtp.")]
     if cfg.mtp.num_layers == 0 or not mtp_keys:
         raise UserError(f"checkpoint '{step}' has no MTP layers; there is nothing to drop")
-    keys = [k for k in reader.keys() if k.startswith(hm.MODEL_KEY_PREFIXES) and not k.startswith("mtp.")]
+    keys = [k for k in reader.keys() if k.startswith(MODEL_KEY_PREFIXES) and not k.startswith("mtp.")]
     objects = [
         k for k in reader.object_keys()
-        if k.startswith(hm.MODEL_KEY_PREFIXES) and not k.startswith("mtp.") and "._extra_state/" in k
+        if k.startswith(MODEL_KEY_PREFIXES) and not k.startswith("mtp.") and "._extra_state/" in k
     ]
     reader.validate(keys, tuple(objects))
     with staged_dir(out) as tmp, reader:

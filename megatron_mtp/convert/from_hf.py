@@ -5,10 +5,11 @@ export (``DIR/main`` + ``DIR/mtp``), or ``mtp_dir`` given explicitly (release or
 naming); weights in bf16/fp16/fp32 or DeepSeek's FP8 release format (dequantised per 128x128 block).
 
 Output ``OUT`` is one self-contained checkpoint directory: torch_dist files holding only model
-weights with the trainer's keys (TE spelling of fused norms, used on every platform), written at TP1/PP1/EP1 as global tensors, so the
-trainer loads it at any layout; ``config.yaml`` (the translated model, the requested parallel
-layout), ``tokenizer/`` and ``train_state.json`` with ``has_optimizer: false`` (start from its
-weights with ``checkpoint.load=OUT``, or evaluate it with ``megatron-mtp eval OUT``).
+weights with the trainer's keys (TE spelling of fused norms, used on every platform), written at
+TP1/PP1/EP1 as global tensors, so the trainer loads it at any layout; ``config.yaml`` (the
+translated model, the requested parallel layout), ``tokenizer/`` and ``train_state.json`` with
+``has_optimizer: false`` (start from its weights with ``checkpoint.load=OUT``, or evaluate it with
+``megatron-mtp eval OUT``).
 Streaming: one mcore tensor (routed experts: one expert) is assembled and written at a time.
 """
 
@@ -32,8 +33,9 @@ from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.convert.shapes import check_shape
 from megatron_mtp.convert.staging import staged_dir
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.deepseek_v3 import hf_mapping as hm
 from megatron_mtp.models.deepseek_v3.hf_config import from_hf_config
+from megatron_mtp.models.deepseek_v3.hf_config_json import mtp_depth
+from megatron_mtp.models.deepseek_v3.hf_mapping import Param, extra_state_keys, is_mtp_hf_name, param_table
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -74,10 +76,10 @@ def _open_inputs(hf_dir: Path, mtp_dir: Optional[Path]) -> tuple[HFDir, Optional
     return HFDir(hf_dir), HFDir(mtp_dir) if mtp_dir is not None else None
 
 
-def _mtp_depth(main: HFDir, mtp: Optional[HFDir], num_layers: int, with_mtp: bool) -> int:
-    declared = int(main.config.get("num_nextn_predict_layers", main.config.get("num_mtp_layers", 0)) or 0)
+def _mtp_depth(main: HFDir, mtp: Optional[HFDir], with_mtp: bool) -> int:
+    declared = mtp_depth(main.config, str(main.path / "config.json"))
     if mtp is not None:
-        declared = int(mtp.config.get("num_nextn_predict_layers", mtp.config.get("num_mtp_layers", 0)) or 0)
+        declared = mtp_depth(mtp.config, str(mtp.path / "config.json"))
         if declared == 0:
             raise UserError(f"MTP directory '{mtp.path}' has num_nextn_predict_layers 0; it holds no MTP layers")
     if not with_mtp:
@@ -91,7 +93,7 @@ def _vocab_multiple(vocab: int, tp: int) -> int:
     return math.gcd(vocab // tp, 128)
 
 
-def _shape_of(param: hm.Param, src: _Sources) -> tuple[int, ...]:
+def _shape_of(param: Param, src: _Sources) -> tuple[int, ...]:
     names = [n.format(e=0) for n in param.hf]
     shapes = [src.shape(n) for n in names]
     if len(shapes) == 2:
@@ -103,7 +105,7 @@ def _shape_of(param: hm.Param, src: _Sources) -> tuple[int, ...]:
     return (param.num_experts, *rows) if param.num_experts else tuple(rows)
 
 
-def _assemble(param: hm.Param, src: _Sources, dtype: torch.dtype, expert: Optional[int]) -> torch.Tensor:
+def _assemble(param: Param, src: _Sources, dtype: torch.dtype, expert: Optional[int]) -> torch.Tensor:
     names = [n.format(e=expert) for n in param.hf] if expert is not None else list(param.hf)
     parts = [src.get(n).to(torch.float32 if param.keep_fp32 else dtype) for n in names]
     tensor = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
@@ -131,16 +133,12 @@ def import_from_hf(
         raise UserError(f"Hugging Face directory '{hf_dir}' does not exist")
     main, mtp = _open_inputs(hf_dir, Path(mtp_dir) if mtp_dir is not None else None)
     model_cfg, _, vocab = from_hf_config(main.config, str(main.path / "config.json"))
-    depth = _mtp_depth(main, mtp, model_cfg.num_layers, with_mtp)
+    depth = _mtp_depth(main, mtp, with_mtp)
     if model_cfg.num_experts and model_cfg.num_experts % ep:
         raise UserError(f"--ep {ep} does not divide the {model_cfg.num_experts} routed experts")
-    layout = hm.Layout(
-        num_layers=model_cfg.num_layers, mtp_layers=depth, num_experts=model_cfg.num_experts,
-        first_k_dense=model_cfg.first_k_dense, q_lora=model_cfg.q_lora_rank is not None,
-        tie_embeddings=model_cfg.tie_embeddings, expert_bias=model_cfg.router_enable_expert_bias,
-    )
     src = _Sources(main, mtp, model_cfg.num_layers)
-    params = hm.param_table(layout, spec="te", mtp_copies=False)  # the trainer writes TE spellings on every platform
+    # the trainer writes TE spellings on every platform
+    params = param_table(model_cfg, depth, spec="te", mtp_copies=False)
     for p in params:
         for name in p.hf_names():
             if name not in src:
@@ -150,16 +148,20 @@ def import_from_hf(
                     "(config/weights mismatch or an incomplete download)"
                 )
     used = {n for p in params for n in p.hf_names()}
-    mtp_copies = {n for p in hm.param_table(layout) if p.copy for n in p.hf_names()}
+    mtp_copies = {n for p in param_table(model_cfg, depth) if p.copy for n in p.hf_names()}
     for name in src.where:
         if name in used or name in mtp_copies:
             continue
-        if not with_mtp and hm.is_mtp_hf_name(name, layout.num_layers):
+        if not with_mtp and is_mtp_hf_name(name, model_cfg.num_layers):
             continue
-        raise UserError(f"'{hf_dir}' holds '{name}', which the model's config.json does not describe; it would be dropped")
+        raise UserError(
+            f"'{hf_dir}' holds '{name}', which the model's config.json does not describe; it would be dropped"
+        )
     emb = src.shape("model.embed_tokens.weight")
     if emb != (vocab, model_cfg.hidden_size):
-        raise UserError(f"model.embed_tokens.weight is {emb} but config.json says vocab {vocab} x hidden {model_cfg.hidden_size}")
+        raise UserError(
+            f"model.embed_tokens.weight is {emb} but config.json says vocab {vocab} x hidden {model_cfg.hidden_size}"
+        )
     model_cfg.make_vocab_size_divisible_by = _vocab_multiple(vocab, tp)
     torch_dtype = DTYPES[dtype]
     shapes = {p.mcore: _shape_of(p, src) for p in params}
@@ -184,7 +186,7 @@ def import_from_hf(
                         writer.write_tensor(p.mcore, tensor)
                         bar.advance(tensor.numel() * tensor.element_size(), 0)
                     bar.advance(0, 1)
-                    for key in hm.extra_state_keys(p):
+                    for key in extra_state_keys(p):
                         writer.write_object(key, [None])
             writer.finish({})
         finally:

@@ -6,9 +6,10 @@ shard is opened and tensors are then appended one by one: nothing is buffered be
 hand. ``finish`` checks that every announced tensor arrived and writes
 ``model.safetensors.index.json``.
 
-Reader: ``HFDir`` indexes an HF model directory (index file or a single ``model.safetensors``),
-checks each file's header against its size (a truncated shard is an error before any output), and
-returns tensors one at a time, dequantising FP8 weights with their ``_scale_inv`` blocks.
+Reader: ``HFDir`` indexes an HF model directory for the converter and the decoder alike (its
+index file, else every ``*.safetensors`` file in it), checks each file's header against its size (a
+truncated shard is an error before any output), and returns tensors one at a time, dequantising FP8
+weights with their ``_scale_inv`` blocks.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from megatron_mtp.convert.fp8 import FP8_DTYPES, dequantize_blockwise
 from megatron_mtp.errors import UserError
 
 INDEX_NAME = "model.safetensors.index.json"
-SINGLE_NAME = "model.safetensors"
 
 _DTYPE_NAMES = {
     torch.float32: "F32",
@@ -115,7 +115,9 @@ class ShardedSafetensorsWriter:
     def write(self, name: str, tensor: torch.Tensor) -> None:
         item = self._next(name)
         if tuple(tensor.shape) != item.shape or tensor.dtype != item.dtype:
-            raise ValueError(f"expected {item.name} {item.shape} {item.dtype}, got {tuple(tensor.shape)} {tensor.dtype}")
+            raise ValueError(
+                f"expected {item.name} {item.shape} {item.dtype}, got {tuple(tensor.shape)} {tensor.dtype}"
+            )
         data = memoryview(tensor.detach().contiguous().view(-1).view(torch.uint8).numpy())
         while data:
             data = data[self._fh.write(data):]
@@ -176,7 +178,9 @@ def _read_header(file: Path) -> dict:
     except FileNotFoundError:
         raise UserError(f"safetensors shard '{file}' is missing; the model directory is incomplete") from None
     except (ValueError, OSError):
-        raise UserError(f"safetensors shard '{file}' has a damaged header; it is truncated or not safetensors") from None
+        raise UserError(
+            f"safetensors shard '{file}' has a damaged header; it is truncated or not safetensors"
+        ) from None
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     if size < 8 + n + end:
         raise UserError(f"safetensors shard '{file}' is truncated ({size} bytes, needs {8 + n + end})")
@@ -195,17 +199,20 @@ class HFDir:
             self.config: dict = json.loads(config_file.read_text())
         except ValueError:
             raise UserError(f"'{config_file}' is not valid JSON") from None
+        if not isinstance(self.config, dict):
+            raise UserError(f"'{config_file}' must hold a JSON object")
         index_file = self.path / INDEX_NAME
+        weight_map: Optional[dict[str, str]] = None
         if index_file.is_file():
             try:
                 weight_map = json.loads(index_file.read_text())["weight_map"]
-            except (ValueError, KeyError):
+            except (ValueError, KeyError, TypeError):
                 raise UserError(f"'{index_file}' is not a valid safetensors index (no weight_map)") from None
-        elif (self.path / SINGLE_NAME).is_file():
-            weight_map = None
+            files = sorted(set(weight_map.values()))
         else:
-            raise UserError(f"'{self.path}' holds no {INDEX_NAME} or {SINGLE_NAME}")
-        files = sorted(set(weight_map.values())) if weight_map is not None else [SINGLE_NAME]
+            files = sorted(f.name for f in self.path.glob("*.safetensors"))
+            if not files:
+                raise UserError(f"'{self.path}' holds no {INDEX_NAME} and no *.safetensors files")
         self._headers = {f: _read_header(self.path / f) for f in files}
         self.weight_map: dict[str, str] = {}
         for f, header in self._headers.items():
@@ -219,6 +226,9 @@ class HFDir:
         quant = self.config.get("quantization_config") or {}
         self.block = tuple(quant.get("weight_block_size", (128, 128)))
         self._handles: dict[str, object] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.weight_map
 
     def names(self) -> list[str]:
         """Tensor names, without the FP8 ``_scale_inv`` companions."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from megatron_mtp.config.model import ModelConfig
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.deepseek_v3 import hf_mapping as hm
+from megatron_mtp.models.deepseek_v3.hf_mapping import EMBEDDING, FINAL_NORM, OUTPUT_LAYER
 
 
 def _suffix_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -45,9 +45,9 @@ def _suffix_shapes(m: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def expected_shape(key: str, model: ModelConfig, vocab: int) -> tuple[int, ...]:
-    if key in (hm.EMBEDDING, hm.OUTPUT_LAYER):
+    if key in (EMBEDDING, OUTPUT_LAYER):
         return (vocab, model.hidden_size)
-    if key == hm.FINAL_NORM:
+    if key == FINAL_NORM:
         return (model.hidden_size,)
     for suffix, shape in _suffix_shapes(model).items():
         if key.endswith("." + suffix):

@@ -17,6 +17,7 @@ because it depends only on global tensors.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
@@ -27,15 +28,16 @@ import torch
 
 from megatron_mtp.checkpoint.info import read_config
 from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, resolve_checkpoint
-from megatron_mtp.convert.tokenizer_files import copy_tokenizer, special_token_ids
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
+from megatron_mtp.config import Config
+from megatron_mtp.convert.tokenizer_files import copy_tokenizer, special_token_ids
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import PlannedTensor, ShardedSafetensorsWriter
 from megatron_mtp.convert.shapes import check_shape
 from megatron_mtp.convert.staging import staged_dir
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.deepseek_v3 import hf_mapping as hm
 from megatron_mtp.models.deepseek_v3.hf_config import to_hf_config
+from megatron_mtp.models.deepseek_v3.hf_mapping import EMBEDDING, MODEL_KEY_PREFIXES, Param, nextn_name, param_table
 
 MtpMode = Literal["separate", "inline", "none"]
 MtpLayout = Literal["hf", "nextn"]
@@ -46,36 +48,23 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 class Piece:
     """One read from the checkpoint and the HF tensors cut out of it."""
 
-    param: hm.Param
+    param: Param
     rows: Optional[tuple[int, int]]  # expert slice of the leading axis, or None for the whole tensor
     outputs: tuple[tuple[str, str, tuple[int, ...]], ...]  # (destination, hf name, shape)
 
 
-def layout_from_config(cfg) -> hm.Layout:
-    m = cfg.model
-    return hm.Layout(
-        num_layers=m.num_layers,
-        mtp_layers=cfg.mtp.num_layers,
-        num_experts=m.num_experts,
-        first_k_dense=m.first_k_dense,
-        q_lora=m.q_lora_rank is not None,
-        tie_embeddings=m.tie_embeddings,
-        expert_bias=m.router_enable_expert_bias,
-    )
-
-
-def select_params(reader: TorchDistReader, layout: hm.Layout, step: Path) -> list[hm.Param]:
+def select_params(reader: TorchDistReader, cfg: Config, step: Path) -> list[Param]:
     """The table rows present in the checkpoint; every model tensor must be claimed by one."""
-    table = [p for p in hm.param_table(layout) if p.mcore in reader]
+    table = [p for p in param_table(cfg.model, cfg.mtp.num_layers) if p.mcore in reader]
     claimed = {p.mcore for p in table}
     for key in reader.keys():
-        if key.startswith(hm.MODEL_KEY_PREFIXES) and key not in claimed:
+        if key.startswith(MODEL_KEY_PREFIXES) and key not in claimed:
             raise UserError(
                 f"checkpoint '{step}' holds '{key}', which its config.yaml does not describe "
                 "(config/weights mismatch); the export would drop it"
             )
     produced = {name for p in table for name in p.hf_names()}
-    for param in hm.param_table(layout, spec="local"):
+    for param in param_table(cfg.model, cfg.mtp.num_layers, spec="local"):
         for name in param.hf_names():
             if name not in produced:
                 raise UserError(
@@ -85,13 +74,13 @@ def select_params(reader: TorchDistReader, layout: hm.Layout, step: Path) -> lis
     return table
 
 
-def _check_shapes(reader: TorchDistReader, params: list[hm.Param], cfg, step: Path) -> None:
-    vocab = reader.entry(hm.EMBEDDING).shape[0]
+def _check_shapes(reader: TorchDistReader, params: list[Param], cfg: Config, step: Path) -> None:
+    vocab = reader.entry(EMBEDDING).shape[0]
     for p in params:
         check_shape(p.mcore, reader.entry(p.mcore).shape, cfg.model, vocab, f"checkpoint '{step}'")
 
 
-def _destination(param: hm.Param, mode: MtpMode) -> Optional[str]:
+def _destination(param: Param, mode: MtpMode) -> Optional[str]:
     if param.part == "main":
         return "main"
     if mode == "none":
@@ -99,7 +88,9 @@ def _destination(param: hm.Param, mode: MtpMode) -> Optional[str]:
     return "mtp" if mode == "separate" else "main"
 
 
-def plan_pieces(reader: TorchDistReader, params: list[hm.Param], layout: hm.Layout, mode: MtpMode, mtp_layout: MtpLayout) -> list[Piece]:
+def plan_pieces(
+    reader: TorchDistReader, params: list[Param], num_layers: int, mode: MtpMode, mtp_layout: MtpLayout
+) -> list[Piece]:
     pieces = []
     for p in params:
         dest = _destination(p, mode)
@@ -109,7 +100,7 @@ def plan_pieces(reader: TorchDistReader, params: list[hm.Param], layout: hm.Layo
 
         def rename(name: str) -> Optional[str]:
             if dest == "mtp" and mtp_layout == "nextn":
-                return hm.nextn_name(name, layout.num_layers)
+                return nextn_name(name, num_layers)
             return name
 
         if p.num_experts:
@@ -132,7 +123,7 @@ def _split_outputs(dest: str, names: list[Optional[str]], shape: tuple[int, ...]
     return tuple((dest, n, half) for n in names if n is not None)
 
 
-def _out_dtype(param: hm.Param, dtype: torch.dtype) -> torch.dtype:
+def _out_dtype(param: Param, dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if param.keep_fp32 else dtype
 
 
@@ -163,21 +154,23 @@ def _direct_ranges(reader: TorchDistReader, piece: Piece, dtype: torch.dtype):
     return fh, [(offset + i * step, step) for i in range(parts)]
 
 
-def _hf_configs(cfg, vocab: int, mode: MtpMode, mtp_layout: MtpLayout, dtype: str, step: Path) -> dict[str, dict]:
+def _hf_configs(
+    cfg: Config, vocab: int, mode: MtpMode, mtp_layout: MtpLayout, dtype: str, step: Path
+) -> dict[str, dict]:
     bos, eos = special_token_ids(step / TOKENIZER_DIR)
     common = dict(vocab_size=vocab, torch_dtype="bfloat16" if dtype == "bf16" else "float32",
                   bos_token_id=bos, eos_token_id=eos)
     depth = cfg.mtp.num_layers
     main = to_hf_config(cfg.model, cfg.mtp, num_nextn_predict_layers=0, **common)
     if mode == "none":
-        return {"main": main}
+        return {"main": main.to_dict()}
     full = to_hf_config(cfg.model, cfg.mtp, num_nextn_predict_layers=depth, **common)
     if mode == "inline":
-        return {"main": full}
-    mtp = dict(full)
+        return {"main": full.to_dict()}
+    mtp = full
     if mtp_layout == "nextn":
-        mtp.update(architectures=["DeepseekV3ForCausalLMNextN"], num_hidden_layers=depth)
-    return {"main": main, "mtp": mtp}
+        mtp = dataclasses.replace(full, architectures=("DeepseekV3ForCausalLMNextN",), num_hidden_layers=depth)
+    return {"main": main.to_dict(), "mtp": mtp.to_dict()}
 
 
 def export_to_hf(
@@ -202,21 +195,20 @@ def export_to_hf(
     if resolved.note:
         print(f"note: {resolved.note}", file=sys.stderr)
     cfg = read_config(step)
-    layout = layout_from_config(cfg)
     reader = TorchDistReader(step)
     has_mtp_keys = any(k.startswith("mtp.") for k in reader.keys())
-    if mtp != "none" and (layout.mtp_layers == 0 or not has_mtp_keys):
+    if mtp != "none" and (cfg.mtp.num_layers == 0 or not has_mtp_keys):
         raise UserError(f"checkpoint '{step}' has no MTP layers; export it with --mtp none")
-    params = select_params(reader, layout, step)
+    params = select_params(reader, cfg, step)
     _check_shapes(reader, params, cfg, step)
     reader.validate(sorted({p.mcore for p in params}))
-    pieces = plan_pieces(reader, params, layout, mtp, mtp_layout)
+    pieces = plan_pieces(reader, params, cfg.model.num_layers, mtp, mtp_layout)
     torch_dtype = DTYPES[dtype]
     plans: dict[str, list[PlannedTensor]] = {}
     for piece in pieces:
         for dest, name, shape in piece.outputs:
             plans.setdefault(dest, []).append(PlannedTensor(name, shape, _out_dtype(piece.param, torch_dtype)))
-    vocab = reader.entry(hm.EMBEDDING).shape[0]
+    vocab = reader.entry(EMBEDDING).shape[0]
     configs = _hf_configs(cfg, vocab, mtp, mtp_layout, dtype, step)
     out_dir = Path(out_dir)
     with staged_dir(out_dir) as tmp, reader:

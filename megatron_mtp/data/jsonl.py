@@ -47,11 +47,6 @@ class BadLine:
     detail: str
 
 
-def is_gzip(path: Union[str, os.PathLike]) -> bool:
-    with open(path, "rb") as fh:
-        return fh.read(2) == GZIP_MAGIC
-
-
 def open_input(path: Union[str, os.PathLike]) -> tuple[BinaryIO, BinaryIO]:
     """(line stream, raw file) for a plain or gzip file; the raw file's tell() measures progress."""
     if not os.path.exists(path):

@@ -1,21 +1,22 @@
 """Accept a megatron-mtp checkpoint or run directory where an HF export is expected.
 
-A run dir (``RUN/checkpoints/latest``), a checkpoints dir (``latest``) or a checkpoint dir
-(``train_state.json``) is exported once with ``megatron_mtp.convert.to_hf.export_to_hf``
-(``mtp="separate"``, fp32 where the converter offers it) into a cache folder keyed by the checkpoint's absolute path and the mtime of
-its train_state.json; the export goes to a temporary name and is renamed when complete.
+A run directory, its checkpoints/ directory, a step directory or the ``latest`` file (the rules of
+``checkpoint.run_dir``, shared with eval and convert) is exported once with ``megatron_mtp.convert.to_hf.export_to_hf``
+(``mtp="separate"``, fp32) into a cache folder keyed by the checkpoint's absolute path and the
+mtime of its train_state.json; the export goes to a temporary name and is renamed when complete.
 """
 
 from __future__ import annotations
 
 import hashlib
-import inspect
 import os
 import shutil
 import sys
 from pathlib import Path
 
-from megatron_mtp.checkpoint.run_dir import find_checkpoint
+from megatron_mtp.checkpoint.run_dir import STATE_FILE, find_checkpoint
+from megatron_mtp.convert.to_hf import export_to_hf
+from megatron_mtp.data.default_corpus import default_cache_dir
 from megatron_mtp.errors import UserError
 
 
@@ -31,11 +32,6 @@ def checkpoint_dir_of(path: Path) -> Path | None:
     return found.path
 
 
-def _cache_root() -> Path:
-    root = os.environ.get("MEGATRON_MTP_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "megatron_mtp"
-
-
 def hf_dir_for(path: Path) -> Path:
     """``path`` itself for HF exports; a cached HF export for megatron-mtp checkpoints."""
     if not path.exists():
@@ -43,16 +39,9 @@ def hf_dir_for(path: Path) -> Path:
     ckpt = checkpoint_dir_of(path)
     if ckpt is None:
         return path
-    try:
-        from megatron_mtp.convert.to_hf import export_to_hf  # type: ignore[import-not-found]
-    except ImportError as exc:
-        raise UserError(
-            f"{path} is a megatron-mtp checkpoint but megatron_mtp.convert.to_hf.export_to_hf is not available "
-            "in this build; export it with `megatron-mtp convert` first and pass the HF directory."
-        ) from exc
-    stamp = (ckpt / "train_state.json").stat().st_mtime_ns if (ckpt / "train_state.json").exists() else 0
+    stamp = (ckpt / STATE_FILE).stat().st_mtime_ns
     key = hashlib.sha1(f"{ckpt.resolve()}:{stamp}".encode()).hexdigest()[:16]
-    out = _cache_root() / "hf_exports" / key
+    out = Path(default_cache_dir()) / "hf_exports" / key
     if (out / "main" / "config.json").is_file():
         return out
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -60,8 +49,7 @@ def hf_dir_for(path: Path) -> Path:
     tmp.parent.mkdir(parents=True, exist_ok=True)
     print(f"exporting {ckpt} to Hugging Face format in {out}", file=sys.stderr)
     try:
-        kwargs = {"dtype": "fp32"} if "dtype" in inspect.signature(export_to_hf).parameters else {}
-        export_to_hf(str(ckpt), str(tmp), mtp="separate", **kwargs)
+        export_to_hf(str(ckpt), str(tmp), mtp="separate", dtype="fp32")
         if out.exists():  # another process finished first
             shutil.rmtree(tmp, ignore_errors=True)
         else:

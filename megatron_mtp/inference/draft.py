@@ -81,7 +81,7 @@ class MTPDrafter:
             raise ValueError("MTPDrafter needs at least one MTP module")
         self.modules = modules
         self.chain_hidden = chain_hidden
-        width = modules[0].dims.hidden_size
+        width = modules[0].config.hidden_size
         dtype = modules[0].eh_proj.weight.dtype
         self._hidden = [HiddenBuffer(width, dtype) for _ in range(len(modules) + 1)]
         self._depth_len = [0] * (len(modules) + 1)  # index m = module m (1-based); [0] unused

@@ -20,12 +20,12 @@ from typing import Any, Literal
 import torch
 
 from megatron_mtp.errors import UserError
-from megatron_mtp.inference.dims import DeepseekV3Dims
 from megatron_mtp.inference.draft import Drafter, MTPDrafter
 from megatron_mtp.inference.sampling import SamplingParams, draw, probabilities
 from megatron_mtp.inference.stats import GenerationStats
 from megatron_mtp.inference.target import TargetModel
 from megatron_mtp.inference.verify import verify
+from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
 
 MAX_SPECULATIVE_K = 16
 
@@ -95,8 +95,8 @@ class Generator:
         self.source = source
 
     @property
-    def dims(self) -> DeepseekV3Dims:
-        return self.target.dims
+    def config(self) -> DeepseekV3HFConfig:
+        return self.target.config
 
     @property
     def has_mtp(self) -> bool:
@@ -104,7 +104,9 @@ class Generator:
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
-            raise UserError(f"{self.source} has no tokenizer.json, so text prompts and stop strings cannot be used; pass token ids.")
+            raise UserError(
+                f"{self.source} has no tokenizer.json, so text prompts and stop strings cannot be used; pass token ids."
+            )
         return list(self.tokenizer.encode(text).ids)
 
     def decode(self, ids: list[int]) -> str:
@@ -116,9 +118,9 @@ class Generator:
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
             raise UserError("the prompt is empty after tokenization; give at least one token.")
-        bad = [t for t in ids if not 0 <= t < self.dims.vocab_size]
+        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
         if bad:
-            raise UserError(f"prompt token id {bad[0]} is outside the vocabulary (size {self.dims.vocab_size}).")
+            raise UserError(f"prompt token id {bad[0]} is outside the vocabulary (size {self.config.vocab_size}).")
         return ids
 
     def generate(
@@ -153,17 +155,18 @@ class Generator:
         if stop and self.tokenizer is None:
             raise UserError(f"{self.source} has no tokenizer.json, so stop strings cannot be matched; drop --stop.")
         ids = self._prompt_ids(prompt)
-        if len(ids) + max_new_tokens + speculative_k > self.dims.max_position_embeddings:
+        if len(ids) + max_new_tokens + speculative_k > self.config.max_position_embeddings:
             raise UserError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) + K exceeds the model's "
-                f"max_position_embeddings ({self.dims.max_position_embeddings}); shorten one of them."
+                f"max_position_embeddings ({self.config.max_position_embeddings}); shorten one of them."
             )
-        eos = set() if ignore_eos else set(self.dims.eos_token_ids)
-        return _Run(self, params, seed, speculative_k, drafter, _Output(self, max_new_tokens, stop, eos)).run(ids)
+        eos = set() if ignore_eos else set(self.config.eos_token_ids)
+        output = _Output(self, max_new_tokens, stop, eos)
+        return _Generation(self, params, seed, speculative_k, drafter, output).run(ids)
 
 
-class _Run:
-    """State of one generate() call."""
+class _Generation:
+    """One generate() call: its sampling state, statistics and round loop."""
 
     def __init__(
         self, g: Generator, params: SamplingParams, seed: int, k: int, drafter: Drafter | None, out: _Output
@@ -248,19 +251,21 @@ def load_generator(
 ) -> Generator:
     """Load an exported HF directory (main/ + mtp/, inline, or plain) or a megatron checkpoint/run dir."""
     from megatron_mtp.inference.checkpoint_source import hf_dir_for
-    from megatron_mtp.inference.model_dir import load_mtp_modules, load_target, parse_dtype, resolve_layout
+    from megatron_mtp.inference.model_dir import find_export_dirs, load_mtp_modules, load_target, parse_dtype
 
     torch_dtype = parse_dtype(dtype)
-    layout = resolve_layout(hf_dir_for(Path(model_dir)))
-    target, _, index = load_target(layout, torch_dtype)
-    modules = load_mtp_modules(layout, target, index, torch_dtype)
+    dirs = find_export_dirs(hf_dir_for(Path(model_dir)))
+    target, main_weights = load_target(dirs, torch_dtype)
+    modules = load_mtp_modules(dirs, target, main_weights, torch_dtype)
     tokenizer = None
-    if layout.tokenizer_file is not None:
+    if dirs.tokenizer_file is not None:
         from tokenizers import Tokenizer
 
         try:
-            tokenizer = Tokenizer.from_file(str(layout.tokenizer_file))
+            tokenizer = Tokenizer.from_file(str(dirs.tokenizer_file))
         except Exception as exc:  # tokenizers raises a bare Exception subclass
-            raise UserError(f"{layout.tokenizer_file} is not a readable tokenizer ({exc}); re-export the model.") from exc
+            raise UserError(
+                f"{dirs.tokenizer_file} is not a readable tokenizer ({exc}); re-export the model."
+            ) from exc
     drafter = MTPDrafter(modules, chain_hidden=chain_hidden) if modules else None
-    return Generator(target, drafter, tokenizer, layout.root)
+    return Generator(target, drafter, tokenizer, dirs.root)

@@ -6,8 +6,9 @@ with ``load_state_dict`` from an export; routed experts are stacked on an expert
 transformers 5's names (``mlp.experts.gate_up_proj``), assembled by the loader from HF's per-expert
 ``mlp.experts.{e}.gate_proj/up_proj/down_proj``.
 The math follows transformers' ``modeling_deepseek_v3`` (the reference the tests compare against,
-to 1e-5 in fp32); it is written out here so the cache can be cut back in O(1) and the per-call
-Python overhead stays small on CPU (see README.md, "Why our own model").
+to 1e-5 in fp32), except that RMSNorm multiplies by its weight before casting back (the trained
+model's order; the same numbers in fp32). It is written out here so the cache can be cut back in
+O(1) and the per-call Python overhead stays small on CPU (see README.md, "Why our own model").
 Shapes: B batch (always 1 here), T new positions, S cached + new positions, H heads.
 """
 
@@ -19,12 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from megatron_mtp.inference.dims import DeepseekV3Dims, RopeSettings
 from megatron_mtp.inference.kv_cache import LatentKVCache
+from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig, YarnScaling
+from megatron_mtp.rms_norm import rms_norm
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in fp32, scaled by ``weight`` in the input dtype."""
+    """``model.norm``-style RMSNorm holding an HF ``weight`` (math: megatron_mtp/rms_norm.py)."""
 
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -32,10 +34,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.to(torch.float32)
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -45,17 +44,17 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 class Rotary:
     """Inverse frequencies and cos/sin tables for the ``qk_rope_head_dim`` part of MLA."""
 
-    def __init__(self, rope: RopeSettings, dim: int) -> None:
-        self.dim = dim
+    def __init__(self, config: DeepseekV3HFConfig) -> None:
+        self.dim = dim = config.qk_rope_head_dim
         exponents = torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim
-        if rope.rope_type == "default":
-            self.inv_freq = 1.0 / (rope.theta**exponents)
+        if config.rope_scaling is None:
+            self.inv_freq = 1.0 / (config.rope_theta**exponents)
             self.attention_factor = 1.0
         else:
-            self.inv_freq, self.attention_factor = self._yarn(rope, dim, exponents)
+            self.inv_freq, self.attention_factor = self._yarn(config.rope_scaling, config.rope_theta, dim, exponents)
 
     @staticmethod
-    def _yarn(rope: RopeSettings, dim: int, exponents: torch.Tensor) -> tuple[torch.Tensor, float]:
+    def _yarn(rope: YarnScaling, theta: float, dim: int, exponents: torch.Tensor) -> tuple[torch.Tensor, float]:
         factor = rope.factor
         if rope.attention_factor is not None:
             attention_factor = float(rope.attention_factor)
@@ -63,10 +62,10 @@ class Rotary:
             attention_factor = _yarn_mscale(factor, rope.mscale) / _yarn_mscale(factor, rope.mscale_all_dim)
         else:
             attention_factor = _yarn_mscale(factor)
-        original = rope.original_max_position_embeddings or 1
+        original = rope.original_max_position_embeddings
 
         def correction_dim(rotations: float) -> float:
-            return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(rope.theta))
+            return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(theta))
 
         low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
         if rope.truncate:
@@ -76,7 +75,7 @@ class Rotary:
             high += 0.001
         ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32, device="cpu") - low) / (high - low), 0, 1)
         extrapolation_weight = 1 - ramp
-        pos_freqs = rope.theta**exponents
+        pos_freqs = theta**exponents
         inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_weight) + (1.0 / pos_freqs) * extrapolation_weight
         return inv_freq, attention_factor
 
@@ -112,23 +111,24 @@ def apply_rope(
 class MLAttention(nn.Module):
     """Multi-head latent attention; caches the compressed latent, expands K/V per call."""
 
-    def __init__(self, dims: DeepseekV3Dims) -> None:
+    def __init__(self, config: DeepseekV3HFConfig) -> None:
         super().__init__()
-        self.dims = dims
-        h, hd = dims.hidden_size, dims.num_attention_heads
-        if dims.q_lora_rank is None:
-            self.q_proj = nn.Linear(h, hd * dims.qk_head_dim, bias=False)
+        self.config = config
+        h, hd = config.hidden_size, config.num_attention_heads
+        if config.q_lora_rank is None:
+            self.q_proj = nn.Linear(h, hd * config.qk_head_dim, bias=False)
         else:
-            self.q_a_proj = nn.Linear(h, dims.q_lora_rank, bias=dims.attention_bias)
-            self.q_a_layernorm = RMSNorm(dims.q_lora_rank, 1e-6)
-            self.q_b_proj = nn.Linear(dims.q_lora_rank, hd * dims.qk_head_dim, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(h, dims.kv_lora_rank + dims.qk_rope_head_dim, bias=dims.attention_bias)
-        self.kv_a_layernorm = RMSNorm(dims.kv_lora_rank, 1e-6)
-        self.kv_b_proj = nn.Linear(dims.kv_lora_rank, hd * (dims.qk_nope_head_dim + dims.v_head_dim), bias=False)
-        self.o_proj = nn.Linear(hd * dims.v_head_dim, h, bias=dims.attention_bias)
-        scaling = dims.qk_head_dim**-0.5
-        if dims.rope.rope_type != "default" and dims.rope.mscale_all_dim:
-            m = _yarn_mscale(dims.rope.factor, float(dims.rope.mscale_all_dim))
+            self.q_a_proj = nn.Linear(h, config.q_lora_rank, bias=config.attention_bias)
+            self.q_a_layernorm = RMSNorm(config.q_lora_rank, 1e-6)
+            self.q_b_proj = nn.Linear(config.q_lora_rank, hd * config.qk_head_dim, bias=False)
+        kv_a_size = config.kv_lora_rank + config.qk_rope_head_dim
+        self.kv_a_proj_with_mqa = nn.Linear(h, kv_a_size, bias=config.attention_bias)
+        self.kv_a_layernorm = RMSNorm(config.kv_lora_rank, 1e-6)
+        self.kv_b_proj = nn.Linear(config.kv_lora_rank, hd * (config.qk_nope_head_dim + config.v_head_dim), bias=False)
+        self.o_proj = nn.Linear(hd * config.v_head_dim, h, bias=config.attention_bias)
+        scaling = config.qk_head_dim**-0.5
+        if config.rope_scaling is not None and config.rope_scaling.mscale_all_dim:
+            m = _yarn_mscale(config.rope_scaling.factor, config.rope_scaling.mscale_all_dim)
             scaling *= m * m
         self.scaling = scaling
 
@@ -139,23 +139,23 @@ class MLAttention(nn.Module):
         cache: LatentKVCache | None,
         start: int,
     ) -> torch.Tensor:
-        d = self.dims
+        c = self.config
         b, t, _ = x.shape
-        if d.q_lora_rank is None:
+        if c.q_lora_rank is None:
             q = self.q_proj(x)
         else:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q = q.view(b, t, -1, d.qk_head_dim).transpose(1, 2)
-        q_nope, q_rot = torch.split(q, [d.qk_nope_head_dim, d.qk_rope_head_dim], dim=-1)
-        latent, k_rot = torch.split(self.kv_a_proj_with_mqa(x), [d.kv_lora_rank, d.qk_rope_head_dim], dim=-1)
-        latent = self.kv_a_layernorm(latent).view(b, 1, t, d.kv_lora_rank)
-        k_rot = k_rot.view(b, 1, t, d.qk_rope_head_dim)
-        q_rot, k_rot = apply_rope(q_rot, k_rot, cos_sin[0], cos_sin[1], d.rope_interleave)
+        q = q.view(b, t, -1, c.qk_head_dim).transpose(1, 2)
+        q_nope, q_rot = torch.split(q, [c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
+        latent, k_rot = torch.split(self.kv_a_proj_with_mqa(x), [c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
+        latent = self.kv_a_layernorm(latent).view(b, 1, t, c.kv_lora_rank)
+        k_rot = k_rot.view(b, 1, t, c.qk_rope_head_dim)
+        q_rot, k_rot = apply_rope(q_rot, k_rot, cos_sin[0], cos_sin[1], c.rope_interleave)
         if cache is not None:
             latent, k_rot = cache.append(latent, k_rot, start)
         s = latent.shape[2]
-        kv = self.kv_b_proj(latent).view(b, s, -1, d.qk_nope_head_dim + d.v_head_dim).transpose(1, 2)
-        k_nope, value = torch.split(kv, [d.qk_nope_head_dim, d.v_head_dim], dim=-1)
+        kv = self.kv_b_proj(latent).view(b, s, -1, c.qk_nope_head_dim + c.v_head_dim).transpose(1, 2)
+        k_nope, value = torch.split(kv, [c.qk_nope_head_dim, c.v_head_dim], dim=-1)
         key = torch.cat([k_nope, k_rot.expand(-1, k_nope.shape[1], -1, -1)], dim=-1)
         query = torch.cat([q_nope, q_rot], dim=-1)
         mask = None
@@ -182,28 +182,28 @@ class GatedMLP(nn.Module):
 class Router(nn.Module):
     """DeepSeek-V3 ``noaux_tc`` routing: sigmoid scores, bias-corrected group-limited top-k."""
 
-    def __init__(self, dims: DeepseekV3Dims) -> None:
+    def __init__(self, config: DeepseekV3HFConfig) -> None:
         super().__init__()
-        n = dims.n_routed_experts or 0
-        self.dims = dims
-        self.weight = nn.Parameter(torch.zeros(n, dims.hidden_size, dtype=torch.float32))
+        n = config.n_routed_experts
+        self.config = config
+        self.weight = nn.Parameter(torch.zeros(n, config.hidden_size, dtype=torch.float32))
         self.register_buffer("e_score_correction_bias", torch.zeros(n, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        d = self.dims
-        n = d.n_routed_experts or 0
+        c = self.config
+        n = c.n_routed_experts
         scores = F.linear(x.to(torch.float32), self.weight.to(torch.float32)).sigmoid()
         choice = scores + self.e_score_correction_bias
-        group_scores = choice.view(-1, d.n_group, n // d.n_group).topk(2, dim=-1)[0].sum(dim=-1)
-        group_idx = torch.topk(group_scores, k=d.topk_group, dim=-1, sorted=False)[1]
+        group_scores = choice.view(-1, c.n_group, n // c.n_group).topk(2, dim=-1)[0].sum(dim=-1)
+        group_idx = torch.topk(group_scores, k=c.topk_group, dim=-1, sorted=False)[1]
         group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
-        score_mask = group_mask.unsqueeze(-1).expand(-1, d.n_group, n // d.n_group).reshape(-1, n)
+        score_mask = group_mask.unsqueeze(-1).expand(-1, c.n_group, n // c.n_group).reshape(-1, n)
         choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
-        idx = torch.topk(choice, k=d.num_experts_per_tok, dim=-1, sorted=False)[1]
+        idx = torch.topk(choice, k=c.num_experts_per_tok, dim=-1, sorted=False)[1]
         weights = scores.gather(1, idx)
-        if d.norm_topk_prob:
+        if c.norm_topk_prob:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return idx, weights * d.routed_scaling_factor
+        return idx, weights * c.routed_scaling_factor
 
 
 class StackedExperts(nn.Module):
@@ -234,13 +234,13 @@ class MoE(nn.Module):
     #: run all experts batched once at least this fraction of them is hit
     DENSE_EXPERT_FRACTION = 0.25
 
-    def __init__(self, dims: DeepseekV3Dims) -> None:
+    def __init__(self, config: DeepseekV3HFConfig) -> None:
         super().__init__()
-        self.num_experts = dims.n_routed_experts or 0
-        self.top_k = dims.num_experts_per_tok
-        self.gate = Router(dims)
-        self.experts = StackedExperts(self.num_experts, dims.hidden_size, dims.moe_intermediate_size)
-        self.shared_experts = GatedMLP(dims.hidden_size, dims.moe_intermediate_size * dims.n_shared_experts)
+        self.num_experts = config.n_routed_experts
+        self.top_k = config.num_experts_per_tok
+        self.gate = Router(config)
+        self.experts = StackedExperts(self.num_experts, config.hidden_size, config.moe_intermediate_size)
+        self.shared_experts = GatedMLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -283,14 +283,14 @@ class MoE(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; MoE or dense by index."""
 
-    def __init__(self, dims: DeepseekV3Dims, layer_index: int) -> None:
+    def __init__(self, config: DeepseekV3HFConfig, layer_index: int) -> None:
         super().__init__()
-        self.self_attn = MLAttention(dims)
+        self.self_attn = MLAttention(config)
         self.mlp: nn.Module = (
-            MoE(dims) if dims.is_moe_layer(layer_index) else GatedMLP(dims.hidden_size, dims.intermediate_size)
+            MoE(config) if config.is_moe_layer(layer_index) else GatedMLP(config.hidden_size, config.intermediate_size)
         )
-        self.input_layernorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
         self,

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
+from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.errors import UserError
-from megatron_mtp.inference.dims import DeepseekV3Dims, dims_from_config, read_config_json
 from megatron_mtp.inference.mtp_module import MTPModule
 from megatron_mtp.inference.target import TargetModel
+from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig, parse_hf_config
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -37,8 +37,8 @@ def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 @dataclass(frozen=True)
-class ModelLayout:
-    """Where the main weights, the MTP weights and the tokenizer of an export live."""
+class ExportDirs:
+    """Where the main weights, the MTP weights and the tokenizer of an HF export live."""
 
     root: Path
     main_dir: Path
@@ -46,44 +46,13 @@ class ModelLayout:
     tokenizer_file: Path | None
 
 
-class TensorIndex:
-    """name -> safetensors file for every ``*.safetensors`` in a directory (headers only)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.files: dict[str, Path] = {}
-        for file in sorted(directory.glob("*.safetensors")):
-            try:
-                with safe_open(str(file), framework="pt") as handle:
-                    for name in handle.keys():
-                        self.files[name] = file
-            except Exception as exc:  # safetensors raises its own error types
-                raise UserError(f"{file} is not a readable safetensors file ({exc}); re-export the model.") from exc
-        if not self.files:
-            raise UserError(f"{directory} holds no *.safetensors weights; point at an exported model directory.")
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.files
-
-    def load(self, names: list[str], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        by_file: dict[Path, list[str]] = {}
-        for name in names:
-            by_file.setdefault(self.files[name], []).append(name)
-        out: dict[str, torch.Tensor] = {}
-        for file, file_names in by_file.items():
-            with safe_open(str(file), framework="pt") as handle:
-                for name in file_names:
-                    tensor = handle.get_tensor(name)
-                    keep_fp32 = name.endswith(_FP32_SUFFIXES)
-                    out[name] = tensor.to(torch.float32 if keep_fp32 else dtype)
-        return out
-
-
-def resolve_layout(path: str | Path) -> ModelLayout:
-    """Classify ``path``; raise UserError naming what is missing."""
+def find_export_dirs(path: str | Path) -> ExportDirs:
+    """The directories of the export at ``path`` (main/ + mtp/, inline or plain); a UserError names what is missing."""
     root = Path(path).expanduser()
     if not root.exists():
-        raise UserError(f"model directory {root} does not exist; pass an exported Hugging Face DeepSeek-V3 directory.")
+        raise UserError(
+            f"model directory {root} does not exist; pass an exported Hugging Face DeepSeek-V3 directory."
+        )
     if not root.is_dir():
         raise UserError(f"model path {root} is not a directory; pass an exported Hugging Face DeepSeek-V3 directory.")
     if (root / "main" / "config.json").is_file():
@@ -101,42 +70,44 @@ def resolve_layout(path: str | Path) -> ModelLayout:
         if candidate is not None and (candidate / "tokenizer.json").is_file():
             tokenizer_file = candidate / "tokenizer.json"
             break
-    return ModelLayout(root=root, main_dir=main_dir, mtp_dir=mtp_dir, tokenizer_file=tokenizer_file)
+    return ExportDirs(root=root, main_dir=main_dir, mtp_dir=mtp_dir, tokenizer_file=tokenizer_file)
 
 
-def _expert_sources(key: str, prefix: str, index: TensorIndex, num_experts: int) -> list[list[str]] | None:
+def _expert_sources(key: str, prefix: str, num_experts: int) -> list[list[str]] | None:
     """HF per-expert tensor names that make up a stacked expert weight, or None if not stacked."""
-    for stacked, parts in (("mlp.experts.gate_up_proj", ("gate_proj", "up_proj")), ("mlp.experts.down_proj", ("down_proj",))):
+    stacked_names = (("mlp.experts.gate_up_proj", ("gate_proj", "up_proj")), ("mlp.experts.down_proj", ("down_proj",)))
+    for stacked, parts in stacked_names:
         if key.endswith(stacked):
             base = prefix + key[: -len("gate_up_proj" if parts[0] == "gate_proj" else "down_proj")]
             return [[f"{base}{e}.{part}.weight" for part in parts] for e in range(num_experts)]
     return None
 
 
-def _load_into(module: nn.Module, index: TensorIndex, prefix: str, dtype: torch.dtype, where: Path,
-               num_experts: int, aliases: dict[str, str] | None = None) -> None:
+def _load_into(module: nn.Module, weights: HFDir, prefix: str, dtype: torch.dtype, num_experts: int,
+               aliases: dict[str, str] | None = None) -> None:
     """Load ``module`` from HF names; stacked expert weights are assembled from per-expert tensors."""
     aliases = aliases or {}
     plan: dict[str, list[list[str]]] = {}
     stacked: set[str] = set()
     for key in module.state_dict():
-        per_expert = _expert_sources(key, prefix, index, num_experts)
-        if prefix + key in index:
+        per_expert = _expert_sources(key, prefix, num_experts)
+        if prefix + key in weights:
             plan[key] = [[prefix + key]]
-        elif key in aliases and prefix + aliases[key] in index:
+        elif key in aliases and prefix + aliases[key] in weights:
             plan[key] = [[prefix + aliases[key]]]
         elif per_expert is not None:
             plan[key] = per_expert
             stacked.add(key)
         else:
             plan[key] = [[prefix + key]]
-    missing = [name for sources in plan.values() for group in sources for name in group if name not in index]
+    names = [name for sources in plan.values() for group in sources for name in group]
+    missing = [name for name in names if name not in weights]
     if missing:
         shown = ", ".join(missing[:3])
         raise UserError(
-            f"{where} lacks {len(missing)} tensor(s) the model needs (e.g. {shown}); re-export the model."
+            f"{weights.path} lacks {len(missing)} tensor(s) the model needs (e.g. {shown}); re-export the model."
         )
-    loaded = index.load([name for sources in plan.values() for group in sources for name in group], dtype)
+    loaded = {name: weights.get(name).to(torch.float32 if name.endswith(_FP32_SUFFIXES) else dtype) for name in names}
     state = {}
     for key, sources in plan.items():
         if key in stacked:
@@ -146,59 +117,78 @@ def _load_into(module: nn.Module, index: TensorIndex, prefix: str, dtype: torch.
     module.load_state_dict(state, strict=True, assign=True)
 
 
-def load_target(layout: ModelLayout, dtype: torch.dtype) -> tuple[TargetModel, DeepseekV3Dims, TensorIndex]:
-    """Build the main model from ``layout.main_dir``."""
-    config_path = layout.main_dir / "config.json"
-    dims = dims_from_config(read_config_json(config_path), config_path)
-    index = TensorIndex(layout.main_dir)
+def decodable_config(raw: dict, where: Path) -> DeepseekV3HFConfig:
+    """The HF config of a model this decoder runs; what it cannot run is one sentence each."""
+    config = parse_hf_config(raw, str(where))
+    if config.model_type != "deepseek_v3":
+        raise UserError(
+            f"{where}: model_type is {config.model_type!r}, expected 'deepseek_v3'; "
+            "megatron-mtp generate only decodes DeepSeek-V3 exports."
+        )
+    if config.quantization_config:
+        raise UserError(f"{where}: quantized (FP8) weights are not supported; dequantize to bf16/fp32 first.")
+    if config.scoring_func != "sigmoid":
+        raise UserError(f"{where}: only scoring_func 'sigmoid' (DeepSeek-V3 routing) is supported.")
+    if config.hidden_act != "silu":
+        raise UserError(f"{where}: only hidden_act 'silu' is supported.")
+    return config
+
+
+def load_target(dirs: ExportDirs, dtype: torch.dtype) -> tuple[TargetModel, HFDir]:
+    """Build the main model from ``dirs.main_dir``."""
+    weights = HFDir(dirs.main_dir)
+    config = decodable_config(weights.config, weights.path / "config.json")
     with torch.device("meta"):
-        model = TargetModel(dims)
-    aliases = {"lm_head.weight": "model.embed_tokens.weight"} if dims.tie_word_embeddings else {}
-    _load_into(model, index, "", dtype, layout.main_dir, dims.n_routed_experts or 0, aliases)
+        model = TargetModel(config)
+    aliases = {"lm_head.weight": "model.embed_tokens.weight"} if config.tie_word_embeddings else {}
+    _load_into(model, weights, "", dtype, config.n_routed_experts, aliases)
     model.eval()
-    return model, dims, index
+    return model, weights
 
 
-def mtp_prefixes(dims: DeepseekV3Dims, depth: int) -> list[str]:
-    return [f"model.layers.{dims.num_hidden_layers + i}." for i in range(depth)]
+def mtp_prefixes(config: DeepseekV3HFConfig, depth: int) -> list[str]:
+    return [f"model.layers.{config.num_hidden_layers + i}." for i in range(depth)]
 
 
 def load_mtp_modules(
-    layout: ModelLayout, target: TargetModel, main_index: TensorIndex, dtype: torch.dtype
+    dirs: ExportDirs, target: TargetModel, main_weights: HFDir, dtype: torch.dtype
 ) -> list[MTPModule]:
     """The MTP modules of an export, in depth order; [] when the export has none."""
-    dims = target.dims
-    if layout.mtp_dir is not None:
-        config_path = layout.mtp_dir / "config.json"
-        mtp_dims = dims_from_config(read_config_json(config_path), config_path)
-        if mtp_dims.num_hidden_layers != dims.num_hidden_layers or mtp_dims.hidden_size != dims.hidden_size:
+    config = target.config
+    if dirs.mtp_dir is not None:
+        weights = HFDir(dirs.mtp_dir)
+        config_path = weights.path / "config.json"
+        mtp_config = decodable_config(weights.config, config_path)
+        if mtp_config.num_hidden_layers != config.num_hidden_layers or mtp_config.hidden_size != config.hidden_size:
             raise UserError(
-                f"{config_path} describes a different model than {layout.main_dir / 'config.json'} "
+                f"{config_path} describes a different model than {dirs.main_dir / 'config.json'} "
                 "(num_hidden_layers or hidden_size differ); export main and mtp from the same checkpoint."
             )
-        if mtp_dims.num_nextn_predict_layers < 1:
+        if mtp_config.num_nextn_predict_layers < 1:
             raise UserError(f"{config_path} states num_nextn_predict_layers < 1; re-export the MTP part.")
-        index, where, depth = TensorIndex(layout.mtp_dir), layout.mtp_dir, mtp_dims.num_nextn_predict_layers
+        depth = mtp_config.num_nextn_predict_layers
     else:
-        index, where = main_index, layout.main_dir
+        weights = main_weights
         depth = 0  # inline: the weights decide (transformers writes num_nextn_predict_layers=1 by default)
-        for prefix in mtp_prefixes(dims, max(dims.num_nextn_predict_layers, 0)):
-            if prefix + "eh_proj.weight" not in index:
+        for prefix in mtp_prefixes(config, config.num_nextn_predict_layers):
+            if prefix + "eh_proj.weight" not in weights:
                 break
             depth += 1
-        mtp_dims = dims
+        mtp_config = config
     modules: list[MTPModule] = []
-    for i, prefix in enumerate(mtp_prefixes(dims, depth)):
-        if prefix + "eh_proj.weight" not in index:
-            raise UserError(f"{where} lacks {prefix}eh_proj.weight for MTP depth {i + 1}; re-export the MTP part.")
+    for i, prefix in enumerate(mtp_prefixes(config, depth)):
+        if prefix + "eh_proj.weight" not in weights:
+            raise UserError(
+                f"{weights.path} lacks {prefix}eh_proj.weight for MTP depth {i + 1}; re-export the MTP part."
+            )
         with torch.device("meta"):
             module = MTPModule(
-                mtp_dims,
-                dims.num_hidden_layers + i,
-                own_embedding=prefix + "embed_tokens.weight" in index,
-                own_head=prefix + "shared_head.head.weight" in index,
+                mtp_config,
+                config.num_hidden_layers + i,
+                own_embedding=prefix + "embed_tokens.weight" in weights,
+                own_head=prefix + "shared_head.head.weight" in weights,
             )
-        _load_into(module, index, prefix, dtype, where, mtp_dims.n_routed_experts or 0)
+        _load_into(module, weights, prefix, dtype, mtp_config.n_routed_experts)
         module.share_with(target.model.embed_tokens, target.lm_head)
         module.eval()
         modules.append(module)

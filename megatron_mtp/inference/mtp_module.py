@@ -13,18 +13,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from megatron_mtp.inference.dims import DeepseekV3Dims
 from megatron_mtp.inference.kv_cache import LatentKVCache
 from megatron_mtp.inference.layers import DecoderLayer, RMSNorm, Rotary
+from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
 
 
 class SharedHead(nn.Module):
     """``shared_head.norm`` and (when exported) ``shared_head.head``."""
 
-    def __init__(self, dims: DeepseekV3Dims, with_head: bool) -> None:
+    def __init__(self, config: DeepseekV3HFConfig, with_head: bool) -> None:
         super().__init__()
-        self.norm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
-        self.head = nn.Linear(dims.hidden_size, dims.vocab_size, bias=False) if with_head else None
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False) if with_head else None
 
 
 class MTPModule(DecoderLayer):
@@ -32,21 +32,21 @@ class MTPModule(DecoderLayer):
 
     def __init__(
         self,
-        dims: DeepseekV3Dims,
+        config: DeepseekV3HFConfig,
         layer_index: int,
         own_embedding: bool,
         own_head: bool,
     ) -> None:
-        super().__init__(dims, layer_index)
-        self.dims = dims
-        self.enorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
-        self.hnorm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
-        self.eh_proj = nn.Linear(2 * dims.hidden_size, dims.hidden_size, bias=False)
-        self.shared_head = SharedHead(dims, own_head)
-        self.embed_tokens = nn.Embedding(dims.vocab_size, dims.hidden_size) if own_embedding else None
+        super().__init__(config, layer_index)
+        self.config = config
+        self.enorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.hnorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.eh_proj = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=False)
+        self.shared_head = SharedHead(config, own_head)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if own_embedding else None
         self._fallback_embed: nn.Embedding | None = None
         self._fallback_head: nn.Linear | None = None
-        self.rotary = Rotary(dims.rope, dims.qk_rope_head_dim)
+        self.rotary = Rotary(config)
         self.cache: LatentKVCache | None = None
 
     def share_with(self, embed: nn.Embedding, head: nn.Linear) -> None:
@@ -56,7 +56,7 @@ class MTPModule(DecoderLayer):
 
     def reset_cache(self) -> None:
         dtype = self.eh_proj.weight.dtype
-        self.cache = LatentKVCache(self.dims.kv_lora_rank, self.dims.qk_rope_head_dim, dtype)
+        self.cache = LatentKVCache(self.config.kv_lora_rank, self.config.qk_rope_head_dim, dtype)
 
     @torch.inference_mode()
     def step(

@@ -9,30 +9,30 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from megatron_mtp.inference.dims import DeepseekV3Dims
 from megatron_mtp.inference.kv_cache import LatentKVCache
 from megatron_mtp.inference.layers import DecoderLayer, RMSNorm, Rotary
+from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
 
 
 class _Body(nn.Module):
     """``model.*`` of the HF layout."""
 
-    def __init__(self, dims: DeepseekV3Dims) -> None:
+    def __init__(self, config: DeepseekV3HFConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(dims.vocab_size, dims.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(dims, i) for i in range(dims.num_hidden_layers))
-        self.norm = RMSNorm(dims.hidden_size, dims.rms_norm_eps)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class TargetModel(nn.Module):
     """DeepSeek-V3 main model for batch-1 decoding with a rollback-able cache."""
 
-    def __init__(self, dims: DeepseekV3Dims) -> None:
+    def __init__(self, config: DeepseekV3HFConfig) -> None:
         super().__init__()
-        self.dims = dims
-        self.model = _Body(dims)
-        self.lm_head = nn.Linear(dims.hidden_size, dims.vocab_size, bias=False)
-        self.rotary = Rotary(dims.rope, dims.qk_rope_head_dim)
+        self.config = config
+        self.model = _Body(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = Rotary(config)
         self.caches: list[LatentKVCache] = []
 
     @property
@@ -41,8 +41,8 @@ class TargetModel(nn.Module):
 
     def reset_cache(self) -> None:
         self.caches = [
-            LatentKVCache(self.dims.kv_lora_rank, self.dims.qk_rope_head_dim, self.dtype)
-            for _ in range(self.dims.num_hidden_layers)
+            LatentKVCache(self.config.kv_lora_rank, self.config.qk_rope_head_dim, self.dtype)
+            for _ in range(self.config.num_hidden_layers)
         ]
 
     @property

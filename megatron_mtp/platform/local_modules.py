@@ -1,8 +1,8 @@
 """Local (non Transformer Engine) building blocks used by our specs when TE is absent.
 
-- `RMSNorm`: torch RMSNorm whose weight carries `sequence_parallel` like TE's norms, so that
-  megatron-core's finalize_model_grads all-reduces its gradient over TP when sequence parallelism
-  is on (megatron's WrappedTorchNorm refuses sequence parallelism).
+- `RMSNorm`: RMSNorm (math in megatron_mtp/rms_norm.py) whose weight carries `sequence_parallel`
+  like TE's norms, so that megatron-core's finalize_model_grads all-reduces its gradient over TP
+  when sequence parallelism is on (megatron's WrappedTorchNorm refuses sequence parallelism).
 - `CoreAttention`: causal scaled-dot-product attention that accepts MLA's separate key and value
   head dims (megatron's local DotProductAttention sizes its output by kv_channels only).
 Both take megatron-core's constructor arguments, so specs can swap them for TE modules.
@@ -20,6 +20,8 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from megatron_mtp.rms_norm import rms_norm
+
 
 class RMSNorm(nn.Module):
     def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-6, **_):
@@ -29,10 +31,7 @@ class RMSNorm(nn.Module):
         setattr(self.weight, "sequence_parallel", bool(config.sequence_parallel))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * y).to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
     def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
         from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint

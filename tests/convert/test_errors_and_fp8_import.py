@@ -38,7 +38,7 @@ def _step_copy(trained_run, tmp_path):
 def test_to_hf_bad_inputs(trained_run, tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         export_to_hf(tmp_path / "nowhere", tmp_path / "out")
-    with pytest.raises(UserError, match="neither a checkpoint step directory"):
+    with pytest.raises(UserError, match="holds no checkpoint"):
         export_to_hf(tmp_path, tmp_path / "out")
     (tmp_path / "taken").mkdir()
     with pytest.raises(UserError, match="already exists"):

@@ -30,7 +30,7 @@ def test_release_config_translates_and_round_trips():
     assert (model.num_layers, model.num_experts, model.first_k_dense, mtp.num_layers) == (61, 256, 3, 1)
     assert (model.router_num_groups, model.router_group_topk, model.router_topk) == (8, 4, 8)
     assert model.yarn.factor == 40 and model.router_enable_expert_bias and vocab == 129280
-    back = to_hf_config(model, mtp, vocab_size=vocab, num_nextn_predict_layers=1)
+    back = to_hf_config(model, mtp, vocab_size=vocab, num_nextn_predict_layers=1).to_dict()
     for key, value in V3_RELEASE.items():
         if key in ("quantization_config", "bos_token_id", "eos_token_id"):
             continue
@@ -43,7 +43,7 @@ def test_release_config_translates_and_round_trips():
 def test_our_config_round_trips():
     model = ModelConfig(num_layers=3, router_num_groups=2, router_group_topk=1, router_topk=2,
                         yarn=YarnConfig(factor=4.0, original_max_position_embeddings=512, mscale=0.7), vocab_size=512)
-    hf = to_hf_config(model, MTPConfig(num_layers=2), vocab_size=512, num_nextn_predict_layers=2)
+    hf = to_hf_config(model, MTPConfig(num_layers=2), vocab_size=512, num_nextn_predict_layers=2).to_dict()
     back, mtp, vocab = from_hf_config(hf)
     ignore = {"make_vocab_size_divisible_by", "router_bias_update_rate", "aux_loss_coeff"}
     for f in dataclasses.fields(ModelConfig):
@@ -54,7 +54,8 @@ def test_our_config_round_trips():
 
 def test_transformers_reads_our_config():
     transformers = pytest.importorskip("transformers")
-    hf = to_hf_config(ModelConfig(router_group_topk=1), MTPConfig(), vocab_size=256, num_nextn_predict_layers=0)
+    model = ModelConfig(router_group_topk=1)
+    hf = to_hf_config(model, MTPConfig(), vocab_size=256, num_nextn_predict_layers=0).to_dict()
     cfg = transformers.DeepseekV3Config(**hf)
     assert cfg.n_group == 4 and cfg.topk_group == 1 and cfg.qk_rope_head_dim == 16 and cfg.num_hidden_layers == 4
 

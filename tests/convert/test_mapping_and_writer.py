@@ -6,29 +6,30 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from megatron_mtp.config.model import ModelConfig
 from megatron_mtp.convert.safetensors_io import HFDir, PlannedTensor, ShardedSafetensorsWriter
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.deepseek_v3 import hf_mapping as hm
+from megatron_mtp.models.deepseek_v3.hf_mapping import extra_state_keys, is_mtp_hf_name, nextn_name, param_table
 
 
 @pytest.mark.parametrize("layers, depth", [(61, 1), (7, 2), (3, 0)])
 def test_mtp_layer_indices_come_from_the_config(layers, depth):
-    layout = hm.Layout(num_layers=layers, mtp_layers=depth, num_experts=4, first_k_dense=1)
-    table = hm.param_table(layout, spec="local")
+    model = ModelConfig(num_layers=layers, num_experts=4, first_k_dense=1)
+    table = param_table(model, depth, spec="local")
     mtp_names = {n for p in table if p.part == "mtp" for n in p.hf_names()}
     assert {int(n.split(".")[2]) for n in mtp_names} == set(range(layers, layers + depth))
-    assert all(hm.is_mtp_hf_name(n, layers) for n in mtp_names)
+    assert all(is_mtp_hf_name(n, layers) for n in mtp_names)
     main_names = [n for p in table if p.part == "main" for n in p.hf_names()]
-    assert not any(hm.is_mtp_hf_name(n, layers) for n in main_names)
+    assert not any(is_mtp_hf_name(n, layers) for n in main_names)
     assert len(main_names) == len(set(main_names))
     if depth:
-        assert hm.nextn_name(f"model.layers.{layers}.eh_proj.weight", layers) == "model.layers.0.eh_proj.weight"
-        assert hm.nextn_name(f"model.layers.{layers}.embed_tokens.weight", layers) is None
+        assert nextn_name(f"model.layers.{layers}.eh_proj.weight", layers) == "model.layers.0.eh_proj.weight"
+        assert nextn_name(f"model.layers.{layers}.embed_tokens.weight", layers) is None
 
 
 def test_experts_and_fused_fc1_rules():
-    layout = hm.Layout(num_layers=2, mtp_layers=1, num_experts=3, first_k_dense=1)
-    by_key = {p.mcore: p for p in hm.param_table(layout, spec="local")}
+    model = ModelConfig(num_layers=2, num_experts=3, first_k_dense=1)
+    by_key = {p.mcore: p for p in param_table(model, 1, spec="local")}
     experts = by_key["decoder.layers.1.mlp.experts.experts.linear_fc1.weight"]
     assert experts.hf_names()[:2] == ["model.layers.1.mlp.experts.0.gate_proj.weight",
                                       "model.layers.1.mlp.experts.0.up_proj.weight"]
@@ -37,8 +38,8 @@ def test_experts_and_fused_fc1_rules():
                                                                    "model.layers.0.mlp.up_proj.weight")
     assert by_key["mtp.layers.0.transformer_layer.self_attention.linear_proj.weight"].hf == (
         "model.layers.2.self_attn.o_proj.weight",)
-    assert hm.extra_state_keys(experts)[-1] == "decoder.layers.1.mlp.experts.experts.linear_fc1._extra_state/shard_2_3"
-    te = {p.mcore for p in hm.param_table(layout, spec="te")}
+    assert extra_state_keys(experts)[-1] == "decoder.layers.1.mlp.experts.experts.linear_fc1._extra_state/shard_2_3"
+    te = {p.mcore for p in param_table(model, 1, spec="te")}
     assert "decoder.layers.0.self_attention.linear_q_up_proj.layer_norm_weight" in te
     assert "decoder.layers.0.self_attention.q_layernorm.weight" not in te
 

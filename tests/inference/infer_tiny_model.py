@@ -55,7 +55,9 @@ def train_tokenizer(vocab: int, out_file: Path) -> None:
     tok.save(str(out_file))
 
 
-def mtp_tensors(main_state: dict[str, torch.Tensor], config, depth: int, seed: int, std: float) -> dict[str, torch.Tensor]:
+def mtp_tensors(
+    main_state: dict[str, torch.Tensor], config, depth: int, seed: int, std: float
+) -> dict[str, torch.Tensor]:
     """Random MTP weights named ``model.layers.{L+i}.*`` (embed/head copied from the main model)."""
     gen = torch.Generator().manual_seed(seed)
     h, layers = config.hidden_size, config.num_hidden_layers
@@ -169,7 +171,7 @@ class NoisyTargetDraft(TargetAsDraft):
     def __init__(self, target, seed: int = 0, scale: float = 0.8, noise: float = 0.3) -> None:
         super().__init__(target)
         gen = torch.Generator().manual_seed(seed)
-        self.bias = noise * torch.randn(target.dims.vocab_size, generator=gen)
+        self.bias = noise * torch.randn(target.config.vocab_size, generator=gen)
         self.scale = scale
 
     def propose(self, tokens, k, pick):

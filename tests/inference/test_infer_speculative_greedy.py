@@ -69,7 +69,7 @@ class _CorruptingDraft(TargetAsDraft):
 @pytest.mark.parametrize("bad", [1, 2, 3])
 def test_target_cache_rolls_back_to_accepted_prefix(gen_d1, bad):
     k = 3
-    draft = _CorruptingDraft(gen_d1.target, bad, gen_d1.dims.vocab_size)
+    draft = _CorruptingDraft(gen_d1.target, bad, gen_d1.config.vocab_size)
     prompt = gen_d1.encode(PROMPT)
     result = gen_d1.generate(prompt, max_new_tokens=1 + 5 * bad, ignore_eos=True, speculative_k=k, drafter=draft)
     assert result.tokens == gen_d1.generate(prompt, max_new_tokens=1 + 5 * bad, ignore_eos=True).tokens
@@ -137,7 +137,7 @@ def test_mtp_cache_after_rollback_equals_recompute(request, fixture, bad):
     gen = request.getfixturevalue(fixture)
     prompt = gen.encode(PROMPT)
     plain = gen.generate(prompt, max_new_tokens=16, ignore_eos=True)
-    oracle = _OracleDrafts(gen.drafter, prompt + plain.tokens, bad, gen.dims.vocab_size)
+    oracle = _OracleDrafts(gen.drafter, prompt + plain.tokens, bad, gen.config.vocab_size)
     result = gen.generate(prompt, max_new_tokens=16, ignore_eos=True, speculative_k=3, drafter=oracle)
     assert result.tokens == plain.tokens
     expected_accept = 3 if bad is None else bad - 1
@@ -159,12 +159,12 @@ def test_mtp_cache_after_rollback_equals_recompute(request, fixture, bad):
 
 
 def _with_eos(gen, eos_id):
-    gen.target.dims = replace(gen.target.dims, eos_token_ids=(eos_id,))
+    gen.target.config = replace(gen.target.config, eos_token_id=eos_id)
 
 
 def test_eos_inside_accepted_run_ends_at_the_right_token(gen_d1):
     plain = gen_d1.generate(PROMPT, max_new_tokens=20, ignore_eos=True)
-    original = gen_d1.target.dims
+    original = gen_d1.target.config
     position = next(i for i in range(4, 20) if plain.tokens[i] not in plain.tokens[:i])
     try:
         _with_eos(gen_d1, plain.tokens[position])
@@ -174,7 +174,7 @@ def test_eos_inside_accepted_run_ends_at_the_right_token(gen_d1):
             assert spec.stats.finish_reason == "eos"
             assert spec.text == gen_d1.decode(plain.tokens[:position])
     finally:
-        gen_d1.target.dims = original
+        gen_d1.target.config = original
 
 
 def test_stop_string_inside_accepted_run(gen_d1):

@@ -37,7 +37,7 @@ def _sharded_keys() -> list[str]:
 
 def test_keys_use_te_spelling_and_match_the_mapping_table():
     from megatron_mtp.config import load_config
-    from megatron_mtp.models.deepseek_v3 import hf_mapping as hm
+    from megatron_mtp.models.deepseek_v3.hf_mapping import param_table
 
     keys = set(_sharded_keys())
     assert not any("q_layernorm" in k or "kv_layernorm" in k for k in keys)
@@ -46,9 +46,7 @@ def test_keys_use_te_spelling_and_match_the_mapping_table():
     assert "mtp.layers.1.transformer_layer.self_attention.linear_q_up_proj.layer_norm_weight" in keys
 
     m = load_config(str(ROOT / "configs" / "tiny_cpu.yaml")).model
-    layout = hm.Layout(num_layers=m.num_layers, mtp_layers=2, num_experts=m.num_experts,
-                       first_k_dense=m.first_k_dense, q_lora=True, tie_embeddings=False, expert_bias=True)
-    table = {p.mcore for p in hm.param_table(layout, spec="te", mtp_copies=False)}
+    table = {p.mcore for p in param_table(m, 2, spec="te", mtp_copies=False)}
     assert table <= keys, sorted(table - keys)
     # every model tensor is claimed by the table (nothing would be dropped on export)
     assert {k for k in keys if not k.endswith("_extra_state")} <= table | {

@@ -149,5 +149,5 @@ def test_shipped_configs_are_exportable_to_hf(path):
 
     cfg = load_config(str(path))
     hf = to_hf_config(cfg.model, cfg.mtp, vocab_size=cfg.model.vocab_size or 4096,
-                      num_nextn_predict_layers=cfg.mtp.num_layers)
+                      num_nextn_predict_layers=cfg.mtp.num_layers).to_dict()
     assert hf["num_nextn_predict_layers"] == cfg.mtp.num_layers

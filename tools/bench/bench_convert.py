@@ -7,8 +7,8 @@ config; the large one has ~4x the layers (so ~4x the bytes) and the same largest
 For each: ``cp -r`` of the checkpoint (page cache warm for both), then ``export_to_hf --dtype fp32
 --mtp inline`` (the same number of bytes out as in) in a fresh subprocess that reports its peak
 RSS (times include the final sync, as does cp's); the bf16 export (decode + cast, half the bytes
-out) is timed too, for information. Prints throughput ratio (cp time / convert time, target >= 0.5) and RSS large/small (target
-<= 1.2) and absolute (target <= 2 GB + largest tensor).
+out) is timed too, for information. Prints throughput ratio (cp time / convert time, target >= 0.5)
+and RSS large/small (target <= 1.2) and absolute (target <= 2 GB + largest tensor).
 
     python tools/bench/bench_convert.py [--workdir DIR] [--small-layers 2] [--hidden 1024]
 """
@@ -34,7 +34,7 @@ from megatron_mtp.config import Config  # noqa: E402
 from megatron_mtp.config.model import ModelConfig, MTPConfig  # noqa: E402
 from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter  # noqa: E402
 from megatron_mtp.convert.shapes import expected_shape  # noqa: E402
-from megatron_mtp.models.deepseek_v3 import hf_mapping as hm  # noqa: E402
+from megatron_mtp.models.deepseek_v3.hf_mapping import param_table  # noqa: E402
 
 
 def model_config(layers: int, hidden: int) -> Config:
@@ -50,9 +50,8 @@ def model_config(layers: int, hidden: int) -> Config:
 def _shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     """Global megatron-core shapes of every model tensor for this config."""
     m = cfg.model
-    layout = hm.Layout(m.num_layers, cfg.mtp.num_layers, m.num_experts, m.first_k_dense)
     return {p.mcore: expected_shape(p.mcore, m, m.vocab_size)
-            for p in hm.param_table(layout, spec="local", mtp_copies=False)}
+            for p in param_table(m, cfg.mtp.num_layers, spec="local", mtp_copies=False)}
 
 
 def write_checkpoint(cfg: Config, out: Path) -> int:
@@ -134,10 +133,12 @@ def main() -> int:
             rows.append((cfg, nbytes, largest, r))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{'model':<10}{'layers':>7}{'GB':>7}{'cp s':>8}{'to-hf s':>9}{'cp/to-hf':>10}{'bf16 s':>8}{'peak RSS MB':>13}{'largest MB':>12}")
+    print(f"{'model':<10}{'layers':>7}{'GB':>7}{'cp s':>8}{'to-hf s':>9}{'cp/to-hf':>10}{'bf16 s':>8}"
+          f"{'peak RSS MB':>13}{'largest MB':>12}")
     for cfg, nbytes, largest, r in rows:
         print(f"{cfg.name:<10}{cfg.model.num_layers:>7}{nbytes / 1e9:>7.2f}{r['cp_seconds']:>8.2f}{r['seconds']:>9.2f}"
-              f"{r['cp_seconds'] / r['seconds']:>10.2f}{r['bf16_seconds']:>8.2f}{r['peak_kb'] / 1024:>13.0f}{largest / 2**20:>12.0f}")
+              f"{r['cp_seconds'] / r['seconds']:>10.2f}{r['bf16_seconds']:>8.2f}{r['peak_kb'] / 1024:>13.0f}"
+              f"{largest / 2**20:>12.0f}")
     (_, b_small, _, r_small), (_, b_large, largest, r_large) = rows
     print(f"size ratio large/small: {b_large / b_small:.2f}")
     print(f"throughput vs cp (large): {r_large['cp_seconds'] / r_large['seconds']:.2f} (target >= 0.5)")

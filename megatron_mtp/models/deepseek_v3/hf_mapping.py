@@ -11,14 +11,16 @@ checkpoint factory splits every TP shard into its gate and up halves and places 
 global halves). So a rule is: one mcore key <-> one HF name, or <-> (gate, up) concatenated on dim 0,
 optionally repeated over the expert axis.
 
-MTP module d (0-based) is HF layer ``num_hidden_layers + d``; the index always comes from the config.
+The table is built from the typed model config (``ModelConfig``) and the MTP depth. MTP module d
+(0-based) is HF layer ``num_hidden_layers + d``; the index always comes from the config.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Iterator, Literal, Optional
+
+from megatron_mtp.config.model import ModelConfig
 
 Part = Literal["main", "mtp"]
 Spec = Literal["local", "te"]
@@ -85,7 +87,10 @@ _MOE_MLP = (
         experts=True,
     ),
     Rule("mlp.experts.experts.linear_fc2.weight", ("mlp.experts.{e}.down_proj.weight",), experts=True),
-    Rule("mlp.shared_experts.linear_fc1.weight", ("mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight")),
+    Rule(
+        "mlp.shared_experts.linear_fc1.weight",
+        ("mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight"),
+    ),
     Rule("mlp.shared_experts.linear_fc2.weight", ("mlp.shared_experts.down_proj.weight",)),
 )
 _MTP_OWN = (
@@ -104,23 +109,9 @@ OUTPUT_LAYER = "output_layer.weight"
 MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.", "mtp.")
 
 
-@dataclass(frozen=True)
-class Layout:
-    """What the table needs to know about a model: all from the config, never literals."""
-
-    num_layers: int
-    mtp_layers: int
-    num_experts: int
-    first_k_dense: int
-    q_lora: bool = True
-    tie_embeddings: bool = False
-    expert_bias: bool = True
-    """Routers carry an expert bias (DeepSeek-V3 noaux_tc); V2-style softmax routers do not."""
-
-
-def mtp_hf_layer(layout: Layout, depth: int) -> int:
+def mtp_hf_layer(model: ModelConfig, depth: int) -> int:
     """HF layer index of MTP module ``depth``."""
-    return layout.num_layers + depth
+    return model.num_layers + depth
 
 
 def mcore_mtp_prefix(depth: int) -> str:
@@ -140,41 +131,47 @@ def _layer_rules(moe: bool, q_lora: bool, spec: Optional[Spec], expert_bias: boo
         yield rule
 
 
-def _params_for_layer(mcore_prefix: str, hf_prefix: str, moe: bool, layout: Layout, part: Part, spec) -> Iterator[Param]:
-    for rule in _layer_rules(moe, layout.q_lora, spec, layout.expert_bias):
+def _params_for_layer(
+    mcore_prefix: str, hf_prefix: str, moe: bool, model: ModelConfig, part: Part, spec: Optional[Spec]
+) -> Iterator[Param]:
+    q_lora = model.q_lora_rank is not None
+    for rule in _layer_rules(moe, q_lora, spec, model.router_enable_expert_bias):
         yield Param(
             mcore=mcore_prefix + rule.mcore,
             hf=tuple(hf_prefix + h for h in rule.hf),
             part=part,
-            num_experts=layout.num_experts if rule.experts else 0,
+            num_experts=model.num_experts if rule.experts else 0,
             keep_fp32=rule.keep_fp32,
         )
 
 
-def param_table(layout: Layout, spec: Optional[Spec] = None, mtp_copies: bool = True) -> list[Param]:
-    """Every tensor of the model in checkpoint order: embedding, layers, final norm, head, MTP.
+def param_table(
+    model: ModelConfig, mtp_depth: int, spec: Optional[Spec] = None, mtp_copies: bool = True
+) -> list[Param]:
+    """Every tensor of ``model`` with ``mtp_depth`` MTP modules, in checkpoint order: embedding,
+    layers, final norm, head, MTP.
 
     ``spec=None`` lists the local and TE spellings of fused norms side by side (for reading a
     checkpoint of either kind: keep the ones present); "local"/"te" lists exactly one model's keys.
     """
-    moe_model = layout.num_experts > 0
+    moe_model = model.num_experts > 0
     table = [Param(EMBEDDING, ("model.embed_tokens.weight",), "main")]
-    for i in range(layout.num_layers):
-        moe = moe_model and i >= layout.first_k_dense
-        table += _params_for_layer(f"decoder.layers.{i}.", f"model.layers.{i}.", moe, layout, "main", spec)
+    for i in range(model.num_layers):
+        moe = moe_model and i >= model.first_k_dense
+        table += _params_for_layer(f"decoder.layers.{i}.", f"model.layers.{i}.", moe, model, "main", spec)
     table.append(Param(FINAL_NORM, ("model.norm.weight",), "main"))
-    if not layout.tie_embeddings:
+    if not model.tie_embeddings:
         table.append(Param(OUTPUT_LAYER, ("lm_head.weight",), "main"))
-    for d in range(layout.mtp_layers):
-        n = mtp_hf_layer(layout, d)
+    for d in range(mtp_depth):
+        n = mtp_hf_layer(model, d)
         mp, hp = mcore_mtp_prefix(d), f"model.layers.{n}."
         if mtp_copies:
             table.append(Param(EMBEDDING, (hp + "embed_tokens.weight",), "mtp", copy=True))
         for rule in _MTP_OWN:
             table.append(Param(mp + rule.mcore, (hp + rule.hf[0],), "mtp"))
-        table += _params_for_layer(mp + "transformer_layer.", hp, moe_model, layout, "mtp", spec)
+        table += _params_for_layer(mp + "transformer_layer.", hp, moe_model, model, "mtp", spec)
         if mtp_copies:
-            head = OUTPUT_LAYER if not layout.tie_embeddings else EMBEDDING
+            head = OUTPUT_LAYER if not model.tie_embeddings else EMBEDDING
             table.append(Param(head, (hp + "shared_head.head.weight",), "mtp", copy=True))
     return table
 
@@ -195,10 +192,6 @@ def nextn_name(name: str, num_layers: int) -> Optional[str]:
     if rest.startswith("embed_tokens.") or rest.startswith("shared_head.head."):
         return None
     return f"model.layers.{int(index) - num_layers}.{rest}"
-
-
-def without_mtp(layout: Layout) -> Layout:
-    return dataclasses.replace(layout, mtp_layers=0)
 
 
 def extra_state_keys(param: Param) -> list[str]:
