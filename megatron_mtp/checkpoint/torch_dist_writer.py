@@ -45,8 +45,8 @@ class TorchDistWriter:
         self._covered[key] = 0
 
     def write_chunk(self, key: str, offsets: tuple[int, ...], tensor: torch.Tensor) -> None:
-        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
         from torch.distributed.checkpoint.filesystem import _StorageInfo
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
 
         meta = self._state[key]
         if tensor.dtype != meta.properties.dtype or tensor.dim() != len(meta.size):
@@ -64,8 +64,8 @@ class TorchDistWriter:
 
     def copy_chunk_blob(self, key: str, offsets: tuple[int, ...], sizes: tuple[int, ...], blob: bytes) -> None:
         """Append a chunk already serialised by torch.save (copied verbatim from another checkpoint)."""
-        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
         from torch.distributed.checkpoint.filesystem import _StorageInfo
+        from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
 
         meta = self._state[key]
         start = self._fh.tell()
@@ -88,8 +88,8 @@ class TorchDistWriter:
         self.write_object_blob(key, buf.getvalue())
 
     def write_object_blob(self, key: str, blob: bytes) -> None:
-        from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
         from torch.distributed.checkpoint.filesystem import _StorageInfo
+        from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
 
         start = self._fh.tell()
         self._fh.write(blob)

@@ -11,18 +11,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub.required = True
 
     to_hf = sub.add_parser("to-hf", help="megatron-mtp checkpoint -> Hugging Face DeepSeek-V3 directory")
-    to_hf.add_argument("checkpoint", help="run directory (uses checkpoints/latest) or checkpoints/step_N directory")
+    to_hf.add_argument("checkpoint", help="run directory, its checkpoints/ directory, a checkpoints/step_N "
+                       "directory or the checkpoints/latest file")
     to_hf.add_argument("out", help="output directory (must not exist)")
     to_hf.add_argument("--mtp", choices=("separate", "inline", "none"), default="separate",
-                       help="separate: OUT/main + OUT/mtp (default); inline: release layout in OUT; none: main only in OUT")
+                       help="separate: OUT/main + OUT/mtp (default); inline: release layout in OUT; "
+                       "none: main only in OUT")
     to_hf.add_argument("--mtp-layout", choices=("hf", "nextn"), default="hf",
-                       help="naming of OUT/mtp: hf = layer num_hidden_layers+i with embed/head copies; nextn = SGLang NextN")
-    to_hf.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16", help="weight dtype (expert bias stays fp32)")
+                       help="naming of OUT/mtp: hf = layer num_hidden_layers+i with embed/head copies; "
+                       "nextn = SGLang NextN")
+    to_hf.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
+                       help="weight dtype (expert bias stays fp32)")
     to_hf.add_argument("--max-shard-size", type=float, default=4.0, help="safetensors shard size in GiB (default 4)")
     to_hf.set_defaults(func=run_to_hf)
 
     from_hf = sub.add_parser("from-hf", help="Hugging Face DeepSeek-V3/V2 directory -> megatron-mtp checkpoint")
-    from_hf.add_argument("hf_dir", help="HF model directory (bf16 or FP8 release), or a separate export with main/ and mtp/")
+    from_hf.add_argument("hf_dir",
+                         help="HF model directory (bf16 or FP8 release), or a separate export with main/ and mtp/")
     from_hf.add_argument("out", help="output checkpoint directory (must not exist)")
     from_hf.add_argument("--mtp-dir", help="separate MTP directory (release or NextN naming)")
     from_hf.add_argument("--no-mtp", action="store_true", help="leave MTP layers out even if the source has them")
@@ -32,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from_hf.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="dtype of the stored weights")
     from_hf.set_defaults(func=run_from_hf)
 
-    drop = subparsers.add_parser("drop-mtp", help="remove the MTP layers from an HF directory or a megatron-mtp checkpoint")
+    drop = subparsers.add_parser("drop-mtp",
+                                 help="remove the MTP layers from an HF directory or a megatron-mtp checkpoint")
     drop.add_argument("src", help="HF directory (inline or separate layout) or megatron-mtp run/checkpoint directory")
     drop.add_argument("out", help="output directory (must not exist)")
     drop.set_defaults(func=run_drop_mtp)

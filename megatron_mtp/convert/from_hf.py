@@ -21,17 +21,17 @@ from typing import Optional
 
 import torch
 
+from megatron_mtp.checkpoint.info import train_state_record, write_checkpoint_info
+from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR
+from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
 from megatron_mtp.config import Config
 from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.config.parallel import ParallelConfig
-from megatron_mtp.checkpoint.info import train_state_record, write_checkpoint_info
-from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR
-from megatron_mtp.convert.tokenizer_files import TOKENIZER_FILES
-from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.convert.shapes import check_shape
 from megatron_mtp.convert.staging import staged_dir
+from megatron_mtp.convert.tokenizer_files import TOKENIZER_FILES
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3.hf_config import from_hf_config
 from megatron_mtp.models.deepseek_v3.hf_config_json import mtp_depth

@@ -30,11 +30,11 @@ from megatron_mtp.checkpoint.info import read_config
 from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, resolve_checkpoint
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.config import Config
-from megatron_mtp.convert.tokenizer_files import copy_tokenizer, special_token_ids
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import PlannedTensor, ShardedSafetensorsWriter
 from megatron_mtp.convert.shapes import check_shape
 from megatron_mtp.convert.staging import staged_dir
+from megatron_mtp.convert.tokenizer_files import copy_tokenizer, special_token_ids
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3.hf_config import to_hf_config
 from megatron_mtp.models.deepseek_v3.hf_mapping import EMBEDDING, MODEL_KEY_PREFIXES, Param, nextn_name, param_table
@@ -98,7 +98,7 @@ def plan_pieces(
             continue
         shape = reader.entry(p.mcore).shape
 
-        def rename(name: str) -> Optional[str]:
+        def rename(name: str, dest: str = dest) -> Optional[str]:
             if dest == "mtp" and mtp_layout == "nextn":
                 return nextn_name(name, num_layers)
             return name

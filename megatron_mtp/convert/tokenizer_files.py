@@ -8,7 +8,6 @@ import shutil
 from pathlib import Path
 
 
-
 def copy_tokenizer(src: Path, dst: Path) -> bool:
     """Copy the tokenizer files of ``src`` (a directory) into ``dst``; False when there are none."""
     if not src.is_dir():

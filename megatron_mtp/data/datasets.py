@@ -174,7 +174,7 @@ def _check_prefix(prefix: str, tok: Tokenizer) -> IndexInfo:
     if fingerprint and fingerprint != tok.fingerprint():
         warnings.warn(
             f"dataset '{prefix}' was tokenised with a different tokenizer file than '{tok.source}' "
-            "(same vocab size and EOD)"
+            "(same vocab size and EOD)", stacklevel=2,
         )
     if info.tokens and info.dtype().itemsize == 2 and tok.vocab_size > 65536:
         raise UserError(

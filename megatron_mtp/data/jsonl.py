@@ -107,7 +107,8 @@ def parse_line(line: bytes, text_key: str) -> Union[str, tuple[str, str], None]:
     try:
         decoded = line.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return BAD_UTF8, f"the line holds bytes that are not UTF-8 (byte {exc.start}: {line[exc.start:exc.start + 1]!r})"
+        bad = line[exc.start:exc.start + 1]
+        return BAD_UTF8, f"the line holds bytes that are not UTF-8 (byte {exc.start}: {bad!r})"
     if not decoded.strip():
         return None
     try:
@@ -161,4 +162,5 @@ def iter_texts(paths: list[str], text_key: str = "text") -> Iterator[str]:
                 yield data.decode("utf-8")
             except UnicodeDecodeError as exc:
                 line = data.count(b"\n", 0, exc.start) + 1
-                raise UserError(f"{path}:{line}: the file holds bytes that are not UTF-8; convert it to UTF-8") from None
+                raise UserError(f"{path}:{line}: the file holds bytes that are not UTF-8; "
+                                "convert it to UTF-8") from None

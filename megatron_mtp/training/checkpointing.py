@@ -19,7 +19,6 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
@@ -53,7 +52,6 @@ def _set_rng_state(state: dict) -> None:
 
 def _sharded_state_dict(components: Components, state: TrainState, with_optimizer: bool, is_loading: bool) -> dict:
     from megatron.core.dist_checkpointing.mapping import ShardedObject
-
     from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
 
     # explicit metadata: GPTModel's MTP-stage embedding tie reads metadata['dp_cp_group']

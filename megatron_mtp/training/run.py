@@ -58,9 +58,9 @@ def _note_if_not_exportable(cfg: Config) -> None:
 
 
 def _eval_config(ckpt: Path, overrides: list[str]) -> Config:
+    from megatron_mtp.checkpoint.info import read_config
     from megatron_mtp.config.base import apply_override, from_dict
     from megatron_mtp.config.root import Config as RootConfig
-    from megatron_mtp.checkpoint.info import read_config
     from megatron_mtp.training.distributed import env_world
 
     cfg = read_config(ckpt)

@@ -15,7 +15,6 @@ from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, find_checkpoint, reso
 from megatron_mtp.config import Config
 from megatron_mtp.config.validate import validate
 from megatron_mtp.config.vocab import padded_vocab_size
-from megatron_mtp.errors import UserError
 from megatron_mtp.platform import Platform
 from megatron_mtp.platform import setup as setup_platform
 from megatron_mtp.training import checkpointing as ckpt_io

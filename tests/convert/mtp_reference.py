@@ -36,7 +36,8 @@ def _layer_state(weights: dict[str, torch.Tensor], prefix: str, experts: int) ->
                   "shared_head.norm.weight", "shared_head.head.weight"):
         state.pop(extra, None)
     if experts:
-        gate_up = [torch.cat([state.pop(f"mlp.experts.{e}.gate_proj.weight"), state.pop(f"mlp.experts.{e}.up_proj.weight")])
+        gate_up = [torch.cat([state.pop(f"mlp.experts.{e}.gate_proj.weight"),
+                              state.pop(f"mlp.experts.{e}.up_proj.weight")])
                    for e in range(experts)]
         down = [state.pop(f"mlp.experts.{e}.down_proj.weight") for e in range(experts)]
         state["mlp.experts.gate_up_proj"] = torch.stack(gate_up)

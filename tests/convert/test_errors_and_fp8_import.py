@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -18,9 +20,6 @@ from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.to_hf import export_to_hf
 from megatron_mtp.errors import UserError
 from tests.convert.helpers import REPO, env
-
-import subprocess
-import sys
 
 
 def _no_output(parent, name) -> None:

@@ -66,7 +66,8 @@ def test_yarn_defaults_give_megatron_the_numbers_transformers_computes():
     equal megatron-core's with the view's defaults (mscale 1.0, mscale_all_dim 0.0)."""
     transformers = pytest.importorskip("transformers")
     from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import (
-        _yarn_get_concentration_factor, _yarn_get_mscale,
+        _yarn_get_concentration_factor,
+        _yarn_get_mscale,
     )
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import yarn_apply_mscale

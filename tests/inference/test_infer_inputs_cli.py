@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from infer_tiny_model import make_tiny_export
+
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.generate import load_generator
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from infer_tiny_model import make_tiny_export
 
 TOL = 1e-5
@@ -55,7 +54,8 @@ def _hf_decoder_layer(config, layer_index, state, prefix):
     for name in layer.state_dict():
         if name == "mlp.experts.gate_up_proj":
             sd[name] = torch.stack([torch.cat([own[f"mlp.experts.{e}.gate_proj.weight"],
-                                               own[f"mlp.experts.{e}.up_proj.weight"]]) for e in range(config.n_routed_experts)])
+                                               own[f"mlp.experts.{e}.up_proj.weight"]])
+                                    for e in range(config.n_routed_experts)])
         elif name == "mlp.experts.down_proj":
             sd[name] = torch.stack([own[f"mlp.experts.{e}.down_proj.weight"] for e in range(config.n_routed_experts)])
         else:

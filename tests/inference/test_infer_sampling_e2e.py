@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from infer_tiny_model import NoisyTargetDraft
 from scipy.stats import chisquare
 
-from infer_tiny_model import NoisyTargetDraft
 from megatron_mtp.inference.sampling import SamplingParams, probabilities
 
 PROMPT = "for i in range(10):"

@@ -6,7 +6,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-
 from infer_tiny_model import TargetAsDraft
 
 PROMPT = "def add(a, b):\n    return"

@@ -13,7 +13,6 @@ import os
 import time
 
 import pytest
-
 from submit_helpers import STUB, read, submit_cli, submitted_job_id
 
 pytestmark = pytest.mark.slurm

@@ -12,10 +12,10 @@ import subprocess
 import pytest
 
 from megatron_mtp.cli import main
-from megatron_mtp.launch.job_plan import SubmitRequest, build_plan
-from megatron_mtp.launch.slurm_time import parse_slurm_time
-from megatron_mtp.launch.sbatch_script import render_sbatch
 from megatron_mtp.errors import UserError
+from megatron_mtp.launch.job_plan import SubmitRequest, build_plan
+from megatron_mtp.launch.sbatch_script import render_sbatch
+from megatron_mtp.launch.slurm_time import parse_slurm_time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG = os.path.join(REPO, "configs", "tiny_cpu.yaml")

@@ -13,7 +13,6 @@ import re
 import time
 
 import pytest
-
 from submit_helpers import REPO, read, submit_cli, submitted_job_id
 
 pytestmark = pytest.mark.slurm

@@ -12,7 +12,6 @@ import textwrap
 from pathlib import Path
 
 
-
 def test_patched_targets_exist():
     from megatron_mtp.platform import cpu
 
@@ -102,3 +101,22 @@ def test_main_job_prints_no_warnings(tmp_path):
         capture_output=True, text=True, env=env, timeout=600, cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Warning" not in proc.stderr + proc.stdout, proc.stderr[-3000:]
+
+
+def test_checkpoint_writer_queue_survives_the_save_and_exit_signals():
+    # Slurm signals every process of a job step; the writer's Manager must outlive SIGUSR1/SIGTERM.
+    code = textwrap.dedent("""
+        import os, signal, time
+        from megatron_mtp.platform import checkpoint_writer
+        from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
+        checkpoint_writer.apply()
+        pid = fa._megatron_mtp_writer_manager._process.pid
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            os.kill(pid, sig)
+        time.sleep(0.5)
+        fa._results_queue.put("still here")
+        print(fa._results_queue.get())
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "still here"

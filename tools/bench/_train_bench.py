@@ -101,6 +101,18 @@ def bench_config(args):
     ])
 
 
+def single_process_setup(args):
+    """(config, platform, padded vocab) of the benchmark model in a one-process job."""
+    from megatron_mtp.config.vocab import padded_vocab_size
+    from megatron_mtp.platform import setup
+    from megatron_mtp.training.distributed import init_distributed
+
+    cfg = bench_config(args)
+    platform = setup(cfg.training.device)
+    init_distributed(cfg, platform)
+    return cfg, platform, padded_vocab_size(args.vocab, cfg)
+
+
 def single_process_trainer(cfg, components, run_dir):
     """A Trainer over already-built components in a one-process job (no data, no checkpoint)."""
     from types import SimpleNamespace

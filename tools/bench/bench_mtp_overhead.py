@@ -29,22 +29,17 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-
-    from _train_bench import RandomTokens, bench_config, interleaved, single_process_trainer
+    from _train_bench import RandomTokens, interleaved, single_process_setup, single_process_trainer
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
-    from megatron_mtp.config.vocab import padded_vocab_size
-    from megatron_mtp.models.deepseek_v3.size import training_flops_per_token
-    from megatron_mtp.platform import setup
-    from megatron_mtp.training.batches import MicroBatchIterator
-    from megatron_mtp.training.distributed import destroy, init_distributed
-    from megatron_mtp.training.setup import TrainState, build_components
-    from megatron_mtp.training.forward_step import make_forward_step
 
-    base = bench_config(args)
-    plat = setup(base.training.device)
-    init_distributed(base, plat)
-    vocab = padded_vocab_size(args.vocab, base)
+    from megatron_mtp.models.deepseek_v3.size import training_flops_per_token
+    from megatron_mtp.training.batches import MicroBatchIterator
+    from megatron_mtp.training.distributed import destroy
+    from megatron_mtp.training.forward_step import make_forward_step
+    from megatron_mtp.training.setup import TrainState, build_components
+
+    base, plat, vocab = single_process_setup(args)
     data_set = RandomTokens(vocab, args.seq)
     fwd_bwd = get_forward_backward_func()
     steps, predicted = {}, {}
@@ -54,7 +49,7 @@ def main() -> None:
         trainer = single_process_trainer(cfg, build_components(cfg, plat, vocab), run_dir / f"d{depth}")
         data = MicroBatchIterator(data_set, 0, args.micro_batch, 0, 1, device=plat.device)
 
-        def step(t=trainer, d=data, s=TrainState(), f=make_forward_step(trainer.metrics)):
+        def step(t=trainer, d=data, s=TrainState(), f=make_forward_step(trainer.metrics)):  # noqa: B008
             # megatron-core's aux-loss tracker is process-global and sized by the first model
             get_moe_layer_wise_logging_tracker().clear()
             t.train_step(fwd_bwd, f, d, s)

@@ -13,8 +13,9 @@ Leviathan-predicted speedup next to it:
 t_target is one plain decode forward; on CPU verifying K+1 tokens costs more than one token
 (v > 1), which the Leviathan formula ignores; "with-verify" accounts for it.
 EOS is ignored so every run generates exactly --max-new-tokens tokens. Each setting and prompt runs
---repeats times with the same seed and the fastest run is timed (robust to other load on the machine). "same" is the fraction of runs
-whose tokens equal the plain run's (must be 1.00 at temperature 0; with sampling the streams differ).
+--repeats times with the same seed and the fastest run is timed (robust to other load on the machine).
+"same" is the fraction of runs whose tokens equal the plain run's (must be 1.00 at temperature 0; with
+sampling the streams differ).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--prompts-file", help="one prompt per line (\\n escapes allowed); default: built-in held-out prompts")
+    parser.add_argument("--prompts-file",
+                        help="one prompt per line (\\n escapes allowed); default: built-in held-out prompts")
     parser.add_argument("--repeats", type=int, default=3,
                         help="identical runs per prompt and setting; the fastest is timed (default 3)")
     parser.add_argument("--dtype", default="float32")
@@ -111,7 +113,7 @@ def run(argv: list[str] | None = None) -> dict:
     # fastest run's timings are kept, which filters out load from other processes on the machine.
     jobs = [(k, p, r) for r in range(args.repeats) for p in range(len(prompts)) for k in settings]
     fastest: dict[tuple[int, int], object] = {}
-    for k, p, r in tqdm(jobs, desc="bench", unit="run", file=sys.stderr):
+    for k, p, _ in tqdm(jobs, desc="bench", unit="run", file=sys.stderr):
         res = gen.generate(prompts[p], max_new_tokens=args.max_new_tokens, seed=p, speculative_k=k,
                            ignore_eos=True, **sampling)
         best = fastest.get((k, p))

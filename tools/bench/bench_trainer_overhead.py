@@ -26,21 +26,16 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-
-    from _train_bench import RandomTokens, bare_step, bench_config, interleaved, single_process_trainer
+    from _train_bench import RandomTokens, bare_step, interleaved, single_process_setup, single_process_trainer
     from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron_mtp.config.vocab import padded_vocab_size
-    from megatron_mtp.platform import setup
+
     from megatron_mtp.training.batches import MicroBatchIterator
-    from megatron_mtp.training.distributed import destroy, init_distributed
-    from megatron_mtp.training.setup import TrainState, build_components
+    from megatron_mtp.training.distributed import destroy
     from megatron_mtp.training.forward_step import make_forward_step
+    from megatron_mtp.training.setup import TrainState, build_components
     from megatron_mtp.training.trainer import _any_rank
 
-    cfg = bench_config(args)
-    plat = setup(cfg.training.device)
-    init_distributed(cfg, plat)
-    vocab = padded_vocab_size(args.vocab, cfg)
+    cfg, plat, vocab = single_process_setup(args)
     components = build_components(cfg, plat, vocab)
     trainer = single_process_trainer(cfg, components, Path(tempfile.mkdtemp(prefix="bench_trainer_")))
     ds = RandomTokens(vocab, args.seq)
