@@ -84,11 +84,17 @@ class _InProcess:
         encode_worker._STATE.clear()
 
 
+class WorkerDied(UserError, RuntimeError):
+    """A worker process of the pool died; the CLI prints it as one sentence."""
+
+
 class _Pool:
     """N worker processes (concurrent.futures: a dead worker raises instead of hanging).
 
     Linux uses fork: workers start fast and work whatever ``__main__`` is (spawn re-runs the main
     script, which fails for stdin scripts). Workers use no torch and tokenise single-threaded.
+    A dead worker breaks the pool; concurrent.futures then raises BrokenProcessPool from whichever
+    call comes next, ``submit`` or ``result``, so both translate it.
     """
 
     def __init__(self, workers: int, initargs: tuple):
@@ -98,18 +104,25 @@ class _Pool:
         self._pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
                                          initializer=encode_worker.init_worker, initargs=initargs)
 
-    def submit(self, chunk: Chunk):
-        return self._pool.submit(encode_worker.encode_chunk, chunk)
-
     @staticmethod
-    def result(handle):
+    @contextlib.contextmanager
+    def _translated():
         from concurrent.futures.process import BrokenProcessPool
 
         try:
-            return handle.result()
+            yield
         except BrokenProcessPool:
-            raise RuntimeError("a preprocessing worker process died (out of memory or killed?); "
-                               "re-run with fewer --workers") from None
+            raise WorkerDied("a preprocessing worker process died (out of memory or killed?); "
+                             "re-run with fewer --workers") from None
+
+    def submit(self, chunk: Chunk):
+        with self._translated():
+            return self._pool.submit(encode_worker.encode_chunk, chunk)
+
+    @classmethod
+    def result(cls, handle):
+        with cls._translated():
+            return handle.result()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
