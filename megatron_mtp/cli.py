@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-from megatron_mtp.errors import EXIT_USAGE, UserError
+from megatron_mtp.errors import EXIT_USAGE, RunError, UserError
 
 # Modules that contribute subcommands, in the order they appear in --help.
 _COMMAND_MODULES = (
@@ -52,11 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = args.func(args)
     except UserError as exc:
-        print(f"megatron-mtp {args.command}: error: {exc}", file=sys.stderr)
+        if not isinstance(exc, RunError) or os.environ.get("RANK", "0") == "0":
+            print(f"megatron-mtp {args.command}: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     except BrokenPipeError:  # output piped into `head` and the like
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt:

@@ -9,6 +9,11 @@ class UserError(Exception):
     """A problem with the user's input, reported as one clear sentence."""
 
 
+class RunError(UserError):
+    """A run that must stop (diverged, a save that failed, a run directory in use), raised on every
+    rank of a job with the same sentence; the CLI prints it once, on rank 0."""
+
+
 # Process exit codes shared by the trainer, the CLI and the Slurm job script.
 EXIT_FINISHED = 0
 EXIT_USAGE = 2

@@ -15,6 +15,8 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import math
+import re
 import textwrap
 import types
 import typing
@@ -23,6 +25,23 @@ from typing import Any
 import yaml
 
 from megatron_mtp.errors import UserError
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML with numbers as people write them: 1e4, 3e-4 and 10e12 are floats (YAML 1.2), where
+    PyYAML's YAML 1.1 rules want a dot and a signed exponent (1.0e+4) and read the rest as text."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text):
+    """yaml.safe_load with YAML 1.2 floats (see _Loader)."""
+    return yaml.load(text, Loader=_Loader)
 
 
 def _closest(name: str, choices: list[str]) -> str:
@@ -110,6 +129,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UserError(f"{where} must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise UserError(f"{where} is {value}; it must be a finite number")
         return float(value)
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
@@ -149,7 +170,7 @@ def apply_override(data: dict[str, Any], cls: type, override: str) -> None:
     path, raw = override.split("=", 1)
     keys = path.strip().split(".")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = parse_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
         raise UserError(f"override '{override}': the value is not valid YAML ({exc.problem})") from None
     node, node_cls, walked = data, cls, []
@@ -177,7 +198,7 @@ def apply_override(data: dict[str, Any], cls: type, override: str) -> None:
 def load_yaml(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            data = parse_yaml(fh)
     except FileNotFoundError:
         raise UserError(f"config file '{path}' does not exist") from None
     except yaml.YAMLError as exc:

@@ -13,6 +13,7 @@ from megatron_mtp.config.base import apply_override, from_dict, load_yaml, to_di
 from megatron_mtp.config.data import DataConfig
 from megatron_mtp.config.model import ModelConfig, MTPConfig
 from megatron_mtp.config.parallel import ParallelConfig
+from megatron_mtp.config.performance import KernelConfig, RecomputeConfig
 from megatron_mtp.config.training import (
     CheckpointConfig,
     LoggingConfig,
@@ -31,7 +32,11 @@ class Config:
     mtp: MTPConfig = field(default_factory=MTPConfig)
     """Multi-Token Prediction depth and loss weight schedule."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    """Parallel layout."""
+    """Parallel layout and communication overlap."""
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    """Activation recomputation."""
+    kernels: KernelConfig = field(default_factory=KernelConfig)
+    """Fused kernels and router numerics."""
     data: DataConfig = field(default_factory=DataConfig)
     """Training data."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)

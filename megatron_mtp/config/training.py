@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Optional
+
+from megatron_mtp.config.parallel import Toggle
 
 
 @dataclass
@@ -22,6 +24,20 @@ class OptimizerConfig:
     """Adam ε."""
     clip_grad: float = 1.0
     """Global gradient-norm clipping threshold (0 disables clipping)."""
+    precision_aware: bool = False
+    """megatron-core's precision-aware optimizer: Adam moments in moment_dtype, fp32 main parameters
+    (GPU with Transformer Engine's FusedAdam, or with offload_fraction > 0)."""
+    moment_dtype: Literal["fp32", "bf16"] = "fp32"
+    """dtype of Adam's exp_avg and exp_avg_sq (bf16 needs precision_aware on GPU with Transformer
+    Engine and no offload: megatron-core's offload optimizer keeps fp32 moments)."""
+    offload_fraction: float = 0.0
+    """Fraction of the optimizer state (by parameter count) kept in host memory and stepped on the
+    CPU (megatron-core's HybridDeviceOptimizer; needs precision_aware and bf16/fp16 training)."""
+    offload_overlap: bool = False
+    """With offload: overlap the device-to-host and host-to-device copies with the optimizer step."""
+    cpu_optimizer: Literal["torch", "deepspeed"] = "torch"
+    """Host-side Adam of the offloaded part: torch's fused AdamW, or DeepSpeed's CPUAdam (the
+    optional `deepspeed` extra)."""
 
 
 @dataclass
@@ -36,6 +52,22 @@ class ScheduleConfig:
     """Length of the final decay phase for decay_style=wsd."""
     wsd_decay_style: Literal["linear", "cosine", "exponential", "minus_sqrt"] = "linear"
     """Shape of the WSD final decay."""
+
+
+@dataclass
+class LossSpikeConfig:
+    factor: Optional[float] = None
+    """A step's LM loss above factor × the median of the last `window` steps counts as a spike
+    (null: the rule is off)."""
+    window: int = 100
+    """Steps in the running median."""
+    patience: int = 5
+    """Spiking steps in a row that trigger the action."""
+    action: Literal["stop", "rollback"] = "stop"
+    """stop the run, or roll back to the newest checkpoint saved before the spike began and skip the
+    data consumed since then."""
+    max_rollbacks: int = 3
+    """With rollback: stop instead once this many rollbacks happened in one run."""
 
 
 @dataclass
@@ -54,6 +86,21 @@ class TrainingConfig:
     """Compute precision (parameters are kept in fp32 for the optimizer in bf16/fp16)."""
     fp8: Optional[Literal["delayed", "tensorwise", "blockwise", "mxfp8"]] = None
     """FP8 recipe through Transformer Engine (GPU only); null disables FP8."""
+    fp8_param_gather: bool = False
+    """With fp8: keep parameters in FP8 and all-gather them in FP8 (saves the bf16 weight copy)."""
+    grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    """dtype of gradient accumulation buffers and their data-parallel reduction."""
+    manual_gc_interval: int = 0
+    """0: Python's automatic garbage collection. N > 0: automatic collection off, a full collection
+    every N steps and around evaluations, at the same time on every rank (avoids stragglers)."""
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """A step whose loss or gradient norm is not finite: stop (the run ends with one sentence naming
+    the step and the last checkpoint; nothing non-finite is saved) or skip (the update is not
+    applied, the data is consumed; see max_skipped_steps)."""
+    max_skipped_steps: int = 5
+    """With on_nonfinite=skip: stop after this many skipped steps in a row."""
+    loss_spike: LossSpikeConfig = field(default_factory=LossSpikeConfig)
+    """Loss-spike rule (off unless loss_spike.factor is set)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to run: auto picks cuda when a GPU is visible."""
     deterministic: bool = False
@@ -72,6 +119,17 @@ class CheckpointConfig:
     """With `load`: also restore optimizer, scheduler and progress (false: weights only, fresh start)."""
     exit_signals: list[str] = None  # type: ignore[assignment]
     """Signals that make the trainer finish the step, save and exit (default SIGUSR1, SIGTERM)."""
+    async_save: Toggle = "auto"
+    """Write checkpoints in the background while training goes on (megatron-core async save; the
+    step_N rename and `latest` follow once every rank's write completed). auto: on."""
+    fully_parallel_save: bool = True
+    """Spread the writing of replicated tensors over the data-parallel ranks (megatron-core's
+    fully parallel save) instead of the first replica writing them all."""
+    fully_parallel_load: bool = True
+    """Spread the reading of a checkpoint over the data-parallel ranks and exchange the pieces."""
+    start_fresh: bool = False
+    """Start from scratch even though the run directory holds checkpoints (they are moved to
+    checkpoints.old-<time>/, never deleted)."""
 
     def __post_init__(self):
         if self.exit_signals is None:

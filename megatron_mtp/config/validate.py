@@ -1,39 +1,61 @@
-"""Config checks that run before any process group starts. Each failure is one sentence naming the field."""
+"""Config checks that run before any process group starts. Each failure is one sentence naming the field.
+
+These are the rules that hold on every platform; what depends on the machine (GPU, Transformer
+Engine, DeepEP) is decided in platform/features.py once the platform is known.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
+from megatron_mtp.config import pipeline_layout
+from megatron_mtp.config.parallel_sizes import ParallelSizes, parallel_sizes
+from megatron_mtp.config.performance import RECOMPUTE_MODULES
 from megatron_mtp.config.root import Config
 from megatron_mtp.errors import UserError
 
 
-def validate(cfg: Config, world_size: Optional[int] = None) -> None:
+def validate(cfg: Config, world_size: Optional[int] = None) -> ParallelSizes:
     """Raise UserError for the first inconsistency found (world_size: processes actually launched)."""
-    m, p, t, mtp = cfg.model, cfg.parallel, cfg.training, cfg.mtp
     _positive(cfg, ["model.num_layers", "model.hidden_size", "model.num_attention_heads", "parallel.tensor",
                     "parallel.pipeline", "parallel.expert", "training.max_steps", "training.seq_length",
                     "training.micro_batch_size", "training.global_batch_size"])
-    if mtp.num_layers < 0:
-        raise UserError(f"mtp.num_layers is {mtp.num_layers}; it must be 0 (no MTP) or a positive depth")
-    if world_size is None:
-        world_size = p.world_size or p.tensor * p.pipeline * p.expert
-    if p.world_size is not None and p.world_size != world_size:
+    if cfg.mtp.num_layers < 0:
+        raise UserError(f"mtp.num_layers is {cfg.mtp.num_layers}; it must be 0 (no MTP) or a positive depth")
+    sizes = _parallel(cfg, world_size)
+    _moe(cfg)
+    _mtp_and_numbers(cfg)
+    _recompute(cfg, sizes)
+    _overlap(cfg, sizes)
+    _optimizer(cfg)
+    return sizes
+
+
+def _parallel(cfg: Config, world_size: Optional[int]) -> ParallelSizes:
+    m, p, t = cfg.model, cfg.parallel, cfg.training
+    if p.world_size is not None and world_size is not None and p.world_size != world_size:
         raise UserError(f"parallel.world_size is {p.world_size} but {world_size} processes were launched; "
                         "launch that many processes or change parallel.world_size")
-    model_parallel = p.tensor * p.pipeline
-    if world_size % model_parallel:
-        raise UserError(f"world size {world_size} is not divisible by parallel.tensor × parallel.pipeline = "
-                        f"{p.tensor}×{p.pipeline}; change the parallel sizes or the number of processes")
-    dp = world_size // model_parallel
-    if dp % p.expert:
-        raise UserError(f"parallel.expert={p.expert} must divide the data-parallel size {dp} "
-                        f"(world {world_size} / (tensor {p.tensor} × pipeline {p.pipeline}))")
+    for name in ("virtual_pipeline", "expert_tensor", "bucket_size"):
+        value = getattr(p, name)
+        if value is not None and value < 1:
+            raise UserError(f"parallel.{name} is {value}; it must be a positive integer or null")
+    stages = pipeline_layout.stages(m.num_layers, cfg.mtp.num_layers, p.pipeline, p.virtual_pipeline,
+                                    p.pipeline_layout)
+    vpp = len(stages) // p.pipeline
+    if vpp > 1 and p.pipeline == 1:
+        raise UserError("parallel.virtual_pipeline > 1 needs parallel.pipeline > 1 (the interleaved schedule "
+                        "spreads chunks over pipeline ranks)")
+    sizes = parallel_sizes(cfg, world_size, vpp)
     if p.expert > 1 and m.num_experts == 0:
         raise UserError("parallel.expert > 1 needs a MoE model; set model.num_experts > 0 or parallel.expert=1")
     if m.num_experts and m.num_experts % p.expert:
         raise UserError(f"model.num_experts={m.num_experts} is not divisible by parallel.expert={p.expert}; "
                         "every expert-parallel rank must hold the same number of experts")
+    if m.num_experts and m.moe_ffn_hidden_size % sizes.etp:
+        raise UserError(f"model.moe_ffn_hidden_size={m.moe_ffn_hidden_size} is not divisible by the expert "
+                        f"tensor-parallel size {sizes.etp}; change parallel.expert_tensor")
     sp = p.sequence_parallel if p.sequence_parallel is not None else p.tensor > 1
     if m.num_experts and p.tensor > 1 and not sp:
         raise UserError("parallel.sequence_parallel is false but MoE with parallel.tensor > 1 needs sequence "
@@ -43,57 +65,166 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> None:
     if sp and t.seq_length % p.tensor:
         raise UserError(f"training.seq_length={t.seq_length} must be divisible by parallel.tensor={p.tensor} "
                         "with sequence parallelism")
-    for name, value in (("model.num_attention_heads", m.num_attention_heads),):
-        if value % p.tensor:
-            raise UserError(f"{name}={value} is not divisible by parallel.tensor={p.tensor}")
-    if p.pipeline_layout is not None:
-        if len(p.pipeline_layout) != p.pipeline:
-            raise UserError(f"parallel.pipeline_layout has {len(p.pipeline_layout)} stages but parallel.pipeline "
-                            f"is {p.pipeline}; give one layer count per stage")
-        if sum(p.pipeline_layout) != m.num_layers or min(p.pipeline_layout) < 0:
-            raise UserError(f"parallel.pipeline_layout {p.pipeline_layout} must be non-negative counts summing to "
-                            f"model.num_layers={m.num_layers} (MTP layers are added to the last stage)")
-    elif m.num_layers % p.pipeline:
-        raise UserError(f"model.num_layers={m.num_layers} cannot be split evenly over parallel.pipeline={p.pipeline} "
-                        "stages (MTP layers sit on the last stage in addition); change the sizes or set "
-                        "parallel.pipeline_layout")
-    per_step = t.micro_batch_size * dp
+    if m.num_attention_heads % p.tensor:
+        raise UserError(f"model.num_attention_heads={m.num_attention_heads} is not divisible by "
+                        f"parallel.tensor={p.tensor}")
+    per_step = t.micro_batch_size * sizes.dp
     if t.global_batch_size % per_step:
         raise UserError(f"training.global_batch_size={t.global_batch_size} must be a multiple of "
-                        f"micro_batch_size × data-parallel size = {t.micro_batch_size}×{dp}={per_step}")
-    if m.num_experts:
-        if m.router_topk > m.num_experts:
-            raise UserError(f"model.router_topk={m.router_topk} exceeds model.num_experts={m.num_experts}")
-        if m.first_k_dense > m.num_layers:
-            raise UserError(f"model.first_k_dense={m.first_k_dense} exceeds model.num_layers={m.num_layers}")
-        if m.router_num_groups:
-            if m.num_experts % m.router_num_groups:
-                raise UserError(f"model.num_experts={m.num_experts} is not divisible by "
-                                f"model.router_num_groups={m.router_num_groups}")
-            if not m.router_group_topk or m.router_group_topk > m.router_num_groups:
-                raise UserError("model.router_group_topk must be set and at most model.router_num_groups when "
-                                "group-limited routing is on (router_num_groups)")
-            per_group = m.num_experts // m.router_num_groups
-            if m.router_topk > m.router_group_topk * per_group:
-                raise UserError(f"model.router_topk={m.router_topk} exceeds the experts reachable in "
-                                f"router_group_topk={m.router_group_topk} groups of {per_group}")
-        elif m.router_group_topk:
-            raise UserError("model.router_group_topk is set but model.router_num_groups is null; set both or neither")
-        if m.router_score_function == "sigmoid" and not m.router_norm_topk_prob and m.router_topk > 1:
-            raise UserError("model.router_norm_topk_prob=false with sigmoid scores is not supported by megatron-core "
-                            "(it always renormalises the selected sigmoid scores); set it to true")
-    if mtp.num_layers and m.num_layers - (p.pipeline_layout[-1] if p.pipeline_layout else 0) < 0:
-        raise UserError("the last pipeline stage must exist to hold the MTP layers")
-    for i, entry in enumerate(mtp.loss_weight_schedule):
-        start, lam = entry
+                        f"micro_batch_size × data-parallel size = {t.micro_batch_size}×{sizes.dp}={per_step}")
+    micro = t.global_batch_size // per_step
+    if vpp > 1 and micro % p.pipeline:
+        raise UserError(f"the interleaved schedule needs the micro-batches per step ({micro} = global batch / "
+                        f"(micro batch × data parallel)) to be a multiple of parallel.pipeline={p.pipeline}; "
+                        "change training.global_batch_size or training.micro_batch_size")
+    if p.token_dispatcher == "flex" and p.tensor * p.expert == 1:
+        raise UserError("parallel.token_dispatcher=flex needs parallel.tensor × parallel.expert > 1; use alltoall")
+    return sizes
+
+
+def _moe(cfg: Config) -> None:
+    m = cfg.model
+    if not m.num_experts:
+        return
+    if m.router_topk > m.num_experts:
+        raise UserError(f"model.router_topk={m.router_topk} exceeds model.num_experts={m.num_experts}")
+    if m.first_k_dense > m.num_layers:
+        raise UserError(f"model.first_k_dense={m.first_k_dense} exceeds model.num_layers={m.num_layers}")
+    if m.router_num_groups:
+        if m.num_experts % m.router_num_groups:
+            raise UserError(f"model.num_experts={m.num_experts} is not divisible by "
+                            f"model.router_num_groups={m.router_num_groups}")
+        if not m.router_group_topk or m.router_group_topk > m.router_num_groups:
+            raise UserError("model.router_group_topk must be set and at most model.router_num_groups when "
+                            "group-limited routing is on (router_num_groups)")
+        per_group = m.num_experts // m.router_num_groups
+        if m.router_topk > m.router_group_topk * per_group:
+            raise UserError(f"model.router_topk={m.router_topk} exceeds the experts reachable in "
+                            f"router_group_topk={m.router_group_topk} groups of {per_group}")
+    elif m.router_group_topk:
+        raise UserError("model.router_group_topk is set but model.router_num_groups is null; set both or neither")
+    if m.router_score_function == "sigmoid" and not m.router_norm_topk_prob and m.router_topk > 1:
+        raise UserError("model.router_norm_topk_prob=false with sigmoid scores is not supported by megatron-core "
+                        "(it always renormalises the selected sigmoid scores); set it to true")
+
+
+def _mtp_and_numbers(cfg: Config) -> None:
+    m, t, mtp, o = cfg.model, cfg.training, cfg.mtp, cfg.optimizer
+    for i, (start, lam) in enumerate(mtp.loss_weight_schedule):
         if start < 0 or lam < 0:
-            raise UserError(f"mtp.loss_weight_schedule[{i}] = {list(entry)} must have tokens >= 0 and λ >= 0")
+            raise UserError(f"mtp.loss_weight_schedule[{i}] = {[start, lam]} must have tokens >= 0 and λ >= 0")
     if mtp.num_layers and not mtp.loss_weight_schedule:
         raise UserError("mtp.loss_weight_schedule is empty; give at least [[0, λ]] when mtp.num_layers > 0")
     if m.q_lora_rank is not None and m.q_lora_rank <= 0:
         raise UserError("model.q_lora_rank must be positive or null")
+    if t.seq_length > m.max_position_embeddings:
+        raise UserError(f"training.seq_length={t.seq_length} exceeds model.max_position_embeddings="
+                        f"{m.max_position_embeddings}; shorten the sequences or raise max_position_embeddings")
     if t.fp8 is not None and t.precision != "bf16":
         raise UserError(f"training.fp8={t.fp8} needs training.precision=bf16")
+    if t.fp8_param_gather and t.fp8 is None:
+        raise UserError("training.fp8_param_gather needs training.fp8 (an FP8 recipe)")
+    if t.grad_reduce_dtype == "bf16" and t.precision != "bf16":
+        raise UserError("training.grad_reduce_dtype=bf16 needs training.precision=bf16")
+    for key, value, low in (("optimizer.lr", o.lr, 0.0), ("optimizer.adam_eps", o.adam_eps, 0.0),
+                            ("model.norm_epsilon", m.norm_epsilon, 0.0), ("model.init_method_std", m.init_method_std,
+                                                                          0.0)):
+        if not value > low:
+            raise UserError(f"{key} is {value}; it must be a positive number")
+    for key, value in (("optimizer.min_lr", o.min_lr), ("optimizer.weight_decay", o.weight_decay),
+                       ("optimizer.clip_grad", o.clip_grad), ("model.aux_loss_coeff", m.aux_loss_coeff),
+                       ("model.router_bias_update_rate", m.router_bias_update_rate)):
+        if value < 0:
+            raise UserError(f"{key} is {value}; it must be 0 or more")
+    if o.min_lr > o.lr:
+        raise UserError(f"optimizer.min_lr={o.min_lr} exceeds optimizer.lr={o.lr}")
+    for key, value in (("optimizer.adam_beta1", o.adam_beta1), ("optimizer.adam_beta2", o.adam_beta2)):
+        if not 0 <= value < 1:
+            raise UserError(f"{key} is {value}; it must be in [0, 1)")
+    if t.manual_gc_interval < 0:
+        raise UserError(f"training.manual_gc_interval is {t.manual_gc_interval}; use 0 (off) or a step interval")
+    if t.max_skipped_steps < 1:
+        raise UserError(f"training.max_skipped_steps is {t.max_skipped_steps}; it must be at least 1")
+    spike = t.loss_spike
+    if spike.factor is not None and not spike.factor > 1:
+        raise UserError(f"training.loss_spike.factor is {spike.factor}; it must be above 1 (or null to turn "
+                        "the rule off)")
+    if spike.window < 2 or spike.patience < 1 or spike.max_rollbacks < 0:
+        raise UserError("training.loss_spike needs window >= 2, patience >= 1 and max_rollbacks >= 0")
+
+
+def _recompute(cfg: Config, sizes: ParallelSizes) -> None:
+    r = cfg.recompute
+    if r.granularity == "selective":
+        unknown = [name for name in r.modules if name not in RECOMPUTE_MODULES]
+        if unknown or not r.modules:
+            raise UserError(f"recompute.modules {r.modules} must list some of {', '.join(RECOMPUTE_MODULES)}")
+        if "moe_act" in r.modules and cfg.kernels.grouped_gemm is False:
+            raise UserError("recompute.modules moe_act needs the experts' grouped GEMM; remove moe_act or set "
+                            "kernels.grouped_gemm to auto/true (GPU with Transformer Engine)")
+    if r.granularity == "full":
+        per_stage = math.ceil(cfg.model.num_layers / (sizes.pp * sizes.vpp))
+        if not 1 <= r.num_layers <= max(per_stage, 1):
+            raise UserError(f"recompute.num_layers is {r.num_layers}; with full recompute it must be between 1 and "
+                            f"the decoder layers per pipeline chunk ({per_stage})")
+        if cfg.mtp.num_layers and r.method == "uniform" and r.num_layers != 1:
+            raise UserError("full recompute with method=uniform recomputes MTP layers one at a time; set "
+                            "recompute.num_layers=1 (or method=block, which leaves MTP layers as they are)")
+
+
+def _overlap(cfg: Config, sizes: ParallelSizes) -> None:
+    p, t = cfg.parallel, cfg.training
+    if p.overlap_param_gather and not (p.distributed_optimizer and p.overlap_grad_reduce):
+        raise UserError("parallel.overlap_param_gather needs parallel.distributed_optimizer=true and "
+                        "parallel.overlap_grad_reduce=true")
+    if p.moe_a2a_overlap:
+        why = None
+        if t.precision == "fp32":
+            why = "training.precision bf16 or fp16"
+        elif p.expert == 1:
+            why = "parallel.expert > 1"
+        elif p.token_dispatcher == "allgather":
+            why = "parallel.token_dispatcher alltoall or flex"
+        elif cfg.recompute.granularity == "full":
+            why = "recompute.granularity other than full"
+        elif cfg.mtp.num_layers > 1:
+            why = "mtp.num_layers at most 1"
+        elif cfg.mtp.num_layers and p.pipeline == 1:
+            why = "parallel.pipeline > 1 when MTP is on"
+        elif p.pipeline > 1 and sizes.vpp == 1:
+            why = "parallel.virtual_pipeline > 1 when parallel.pipeline > 1"
+        if why:
+            raise UserError(f"parallel.moe_a2a_overlap needs {why} (megatron-core's overlap_moe_expert_parallel_comm)")
+    if p.delay_wgrad_compute and not p.moe_a2a_overlap:
+        raise UserError("parallel.delay_wgrad_compute needs parallel.moe_a2a_overlap=true")
+
+
+def _optimizer(cfg: Config) -> None:
+    o, p, t = cfg.optimizer, cfg.parallel, cfg.training
+    if not 0.0 <= o.offload_fraction <= 1.0:
+        raise UserError(f"optimizer.offload_fraction is {o.offload_fraction}; it must be between 0 and 1")
+    offload = o.offload_fraction > 0
+    if offload:
+        if t.precision == "fp32":
+            raise UserError("optimizer.offload_fraction > 0 needs training.precision bf16 or fp16 (megatron-core's "
+                            "offload optimizer cannot hold fp32 parameter shards)")
+        if not o.precision_aware:
+            raise UserError("optimizer.offload_fraction > 0 needs optimizer.precision_aware=true (megatron-core "
+                            "offloads through its precision-aware optimizer)")
+    if o.precision_aware and not p.distributed_optimizer:
+        raise UserError("optimizer.precision_aware needs parallel.distributed_optimizer=true")
+    if o.moment_dtype != "fp32":
+        if not o.precision_aware:
+            raise UserError(f"optimizer.moment_dtype={o.moment_dtype} needs optimizer.precision_aware=true")
+        if offload:
+            raise UserError(f"optimizer.moment_dtype={o.moment_dtype} does not apply with optimizer.offload_fraction "
+                            "> 0 (megatron-core's offload optimizer keeps fp32 moments); use fp32 or no offload")
+    if o.offload_overlap and not offload:
+        raise UserError("optimizer.offload_overlap needs optimizer.offload_fraction > 0")
+    if o.cpu_optimizer != "torch" and not offload:
+        raise UserError(f"optimizer.cpu_optimizer={o.cpu_optimizer} needs optimizer.offload_fraction > 0")
+    if t.fp8_param_gather and not p.distributed_optimizer:
+        raise UserError("training.fp8_param_gather needs parallel.distributed_optimizer=true")
 
 
 def _positive(cfg: Config, keys: list[str]) -> None:

@@ -19,6 +19,7 @@ import shlex
 
 from megatron_mtp.errors import EXIT_RESUME
 from megatron_mtp.launch.job_plan import JobPlan
+from megatron_mtp.platform.job_env import gpu_job_env
 
 CHAIN_FILE = "chain.txt"
 """In chain mode: the job ids of the chain, one per line, written under RUN_DIR/slurm/ by submit."""
@@ -120,13 +121,9 @@ def _environment(plan: JobPlan) -> list[str]:
         threads = plan.cpus_per_task or 1
         lines += [f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{threads}}}"']
     else:
-        lines += [
-            'export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"',
-            'export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"',
-            "# megatron-core overlaps TP communication only with a single hardware queue.",
-            'export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"',
-            f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{plan.cpus_per_task or 4}}}"',
-        ]
+        for name, value, why in gpu_job_env(plan.config):
+            lines += [f"# {why}", f'export {name}="${{{name}:-{value}}}"']
+        lines += [f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{plan.cpus_per_task or 4}}}"']
     if plan.env:
         lines.append("# ---- User settings (--env).")
         lines += [f"export {key}={shlex.quote(value)}" for key, value in plan.env.items()]

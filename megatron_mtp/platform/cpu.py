@@ -1,6 +1,6 @@
 """Make megatron-core's real code path run on CPU with gloo.
 
-Design note. megatron-core assumes CUDA in three ways, each neutralised here and nowhere else:
+Design note. megatron-core assumes CUDA in four ways, each neutralised here and nowhere else:
   1. Device choice: `torch.cuda.current_device()`, literal `device="cuda"`, `.cuda()` and
      `.to("cuda")` in schedules, optimizer, grad clipping, checkpoint exchange. A TorchFunctionMode
      (`_CudaToCpu`) rewrites any CUDA device argument to CPU, makes `.cuda()` a no-op, and reports
@@ -9,6 +9,8 @@ Design note. megatron-core assumes CUDA in three ways, each neutralised here and
      stand-ins, since CPU ops complete in order.
   3. Gloo limits: all_to_all_single needs Python/numpy split sizes (megatron keeps CPU tensors),
      and all_gather of uneven shards is unsupported (pad, gather, slice).
+  4. CUDA RNG states around recomputed regions, NVTX ranges: empty stand-ins.
+The optimizer on CPU (fused torch Adam, the offload optimizer's split) is set in optimizers.py.
 `check_assumptions()` verifies every patched target still exists with the shape we rely on, so a
 megatron-core upgrade that moves one fails loudly in tests/unit/test_platform.py instead of
 silently running a different path.
@@ -115,8 +117,21 @@ def _patch_torch_cuda() -> None:
         setattr(cuda, name, lambda device=None: 0)
     cuda.reset_peak_memory_stats = lambda device=None: None
     cuda.empty_cache = lambda: None
+    # NVTX ranges (the combined 1F1B schedule of the expert-parallel all-to-all overlap) need CUDA.
+    cuda.nvtx.range_push = lambda msg: 0
+    cuda.nvtx.range_pop = lambda: 0
     # Tensor.record_stream is a no-op concept on CPU.
     torch.Tensor.record_stream = lambda self, stream: None
+
+
+def _patch_rng_for_recompute() -> None:
+    """Activation recomputation saves and restores the CUDA RNG state around each recomputed region
+    (tensor_parallel.random); CPU-only torch raises 'Torch not compiled with CUDA enabled'. The CPU
+    generator is saved and restored by the same code already, so the CUDA part is an empty stand-in."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    mrandom._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: torch.empty(0, dtype=torch.uint8)
+    mrandom._set_cuda_rng_state = lambda new_state, device=-1, graph_safe=False: None
 
 
 def _patch_gloo_collectives() -> None:
@@ -169,7 +184,9 @@ def check_assumptions() -> list[str]:
     targets = {
         "megatron.core.tensor_parallel.mappings": ["_gather_along_first_dim"],
         "megatron.core.transformer.moe.token_dispatcher": ["maybe_move_tensor_to_cpu"],
+        "megatron.core.tensor_parallel.random": ["_get_cuda_rng_state", "_set_cuda_rng_state"],
         "torch.cuda": ["current_device", "Stream", "Event", "current_stream", "stream", "synchronize"],
+        "torch.cuda.nvtx": ["range_push", "range_pop"],
     }
     for module_name, attrs in targets.items():
         module = importlib.import_module(module_name)
@@ -191,5 +208,6 @@ def apply() -> None:
     _disable_dynamo()
     _patch_torch_cuda()
     _patch_gloo_collectives()
+    _patch_rng_for_recompute()
     _CudaToCpu().__enter__()  # process-wide: every later torch call sees CPU placements
     _APPLIED = True

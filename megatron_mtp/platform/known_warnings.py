@@ -37,6 +37,8 @@ KNOWN_HARMLESS = (
                  "megatron-core 0.16 calls torch's older collective names; the behaviour is the same"),
     KnownWarning(UserWarning, r"Transformer Engine and Apex are not installed\. Falling back to local implementations",
                  "on CPU the local multi-tensor kernels are the only ones there are", cpu_only=True),
+    KnownWarning(UserWarning, r"Transformer Engine and Apex are not installed\. Falling back to Torch optimizers",
+                 "on CPU torch's Adam is the optimizer (the platform layer picks its fastest path)", cpu_only=True),
 )
 
 

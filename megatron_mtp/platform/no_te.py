@@ -1,8 +1,9 @@
 """Correct megatron-core's view of Transformer Engine when TE is absent (CPU, or GPU without TE).
 
 megatron-core's TE extension imports with stand-ins even when TE is missing, so some modules
-believe TE is present: multi_latent_attention then calls isinstance() against a mock class, and the
-MoE router's gating GEMM reads a name that is never bound.
+believe TE is present: multi_latent_attention then calls isinstance() against a mock class, the
+MoE router's gating GEMM reads a name that is never bound, recompute's CheckpointWithoutOutput
+enters TE's FP8 state, and TE version checks compare None with a version.
 We state the truth in those modules. Local (non-TE) specs are built in platform/local_modules.py.
 """
 
@@ -27,8 +28,50 @@ def apply() -> None:
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
 
+    _patch_checkpoint_without_output()
+    _patch_te_version_checks()
     _patch_torch_adam_state_load()
     _APPLIED = True
+
+
+def _patch_checkpoint_without_output() -> None:
+    """`CheckpointWithoutOutput(fp8=False)` sets `self.fp8 = fp8 is not None` (True), so its forward
+    calls TE's FP8GlobalStateManager, a name bound only when TE imports: recomputing 'layernorm' or
+    'moe_act' raises NameError without TE. Without TE there is no FP8 state to track."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    cls = mrandom.CheckpointWithoutOutput
+    if getattr(cls.__init__, "_megatron_mtp_patched", False) or getattr(mrandom, "HAVE_TE", False):
+        return
+    original = cls.__init__
+
+    def __init__(self, fp8=False):
+        original(self, fp8)
+        self.fp8 = False
+
+    __init__._megatron_mtp_patched = True
+    cls.__init__ = __init__
+
+
+def _patch_te_version_checks() -> None:
+    """`is_te_min_version()` compares `None >= Version` and raises TypeError when TE is absent (an
+    OptimizerConfig with the precision-aware optimizer, FP8 settings): without TE no minimum version
+    is met. Replaced in megatron.core.utils and in every megatron.core module that imported it."""
+    import sys
+
+    from megatron.core import utils
+
+    if utils.get_te_version() is not None:
+        return
+    original = getattr(utils, "_megatron_mtp_original_is_te_min_version", utils.is_te_min_version)
+
+    def is_te_min_version(version, check_equality=True):
+        return False
+
+    utils._megatron_mtp_original_is_te_min_version = original
+    for name, module in list(sys.modules.items()):
+        if name.startswith("megatron.core") and getattr(module, "is_te_min_version", None) is original:
+            module.is_te_min_version = is_te_min_version
 
 
 def _patch_torch_adam_state_load() -> None:

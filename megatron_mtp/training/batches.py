@@ -31,3 +31,9 @@ class MicroBatchIterator:
         self.position += self.mbs * self.dp_size
         return {k: torch.stack([torch.as_tensor(item[k]) for item in items]).to(self.device, non_blocking=True)
                 for k in KEYS}
+
+
+def chunk_iterators(make, num_chunks: int):
+    """What megatron-core's schedules take as data_iterator: one iterator, or with the interleaved
+    schedule one per model chunk, each yielding the same micro-batches (`make()` builds one)."""
+    return make() if num_chunks == 1 else [make() for _ in range(num_chunks)]

@@ -1,36 +1,25 @@
-"""Checkpoints with megatron-core dist_checkpointing (torch_dist), atomic and self-describing.
+"""What a checkpoint holds of a run, and loading it (saving: checkpoint_saver.py).
 
-Design note. A run directory holds checkpoints/step_NNNNNNN/ directories and a `latest` file.
-  save: every rank writes its shards into step_N.tmp/ (dist_checkpointing.save), then rank 0 adds
-        config.yaml, tokenizer/ and train_state.json, renames step_N.tmp -> step_N, and replaces
-        `latest` through a temp file + os.replace. A crash at any point leaves `latest` naming the
-        previous complete checkpoint; stale *.tmp dirs are removed at the next save.
-  load: the model's own sharded state dict is filled from the files, so any TP/PP/EP layout loads
-        any other (torch_dist reshards). Optimizer state uses the `fully_reshardable` distributed-
-        optimizer format and reshards too, except between EP=1 and EP>1, where megatron-core splits
-        the optimizer into different sub-optimizers: that is refused with a clear error.
+Design note. The state is megatron-core sharded state dicts: the model chunks' (keys are global:
+`decoder.layers.<global index>`, routed experts on a global expert axis), the optimizer's in the
+`fully_reshardable` distributed-optimizer format, the LR scheduler, the progress counters and a
+per-rank RNG object. So any TP/PP/VPP/EP layout loads any other (torch_dist reshards), optimizer
+state included, except between EP=1 and EP>1, where megatron-core splits the optimizer into
+different sub-optimizers: that is refused with a clear error. With the interleaved schedule the
+chunks are "model0".."modelN" instead of "model"; the names do not reach the files.
 A checkpoint needs nothing but its path to be used later: the resolved config, tokenizer and the
-layout it was written with travel inside it.
+layout it was written with travel inside it (checkpoint/info.py).
 """
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from megatron_mtp.checkpoint.info import (
-    check_optimizer_compatible,
-    read_train_state,
-    train_state_record,
-    write_checkpoint_info,
-)
-from megatron_mtp.checkpoint.run_dir import CHECKPOINTS_DIR, LATEST, step_dir_name
-from megatron_mtp.config import Config
+from megatron_mtp.checkpoint.info import check_optimizer_compatible, read_train_state
 from megatron_mtp.errors import UserError
 from megatron_mtp.training.setup import Components, TrainState, unwrap
 
@@ -50,67 +39,44 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _sharded_state_dict(components: Components, state: TrainState, with_optimizer: bool, is_loading: bool) -> dict:
+def _model_keys(components: Components) -> list[str]:
+    n = len(components.model)
+    return ["model"] if n == 1 else [f"model{i}" for i in range(n)]
+
+
+def sharded_state_dict(components: Components, state: TrainState, with_optimizer: bool, is_loading: bool) -> dict:
     from megatron.core.dist_checkpointing.mapping import ShardedObject
     from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
 
     # explicit metadata: GPTModel's MTP-stage embedding tie reads metadata['dp_cp_group']
-    model_sd = unwrap(components.model[0]).sharded_state_dict(metadata=ensure_metadata_has_dp_cp_group({}))
+    chunks = {key: unwrap(chunk).sharded_state_dict(metadata=ensure_metadata_has_dp_cp_group({}))
+              for key, chunk in zip(_model_keys(components), components.model)}
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    sd = {
-        "model": model_sd,
-        "rng_state": ShardedObject("rng_state", _rng_state(), (world,), (rank,), replica_id=0),
-        "train_state": vars(state).copy(),
-    }
+    sd = {**chunks,
+          "rng_state": ShardedObject("rng_state", _rng_state(), (world,), (rank,), replica_id=0),
+          "train_state": vars(state).copy()}
     if with_optimizer:
+        model_sd = chunks["model"] if len(chunks) == 1 else chunks
         sd["optimizer"] = components.optimizer.sharded_state_dict(model_sd, is_loading=is_loading,
                                                                   metadata=OPTIMIZER_METADATA)
         sd["scheduler"] = components.scheduler.state_dict()
     return sd
 
 
-def save_checkpoint(run_dir: Path, cfg: Config, components: Components, state: TrainState, ranks,
-                    tokenizer, keep_last: int) -> Path:
-    """`tokenizer` is a megatron_mtp.data.tokenizer.Tokenizer (saved HF-loadable), or None."""
-    from megatron.core import dist_checkpointing
+def _load_strategy(ckpt: Path, fully_parallel: bool):
+    """megatron-core's default reader, wrapped so the data-parallel ranks share the reading."""
+    if not fully_parallel:
+        return None
+    from megatron.core import parallel_state
+    from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
 
-    ckpt_root = run_dir / CHECKPOINTS_DIR
-    final = ckpt_root / step_dir_name(state.step)
-    tmp = ckpt_root / (final.name + ".tmp")
-    rank0 = torch.distributed.get_rank() == 0
-    if rank0:
-        ckpt_root.mkdir(parents=True, exist_ok=True)
-        for stale in ckpt_root.glob("*.tmp"):
-            shutil.rmtree(stale, ignore_errors=True)
-        if final.exists():  # re-saving the same step (e.g. signal right after a periodic save)
-            shutil.rmtree(final)
-        tmp.mkdir()
-    torch.distributed.barrier()
-    dist_checkpointing.save(_sharded_state_dict(components, state, True, is_loading=False), str(tmp))
-    torch.distributed.barrier()
-    if rank0:
-        info = train_state_record(**vars(state), has_optimizer=True, world_size=ranks.world_size,
-                                  tensor=ranks.tp, pipeline=ranks.pp, expert=ranks.ep, data=ranks.dp)
-        write_checkpoint_info(tmp, cfg, info, tokenizer)
-        os.replace(tmp, final)
-        latest_tmp = ckpt_root / (LATEST + ".tmp")
-        latest_tmp.write_text(final.name + "\n")
-        os.replace(latest_tmp, ckpt_root / LATEST)
-        _prune(ckpt_root, keep_last, keep=final.name)
-    torch.distributed.barrier()
-    return final
+    return FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(str(ckpt)),
+                                            parallel_state.get_data_parallel_group(with_context_parallel=True))
 
 
-def _prune(ckpt_root: Path, keep_last: int, keep: str) -> None:
-    if keep_last <= 0:
-        return
-    steps = sorted(p for p in ckpt_root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp"))
-    for old in steps[:-keep_last]:
-        if old.name != keep:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: bool) -> TrainState:
+def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: bool,
+                    fully_parallel: bool = True) -> TrainState:
     """Load weights (any layout) and, when asked, optimizer/scheduler/progress/RNG."""
     from megatron.core import dist_checkpointing
 
@@ -122,14 +88,15 @@ def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: b
             raise UserError(f"cannot resume training from {ckpt}: {reason}; set checkpoint.load_optimizer=false "
                             "(with checkpoint.load) to start from its weights only")
         _prepare_optimizer_for_load(components.optimizer)
-    sd = _sharded_state_dict(components, TrainState(), load_optimizer, is_loading=True)
+    sd = sharded_state_dict(components, TrainState(), load_optimizer, is_loading=True)
     if not load_optimizer:
         sd.pop("rng_state")
         sd.pop("train_state")
     elif saved.get("world_size") != ranks.world_size:
         sd.pop("rng_state")  # per-rank RNG streams only make sense at the same world size
-    loaded = dist_checkpointing.load(sd, str(ckpt))
-    unwrap(components.model[0]).load_state_dict(loaded["model"], strict=True)
+    loaded = dist_checkpointing.load(sd, str(ckpt), sharded_strategy=_load_strategy(ckpt, fully_parallel))
+    for key, chunk in zip(_model_keys(components), components.model):
+        unwrap(chunk).load_state_dict(loaded[key], strict=True)
     if not load_optimizer:
         return TrainState()
     components.optimizer.load_state_dict(loaded["optimizer"])

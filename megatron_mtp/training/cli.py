@@ -55,6 +55,9 @@ def run_train(args) -> int:
         overrides.append(f"training.max_steps={args.max_steps}")
     cfg = load_config(config_path, overrides)
     if args.print_config:
+        from megatron_mtp.config.validate import validate
+
+        validate(cfg, args.nproc_per_node)
         print(cfg.to_yaml(), end="")
         return 0
     in_job = "RANK" in os.environ and "WORLD_SIZE" in os.environ

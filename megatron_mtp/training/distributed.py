@@ -29,6 +29,10 @@ class Ranks:
     pp_rank: int
     ep_rank: int
     dp_rank: int
+    vpp: int = 1
+    """Model chunks on this pipeline rank (interleaved schedule when > 1)."""
+    etp: int = 1
+    """Tensor-parallel size inside the routed experts."""
 
     @property
     def is_last_stage(self) -> bool:
@@ -57,14 +61,22 @@ def init_distributed(cfg: Config, platform: Platform) -> Ranks:
             backend=platform.backend, rank=rank, world_size=world,
             timeout=datetime.timedelta(minutes=30),
         )
+    from megatron_mtp.models.deepseek_v3.transformer_config import megatron_layout
+
     p = cfg.parallel
+    _, vpp = megatron_layout(cfg)
+    etp = p.expert_tensor or p.tensor
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=p.tensor,
         pipeline_model_parallel_size=p.pipeline,
+        virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
         expert_model_parallel_size=p.expert,
+        expert_tensor_parallel_size=etp,
     )
     seed_everything(cfg.training.seed, platform)
     return Ranks(
+        vpp=vpp,
+        etp=etp,
         rank=rank,
         world_size=world,
         tp=p.tensor,

@@ -6,6 +6,8 @@ means; MTP depth k is scored at positions t whose target t+1+k lies inside the w
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from megatron_mtp.training.batches import MicroBatchIterator
@@ -22,6 +24,9 @@ def evaluate_batches(session, batches, num_microbatches: int, metrics: MTPMetric
 
     cfg, ranks = session.cfg, session.ranks
     model = session.components.model
+    if len(model) > 1:  # the interleaved schedule reads the same micro-batches once per chunk
+        batches = list(itertools.islice(batches, num_microbatches))
+        batches = [iter(batches) for _ in model]
     for chunk in model:
         chunk.eval()
     if metrics is not None:
@@ -70,5 +75,5 @@ def evaluate(session, global_batches: int, metrics: MTPMetrics | None) -> dict:
 
 
 def session_metrics(session) -> MTPMetrics | None:
-    metrics, _ = attach_metrics(session.components.model[0], session.cfg, session.ranks)
+    metrics, _ = attach_metrics(session.components.model, session.cfg, session.ranks)
     return metrics

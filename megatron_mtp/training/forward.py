@@ -19,11 +19,12 @@ def forward_logits(session, tokens: torch.Tensor) -> Optional[dict]:
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
+    from megatron_mtp.training.batches import chunk_iterators
     from megatron_mtp.training.forward_step import make_forward_step
     from megatron_mtp.training.setup import unwrap
 
     model = session.components.model
-    gpt = unwrap(model[0])
+    gpt = unwrap(model[-1])  # the chunk with the output layer
     captured: list[torch.Tensor] = []
     handle = None
     if session.ranks.is_last_stage:
@@ -45,7 +46,8 @@ def forward_logits(session, tokens: torch.Tensor) -> Optional[dict]:
     try:
         with torch.no_grad():
             get_forward_backward_func()(
-                forward_step_func=make_forward_step(None), data_iterator=iter([batch]), model=model,
+                forward_step_func=make_forward_step(None),
+                data_iterator=chunk_iterators(lambda: iter([batch]), len(model)), model=model,
                 num_microbatches=1, seq_length=s, micro_batch_size=b, forward_only=True,
             )
     finally:

@@ -28,20 +28,22 @@ def micro_batch_mean(reported: dict) -> float:
 
 
 def make_forward_step(metrics: Optional[MTPMetrics], device: Optional[str] = None):
-    """forward_step(data_iterator, model) for megatron-core's forward_backward functions.
+    """forward_step(data_iterator, model[, return_schedule_plan]) for megatron-core's schedules.
 
     ``metrics``: told about each micro-batch's labels before the forward (its output-layer hook
     then measures acceptance); ``device``: where to move batches that arrive elsewhere.
     """
 
-    def forward_step(data_iterator, model):
+    def forward_step(data_iterator, model, return_schedule_plan: bool = False):
         batch = next(data_iterator)
         if device is not None:
             batch = {k: v.to(device) for k, v in batch.items()}
         if metrics is not None:
             metrics.start_microbatch(batch["labels"], batch["loss_mask"])
-        output = model(batch["tokens"], batch["position_ids"], None,
-                       labels=batch["labels"], loss_mask=batch["loss_mask"])
+        args = (batch["tokens"], batch["position_ids"], None)
+        kwargs = {"labels": batch["labels"], "loss_mask": batch["loss_mask"]}
+        # the expert-parallel all-to-all overlap schedule asks for a plan of the forward instead
+        output = model.build_schedule_plan(*args, **kwargs) if return_schedule_plan else model(*args, **kwargs)
         return output, partial(masked_lm_loss, batch["loss_mask"])
 
     return forward_step

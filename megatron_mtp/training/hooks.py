@@ -1,4 +1,4 @@
-"""Attach the metric collectors (metrics.py) to a stage's model."""
+"""Attach the metric collectors (metrics.py) to a rank's model chunks."""
 
 from __future__ import annotations
 
@@ -6,21 +6,23 @@ from megatron_mtp.training.metrics import ExpertLoad, MTPMetrics
 from megatron_mtp.training.setup import unwrap
 
 
-def attach_metrics(model_chunk, cfg, ranks) -> tuple[MTPMetrics | None, ExpertLoad]:
+def attach_metrics(model_chunks: list, cfg, ranks) -> tuple[MTPMetrics | None, ExpertLoad]:
+    """MTP acceptance on the chunk that holds the output layer (the last chunk of the last pipeline
+    rank); expert loads from every router of every chunk."""
     from megatron.core import parallel_state
     from megatron.core.transformer.moe.router import Router
 
-    gpt = unwrap(model_chunk)
     metrics = None
+    last = unwrap(model_chunks[-1])
     if ranks.is_last_stage and cfg.mtp.num_layers > 0:
         metrics = MTPMetrics(cfg.mtp.num_layers, parallel_state.get_tensor_model_parallel_group())
-        gpt.output_layer.register_forward_hook(metrics.output_hook)
+        last.output_layer.register_forward_hook(metrics.output_hook)
     total_layers = cfg.model.num_layers + cfg.mtp.num_layers
     load = ExpertLoad(total_layers, cfg.model.num_experts)
-    for name, module in gpt.named_modules():
-        if isinstance(module, Router):
-            load_index = _global_layer_index(name, module, cfg)
-            module.register_forward_hook(load.hook_for(load_index))
+    for chunk in model_chunks:
+        for name, module in unwrap(chunk).named_modules():
+            if isinstance(module, Router):
+                module.register_forward_hook(load.hook_for(_global_layer_index(name, module, cfg)))
     return metrics, load
 
 

@@ -42,6 +42,7 @@ class IntervalStats:
     def reset(self) -> None:
         self.sums.zero_()
         self.steps = 0
+        self.skipped = 0
         self.grad_norm_sum = 0.0
         self.lam = 0.0
         self.lr = 0.0
@@ -87,17 +88,19 @@ class IntervalStats:
         self.expert_load.reset()
         replicas = max(total.value("replica_steps"), 1.0)
         steps = max(self.steps, 1)
+        elapsed_steps = max(self.steps + self.skipped, 1)
         values = {
             "train/lm_loss": total.value("lm_loss") / replicas,
             "train/mtp_lambda": self.lam,
             "train/lr": self.lr,
             "train/grad_norm": self.grad_norm_sum / steps,
-            "perf/step_time_s": elapsed / steps,
-            "perf/tokens_per_s": self.tokens_per_step * self.steps / max(elapsed, 1e-9),
+            "perf/step_time_s": elapsed / elapsed_steps,
+            "perf/tokens_per_s": self.tokens_per_step * (self.steps + self.skipped) / max(elapsed, 1e-9),
             "perf/memory_gib": memory_gib(),
             "moe/max_violation": max_violation(loads),
             "moe/balance_loss": self._balance_loss(),
             "progress/consumed_tokens": float(consumed_tokens),
+            "train/skipped_steps": float(self.skipped),
         }
         judged = total["judged"].clamp(min=1.0)
         for k in range(1, self.depth + 1):

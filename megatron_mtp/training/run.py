@@ -34,14 +34,19 @@ def train_main(cfg: Config, run_dir: Path) -> int:
             where = "from scratch"
             if session.loaded_from:
                 where = f"resumed from {session.loaded_from} at step {session.state.step}"
-            if session.resume_note:
-                print(f"megatron-mtp train: note: {session.resume_note}", flush=True)
+            for note in session.notes:
+                print(f"megatron-mtp train: note: {note}", flush=True)
+            vpp = f" (VPP{ranks.vpp})" if ranks.vpp > 1 else ""
+            experts = f"EP{ranks.ep}" + (f" × ETP{ranks.etp}" if ranks.etp != ranks.tp else "")
             print(f"megatron-mtp train: run {session.cfg.name} in {run_dir} on {session.platform.device}/"
-                  f"{session.platform.backend}, world {ranks.world_size} = TP{ranks.tp} × PP{ranks.pp} × DP{ranks.dp} "
-                  f"(EP{ranks.ep}), {where}" + (f", SLURM_RESTART_COUNT={restart}" if restart else ""), flush=True)
+                  f"{session.platform.backend}, world {ranks.world_size} = TP{ranks.tp} × PP{ranks.pp}{vpp} × "
+                  f"DP{ranks.dp} ({experts}), {where}" + (f", SLURM_RESTART_COUNT={restart}" if restart else ""),
+                  flush=True)
             _note_if_not_exportable(session.cfg)
         return Trainer(session, run_dir).train()
     finally:
+        if session.lock is not None:
+            session.lock.release()
         destroy()
 
 

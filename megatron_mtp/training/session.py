@@ -15,10 +15,13 @@ from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, find_checkpoint, reso
 from megatron_mtp.config import Config
 from megatron_mtp.config.validate import validate
 from megatron_mtp.config.vocab import padded_vocab_size
+from megatron_mtp.errors import RunError
 from megatron_mtp.platform import Platform
 from megatron_mtp.platform import setup as setup_platform
 from megatron_mtp.training import checkpointing as ckpt_io
 from megatron_mtp.training.distributed import Ranks, env_world, init_distributed
+from megatron_mtp.training.finite import first_nonfinite_parameter
+from megatron_mtp.training.run_directory import claim_run_dir
 from megatron_mtp.training.setup import Components, TrainState, build_components
 
 
@@ -34,14 +37,24 @@ class Session:
     tokenizer_path: Optional[str]
     tokenizer: Any
     loaded_from: Optional[Path]
-    resume_note: Optional[str] = None
-    """Why `loaded_from` was chosen when the run directory's `latest` could not be used."""
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """What the user should know about how the run started (a fallback checkpoint, a lock taken over)."""
+    lock: Any = None
+    """The run lock (rank 0 of a training session)."""
 
 
 def _with_vocab(cfg: Config, tokenizer) -> Config:
     if cfg.model.vocab_size is not None:  # check_data_config checks that the tokenizer fits
         return cfg
     return cfg.replace(model=dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
+
+
+def refuse_nonfinite(components, ckpt: Path) -> None:
+    """A checkpoint whose weights hold NaN or Inf is one sentence, on every rank."""
+    bad = first_nonfinite_parameter(components.model)
+    if bad is not None:
+        raise RunError(f"checkpoint {ckpt} holds non-finite values (NaN or Inf) in '{bad}'; use an earlier "
+                       "checkpoint of the run")
 
 
 def open_training(cfg: Config, run_dir: Path) -> Session:
@@ -54,17 +67,25 @@ def open_training(cfg: Config, run_dir: Path) -> Session:
     check_data_config(cfg, resolved)
     platform = setup_platform(cfg.training.device, cfg.parallel.backend, cfg.training.fp8)
     ranks = init_distributed(cfg, platform)
+    lock, notes = claim_run_dir(run_dir, cfg.checkpoint.start_fresh, ranks)
     components = build_components(cfg, platform, padded_vocab_size(cfg.model.vocab_size, cfg))
 
-    state, loaded_from, note = TrainState(), None, None
+    state, loaded_from = TrainState(), None
     own = find_checkpoint(run_dir)
+    fully_parallel = cfg.checkpoint.fully_parallel_load
     if own is not None:
-        state = ckpt_io.load_checkpoint(own.path, components, ranks, load_optimizer=True)
-        loaded_from, note = own.path, own.note
+        state = ckpt_io.load_checkpoint(own.path, components, ranks, load_optimizer=True,
+                                        fully_parallel=fully_parallel)
+        loaded_from = own.path
+        notes += [own.note] if own.note else []
     elif cfg.checkpoint.load:
         src = resolve_checkpoint(cfg.checkpoint.load, what="checkpoint.load")
-        state = ckpt_io.load_checkpoint(src.path, components, ranks, load_optimizer=cfg.checkpoint.load_optimizer)
-        loaded_from, note = src.path, src.note
+        state = ckpt_io.load_checkpoint(src.path, components, ranks, load_optimizer=cfg.checkpoint.load_optimizer,
+                                        fully_parallel=fully_parallel)
+        loaded_from = src.path
+        notes += [src.note] if src.note else []
+    if loaded_from is not None:
+        refuse_nonfinite(components, loaded_from)
 
     t = cfg.training
     train_samples = t.max_steps * t.global_batch_size
@@ -72,7 +93,7 @@ def open_training(cfg: Config, run_dir: Path) -> Session:
     valid_samples = evals * cfg.logging.eval_steps * t.global_batch_size
     train_ds, valid_ds = build_datasets(cfg, resolved, train_samples, valid_samples)
     return Session(cfg, platform, ranks, components, state, train_ds, valid_ds, resolved.tokenizer_path,
-                   resolved.tokenizer, loaded_from, note)
+                   resolved.tokenizer, loaded_from, notes, lock)
 
 
 def open_checkpoint_for_eval(ckpt: Path, cfg: Config) -> Session:
@@ -87,5 +108,6 @@ def open_checkpoint_for_eval(ckpt: Path, cfg: Config) -> Session:
     ranks = init_distributed(cfg, platform)
     components = build_components(cfg, platform, padded_vocab_size(cfg.model.vocab_size, cfg), with_optimizer=False)
     ckpt_io.load_checkpoint(ckpt, components, ranks, load_optimizer=False)
+    refuse_nonfinite(components, ckpt)
     return Session(cfg, platform, ranks, components, TrainState(), None, None,
                    str(tok_dir) if tokenizer else None, tokenizer, ckpt)

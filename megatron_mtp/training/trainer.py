@@ -2,28 +2,35 @@
 
 `Trainer(session).train()` steps from the session's resumed state until training.max_steps or a
 save-and-exit signal, logging, evaluating and saving at their intervals. Exit codes:
-EXIT_FINISHED when done, EXIT_RESUME after saving on a signal (run the same command again).
+EXIT_FINISHED when done, EXIT_RESUME after saving on a signal (run the same command again). A run
+that must stop (non-finite step, loss spike, failed save) raises RunError: one sentence, every rank.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import signal
 import time
 from pathlib import Path
 
-import torch
-
-from megatron_mtp.errors import EXIT_FINISHED, EXIT_RESUME, UserError
-from megatron_mtp.platform import all_reduce_sum
+from megatron_mtp.errors import EXIT_FINISHED, EXIT_RESUME, RunError, UserError
 from megatron_mtp.training import checkpointing
-from megatron_mtp.training.batches import MicroBatchIterator
-from megatron_mtp.training.forward_step import make_forward_step
+from megatron_mtp.training.batches import MicroBatchIterator, chunk_iterators
+from megatron_mtp.training.checkpoint_saver import CheckpointSaver
+from megatron_mtp.training.forward_step import make_forward_step, micro_batch_mean
 from megatron_mtp.training.hooks import attach_metrics
 from megatron_mtp.training.interval import IntervalStats
 from megatron_mtp.training.logging_utils import RunLogger, format_step_line
 from megatron_mtp.training.schedules import mtp_lambda
 from megatron_mtp.training.setup import TrainState
+from megatron_mtp.training.step_guard import (
+    LossSpikeDetector,
+    StepOutcome,
+    agree,
+    guarded_optimizer_step,
+    losses_finite,
+)
 
 
 class _SignalFlag:
@@ -39,11 +46,6 @@ class _SignalFlag:
         self.received = signal.Signals(signum).name
 
 
-def _any_rank(flag: bool) -> bool:
-    t = all_reduce_sum(torch.tensor([1.0 if flag else 0.0]), op=torch.distributed.ReduceOp.MAX)
-    return bool(t.item() > 0)
-
-
 class Trainer:
     def __init__(self, session, run_dir: Path):
         """`session` is a training.session.Session (config, platform, ranks, data, components)."""
@@ -54,12 +56,17 @@ class Trainer:
         self.components = session.components
         cfg = self.cfg
         self.log = RunLogger(run_dir, enabled=self.ranks.rank == 0, tensorboard=cfg.logging.tensorboard)
-        self.metrics, expert_load = attach_metrics(self.components.model[0], cfg, self.ranks)
+        self.metrics, expert_load = attach_metrics(self.components.model, cfg, self.ranks)
         t = cfg.training
         self.num_micro = t.global_batch_size // (t.micro_batch_size * self.ranks.dp)
         self.tokens_per_step = t.global_batch_size * t.seq_length
         self.interval = IntervalStats(cfg.mtp.num_layers, cfg.model.num_layers + cfg.mtp.num_layers, self.ranks,
                                       self.num_micro, self.tokens_per_step, expert_load)
+        spike = t.loss_spike
+        self.spike = LossSpikeDetector(spike.factor, spike.window, spike.patience) if spike.factor else None
+        self.skipped_in_a_row = 0
+        self.rollbacks = 0
+        self.saver: CheckpointSaver | None = None
 
     # ------------------------------------------------------------------ loop
     def train(self) -> int:
@@ -72,35 +79,63 @@ class Trainer:
         flag = _SignalFlag(cfg.checkpoint.exit_signals)
         fwd_bwd = get_forward_backward_func()
         forward_step = make_forward_step(self.metrics)
-        data = MicroBatchIterator(self.session.train_dataset, state.consumed_samples, cfg.training.micro_batch_size,
-                                  self.ranks.dp_rank, self.ranks.dp, device=self.session.platform.device)
+        self.saver = CheckpointSaver(self.run_dir, cfg, self.components, self.ranks, self.session.tokenizer)
+        data = self._data(state)
+        gc_interval = cfg.training.manual_gc_interval
+        if gc_interval:
+            gc.disable()
+            gc.collect()
         interval_start = time.perf_counter()
-        while state.step < cfg.training.max_steps:
-            self.train_step(fwd_bwd, forward_step, data, state)
-            stop_signal = _any_rank(flag.received is not None)
-            if state.step % cfg.logging.log_interval == 0 or state.step == cfg.training.max_steps or stop_signal:
-                self._log_interval(state, time.perf_counter() - interval_start)
-                interval_start = time.perf_counter()
-            if (cfg.logging.eval_interval and state.step % cfg.logging.eval_interval == 0
-                    and self.session.valid_dataset is not None):
-                self._evaluate(state)
-            finished = state.step >= cfg.training.max_steps
-            periodic = cfg.checkpoint.save_interval and state.step % cfg.checkpoint.save_interval == 0
-            if finished or periodic or stop_signal:
-                path = self.save(state)
-                self.log.info(f"saved checkpoint {path}")
-            if stop_signal:
-                self.log.info(f"received {flag.received or 'a stop signal on another rank'}: "
-                              f"saved at step {state.step}, exiting with code {EXIT_RESUME} to be resumed")
-                self.log.close()
-                return EXIT_RESUME
-        self.log.info(f"training finished at step {state.step}")
-        self.log.close()
-        return EXIT_FINISHED
+        try:
+            while state.step < cfg.training.max_steps:
+                outcome, stop_signal = self.train_step(fwd_bwd, forward_step, data, state, flag.received is not None)
+                if outcome.reason == "rolled back":
+                    data = self._data(state)
+                self.saver.poll()
+                self._log_published()
+                if state.step % cfg.logging.log_interval == 0 or state.step == cfg.training.max_steps or stop_signal:
+                    self._log_interval(state, time.perf_counter() - interval_start)
+                    interval_start = time.perf_counter()
+                if (cfg.logging.eval_interval and state.step % cfg.logging.eval_interval == 0
+                        and self.session.valid_dataset is not None):
+                    self._evaluate(state)
+                finished = state.step >= cfg.training.max_steps
+                periodic = cfg.checkpoint.save_interval and state.step % cfg.checkpoint.save_interval == 0
+                if finished or periodic or stop_signal:
+                    self.saver.save(state)
+                if gc_interval and state.step % gc_interval == 0:
+                    gc.collect()
+                if stop_signal:
+                    self.saver.wait()
+                    self._log_published()
+                    self.log.info(f"received {flag.received or 'a stop signal on another rank'}: "
+                                  f"saved at step {state.step}, exiting with code {EXIT_RESUME} to be resumed")
+                    return EXIT_RESUME
+            self.saver.wait()
+            self._log_published()
+            self.log.info(f"training finished at step {state.step}")
+            return EXIT_FINISHED
+        except RunError as exc:
+            self.log.info(f"stopping: {exc}")
+            raise
+        finally:
+            self.saver.close()  # waits only for a save that already finished on every rank
+            if gc_interval:
+                gc.enable()
+            self.log.close()
 
-    def train_step(self, fwd_bwd, forward_step, data, state: TrainState) -> None:
+    def _data(self, state: TrainState):
+        t, ranks = self.cfg.training, self.ranks
+        return chunk_iterators(lambda: MicroBatchIterator(self.session.train_dataset, state.consumed_samples,
+                                                          t.micro_batch_size, ranks.dp_rank, ranks.dp,
+                                                          device=self.session.platform.device),
+                               len(self.components.model))
+
+    def train_step(self, fwd_bwd, forward_step, data, state: TrainState,
+                   signal_here: bool = False) -> tuple[StepOutcome, bool]:
         """One optimizer step: λ for the tokens consumed so far, forward/backward over all
-        micro-batches through megatron-core's schedule, optimizer and LR scheduler steps."""
+        micro-batches through megatron-core's schedule, the guarded optimizer step, the LR step.
+        Returns the step's outcome and whether any rank received a stop signal."""
         from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker
         from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
@@ -118,19 +153,79 @@ class Trainer:
             num_microbatches=self.num_micro, seq_length=cfg.training.seq_length,
             micro_batch_size=cfg.training.micro_batch_size, forward_only=False,
         )
-        ok, grad_norm, _ = components.optimizer.step()
-        if not ok:
-            raise RuntimeError(f"optimizer step {state.step + 1} was skipped (non-finite gradients)")
-        components.scheduler.step(increment=1)
+        tracker = MTPLossLoggingHelper.tracker
+        holds_loss = self.ranks.is_last_stage and self.ranks.tp_rank == 0 and bool(reported)
+        lm_loss = sum(micro_batch_mean(r) for r in reported) / len(reported) if holds_loss else None
+        agreed = agree(not losses_finite(reported, tracker), signal_here, lm_loss)
+        outcome = guarded_optimizer_step(components.optimizer, agreed.loss_nonfinite)
         state.step += 1
         state.consumed_samples += cfg.training.global_batch_size
         state.consumed_tokens += self.tokens_per_step
-        self.interval.add_step(reported, MTPLossLoggingHelper.tracker, self.metrics, lam,
-                               components.optimizer.param_groups[0]["lr"], grad_norm)
-        if "values" in MTPLossLoggingHelper.tracker:
+        if outcome.stepped:
+            components.scheduler.step(increment=1)
+            self.skipped_in_a_row = 0
+            self.interval.add_step(reported, tracker, self.metrics, lam,
+                                   components.optimizer.param_groups[0]["lr"], outcome.grad_norm)
+            self._collect_balance_loss()
+        else:
+            self._skipped(state, outcome)
+        if self.metrics is not None:
+            self.metrics.reset()
+        if "values" in tracker:
             MTPLossLoggingHelper.clean_loss_in_tracker()
-        self._collect_balance_loss()
         clear_aux_losses_tracker()  # megatron-core accumulates per-layer aux losses until cleared
+        if outcome.stepped and self.spike is not None and agreed.lm_loss is not None:
+            start = self.spike.observe(state.step, agreed.lm_loss)
+            if start is not None:
+                self._on_spike(state, start, agreed.lm_loss)
+                outcome = StepOutcome(False, outcome.grad_norm, "rolled back")
+        return outcome, agreed.stop_signal
+
+    def _skipped(self, state: TrainState, outcome: StepOutcome) -> None:
+        self.interval.skipped += 1
+        if outcome.reason == "fp16 loss-scale overflow":
+            return  # megatron-core lowered the loss scale; normal in fp16 training
+        self.skipped_in_a_row += 1
+        t = self.cfg.training
+        what = f"step {state.step} has a {outcome.reason.replace('non-finite', 'non-finite (NaN or Inf)')}"
+        if t.on_nonfinite == "stop":
+            raise RunError(f"{what}; the run stops and saves nothing" + self._last_checkpoint() +
+                           " (lower optimizer.lr, or set training.on_nonfinite=skip to skip such steps)")
+        if self.skipped_in_a_row > t.max_skipped_steps:
+            raise RunError(f"{what}, the {self.skipped_in_a_row}th skipped step in a row (training.max_skipped_steps="
+                           f"{t.max_skipped_steps}); the run stops" + self._last_checkpoint())
+        self.log.info(f"skipped step {state.step}: {outcome.reason} (grad norm {outcome.grad_norm}); "
+                      f"{self.skipped_in_a_row} in a row")
+
+    def _last_checkpoint(self) -> str:
+        from megatron_mtp.checkpoint.run_dir import find_checkpoint
+
+        found = find_checkpoint(self.run_dir)
+        return f"; the last checkpoint is {found.path}" if found else "; there is no checkpoint yet"
+
+    def _on_spike(self, state: TrainState, start: int, loss: float) -> None:
+        spike = self.cfg.training.loss_spike
+        what = (f"loss spike: the LM loss stayed above {spike.factor} × its recent median for {spike.patience} "
+                f"steps (from step {start}; {loss:.4f} at step {state.step})")
+        if spike.action == "stop":
+            raise RunError(f"{what}; the run stops" + self._last_checkpoint())
+        self.rollbacks += 1
+        if self.rollbacks > spike.max_rollbacks:
+            raise RunError(f"{what}, after {spike.max_rollbacks} rollbacks (training.loss_spike.max_rollbacks); "
+                           "the run stops" + self._last_checkpoint())
+        target = self.saver.roll_back_before(start)
+        if target is None:
+            raise RunError(f"{what}, and no checkpoint was saved before step {start} to roll back to; the run stops")
+        position = state.consumed_samples
+        loaded = checkpointing.load_checkpoint(target, self.components, self.ranks, load_optimizer=True,
+                                               fully_parallel=self.cfg.checkpoint.fully_parallel_load)
+        skipped = position - loaded.consumed_samples
+        state.step, state.consumed_tokens = loaded.step, loaded.consumed_tokens
+        state.consumed_samples = position  # the data since the checkpoint is skipped, not replayed
+        self.spike.reset()
+        self.log.info(f"{what}: rolled back to {target} (step {loaded.step}) and skipped the {skipped} samples "
+                      f"consumed since then (rollback {self.rollbacks} of at most {spike.max_rollbacks})")
+        self.log.scalars(state.step, {"train/rollback_from_step": float(start)})
 
     def _collect_balance_loss(self) -> None:
         from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
@@ -139,20 +234,30 @@ class Trainer:
             if "load_balancing" in name:
                 self.interval.add_balance_loss(entry["values"])
 
-    def save(self, state: TrainState) -> Path:
-        return checkpointing.save_checkpoint(self.run_dir, self.cfg, self.components, state, self.ranks,
-                                             self.session.tokenizer, self.cfg.checkpoint.keep_last)
-
     # ------------------------------------------------------------ logging
+    def _log_published(self) -> None:
+        for path, seconds in self.saver.published:
+            self.log.info(f"saved checkpoint {path} ({seconds:.1f} s)")
+            self.log.scalars(int(path.name.split("_")[1]), {"perf/checkpoint_save_s": seconds})
+        self.saver.published.clear()
+
     def _log_interval(self, state: TrainState, elapsed: float) -> None:
         values = self.interval.values(state.consumed_tokens, elapsed)
         self.log.info(format_step_line(state.step, self.cfg.training.max_steps, values, self.cfg.mtp.num_layers))
         self.log.scalars(state.step, values)
+        if self.session.lock is not None:
+            self.session.lock.heartbeat()
 
     def _evaluate(self, state: TrainState) -> None:
         from megatron_mtp.training.evaluation import evaluate
 
-        result = evaluate(self.session, self.cfg.logging.eval_steps, self.metrics)
+        collect = self.cfg.training.manual_gc_interval > 0
+        if collect:
+            gc.collect()
+        with self.components.params_in_sync():
+            result = evaluate(self.session, self.cfg.logging.eval_steps, self.metrics)
+        if collect:
+            gc.collect(generation=0)
         if self.ranks.rank == 0:
             scalars = {"valid/lm_loss": result["lm_loss"]}
             for k, (loss, accept) in enumerate(zip(result["mtp_loss"], result["mtp_acceptance"]), start=1):

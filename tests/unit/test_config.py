@@ -65,8 +65,7 @@ def test_every_field_has_a_docstring():
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_shipped_configs_load_and_validate(path):
     cfg = load_config(str(path))
-    p = cfg.parallel
-    validate(cfg, p.world_size or p.tensor * p.pipeline * p.expert)
+    validate(cfg, cfg.parallel.world_size)
 
 
 def test_roundtrip_through_yaml(tmp_path):
@@ -78,7 +77,28 @@ def test_roundtrip_through_yaml(tmp_path):
 
 BAD = [
     (["parallel.tensor=2"], 3, "world size 3 is not divisible by parallel.tensor × parallel.pipeline"),
-    (["parallel.expert=2"], 1, "parallel.expert=2 must divide the data-parallel size 1"),
+    (["parallel.expert=2"], 1, "world size 1 is not divisible by expert tensor × expert × pipeline = 1×2×1"),
+    (["parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=2"], 2, "expert tensor × expert × pipeline"),
+    (["parallel.expert_tensor=2", "model.moe_ffn_hidden_size=95"], 2, "moe_ffn_hidden_size=95 is not divisible"),
+    (["training.seq_length=5000"], 1, "seq_length=5000 exceeds model.max_position_embeddings=4096"),
+    (["optimizer.lr=-1"], 1, "optimizer.lr is -1.0; it must be a positive number"),
+    (["optimizer.adam_beta2=1.0"], 1, "optimizer.adam_beta2 is 1.0; it must be in [0, 1)"),
+    (["optimizer.min_lr=1"], 1, "optimizer.min_lr=1.0 exceeds optimizer.lr"),
+    (["recompute.granularity=selective", "recompute.modules=[attn]"], 1, "recompute.modules ['attn'] must list"),
+    (["recompute.granularity=full", "recompute.num_layers=2"], 1, "recompute.num_layers=1 (or method=block"),
+    (["recompute.granularity=full", "recompute.num_layers=9"], 1, "must be between 1 and the decoder layers"),
+    (["parallel.overlap_param_gather=true"], 1, "overlap_param_gather needs parallel.distributed_optimizer"),
+    (["parallel.moe_a2a_overlap=true"], 1, "moe_a2a_overlap needs training.precision bf16 or fp16"),
+    (["parallel.delay_wgrad_compute=true"], 1, "delay_wgrad_compute needs parallel.moe_a2a_overlap"),
+    (["optimizer.offload_fraction=0.5", "optimizer.precision_aware=true"], 1, "needs training.precision bf16 or"),
+    (["optimizer.offload_fraction=0.5", "training.precision=bf16"], 1, "needs optimizer.precision_aware=true"),
+    (["optimizer.offload_fraction=1.5"], 1, "offload_fraction is 1.5; it must be between 0 and 1"),
+    (["optimizer.moment_dtype=bf16"], 1, "moment_dtype=bf16 needs optimizer.precision_aware=true"),
+    (["optimizer.cpu_optimizer=deepspeed"], 1, "cpu_optimizer=deepspeed needs optimizer.offload_fraction > 0"),
+    (["training.fp8_param_gather=true"], 1, "fp8_param_gather needs training.fp8"),
+    (["training.grad_reduce_dtype=bf16"], 1, "grad_reduce_dtype=bf16 needs training.precision=bf16"),
+    (["training.loss_spike.factor=0.5"], 1, "loss_spike.factor is 0.5"),
+    (["parallel.token_dispatcher=flex"], 1, "token_dispatcher=flex needs parallel.tensor × parallel.expert > 1"),
     (["parallel.expert=3"], 3, "model.num_experts=8 is not divisible by parallel.expert=3"),
     (["parallel.pipeline=3"], 3, "model.num_layers=4 cannot be split evenly over parallel.pipeline=3"),
     (["parallel.tensor=2", "parallel.sequence_parallel=false"], 2, "MoE with parallel.tensor > 1 needs sequence"),
@@ -100,6 +120,21 @@ BAD = [
     (["training.fp8=delayed"], 1, "training.fp8=delayed needs training.precision=bf16"),
     (["training.max_steps=0"], 1, "training.max_steps is 0"),
 ]
+
+
+def test_folded_expert_layouts_that_megatron_core_runs_validate():
+    # TP2 × ETP1 × EP2 on 2 processes: dense data parallel 1, experts over the tensor ranks
+    sizes = validate(load_config(str(ROOT / "configs" / "tiny_cpu.yaml"),
+                                 ["parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1"]), 2)
+    assert (sizes.dp, sizes.edp) == (1, 1)
+    # DeepSeek-V3 recipes: TP2 × PP16 × EP64 with expert TP 1 on 1,024 GPUs (refused before folding)
+    cfg = load_config(str(ROOT / "configs" / "deepseek_v3_671b.yaml"),
+                      ["parallel.tensor=2", "parallel.expert_tensor=1", "parallel.pipeline=16",
+                       "parallel.pipeline_layout=[4,4,4,4,4,4,4,4,4,4,4,4,4,4,4,1]", "parallel.world_size=null",
+                       "parallel.moe_a2a_overlap=false", "parallel.delay_wgrad_compute=false",
+                       "training.global_batch_size=4096"])
+    sizes = validate(cfg, 1024)
+    assert (sizes.dp, sizes.edp) == (32, 1)
 
 
 @pytest.mark.parametrize("overrides,world,message", BAD, ids=[b[2][:40] for b in BAD])

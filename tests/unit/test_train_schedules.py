@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from megatron_mtp.config import load_config
-from megatron_mtp.models.deepseek_v3.transformer_config import moe_layer_pattern, pipeline_layout_string
+from megatron_mtp.models.deepseek_v3.transformer_config import megatron_layout, moe_layer_pattern
 from megatron_mtp.training.schedules import mtp_lambda
 
 
@@ -25,4 +25,4 @@ def test_moe_pattern_and_pipeline_layout():
     cfg = load_config(None, ["model.num_layers=5", "model.first_k_dense=2", "parallel.pipeline=2",
                              "parallel.pipeline_layout=[2,3]", "mtp.num_layers=2"])
     assert moe_layer_pattern(cfg) == [0, 0, 1, 1, 1]
-    assert pipeline_layout_string(cfg) == "Ett|tttmmL"
+    assert megatron_layout(cfg) == ("Ett|tttmmL", 1)

@@ -13,7 +13,7 @@ def build_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_pr
     from megatron.core.models.gpt import GPTModel
 
     block = decoder_block_spec(config, platform, vp_stage=vp_stage)
-    mtp = mtp_block_spec(config, block, platform, vp_stage=vp_stage)
+    mtp = mtp_block_spec(config, platform, vp_stage=vp_stage)
     return GPTModel(
         config=config,
         transformer_layer_spec=block,

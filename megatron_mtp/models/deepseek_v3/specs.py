@@ -88,14 +88,20 @@ def decoder_block_spec(config, platform: Platform, vp_stage=None, pp_rank=None):
     return spec if platform.use_te else _swap_local_modules(spec)
 
 
-def mtp_block_spec(config, block_spec, platform: Platform, vp_stage=None, pp_rank=None):
-    """MTP block for this pipeline stage (None on stages without MTP layers)."""
+def mtp_block_spec(config, platform: Platform, vp_stage=None, pp_rank=None):
+    """MTP block for this pipeline stage (None on stages without MTP layers).
+
+    Each MTP layer is built like the model's last decoder layer. megatron-core would take that spec
+    from the stage's own decoder block, which is empty on a last stage that holds only MTP and the
+    loss (the DeepSeek-V3 layouts' final "mL" stage), so we take it from the whole model's layers.
+    """
     if not config.mtp_num_layers:
         return None
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs, get_gpt_mtp_block_spec
 
+    last_layer = get_gpt_decoder_layer_specs(config, platform.use_te, "RMSNorm")[-1]
     spec = get_gpt_mtp_block_spec(
-        config, block_spec, use_transformer_engine=platform.use_te, vp_stage=vp_stage, pp_rank=pp_rank
+        config, last_layer, use_transformer_engine=platform.use_te, vp_stage=vp_stage, pp_rank=pp_rank
     )
     if spec is None or platform.use_te:
         return spec

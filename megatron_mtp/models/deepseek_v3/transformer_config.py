@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from megatron_mtp.config import Config
+from megatron_mtp.config import Config, pipeline_layout
 from megatron_mtp.platform import Platform
+from megatron_mtp.platform.features import Features, resolve_features
 
 
 def moe_layer_pattern(cfg: Config) -> list[int]:
@@ -17,29 +18,41 @@ def moe_layer_pattern(cfg: Config) -> list[int]:
     return [0 if i < m.first_k_dense else 1 for i in range(m.num_layers)]
 
 
-def pipeline_layout_string(cfg: Config) -> str | None:
-    """megatron-core layout string for an uneven split (E: embedding, t: layer, m: MTP, L: loss)."""
-    layout = cfg.parallel.pipeline_layout
-    if layout is None:
-        return None
-    stages = []
-    for i, n in enumerate(layout):
-        parts = (["E"] if i == 0 else []) + ["t"] * n
-        if i == len(layout) - 1:
-            parts += ["m"] * cfg.mtp.num_layers + ["L"]
-        stages.append("".join(parts))
-    return "|".join(stages)
-
-
 def sequence_parallel(cfg: Config) -> bool:
     sp = cfg.parallel.sequence_parallel
     return cfg.parallel.tensor > 1 if sp is None else sp
 
 
-def build_transformer_config(cfg: Config, platform: Platform, mtp_loss_scale: float = 0.0):
+def megatron_layout(cfg: Config) -> tuple[str | None, int]:
+    """(layout string given to megatron-core, chunks per pipeline rank) for the config's placement.
+
+    With more than one pipeline stage the placement is always passed as a string, so that training,
+    validation and `plan` all read it from config/pipeline_layout.py."""
+    p, m = cfg.parallel, cfg.model
+    text, vpp = pipeline_layout.resolve(m.num_layers, cfg.mtp.num_layers, p.pipeline, p.virtual_pipeline,
+                                        p.pipeline_layout)
+    if text is None and p.pipeline * vpp > 1:
+        per = m.num_layers // (p.pipeline * vpp)
+        text = pipeline_layout.layout_string([per] * (p.pipeline * vpp), cfg.mtp.num_layers)
+    return text, vpp
+
+
+def _recompute_kwargs(cfg: Config) -> dict:
+    r = cfg.recompute
+    if r.granularity == "none":
+        return {}
+    if r.granularity == "selective":
+        return {"recompute_granularity": "selective", "recompute_modules": list(r.modules)}
+    return {"recompute_granularity": "full", "recompute_method": r.method, "recompute_num_layers": r.num_layers}
+
+
+def build_transformer_config(cfg: Config, platform: Platform, mtp_loss_scale: float = 0.0,
+                             features: Features | None = None):
+    """megatron-core's MLATransformerConfig for this run; `features` defaults to the platform's."""
     from megatron.core.transformer.transformer_config import MLATransformerConfig
 
-    m, p, t = cfg.model, cfg.parallel, cfg.training
+    features = features or resolve_features(cfg, platform)
+    m, p, t, k = cfg.model, cfg.parallel, cfg.training, cfg.kernels
     bf16, fp16 = t.precision == "bf16", t.precision == "fp16"
     dtype = torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
     moe = m.num_experts > 0
@@ -80,21 +93,28 @@ def build_transformer_config(cfg: Config, platform: Platform, mtp_loss_scale: fl
         tensor_model_parallel_size=p.tensor,
         pipeline_model_parallel_size=p.pipeline,
         expert_model_parallel_size=p.expert,
+        expert_tensor_parallel_size=p.expert_tensor or p.tensor,
         sequence_parallel=sequence_parallel(cfg),
         pipeline_dtype=dtype,
-        # precision
-        params_dtype=torch.float32,
+        tp_comm_overlap=features.tp_comm_overlap,
+        overlap_moe_expert_parallel_comm=p.moe_a2a_overlap,
+        delay_wgrad_compute=p.delay_wgrad_compute,
+        # precision: bf16/fp16 parameters are created in that dtype (the optimizer keeps fp32 mains)
+        params_dtype=dtype,
         bf16=bf16,
         fp16=fp16,
-        # kernels that need apex/TE/CUDA are off on the local path
+        # fused kernels (platform/features.py decides what `auto` means here)
         use_cpu_initialization=platform.is_cpu,
-        gradient_accumulation_fusion=False,
+        gradient_accumulation_fusion=features.gradient_accumulation_fusion,
         bias_activation_fusion=platform.use_te,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
-        apply_rope_fusion=False,
+        apply_rope_fusion=features.rope_fusion,
+        cross_entropy_loss_fusion=features.cross_entropy_fusion is not None,
+        cross_entropy_fusion_impl=features.cross_entropy_fusion or "native",
         persist_layer_norm=False,
         deterministic_mode=t.deterministic,
+        **_recompute_kwargs(cfg),
         # MTP
         mtp_num_layers=cfg.mtp.num_layers or None,
         mtp_loss_scaling_factor=mtp_loss_scale,
@@ -118,11 +138,21 @@ def build_transformer_config(cfg: Config, platform: Platform, mtp_loss_scale: fl
             moe_router_load_balancing_type="seq_aux_loss" if m.aux_loss_coeff > 0 else "none",
             moe_aux_loss_coeff=m.aux_loss_coeff,
             moe_token_dispatcher_type=p.token_dispatcher,
-            moe_grouped_gemm=platform.use_te,
+            moe_flex_dispatcher_backend=p.flex_backend,
+            moe_grouped_gemm=features.grouped_gemm,
+            moe_permute_fusion=features.permute_fusion,
+            moe_router_fusion=features.router_fusion,
+            moe_router_dtype=k.router_dtype,
+            moe_router_padding_for_quantization=features.fp8_padding,
         )
-    layout = pipeline_layout_string(cfg)
+    layout, vpp = megatron_layout(cfg)
     if layout is not None:
         kwargs["pipeline_model_parallel_layout"] = layout
+    if vpp > 1:
+        # With PP2, batched p2p ops pair a rank's sends and receives with one peer in the wrong order
+        # and silently swap activations and gradients (Megatron-LM refuses it); overlapped p2p does not.
+        kwargs.update(overlap_p2p_comm=True, batch_p2p_comm=False)
     if t.fp8 is not None:
-        kwargs.update(fp8="e4m3" if t.fp8 in ("blockwise", "mxfp8") else "hybrid", fp8_recipe=t.fp8)
+        kwargs.update(fp8="e4m3" if t.fp8 in ("blockwise", "mxfp8") else "hybrid", fp8_recipe=t.fp8,
+                      fp8_param=t.fp8_param_gather)
     return MLATransformerConfig(**kwargs)

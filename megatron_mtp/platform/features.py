@@ -1,0 +1,106 @@
+"""Which kernels and GPU-only controls a run uses on this platform.
+
+Every `auto` in the config resolves here: on where the platform has what the control needs, off
+elsewhere (so `auto` is always off on CPU). An explicit `true` (or a setting that can only run
+with a GPU and Transformer Engine) on a platform without it is one sentence naming the field and
+what to do. The result is recorded in the checkpoint's config through the resolved values the
+trainer uses, and the mapping onto megatron-core reads nothing else.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Optional
+
+from megatron_mtp.errors import UserError
+from megatron_mtp.platform.detect import Platform
+
+
+@dataclass(frozen=True)
+class Features:
+    grouped_gemm: bool
+    permute_fusion: bool
+    router_fusion: bool
+    cross_entropy_fusion: Optional[str]
+    """None, 'native' or 'te'."""
+    rope_fusion: bool
+    gradient_accumulation_fusion: bool
+    fp8_padding: bool
+    tp_comm_overlap: bool
+    async_save: bool
+
+
+def _needs(platform: Platform, field: str, what: str, te: bool = True, fix: str = "set it to auto or false") -> None:
+    if platform.is_cpu:
+        raise UserError(f"{field}=true needs {what} on a GPU, but this run is on CPU; {fix}")
+    if te and not platform.use_te:
+        raise UserError(f"{field}=true needs Transformer Engine, which is not installed here; install the 'gpu' "
+                        f"extra (pip install 'megatron-mtp[gpu]') or {fix}")
+
+
+def _toggle(value, available: bool, platform: Platform, field: str, what: str, te: bool = True) -> bool:
+    if value == "auto":
+        return available
+    if value is True and not available:
+        _needs(platform, field, what, te)
+        raise UserError(f"{field}=true is not available here ({what}); set it to auto or false")
+    return bool(value)
+
+
+def has_module(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def resolve_features(cfg, platform: Platform) -> Features:
+    """The controls this run uses on `platform` (UserError for ones it cannot have)."""
+    k, p, t, o = cfg.kernels, cfg.parallel, cfg.training, cfg.optimizer
+    gpu_te = not platform.is_cpu and platform.use_te
+    yarn = cfg.model.yarn.factor != 1.0
+    moe = cfg.model.num_experts > 0
+    features = Features(
+        grouped_gemm=_toggle(k.grouped_gemm, gpu_te and moe, platform, "kernels.grouped_gemm",
+                             "Transformer Engine's grouped GEMM"),
+        permute_fusion=_toggle(k.permute_fusion, gpu_te and moe, platform, "kernels.permute_fusion",
+                               "Transformer Engine >= 2.1"),
+        router_fusion=_toggle(k.router_fusion, gpu_te and moe, platform, "kernels.router_fusion",
+                              "Transformer Engine >= 2.6"),
+        cross_entropy_fusion=_cross_entropy(k.cross_entropy_fusion, platform),
+        rope_fusion=_toggle(k.rope_fusion, not platform.is_cpu and yarn, platform, "kernels.rope_fusion",
+                            "the Triton MLA YaRN RoPE kernel (and YaRN rotary settings)", te=False),
+        gradient_accumulation_fusion=_toggle(k.gradient_accumulation_fusion, gpu_te, platform,
+                                             "kernels.gradient_accumulation_fusion",
+                                             "Transformer Engine or apex fused weight-gradient kernels"),
+        fp8_padding=_toggle(k.fp8_padding, t.fp8 is not None and moe, platform, "kernels.fp8_padding",
+                            "training.fp8 (padding only matters for FP8 GEMMs)"),
+        tp_comm_overlap=_toggle(p.tp_comm_overlap, gpu_te and p.tensor > 1, platform, "parallel.tp_comm_overlap",
+                                "Transformer Engine userbuffers and parallel.tensor > 1"),
+        async_save=_toggle(cfg.checkpoint.async_save, True, platform, "checkpoint.async_save", "async save"),
+    )
+    if cfg.recompute.granularity == "selective" and "moe_act" in cfg.recompute.modules and not features.grouped_gemm:
+        raise UserError("recompute.modules moe_act needs the experts' grouped GEMM (GPU with Transformer Engine); "
+                        "remove moe_act from recompute.modules")
+    if p.token_dispatcher == "flex":
+        module = {"deepep": "deep_ep", "hybridep": "deep_ep"}[p.flex_backend]
+        if platform.is_cpu or not has_module(module):
+            raise UserError(f"parallel.token_dispatcher=flex with flex_backend={p.flex_backend} needs a GPU with the "
+                            f"{p.flex_backend} package installed; use token_dispatcher=alltoall")
+    if p.delay_wgrad_compute and not gpu_te:
+        _needs(platform, "parallel.delay_wgrad_compute", "Transformer Engine linear layers", fix="set it to false")
+    if o.precision_aware and o.offload_fraction == 0 and not gpu_te:
+        _needs(platform, "optimizer.precision_aware", "Transformer Engine's FusedAdam",
+               fix="set it to false, or offload optimizer state (optimizer.offload_fraction > 0)")
+    if o.cpu_optimizer == "deepspeed" and not has_module("deepspeed"):
+        raise UserError("optimizer.cpu_optimizer=deepspeed needs DeepSpeed; install the 'deepspeed' extra "
+                        "(pip install 'megatron-mtp[deepspeed]') or use cpu_optimizer=torch")
+    return features
+
+
+def _cross_entropy(value: str, platform: Platform) -> Optional[str]:
+    if value == "auto":
+        return "te" if not platform.is_cpu and platform.use_te else None
+    if value == "off":
+        return None
+    if value == "te" and (platform.is_cpu or not platform.use_te):
+        _needs(platform, "kernels.cross_entropy_fusion", "Transformer Engine's fused cross entropy")
+    return value

@@ -1,0 +1,247 @@
+"""Saving a run's checkpoints: synchronous or in the background, and never publishing a bad one.
+
+Design note. A save writes every rank's shards into RUN_DIR/checkpoints/step_N.<id>.tmp/ with
+megatron-core's dist_checkpointing (fully parallel: the data-parallel replicas share the writing of
+replicated tensors), then *publishes*: rank 0 adds config.yaml, tokenizer/ and train_state.json,
+renames the directory to step_N, replaces `latest` through a temp file, and prunes to keep_last.
+  - async (checkpoint.async_save): dist_checkpointing returns an AsyncRequest whose writer runs in
+    a forked process while training goes on; publishing is added as its last finalize step, so it
+    runs only after megatron-core gathered every rank's write results and wrote the global
+    metadata. `poll()` (every step, every rank: it is collective) finalizes a finished save; a new
+    save and the end of training wait for the pending one.
+  - before writing: the parameters are synced (overlap_param_gather), checked finite on every
+    rank (a non-finite model is never saved), and rank 0 checks that the disk holds another
+    checkpoint of the size of the last one.
+  - a failed write (full disk, read-only or vanished directory, I/O error), found when it happens
+    or when the background write is finalized, removes its .tmp, leaves `latest` as it was, and
+    ends the run with one sentence; the next run resumes from `latest` with nothing to clean up.
+The .tmp name carries an id of this launch, so a writer left over from a killed run can never write
+into a later run's save of the same step.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from megatron_mtp.checkpoint.info import train_state_record, write_checkpoint_info
+from megatron_mtp.checkpoint.run_dir import CHECKPOINTS_DIR, LATEST, complete_steps, step_dir_name
+from megatron_mtp.errors import RunError
+from megatron_mtp.platform import all_reduce_sum
+from megatron_mtp.training.checkpointing import sharded_state_dict
+from megatron_mtp.training.save_failures import describe_failure, free_bytes
+from megatron_mtp.training.setup import TrainState
+
+
+@dataclass
+class _Save:
+    step: int
+    tmp: Path
+    final: Path
+    started: float
+
+
+def _agree_all(flag: bool) -> bool:
+    """True when `flag` holds on every rank."""
+    return bool(all_reduce_sum(torch.tensor([0.0 if flag else 1.0]))[0] == 0)
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+class CheckpointSaver:
+    def __init__(self, run_dir: Path, cfg, components, ranks, tokenizer):
+        self.root = run_dir / CHECKPOINTS_DIR
+        self.cfg = cfg
+        self.components = components
+        self.ranks = ranks
+        self.tokenizer = tokenizer
+        self.keep_last = cfg.checkpoint.keep_last
+        self.rank0 = ranks.rank == 0
+        self.queue = None
+        if components.features.async_save:
+            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+            self.queue = AsyncCallsQueue(persistent=False)  # forked writers; the persistent worker needs CUDA
+        self.pending: Optional[_Save] = None
+        self.published: list[tuple[Path, float]] = []
+        """(checkpoint, seconds from the start of its save) published since the caller last looked."""
+        launch = all_reduce_sum(torch.tensor([float(os.getpid() if self.rank0 else 0)]))
+        self.launch_id = int(launch[0])
+
+    # ------------------------------------------------------------------ save
+    def save(self, state: TrainState) -> Path:
+        """Start (async) or perform (sync) the save of `state`; returns the directory it will have."""
+        self.wait()
+        final = self.root / step_dir_name(state.step)
+        tmp = self.root / f"{final.name}.{self.launch_id}.tmp"
+        self._prepare(final, tmp, state.step)
+        save = _Save(state.step, tmp, final, time.perf_counter())
+        record = train_state_record(**vars(state), has_optimizer=True, weights_finite=True,
+                                    world_size=self.ranks.world_size, tensor=self.ranks.tp,
+                                    pipeline=self.ranks.pp, expert=self.ranks.ep, data=self.ranks.dp)
+        try:
+            request = self._write(tmp)
+        except Exception as exc:  # noqa: BLE001 - a write failure ends in one sentence, a bug re-raises
+            self._failed(save, exc)
+        if request is None:
+            self._publish_or_fail(save, record)
+        else:
+            request.add_finalize_fn(lambda: self._publish(save, record))
+            self.queue.schedule_async_request(request)
+            self.pending = save
+        return final
+
+    def poll(self) -> None:
+        """Finalize a background save that has finished (collective: every rank calls it each step)."""
+        self._finalize(blocking=False)
+
+    def wait(self) -> None:
+        """Block until the pending background save is published (collective)."""
+        self._finalize(blocking=True)
+
+    def close(self) -> None:
+        """Release the background writer. After a normal end every save was already waited for; after
+        an error a pending write is abandoned (its .tmp is never published and is removed next time)."""
+        if self.queue is not None:
+            self.queue.close(abort=self.pending is not None)
+            self.queue = None
+
+    def roll_back_before(self, step: int) -> Optional[Path]:
+        """Make the newest checkpoint saved before `step` the latest one (collective); the newer ones
+        move to checkpoints.rolled-back/ (kept for inspection, never resumed from). None if there is none."""
+        self.wait()
+        target = None
+        if self.rank0:
+            steps = [p for p in complete_steps(self.root) if int(p.name.split("_")[1]) < step]
+            if steps:
+                target = steps[-1]
+                aside = self.root.parent / f"{CHECKPOINTS_DIR}.rolled-back"
+                for newer in complete_steps(self.root):
+                    if newer > target:
+                        aside.mkdir(exist_ok=True)
+                        shutil.rmtree(aside / newer.name, ignore_errors=True)
+                        newer.rename(aside / newer.name)
+                latest_tmp = self.root / (LATEST + ".tmp")
+                latest_tmp.write_text(target.name + "\n")
+                os.replace(latest_tmp, self.root / LATEST)
+        mine = float(int(target.name.split("_")[1])) if target else -1.0
+        chosen = int(all_reduce_sum(torch.tensor([mine if self.rank0 else 0.0]))[0])  # rank 0's answer
+        return None if chosen < 0 else self.root / step_dir_name(chosen)
+
+    # -------------------------------------------------------------- helpers
+    def _prepare(self, final: Path, tmp: Path, step: int) -> None:
+        problem = None
+        if self.rank0:
+            problem = self._check_room(step)
+            if problem is None:
+                try:
+                    self.root.mkdir(parents=True, exist_ok=True)
+                    for stale in self.root.glob("*.tmp"):
+                        shutil.rmtree(stale, ignore_errors=True)
+                    tmp.mkdir()
+                except OSError as exc:
+                    cause = describe_failure(exc, self.root, None) or f"{type(exc).__name__}: {exc}"
+                    problem = f"saving checkpoint {final.name} in {self.root} failed: {cause}"
+        if not _agree_all(problem is None):
+            raise RunError((problem or "saving a checkpoint failed on rank 0") + self._resume_hint())
+        self.components.sync_params()
+        if not _agree_all(self._weights_finite()):
+            raise RunError(f"the weights at step {step} are not finite, so no checkpoint was saved"
+                           + self._resume_hint())
+
+    def _check_room(self, step: int) -> Optional[str]:
+        """A reason not to start the save (rank 0): the disk cannot hold another checkpoint like the last."""
+        previous = complete_steps(self.root)
+        free = free_bytes(self.root)
+        if not previous or free is None:
+            return None
+        needed = _dir_bytes(previous[-1])
+        if free >= needed:
+            return None
+        return (f"not enough free space to save checkpoint {step_dir_name(step)} in {self.root}: it needs about "
+                f"{needed / (1 << 30):.2f} GiB (the size of {previous[-1].name}) and {free / (1 << 30):.2f} GiB are "
+                "free; free space or lower checkpoint.keep_last")
+
+    def _weights_finite(self) -> bool:
+        checks = [torch.isfinite(p).all() for chunk in self.components.model for p in chunk.parameters()]
+        return bool(torch.stack(checks).all()) if checks else True  # one device sync, not one per tensor
+
+    def _write(self, tmp: Path):
+        from megatron.core import dist_checkpointing, parallel_state
+        from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+        from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+
+        strategy = get_default_save_sharded_strategy("torch_dist")
+        if self.cfg.checkpoint.fully_parallel_save:
+            strategy = FullyParallelSaveStrategyWrapper(
+                strategy, parallel_state.get_data_parallel_group(with_context_parallel=True))
+        state = sharded_state_dict(self.components, TrainState(), with_optimizer=True, is_loading=False)
+        return dist_checkpointing.save(state, str(tmp), sharded_strategy=strategy,
+                                       async_sharded_save=self.queue is not None)
+
+    def _publish(self, save: _Save, record: dict) -> None:
+        if self.rank0:
+            write_checkpoint_info(save.tmp, self.cfg, record, self.tokenizer)
+            if save.final.exists():  # re-saving a step (a signal right after a periodic save, a rollback)
+                shutil.rmtree(save.final)
+            os.replace(save.tmp, save.final)
+            latest_tmp = self.root / (LATEST + ".tmp")
+            latest_tmp.write_text(save.final.name + "\n")
+            os.replace(latest_tmp, self.root / LATEST)
+            self._prune(keep=save.final.name)
+        torch.distributed.barrier()
+        self.published.append((save.final, time.perf_counter() - save.started))
+
+    def _publish_or_fail(self, save: _Save, record: dict) -> None:
+        try:
+            self._publish(save, record)
+        except OSError as exc:
+            self._failed(save, exc)
+
+    def _finalize(self, blocking: bool) -> None:
+        if self.queue is None or self.pending is None:
+            return
+        save = self.pending
+        try:
+            self.queue.maybe_finalize_async_calls(blocking=blocking)
+        except Exception as exc:  # noqa: BLE001 - a failed background write, reported on every rank
+            self.pending = None
+            self._failed(save, exc)
+        if self.queue.get_num_unfinalized_calls() == 0:
+            self.pending = None
+
+    def _failed(self, save: _Save, exc: BaseException):
+        """End the run with one sentence for a failed write (re-raise anything that is not a write failure)."""
+        estimate = None
+        if self.rank0:
+            estimate = _dir_bytes(save.tmp) if save.tmp.exists() else None
+            previous = complete_steps(self.root)
+            if previous:
+                estimate = max(estimate or 0, _dir_bytes(previous[-1]))
+            shutil.rmtree(save.tmp, ignore_errors=True)
+        cause = describe_failure(exc, self.root, estimate)
+        if cause is None:
+            raise exc
+        raise RunError(f"saving checkpoint {save.final.name} to {self.root} failed: {cause}; its partial files were "
+                       "removed" + self._resume_hint()) from exc
+
+    def _resume_hint(self) -> str:
+        steps = complete_steps(self.root)
+        if steps:
+            return f"; {steps[-1].name} is still the latest checkpoint, and the same command resumes from it"
+        return "; no checkpoint of this run exists yet"
+
+    def _prune(self, keep: str) -> None:
+        if self.keep_last <= 0:
+            return
+        for old in complete_steps(self.root)[:-self.keep_last]:
+            if old.name != keep:
+                shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,24 @@
+"""Whether a model's weights are all finite, agreed by every rank, with the name of a bad tensor."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def first_nonfinite_parameter(model_chunks: list) -> Optional[str]:
+    """The name of a parameter holding NaN or Inf on any rank (the same answer on every rank), or None."""
+    from megatron_mtp.training.setup import unwrap
+
+    named = [(name, p) for chunk in model_chunks for name, p in unwrap(chunk).named_parameters()]
+    bad = None
+    if named:
+        finite = torch.stack([torch.isfinite(p).all() for _, p in named])  # one device sync
+        if not bool(finite.all()):
+            bad = named[int((~finite).nonzero()[0])][0]
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size() == 1:
+        return bad
+    names: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(names, bad)
+    return next((n for n in names if n), None)
