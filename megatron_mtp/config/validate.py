@@ -126,12 +126,12 @@ def _mtp_and_numbers(cfg: Config) -> None:
         raise UserError("training.fp8_param_gather needs training.fp8 (an FP8 recipe)")
     if t.grad_reduce_dtype == "bf16" and t.precision != "bf16":
         raise UserError("training.grad_reduce_dtype=bf16 needs training.precision=bf16")
-    for key, value, low in (("optimizer.lr", o.lr, 0.0), ("optimizer.adam_eps", o.adam_eps, 0.0),
-                            ("model.norm_epsilon", m.norm_epsilon, 0.0), ("model.init_method_std", m.init_method_std,
-                                                                          0.0)):
-        if not value > low:
+    for key, value in (("optimizer.adam_eps", o.adam_eps), ("model.norm_epsilon", m.norm_epsilon),
+                       ("model.init_method_std", m.init_method_std)):
+        if not value > 0:
             raise UserError(f"{key} is {value}; it must be a positive number")
-    for key, value in (("optimizer.min_lr", o.min_lr), ("optimizer.weight_decay", o.weight_decay),
+    for key, value in (("optimizer.lr", o.lr), ("optimizer.min_lr", o.min_lr),
+                       ("optimizer.weight_decay", o.weight_decay),
                        ("optimizer.clip_grad", o.clip_grad), ("model.aux_loss_coeff", m.aux_loss_coeff),
                        ("model.router_bias_update_rate", m.router_bias_update_rate)):
         if value < 0:

@@ -77,14 +77,16 @@ def resolve_features(cfg, platform: Platform) -> Features:
                                 "Transformer Engine userbuffers and parallel.tensor > 1"),
         async_save=_toggle(cfg.checkpoint.async_save, True, platform, "checkpoint.async_save", "async save"),
     )
+    here = "this run is on CPU" if platform.is_cpu else "it is not available here"
     if cfg.recompute.granularity == "selective" and "moe_act" in cfg.recompute.modules and not features.grouped_gemm:
-        raise UserError("recompute.modules moe_act needs the experts' grouped GEMM (GPU with Transformer Engine); "
-                        "remove moe_act from recompute.modules")
+        raise UserError("recompute.modules moe_act needs the experts' grouped GEMM (GPU with Transformer Engine), but "
+                        f"{here}; remove moe_act from recompute.modules")
     if p.token_dispatcher == "flex":
         module = {"deepep": "deep_ep", "hybridep": "deep_ep"}[p.flex_backend]
         if platform.is_cpu or not has_module(module):
+            what = "this run is on CPU" if platform.is_cpu else f"the {module} package is not installed"
             raise UserError(f"parallel.token_dispatcher=flex with flex_backend={p.flex_backend} needs a GPU with the "
-                            f"{p.flex_backend} package installed; use token_dispatcher=alltoall")
+                            f"{p.flex_backend} package, but {what}; use token_dispatcher=alltoall")
     if p.delay_wgrad_compute and not gpu_te:
         _needs(platform, "parallel.delay_wgrad_compute", "Transformer Engine linear layers", fix="set it to false")
     if o.precision_aware and o.offload_fraction == 0 and not gpu_te:

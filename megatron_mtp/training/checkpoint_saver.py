@@ -88,7 +88,7 @@ class CheckpointSaver:
                                     world_size=self.ranks.world_size, tensor=self.ranks.tp,
                                     pipeline=self.ranks.pp, expert=self.ranks.ep, data=self.ranks.dp)
         try:
-            request = self._write(tmp)
+            request = self._write(tmp, state)
         except Exception as exc:  # noqa: BLE001 - a write failure ends in one sentence, a bug re-raises
             self._failed(save, exc)
         if request is None:
@@ -174,7 +174,7 @@ class CheckpointSaver:
         checks = [torch.isfinite(p).all() for chunk in self.components.model for p in chunk.parameters()]
         return bool(torch.stack(checks).all()) if checks else True  # one device sync, not one per tensor
 
-    def _write(self, tmp: Path):
+    def _write(self, tmp: Path, state: TrainState):
         from megatron.core import dist_checkpointing, parallel_state
         from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
         from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
@@ -183,8 +183,8 @@ class CheckpointSaver:
         if self.cfg.checkpoint.fully_parallel_save:
             strategy = FullyParallelSaveStrategyWrapper(
                 strategy, parallel_state.get_data_parallel_group(with_context_parallel=True))
-        state = sharded_state_dict(self.components, TrainState(), with_optimizer=True, is_loading=False)
-        return dist_checkpointing.save(state, str(tmp), sharded_strategy=strategy,
+        sd = sharded_state_dict(self.components, state, with_optimizer=True, is_loading=False)
+        return dist_checkpointing.save(sd, str(tmp), sharded_strategy=strategy,
                                        async_sharded_save=self.queue is not None)
 
     def _publish(self, save: _Save, record: dict) -> None:

@@ -43,6 +43,8 @@ class IntervalStats:
         self.sums.zero_()
         self.steps = 0
         self.skipped = 0
+        self.extra: dict[str, float] = {}
+        """Scalars of events in the interval (a checkpoint's save time), logged with its row."""
         self.grad_norm_sum = 0.0
         self.lam = 0.0
         self.lr = 0.0
@@ -101,6 +103,7 @@ class IntervalStats:
             "moe/balance_loss": self._balance_loss(),
             "progress/consumed_tokens": float(consumed_tokens),
             "train/skipped_steps": float(self.skipped),
+            **self.extra,
         }
         judged = total["judged"].clamp(min=1.0)
         for k in range(1, self.depth + 1):

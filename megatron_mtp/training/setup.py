@@ -89,9 +89,14 @@ def ddp_config(cfg: Config, features: Features):
 def optimizer_config(cfg: Config):
     from megatron.core.optimizer import OptimizerConfig
 
+    return OptimizerConfig(**optimizer_config_kwargs(cfg))
+
+
+def optimizer_config_kwargs(cfg: Config) -> dict:
+    """megatron-core OptimizerConfig fields of this run."""
     o, t = cfg.optimizer, cfg.training
     moments = DTYPES[o.moment_dtype]
-    return OptimizerConfig(
+    return dict(
         optimizer="adam",
         lr=o.lr,
         min_lr=o.min_lr,

@@ -225,7 +225,7 @@ class Trainer:
         self.spike.reset()
         self.log.info(f"{what}: rolled back to {target} (step {loaded.step}) and skipped the {skipped} samples "
                       f"consumed since then (rollback {self.rollbacks} of at most {spike.max_rollbacks})")
-        self.log.scalars(state.step, {"train/rollback_from_step": float(start)})
+        self.interval.extra["train/rolled_back_from_step"] = float(start)
 
     def _collect_balance_loss(self) -> None:
         from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
@@ -238,7 +238,7 @@ class Trainer:
     def _log_published(self) -> None:
         for path, seconds in self.saver.published:
             self.log.info(f"saved checkpoint {path} ({seconds:.1f} s)")
-            self.log.scalars(int(path.name.split("_")[1]), {"perf/checkpoint_save_s": seconds})
+            self.interval.extra["perf/checkpoint_save_s"] = seconds
         self.saver.published.clear()
 
     def _log_interval(self, state: TrainState, elapsed: float) -> None:

@@ -1,7 +1,8 @@
-"""Exports of the same weights saved at TP1 and at TP2 x PP2 x EP2 are byte-identical.
+"""Exports of the same weights saved at TP1 and at other layouts are byte-identical.
 
-The TP2 x PP2 x EP2 run starts from the from-hf import of the TP1 export, so this also shows that
-the trainer loads a converted checkpoint at another layout.
+The multi-process run starts from the from-hf import of the TP1 export, so this also shows that
+the trainer loads a converted checkpoint at another layout (TP2 x PP2 x EP2, and the interleaved
+schedule's PP2 x VPP2 with MTP in the last chunk).
 """
 
 from __future__ import annotations
@@ -15,16 +16,23 @@ from megatron_mtp.convert.to_hf import export_to_hf
 from tests.convert.conftest import TRAIN_OVERRIDES
 from tests.convert.helpers import megatron_cli
 
+LAYOUTS = {
+    "tp2_pp2_ep2": (8, ("parallel.tensor=2", "parallel.pipeline=2", "parallel.expert=2")),
+    "pp2_vpp2": (2, ("parallel.pipeline=2", "parallel.virtual_pipeline=2")),
+}
+
 
 @pytest.mark.dist
-def test_tp2_pp2_ep2_checkpoint_exports_identical_bytes(trained_run, export_fp32, tmp_path):
-    # Re-save the TP1 weights from 8 processes: one step with lr = 0 and a frozen expert bias leaves
-    # every weight bit-identical, so any difference would come from the converter.
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_checkpoint_saved_at_another_layout_exports_identical_bytes(trained_run, export_fp32, tmp_path, layout):
+    # Re-save the TP1 weights from several processes: one step with lr = 0 and a frozen expert bias
+    # leaves every weight bit-identical, so any difference would come from the converter.
+    nproc, parallel = LAYOUTS[layout]
     imported = import_from_hf(export_fp32, tmp_path / "imported")
-    run_dir = tmp_path / "p8"
+    run_dir = tmp_path / layout
     megatron_cli(
-        "train", "configs/tiny_cpu.yaml", "--run-dir", str(run_dir), "--max-steps", "1", "--nproc-per-node", "8",
-        *TRAIN_OVERRIDES, "parallel.tensor=2", "parallel.pipeline=2", "parallel.expert=2",
+        "train", "configs/tiny_cpu.yaml", "--run-dir", str(run_dir), "--max-steps", "1", "--nproc-per-node",
+        str(nproc), *TRAIN_OVERRIDES, *parallel,
         f"checkpoint.load={imported}", "checkpoint.load_optimizer=false", "optimizer.lr=0",
         "optimizer.min_lr=0", "model.router_bias_update_rate=0", "training.global_batch_size=4",
     )

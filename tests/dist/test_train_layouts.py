@@ -16,6 +16,8 @@ LAYOUTS = {
     "pp2": (2, ("parallel.pipeline=2",)),
     "ep2": (2, ("parallel.expert=2",)),
     "tp2_pp2_ep2": (8, ("parallel.tensor=2", "parallel.pipeline=2", "parallel.expert=2")),
+    # DeepSeek-V3 recipes' folding: experts over the tensor ranks (expert TP 1), refused before it
+    "tp2_etp1_ep2": (2, ("parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1")),
 }
 STEPS = 3
 EVAL = ("logging.eval_interval=1", "logging.eval_steps=2")
@@ -83,6 +85,44 @@ def test_tp2_pp2_ep2_checkpoint_loads_at_tp1_with_equal_logits(reference, tmp_pa
     assert (at_tp1["mtp_logits"][0] - at_8["mtp_logits"][0]).abs().max() < 1e-5
     # the MTP head is a different function from the main head
     assert (at_tp1["mtp_logits"][0] - at_tp1["logits"]).abs().max() > 1e-3
+
+
+def _compare_all_scalars(got_rows, want_rows, what):
+    keys = sorted({k for r in want_rows for k in r if k != "step" and not k.startswith("perf/")})
+    for key in keys:
+        got, want = _losses(got_rows, key), _losses(want_rows, key)
+        assert len(got) == len(want) > 0, (what, key)
+        assert max(abs(a - b) for a, b in zip(got, want)) < TOLERANCE.get(key, 2e-3), (what, key, got, want)
+
+
+@pytest.mark.parametrize("layout", ["even", "Ett|t|t|mL"], ids=["even", "mtp_alone_in_last_chunk"])
+def test_interleaved_pipeline_matches_single_process(tmp_path, train, metrics, layout):
+    """PP2 x VPP2 (the interleaved schedule, MTP in the last chunk) trains like one process."""
+    four = ("model.num_layers=4", *EVAL)
+    seed_run = tmp_path / "seed"
+    train(seed_run, steps=1, overrides=("model.num_layers=4",))
+    start = (*four, f"checkpoint.load={seed_run}", "checkpoint.load_optimizer=false")
+    single, vpp = tmp_path / "single", tmp_path / "vpp"
+    train(single, steps=STEPS, overrides=start)
+    chunks = ("parallel.virtual_pipeline=2",) if layout == "even" else (f"parallel.pipeline_layout={layout}",)
+    proc = train(vpp, nproc=2, steps=STEPS, overrides=(*start, "parallel.pipeline=2", *chunks))
+    assert "PP2 (VPP2)" in proc.stdout
+    _compare_all_scalars(metrics(vpp), metrics(single), layout)
+
+
+def test_resume_at_another_virtual_pipeline_size(tmp_path, train, metrics):
+    """Saved by one process, resumed with optimizer state at PP2 x VPP2: the run goes on as if uninterrupted."""
+    four = ("model.num_layers=4", "schedule.decay_style=cosine", "schedule.decay_steps=5", "schedule.warmup_steps=1")
+    straight, moved = tmp_path / "straight", tmp_path / "moved"
+    train(straight, steps=4, overrides=four)
+    train(moved, steps=2, overrides=four)
+    second = train(moved, nproc=2, steps=4, overrides=(*four, "parallel.pipeline=2", "parallel.virtual_pipeline=2"))
+    assert "at step 2" in second.stdout
+    a, b = metrics(straight), metrics(moved)
+    assert [r["step"] for r in b] == [1, 2, 3, 4]
+    for x, y in zip(a[2:], b[2:]):
+        for key in ("train/lm_loss", "train/mtp_loss_1", "train/lr"):
+            assert abs(x[key] - y[key]) < 2e-3, (x["step"], key, x[key], y[key])
 
 
 def test_uneven_pipeline_layout_matches_single_process(tmp_path, train, metrics):

@@ -81,7 +81,7 @@ BAD = [
     (["parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=2"], 2, "expert tensor × expert × pipeline"),
     (["parallel.expert_tensor=2", "model.moe_ffn_hidden_size=95"], 2, "moe_ffn_hidden_size=95 is not divisible"),
     (["training.seq_length=5000"], 1, "seq_length=5000 exceeds model.max_position_embeddings=4096"),
-    (["optimizer.lr=-1"], 1, "optimizer.lr is -1.0; it must be a positive number"),
+    (["optimizer.lr=-1"], 1, "optimizer.lr is -1.0; it must be 0 or more"),
     (["optimizer.adam_beta2=1.0"], 1, "optimizer.adam_beta2 is 1.0; it must be in [0, 1)"),
     (["optimizer.min_lr=1"], 1, "optimizer.min_lr=1.0 exceeds optimizer.lr"),
     (["recompute.granularity=selective", "recompute.modules=[attn]"], 1, "recompute.modules ['attn'] must list"),

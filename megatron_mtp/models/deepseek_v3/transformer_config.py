@@ -52,6 +52,11 @@ def build_transformer_config(cfg: Config, platform: Platform, mtp_loss_scale: fl
     from megatron.core.transformer.transformer_config import MLATransformerConfig
 
     features = features or resolve_features(cfg, platform)
+    return MLATransformerConfig(**transformer_config_kwargs(cfg, platform, features, mtp_loss_scale))
+
+
+def transformer_config_kwargs(cfg: Config, platform: Platform, features: Features, mtp_loss_scale: float = 0.0) -> dict:
+    """The MLATransformerConfig fields of this run (tests check the GPU mapping without a GPU)."""
     m, p, t, k = cfg.model, cfg.parallel, cfg.training, cfg.kernels
     bf16, fp16 = t.precision == "bf16", t.precision == "fp16"
     dtype = torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
@@ -155,4 +160,4 @@ def build_transformer_config(cfg: Config, platform: Platform, mtp_loss_scale: fl
     if t.fp8 is not None:
         kwargs.update(fp8="e4m3" if t.fp8 in ("blockwise", "mxfp8") else "hybrid", fp8_recipe=t.fp8,
                       fp8_param=t.fp8_param_gather)
-    return MLATransformerConfig(**kwargs)
+    return kwargs

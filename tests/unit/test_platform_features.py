@@ -1,0 +1,120 @@
+"""GPU-only controls: `auto` is off on CPU, an explicit request there is one sentence, and on a GPU
+with Transformer Engine they map onto megatron-core's own fields (checked without a GPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron_mtp.config import load_config
+from megatron_mtp.errors import UserError
+from megatron_mtp.platform.detect import Platform
+from megatron_mtp.platform.features import resolve_features
+from megatron_mtp.platform.job_env import gpu_job_env
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU = Platform(device="cpu", backend="gloo", use_te=False)
+GPU_TE = Platform(device="cuda", backend="nccl", use_te=True)
+GPU_NO_TE = Platform(device="cuda", backend="nccl", use_te=False)
+
+
+def _cfg(*overrides):
+    return load_config(str(ROOT / "configs" / "tiny_cpu.yaml"), list(overrides))
+
+
+def test_auto_is_off_on_cpu_and_on_with_transformer_engine():
+    cpu = resolve_features(_cfg(), CPU)
+    assert not any([cpu.grouped_gemm, cpu.permute_fusion, cpu.router_fusion, cpu.rope_fusion,
+                    cpu.gradient_accumulation_fusion, cpu.fp8_padding, cpu.tp_comm_overlap])
+    assert cpu.cross_entropy_fusion is None and cpu.async_save
+    gpu = resolve_features(_cfg("model.yarn.factor=4.0", "parallel.tp_comm_overlap=auto", "parallel.tensor=2"),
+                           GPU_TE)
+    assert all([gpu.grouped_gemm, gpu.permute_fusion, gpu.router_fusion, gpu.rope_fusion,
+                gpu.gradient_accumulation_fusion, gpu.tp_comm_overlap])
+    assert gpu.cross_entropy_fusion == "te"
+    assert resolve_features(_cfg(), GPU_NO_TE).cross_entropy_fusion is None
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (["kernels.grouped_gemm=true"], "kernels.grouped_gemm=true needs Transformer Engine's grouped GEMM on a GPU"),
+    (["kernels.permute_fusion=true"], "kernels.permute_fusion=true needs"),
+    (["kernels.router_fusion=true"], "kernels.router_fusion=true needs"),
+    (["kernels.rope_fusion=true"], "kernels.rope_fusion=true needs"),
+    (["kernels.gradient_accumulation_fusion=true"], "kernels.gradient_accumulation_fusion=true needs"),
+    (["kernels.cross_entropy_fusion=te"], "kernels.cross_entropy_fusion=true needs Transformer Engine's fused"),
+    (["parallel.tensor=2", "parallel.tp_comm_overlap=true"], "parallel.tp_comm_overlap=true needs"),
+    (["parallel.expert=2", "parallel.token_dispatcher=flex"], "token_dispatcher=flex with flex_backend=deepep needs"),
+    (["training.precision=bf16", "optimizer.precision_aware=true"],
+     "optimizer.precision_aware=true needs Transformer Engine's FusedAdam on a GPU"),
+    (["recompute.granularity=selective", "recompute.modules=[moe_act]"], "recompute.modules moe_act needs"),
+])
+def test_gpu_only_controls_on_cpu_are_one_sentence(overrides, field):
+    with pytest.raises(UserError, match=field.replace("(", r"\(")) as info:
+        resolve_features(_cfg(*overrides), CPU)
+    assert "\n" not in str(info.value) and "on CPU" in str(info.value)
+
+
+def test_gpu_only_controls_without_transformer_engine_name_the_extra():
+    with pytest.raises(UserError, match=r"install the 'gpu' extra"):
+        resolve_features(_cfg("kernels.grouped_gemm=true"), GPU_NO_TE)
+
+
+def test_deepspeed_cpu_optimizer_without_deepspeed(monkeypatch):
+    from megatron_mtp.platform import features
+
+    monkeypatch.setattr(features, "has_module", lambda name: name != "deepspeed")
+    cfg = _cfg("training.precision=bf16", "optimizer.precision_aware=true", "optimizer.offload_fraction=0.5",
+               "optimizer.cpu_optimizer=deepspeed")
+    with pytest.raises(UserError, match=r"install the 'deepspeed' extra"):
+        features.resolve_features(cfg, CPU)
+
+
+def test_gpu_mapping_onto_transformer_config():
+    from megatron_mtp.models.deepseek_v3.transformer_config import transformer_config_kwargs
+
+    cfg = load_config(str(ROOT / "configs" / "deepseek_v3_671b.yaml"))
+    kwargs = transformer_config_kwargs(cfg, GPU_TE, resolve_features(cfg, GPU_TE))
+    expected = dict(
+        tensor_model_parallel_size=2, expert_tensor_parallel_size=1, pipeline_model_parallel_size=8,
+        pipeline_model_parallel_layout="Et|(tt|)*30mL", overlap_p2p_comm=True, batch_p2p_comm=False,
+        recompute_granularity="selective", recompute_modules=["mla_up_proj", "mlp"], moe_grouped_gemm=True,
+        moe_permute_fusion=True, moe_router_fusion=True, moe_router_dtype="fp32", cross_entropy_loss_fusion=True,
+        cross_entropy_fusion_impl="te", apply_rope_fusion=True, gradient_accumulation_fusion=True,
+        overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True, fp8="e4m3", fp8_recipe="blockwise",
+        fp8_param=True, moe_router_padding_for_quantization=True, params_dtype=torch.bfloat16,
+        use_cpu_initialization=False, sequence_parallel=True,
+    )
+    assert {k: kwargs.get(k) for k in expected} == expected
+    full = transformer_config_kwargs(_cfg("recompute.granularity=full", "recompute.method=block",
+                                          "recompute.num_layers=2"), CPU, resolve_features(_cfg(), CPU))
+    assert (full["recompute_granularity"], full["recompute_method"], full["recompute_num_layers"]) == ("full", "block",
+                                                                                                        2)
+    assert "recompute_granularity" not in transformer_config_kwargs(_cfg(), CPU, resolve_features(_cfg(), CPU))
+
+
+def test_data_parallel_and_optimizer_mapping():
+    from megatron_mtp.training.setup import ddp_config, optimizer_config_kwargs
+
+    cfg = load_config(str(ROOT / "configs" / "deepseek_v3_671b.yaml"), ["training.grad_reduce_dtype=bf16",
+                                                                         "parallel.bucket_size=1000000"])
+    ddp = ddp_config(cfg, resolve_features(cfg, GPU_TE))
+    assert (ddp.overlap_grad_reduce, ddp.overlap_param_gather, ddp.align_param_gather, ddp.bucket_size,
+            ddp.use_distributed_optimizer, ddp.fp8_param_gather, ddp.grad_reduce_in_fp32) == (
+        True, True, True, 1000000, True, True, False)
+    opt = optimizer_config_kwargs(cfg)
+    assert opt["use_precision_aware_optimizer"] and opt["exp_avg_dtype"] is torch.bfloat16
+    assert opt["exp_avg_sq_dtype"] is torch.bfloat16 and opt["main_grads_dtype"] is torch.bfloat16
+    offload = optimizer_config_kwargs(_cfg("training.precision=bf16", "optimizer.precision_aware=true",
+                                           "optimizer.offload_fraction=0.25", "optimizer.offload_overlap=true"))
+    assert (offload["optimizer_cpu_offload"], offload["optimizer_offload_fraction"],
+            offload["overlap_cpu_optimizer_d2h_h2d"]) == (True, 0.25, True)
+
+
+def test_job_environment_follows_the_config():
+    env = {name: value for name, value, why in gpu_job_env(_cfg())}
+    assert env["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True" and env["NCCL_NVLS_ENABLE"] == "0"
+    recipe = load_config(str(ROOT / "configs" / "deepseek_v3_671b.yaml"))
+    assert dict((n, v) for n, v, _ in gpu_job_env(recipe))["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
