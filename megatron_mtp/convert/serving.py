@@ -115,10 +115,12 @@ class Export:
 @dataclass(frozen=True)
 class Problem:
     engine: str
+    fact: str
+    """Which fact: tied-head, dense-draft, layout, one-layer, depth, hidden-size, dtype, draft-tokens."""
     sentence: str
     blocks: Optional[str]
     """"model": the engine cannot load the export; "draft": it cannot run the MTP draft; None: the
-    commands below work around it."""
+    commands in SERVING.md work around it."""
 
 
 def check_engine(name: Optional[str]) -> None:
@@ -154,41 +156,41 @@ def layout_name(mtp: str, mtp_layout: str) -> str:
 def problems(engine: str, export: Export) -> list[Problem]:
     """Everything ``engine`` cannot load or run in ``export``, one sentence each."""
     facts, e = FACTS[engine], export
+    name = facts.title
     found = []
+
+    def add(fact: str, sentence: str, blocks: Optional[str] = "draft") -> None:
+        found.append(Problem(engine, fact, sentence, blocks))
+
     if e.tied and not facts.loads_tied_head:
-        found.append(Problem(engine, f"{facts.title}'s DeepSeek model always loads lm_head.weight, and this model "
-                             "ties its output head to the embedding, so the export has none", "model"))
+        add("tied-head", f"{name}'s DeepSeek model always loads lm_head.weight, and this model ties its output "
+            "head to the embedding, so the export has none", "model")
     if e.depth == 0:
         return found
-
-    def draft(sentence: str, blocks: Optional[str] = "draft") -> None:
-        found.append(Problem(engine, sentence, blocks))
-
     if not e.moe:
-        draft(f"{facts.title} builds every MTP module as a MoE layer and this model is dense, so its MTP "
-              "weights cannot serve as a draft there; export with --mtp none")
-    layouts = facts.one_layer_draft_layouts if e.num_layers == 1 else facts.draft_layouts
+        add("dense-draft", f"{name} builds every MTP module as a MoE layer and this model is dense, so its MTP "
+            "weights cannot serve as a draft there; export with --mtp none")
     if e.layout not in facts.draft_layouts:
-        draft(f"{facts.title} finds MTP module d only at layer num_hidden_layers+d, which --mtp-layout nextn "
-              "renumbers from 0; export with --mtp-layout hf or --mtp inline")
-    elif e.layout not in layouts:
-        draft(f"{facts.title} looks for the MTP module of a one-layer main model at layer 0, and this layout "
-              "stores it at layer 1; export with --mtp separate --mtp-layout nextn")
+        add("layout", f"{name} finds MTP module d only at layer num_hidden_layers+d, which --mtp-layout nextn "
+            "renumbers from 0; export with --mtp-layout hf or --mtp inline")
+    elif e.num_layers == 1 and e.layout not in facts.one_layer_draft_layouts:
+        add("one-layer", f"{name} looks for the MTP module of a one-layer main model at layer 0, and this "
+            "layout stores it at layer 1; export with --mtp separate --mtp-layout nextn")
     if facts.max_depth is not None and e.depth > facts.max_depth:
-        draft(f"{facts.title} runs {facts.max_depth} MTP module and this checkpoint has {e.depth}; export with "
-              "--mtp none, or serve the draft with vLLM (--for vllm)")
+        add("depth", f"{name} runs {facts.max_depth} MTP module and this checkpoint has {e.depth}; export "
+            "with --mtp none, or serve the draft with vLLM (--for vllm)")
     sizes = facts.draft_hidden_sizes
     if sizes is not None and e.hidden_size not in sizes:
-        draft(f"{facts.title}'s fused eh-norm kernel runs the MTP draft only for a hidden size that is a multiple "
-              f"of {sizes.step} from {sizes.start} to {sizes.stop - 1}, and this model's is {e.hidden_size}; "
-              "export with --mtp none, or serve the draft with vLLM (--for vllm)")
+        add("hidden-size", f"{name}'s fused eh-norm kernel runs the MTP draft only for a hidden size that is a "
+            f"multiple of {sizes.step} from {sizes.start} to {sizes.stop - 1}, and this model's is "
+            f"{e.hidden_size}; export with --mtp none, or serve the draft with vLLM (--for vllm)")
     if facts.draft_dtypes is not None and e.dtype not in facts.draft_dtypes:
-        draft(f"{facts.title}'s fused eh-norm kernel runs the MTP draft in bf16 or fp16 only, and this export is "
-              f"{e.dtype}; serve it with --dtype bfloat16 (as SERVING.md does) or export with --dtype bf16", None)
+        add("dtype", f"{name}'s fused eh-norm kernel runs the MTP draft in bf16 or fp16 only, and this export "
+            f"is {e.dtype}; serve it with --dtype bfloat16 (as SERVING.md does) or export with --dtype bf16", None)
     k = e.speculative
     if engine == "vllm" and k is not None and k > e.depth and k % e.depth:
-        draft(f"vLLM takes a number of draft tokens up to the MTP depth {e.depth} or a multiple of it, "
-              f"not --speculative {k}")
+        add("draft-tokens", f"vLLM takes a number of draft tokens up to the MTP depth {e.depth} or a multiple "
+            f"of it, not --speculative {k}")
     return found
 
 

@@ -214,13 +214,14 @@ def serving_export(cfg: Config, out: Path, mode: MtpMode, mtp_layout: MtpLayout,
 
 
 def check_serving(export: serving.Export, serve_for: Optional[str]) -> list[serving.Problem]:
-    """With ``serve_for``: its first problem is the error; without: every engine's problems, as warnings."""
-    if serve_for is not None:
-        found = serving.problems(serve_for, export)
-        if found:
-            raise UserError(found[0].sentence)
-        return []
+    """Every engine's problems with this export (for SERVING.md). With ``serve_for`` its first one is
+    the error; without, each is a warning."""
     found = [p for engine in serving.ENGINES for p in serving.problems(engine, export)]
+    if serve_for is not None:
+        mine = [p for p in found if p.engine == serve_for]
+        if mine:
+            raise UserError(mine[0].sentence)
+        return found
     for p in found:
         print(f"warning: {p.sentence}", file=sys.stderr)
     return found
