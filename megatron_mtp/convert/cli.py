@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,7 +57,7 @@ def run_to_hf(args: argparse.Namespace) -> int:
 
     out = export_to_hf(args.checkpoint, args.out, mtp=args.mtp, mtp_layout=args.mtp_layout, dtype=args.dtype,
                        max_shard_bytes=int(args.max_shard_size * (1 << 30)), serve_for=args.serve_for,
-                       speculative=args.speculative)
+                       speculative=args.speculative, warn=lambda text: print(f"warning: {text}", file=sys.stderr))
     print(f"wrote {out}\n")
     print((out / SERVING_FILE).read_text(), end="")
     return 0

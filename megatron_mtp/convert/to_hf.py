@@ -213,17 +213,19 @@ def serving_export(cfg: Config, out: Path, mode: MtpMode, mtp_layout: MtpLayout,
     )
 
 
-def check_serving(export: serving.Export, serve_for: Optional[str]) -> list[serving.Problem]:
+def check_serving(
+    export: serving.Export, serve_for: Optional[str], warn: Optional[Callable[[str], None]] = None
+) -> list[serving.Problem]:
     """Every engine's problems with this export (for SERVING.md). With ``serve_for`` its first one is
-    the error; without, each is a warning."""
+    the error; without, each goes to ``warn``."""
     found = [p for engine in serving.ENGINES for p in serving.problems(engine, export)]
     if serve_for is not None:
         mine = [p for p in found if p.engine == serve_for]
         if mine:
             raise UserError(mine[0].sentence)
-        return found
-    for p in found:
-        print(f"warning: {p.sentence}", file=sys.stderr)
+    elif warn is not None:
+        for p in found:
+            warn(p.sentence)
     return found
 
 
@@ -236,11 +238,14 @@ def export_to_hf(
     max_shard_bytes: int = 4 << 30,
     serve_for: Optional[str] = None,
     speculative: Optional[int] = None,
+    warn: Optional[Callable[[str], None]] = None,
 ) -> Path:
     """Convert a megatron-mtp checkpoint (run dir or step dir) to HF format under ``out_dir``.
 
     ``mtp``/``mtp_layout``/``dtype`` left None: what ``serve_for`` picks, else separate/hf/bf16.
-    ``speculative``: draft tokens per step in the MTP commands of SERVING.md."""
+    ``speculative``: draft tokens per step in the MTP commands of SERVING.md. ``warn`` receives,
+    before anything is written, each thing a serving engine cannot do with the export (without
+    ``serve_for``; the CLI prints them; SERVING.md lists them either way)."""
     if mtp not in (None, "separate", "inline", "none"):
         raise UserError(f"--mtp must be separate, inline or none, not '{mtp}'")
     if mtp_layout not in (None, "hf", "nextn"):
@@ -273,7 +278,7 @@ def export_to_hf(
                         "--mtp none has no MTP module")
     out_dir = Path(out_dir)
     export = serving_export(cfg, out_dir.absolute(), mtp, mtp_layout, dtype, speculative)
-    found = check_serving(export, serve_for)
+    found = check_serving(export, serve_for, warn)
     params = select_params(reader, cfg, step)
     _check_shapes(reader, params, cfg, step)
     reader.validate(sorted({p.mcore for p in params}))

@@ -160,6 +160,7 @@ def test_drop_mtp_hf_inline_and_separate(trained_run, export_fp32, tmp_path):
     model, info = _hf_model(dropped)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert (dropped / "tokenizer.json").is_file()
+    assert (inline / "SERVING.md").is_file() and not (dropped / "SERVING.md").exists()  # its MTP commands are gone
     _same_tree(drop_mtp(export_fp32, tmp_path / "from_separate"), export_fp32 / "main")
 
 

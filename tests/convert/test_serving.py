@@ -224,3 +224,16 @@ def test_serving_md_transformers_code_runs_and_mtp_decodes_like_plain(trained_ru
         return
     assert len(blocks) == 2 and "use_mtp=True" in blocks[1]
     assert _run(blocks[1], scope) == plain  # greedy: the MTP draft changes the speed, never the text
+
+
+def test_warnings_reach_the_caller_before_anything_is_written(trained_run, tmp_path, capsys):
+    seen = []
+
+    def warn(text: str) -> None:
+        seen.append(text)
+        _nothing_written(tmp_path, "hf")
+
+    export_to_hf(trained_run, tmp_path / "hf", warn=warn)
+    assert [s.split("'s ")[0] for s in seen] == ["SGLang"]
+    export_to_hf(trained_run, tmp_path / "quiet")  # the Python API (generate's cached export) stays quiet
+    assert "warning" not in capsys.readouterr().err
