@@ -16,8 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        "directory or the checkpoints/latest file")
     to_hf.add_argument("out", help="output directory (must not exist)")
     to_hf.add_argument("--for", dest="serve_for", metavar="vllm|sglang|transformers",
-                       help="write the layout this engine loads with the fewest flags (vllm/sglang: --mtp inline, "
-                       "bf16) and refuse what it cannot load or run; without it those facts are warnings")
+                       help="write the layout this engine loads with the fewest flags (--mtp inline, bf16) and "
+                       "refuse what it cannot load or run; without it those facts are warnings")
     to_hf.add_argument("--mtp", choices=("separate", "inline", "none"), default=None,
                        help="separate: OUT/main + OUT/mtp (default without --for); inline: release layout in OUT; "
                        "none: main only in OUT")
