@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -14,14 +15,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     to_hf.add_argument("checkpoint", help="run directory, its checkpoints/ directory, a checkpoints/step_N "
                        "directory or the checkpoints/latest file")
     to_hf.add_argument("out", help="output directory (must not exist)")
-    to_hf.add_argument("--mtp", choices=("separate", "inline", "none"), default="separate",
-                       help="separate: OUT/main + OUT/mtp (default); inline: release layout in OUT; "
+    to_hf.add_argument("--for", dest="serve_for", metavar="vllm|sglang|transformers",
+                       help="write the layout this engine loads with the fewest flags (--mtp inline, bf16) and "
+                       "refuse what it cannot load or run; without it those facts are warnings")
+    to_hf.add_argument("--mtp", choices=("separate", "inline", "none"), default=None,
+                       help="separate: OUT/main + OUT/mtp (default without --for); inline: release layout in OUT; "
                        "none: main only in OUT")
-    to_hf.add_argument("--mtp-layout", choices=("hf", "nextn"), default="hf",
-                       help="naming of OUT/mtp: hf = layer num_hidden_layers+i with embed/head copies; "
-                       "nextn = SGLang NextN")
-    to_hf.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
-                       help="weight dtype (expert bias stays fp32)")
+    to_hf.add_argument("--mtp-layout", choices=("hf", "nextn"), default=None,
+                       help="naming of OUT/mtp: hf = layer num_hidden_layers+i with embed/head copies (default); "
+                       "nextn = SGLang NextN (one MTP module)")
+    to_hf.add_argument("--dtype", choices=("bf16", "fp32"), default=None,
+                       help="weight dtype (default bf16; expert bias stays fp32)")
+    to_hf.add_argument("--speculative", type=int, metavar="K",
+                       help="draft tokens per step in the MTP serving commands (default: vLLM the MTP depth, "
+                       "SGLang 3)")
     to_hf.add_argument("--max-shard-size", type=float, default=4.0, help="safetensors shard size in GiB (default 4)")
     to_hf.set_defaults(func=run_to_hf)
 
@@ -45,11 +52,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_to_hf(args: argparse.Namespace) -> int:
+    from megatron_mtp.convert.serving import SERVING_FILE
     from megatron_mtp.convert.to_hf import export_to_hf
 
     out = export_to_hf(args.checkpoint, args.out, mtp=args.mtp, mtp_layout=args.mtp_layout, dtype=args.dtype,
-                       max_shard_bytes=int(args.max_shard_size * (1 << 30)))
-    print(f"wrote {out}")
+                       max_shard_bytes=int(args.max_shard_size * (1 << 30)), serve_for=args.serve_for,
+                       speculative=args.speculative, warn=lambda text: print(f"warning: {text}", file=sys.stderr))
+    print(f"wrote {out}\n")
+    print((out / SERVING_FILE).read_text(), end="")
     return 0
 
 

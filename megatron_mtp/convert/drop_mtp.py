@@ -2,7 +2,8 @@
 
 HF (inline release layout): every non-MTP tensor (FP8 weights and their ``_scale_inv`` included,
 bytes unchanged) is streamed into new shards with a new index; config.json gets
-``num_nextn_predict_layers: 0``; other files (tokenizer, generation config) are copied. A separate
+``num_nextn_predict_layers: 0``; other files (tokenizer, generation config) are copied, except
+SERVING.md (its MTP commands no longer apply). A separate
 export (``DIR/main`` + ``DIR/mtp``) becomes a copy of ``DIR/main``.
 
 megatron-mtp checkpoint (run dir or step dir): the model's tensors except ``mtp.*`` are copied
@@ -22,8 +23,10 @@ from megatron_mtp.checkpoint.info import read_checkpoint_info, write_checkpoint_
 from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, resolve_checkpoint
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
+from megatron_mtp.convert.hf_source import copy_source_record
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import INDEX_NAME, HFDir, PlannedTensor, ShardedSafetensorsWriter
+from megatron_mtp.convert.serving import SERVING_FILE
 from megatron_mtp.convert.staging import staged_dir
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3.hf_config_json import mtp_depth
@@ -79,7 +82,8 @@ def _drop_hf(src: Path, out: Path, max_shard_bytes: int) -> Path:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         for item in sorted(src.iterdir()):
             weights = item.name.endswith(_HF_WEIGHT_SUFFIXES)
-            if item.is_file() and item.name not in ("config.json", INDEX_NAME) and not weights:
+            # SERVING.md holds the commands for the directory with MTP; they no longer apply
+            if item.is_file() and item.name not in ("config.json", INDEX_NAME, SERVING_FILE) and not weights:
                 shutil.copy2(item, tmp / item.name)
     return out
 
@@ -115,5 +119,6 @@ def _drop_mcore(src: Path, out: Path) -> Path:
         new_cfg = cfg.replace(mtp=type(cfg.mtp)(num_layers=0, loss_weight_schedule=cfg.mtp.loss_weight_schedule))
         if (step / TOKENIZER_DIR).is_dir():
             shutil.copytree(step / TOKENIZER_DIR, tmp / TOKENIZER_DIR)
+        copy_source_record(step, tmp)
         write_checkpoint_info(tmp, new_cfg, dict(state, has_optimizer=False))
     return out

@@ -9,7 +9,8 @@ weights with the trainer's keys (TE spelling of fused norms, used on every platf
 TP1/PP1/EP1 as global tensors, so the trainer loads it at any layout; ``config.yaml`` (the
 translated model, the requested parallel layout), ``tokenizer/`` and ``train_state.json`` with
 ``has_optimizer: false`` (start from its weights with ``checkpoint.load=OUT``, or evaluate it with
-``megatron-mtp eval OUT``).
+``megatron-mtp eval OUT``), and ``hf_source/`` with the source's config.json and generation_config.json
+(``to-hf`` writes back what still holds of them; convert/hf_source.py).
 Streaming: one mcore tensor (routed experts: one expert) is assembled and written at a time.
 """
 
@@ -27,6 +28,7 @@ from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
 from megatron_mtp.config import Config
 from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.config.parallel import ParallelConfig
+from megatron_mtp.convert.hf_source import record_source
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.convert.shapes import check_shape
@@ -207,5 +209,6 @@ def import_from_hf(
         )
         if has_tokenizer:
             cfg.data.tokenizer = str(final / TOKENIZER_DIR)
+        record_source(main.path, tmp)
         write_checkpoint_info(tmp, cfg, train_state_record(has_optimizer=False))
     return out_dir

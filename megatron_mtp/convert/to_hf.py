@@ -9,20 +9,26 @@ Layouts (``mtp``):
   inline    OUT = one directory in the official release layout (main and MTP layers together).
   none      OUT = main only.
 
+Serving: ``serve_for`` (``--for``) picks the layout an engine loads with the fewest flags and
+refuses, before anything is written, what it cannot load or run (convert/serving.py); without it
+the same facts are warnings. Every export ends with OUT/SERVING.md, the commands that serve it.
+config.json and generation_config.json carry back what an imported HF model said and still holds
+(convert/hf_source.py).
+
 Streaming: the plan (every output name, shape, dtype, shard) is computed from checkpoint metadata
-alone; then each global tensor (routed experts: one expert at a time) is read, split into its HF
-tensors, cast and appended to its shard. The result is byte-identical for any training layout
+alone (``plan_export`` computes the same from a config, for checks that write nothing); then each
+global tensor (routed experts: one expert at a time) is read, split into its HF tensors, cast and
+appended to its shard. The result is byte-identical for any training layout
 because it depends only on global tensors.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Literal, Optional
+from typing import Any, Callable, Iterator, Literal, Optional
 
 import torch
 
@@ -30,13 +36,15 @@ from megatron_mtp.checkpoint.info import read_config
 from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, resolve_checkpoint
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.config import Config
+from megatron_mtp.convert import serving
+from megatron_mtp.convert.hf_source import GENERATION_CONFIG, generation_config, source_config, source_generation_config
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import PlannedTensor, ShardedSafetensorsWriter
-from megatron_mtp.convert.shapes import check_shape
-from megatron_mtp.convert.staging import staged_dir
+from megatron_mtp.convert.shapes import check_shape, expected_shape
+from megatron_mtp.convert.staging import check_output_free, staged_dir
 from megatron_mtp.convert.tokenizer_files import copy_tokenizer, special_token_ids
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.deepseek_v3.hf_config import to_hf_config
+from megatron_mtp.models.deepseek_v3.hf_config import TOKEN_ID_KEYS, carry_source_fields, to_hf_config
 from megatron_mtp.models.deepseek_v3.hf_mapping import EMBEDDING, MODEL_KEY_PREFIXES, Param, nextn_name, param_table
 
 MtpMode = Literal["separate", "inline", "none"]
@@ -89,14 +97,15 @@ def _destination(param: Param, mode: MtpMode) -> Optional[str]:
 
 
 def plan_pieces(
-    reader: TorchDistReader, params: list[Param], num_layers: int, mode: MtpMode, mtp_layout: MtpLayout
+    params: list[Param], shape_of: Callable[[str], tuple[int, ...]], num_layers: int, mode: MtpMode,
+    mtp_layout: MtpLayout,
 ) -> list[Piece]:
     pieces = []
     for p in params:
         dest = _destination(p, mode)
         if dest is None:
             continue
-        shape = reader.entry(p.mcore).shape
+        shape = shape_of(p.mcore)
 
         def rename(name: str, dest: str = dest) -> Optional[str]:
             if dest == "mtp" and mtp_layout == "nextn":
@@ -114,6 +123,24 @@ def plan_pieces(
                 continue
             pieces.append(Piece(p, None, _split_outputs(dest, names, shape)))
     return pieces
+
+
+def _plans(pieces: list[Piece], dtype: torch.dtype) -> dict[str, list[PlannedTensor]]:
+    plans: dict[str, list[PlannedTensor]] = {}
+    for piece in pieces:
+        for dest, name, shape in piece.outputs:
+            plans.setdefault(dest, []).append(PlannedTensor(name, shape, _out_dtype(piece.param, dtype)))
+    return plans
+
+
+def plan_export(cfg: Config, vocab: int, mode: MtpMode, mtp_layout: MtpLayout = "hf",
+                dtype: str = "bf16") -> dict[str, list[PlannedTensor]]:
+    """The tensors ("main"/"mtp" part -> planned tensors) an export of a checkpoint with this config
+    writes, from the config alone (the export of a real checkpoint plans the same from its metadata)."""
+    params = param_table(cfg.model, cfg.mtp.num_layers, spec="te")
+    pieces = plan_pieces(params, lambda key: expected_shape(key, cfg.model, vocab), cfg.model.num_layers, mode,
+                         mtp_layout)
+    return _plans(pieces, DTYPES[dtype])
 
 
 def _split_outputs(dest: str, names: list[Optional[str]], shape: tuple[int, ...]):
@@ -154,63 +181,115 @@ def _direct_ranges(reader: TorchDistReader, piece: Piece, dtype: torch.dtype):
     return fh, [(offset + i * step, step) for i in range(parts)]
 
 
-def _hf_configs(
-    cfg: Config, vocab: int, mode: MtpMode, mtp_layout: MtpLayout, dtype: str, step: Path
+def hf_configs(
+    cfg: Config, vocab: int, mode: MtpMode, mtp_layout: MtpLayout, dtype: str,
+    tokenizer_ids: dict[str, Optional[int]], source: Optional[dict[str, Any]] = None,
 ) -> dict[str, dict]:
-    bos, eos = special_token_ids(step / TOKENIZER_DIR)
-    common = dict(vocab_size=vocab, torch_dtype="bfloat16" if dtype == "bf16" else "float32",
-                  bos_token_id=bos, eos_token_id=eos)
-    depth = cfg.mtp.num_layers
-    main = to_hf_config(cfg.model, cfg.mtp, num_nextn_predict_layers=0, **common)
-    if mode == "none":
-        return {"main": main.to_dict()}
-    full = to_hf_config(cfg.model, cfg.mtp, num_nextn_predict_layers=depth, **common)
-    if mode == "inline":
-        return {"main": full.to_dict()}
+    """config.json of each part. main/ of the separate layouts says ``num_nextn_predict_layers: 0``:
+    it holds no MTP layer, and an engine told otherwise would look for its draft there (SGLang
+    silently loads nothing); SGLang's NextN directory is its one-module form (``num_hidden_layers: 1``)."""
+    depth = cfg.mtp.num_layers if mode != "none" else 0
+    full = to_hf_config(cfg.model, cfg.mtp, vocab_size=vocab, num_nextn_predict_layers=depth,
+                        torch_dtype="bfloat16" if dtype == "bf16" else "float32",
+                        bos_token_id=tokenizer_ids.get("bos_token_id"),
+                        eos_token_id=tokenizer_ids.get("eos_token_id")).to_dict()
+    full = carry_source_fields(full, source, tokenizer_ids)
+    if mode in ("none", "inline"):
+        return {"main": full}
     mtp = full
     if mtp_layout == "nextn":
-        mtp = dataclasses.replace(full, architectures=("DeepseekV3ForCausalLMNextN",), num_hidden_layers=depth)
-    return {"main": main.to_dict(), "mtp": mtp.to_dict()}
+        mtp = dict(full, architectures=["DeepseekV3ForCausalLMNextN"], num_hidden_layers=depth)
+    return {"main": dict(full, num_nextn_predict_layers=0), "mtp": mtp}
+
+
+def serving_export(cfg: Config, out: Path, mode: MtpMode, mtp_layout: MtpLayout, dtype: str,
+                   speculative: Optional[int] = None) -> serving.Export:
+    """What serving needs to know about this export (convert/serving.py)."""
+    m = cfg.model
+    return serving.Export(
+        out=out, layout=serving.layout_name(mode, mtp_layout), dtype=dtype, num_layers=m.num_layers,
+        depth=cfg.mtp.num_layers if mode != "none" else 0, hidden_size=m.hidden_size, moe=m.num_experts > 0,
+        tied=m.tie_embeddings, mla_head_size=m.kv_lora_rank + m.qk_pos_emb_head_dim, speculative=speculative,
+    )
+
+
+def check_serving(
+    export: serving.Export, serve_for: Optional[str], warn: Optional[Callable[[str], None]] = None
+) -> list[serving.Problem]:
+    """Every engine's problems with this export (for SERVING.md). With ``serve_for`` its first one is
+    the error; without, each goes to ``warn``."""
+    found = [p for engine in serving.ENGINES for p in serving.problems(engine, export)]
+    if serve_for is not None:
+        mine = [p for p in found if p.engine == serve_for]
+        if mine:
+            raise UserError(mine[0].sentence)
+    elif warn is not None:
+        for p in found:
+            warn(p.sentence)
+    return found
 
 
 def export_to_hf(
     ckpt_path: str | Path,
     out_dir: str | Path,
-    mtp: MtpMode = "separate",
-    mtp_layout: MtpLayout = "hf",
-    dtype: str = "bf16",
+    mtp: Optional[MtpMode] = None,
+    mtp_layout: Optional[MtpLayout] = None,
+    dtype: Optional[str] = None,
     max_shard_bytes: int = 4 << 30,
+    serve_for: Optional[str] = None,
+    speculative: Optional[int] = None,
+    warn: Optional[Callable[[str], None]] = None,
 ) -> Path:
-    """Convert a megatron-mtp checkpoint (run dir or step dir) to HF format under ``out_dir``."""
-    if mtp not in ("separate", "inline", "none"):
+    """Convert a megatron-mtp checkpoint (run dir or step dir) to HF format under ``out_dir``.
+
+    ``mtp``/``mtp_layout``/``dtype`` left None: what ``serve_for`` picks, else separate/hf/bf16.
+    ``speculative``: draft tokens per step in the MTP commands of SERVING.md. ``warn`` receives,
+    before anything is written, each thing a serving engine cannot do with the export (without
+    ``serve_for``; the CLI prints them; SERVING.md lists them either way)."""
+    if mtp not in (None, "separate", "inline", "none"):
         raise UserError(f"--mtp must be separate, inline or none, not '{mtp}'")
-    if mtp_layout not in ("hf", "nextn"):
+    if mtp_layout not in (None, "hf", "nextn"):
         raise UserError(f"--mtp-layout must be hf or nextn, not '{mtp_layout}'")
-    if mtp_layout == "nextn" and mtp != "separate":
-        raise UserError("--mtp-layout nextn only applies to --mtp separate")
-    if dtype not in DTYPES:
+    if dtype is not None and dtype not in DTYPES:
         raise UserError(f"--dtype must be bf16 or fp32, not '{dtype}'")
+    serving.check_engine(serve_for)
+    if speculative is not None and speculative < 1:
+        raise UserError(f"--speculative must be a positive number of draft tokens, not {speculative}")
+    check_output_free(Path(out_dir).absolute())
     resolved = resolve_checkpoint(ckpt_path)
     step = resolved.path
     if resolved.note:
         print(f"note: {resolved.note}", file=sys.stderr)
     cfg = read_config(step)
     reader = TorchDistReader(step)
-    has_mtp_keys = any(k.startswith("mtp.") for k in reader.keys())
-    if mtp != "none" and (cfg.mtp.num_layers == 0 or not has_mtp_keys):
+    has_mtp = cfg.mtp.num_layers > 0 and any(k.startswith("mtp.") for k in reader.keys())
+    mtp, mtp_layout, dtype = serving.choose_layout(serve_for, mtp, mtp_layout, dtype, has_mtp, cfg.model.num_layers)
+    if mtp_layout == "nextn" and mtp != "separate":
+        raise UserError("--mtp-layout nextn only applies to --mtp separate")
+    if mtp != "none" and not has_mtp:
         raise UserError(f"checkpoint '{step}' has no MTP layers; export it with --mtp none")
+    if mtp_layout == "nextn" and cfg.mtp.num_layers > 1:
+        raise UserError(
+            f"--mtp-layout nextn writes SGLang's NextN directory, which holds one MTP module, and checkpoint "
+            f"'{step}' has {cfg.mtp.num_layers}; export with --mtp-layout hf"
+        )
+    if speculative is not None and mtp == "none":
+        raise UserError("--speculative sets the draft tokens of the MTP serving commands, and an export with "
+                        "--mtp none has no MTP module")
+    out_dir = Path(out_dir)
+    export = serving_export(cfg, out_dir.absolute(), mtp, mtp_layout, dtype, speculative)
+    found = check_serving(export, serve_for, warn)
     params = select_params(reader, cfg, step)
     _check_shapes(reader, params, cfg, step)
     reader.validate(sorted({p.mcore for p in params}))
-    pieces = plan_pieces(reader, params, cfg.model.num_layers, mtp, mtp_layout)
+    pieces = plan_pieces(params, lambda key: reader.entry(key).shape, cfg.model.num_layers, mtp, mtp_layout)
     torch_dtype = DTYPES[dtype]
-    plans: dict[str, list[PlannedTensor]] = {}
-    for piece in pieces:
-        for dest, name, shape in piece.outputs:
-            plans.setdefault(dest, []).append(PlannedTensor(name, shape, _out_dtype(piece.param, torch_dtype)))
+    plans = _plans(pieces, torch_dtype)
     vocab = reader.entry(EMBEDDING).shape[0]
-    configs = _hf_configs(cfg, vocab, mtp, mtp_layout, dtype, step)
-    out_dir = Path(out_dir)
+    tokenizer_ids = special_token_ids(step / TOKENIZER_DIR)
+    configs = hf_configs(cfg, vocab, mtp, mtp_layout, dtype, tokenizer_ids, source_config(step))
+    gen = generation_config(tokenizer_ids, {k: configs["main"].get(k) for k in TOKEN_ID_KEYS},
+                            source_generation_config(step))
     with staged_dir(out_dir) as tmp, reader:
         dirs = {"main": tmp / "main", "mtp": tmp / "mtp"} if mtp == "separate" else {"main": tmp}
         writers = {d: ShardedSafetensorsWriter(dirs[d], plans[d], max_shard_bytes) for d in plans}
@@ -238,4 +317,7 @@ def export_to_hf(
             print(f"warning: checkpoint '{step}' has no tokenizer/ directory; the export has no tokenizer files")
         for dest, config in configs.items():
             (dirs[dest] / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        if gen is not None:
+            (dirs["main"] / GENERATION_CONFIG).write_text(json.dumps(gen, indent=2) + "\n")
+        (tmp / serving.SERVING_FILE).write_text(serving.serving_text(export, found))
     return out_dir

@@ -37,12 +37,16 @@ def test_view_round_trips_through_to_dict(yarn):
         assert dataclasses.replace(view, num_nextn_predict_layers=0).to_dict()["num_nextn_predict_layers"] == 0
 
 
-def test_dense_model_writes_null_expert_counts():
+def test_dense_model_writes_integer_expert_counts_that_transformers_accepts():
     view = to_hf_config(ModelConfig(num_experts=0, router_num_groups=None, router_group_topk=None), MTPConfig(),
                         vocab_size=64, num_nextn_predict_layers=0)
     written = view.to_dict()
-    assert [written[k] for k in ("n_routed_experts", "n_shared_experts", "num_experts_per_tok")] == [None] * 3
+    assert [written[k] for k in ("n_routed_experts", "n_shared_experts", "num_experts_per_tok")] == [0, 0, None]
     assert not any(view.is_moe_layer(i) for i in range(view.num_hidden_layers))
+    assert parse_hf_config(written) == view
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.DeepseekV3Config(**written)  # its strict config class refuses null expert counts
+    assert (hf.n_routed_experts, hf.first_k_dense_replace) == (0, view.num_hidden_layers)
 
 
 @pytest.mark.parametrize(

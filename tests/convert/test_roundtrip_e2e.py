@@ -19,8 +19,9 @@ transformers = pytest.importorskip("transformers")
 
 
 def _same_tree(a, b) -> None:
-    names = sorted(p.name for p in a.iterdir())
-    assert names == sorted(p.name for p in b.iterdir())
+    """Same files with the same bytes; SERVING.md aside (it names the directory it lies in)."""
+    names = sorted(p.name for p in a.iterdir() if p.name != "SERVING.md")
+    assert names == sorted(p.name for p in b.iterdir() if p.name != "SERVING.md")
     for name in names:
         if (a / name).is_dir():
             _same_tree(a / name, b / name)
@@ -159,6 +160,7 @@ def test_drop_mtp_hf_inline_and_separate(trained_run, export_fp32, tmp_path):
     model, info = _hf_model(dropped)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert (dropped / "tokenizer.json").is_file()
+    assert (inline / "SERVING.md").is_file() and not (dropped / "SERVING.md").exists()  # its MTP commands are gone
     _same_tree(drop_mtp(export_fp32, tmp_path / "from_separate"), export_fp32 / "main")
 
 

@@ -14,6 +14,7 @@ Both agree only when topk/group_topk is 2 (sigmoid) or 1 (softmax), so other set
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Mapping, Optional
 
@@ -33,6 +34,23 @@ _IGNORED_HF_KEYS = frozenset(
 )
 
 _SUPPORTED_ARCHITECTURES = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
+
+# Fields of an imported config.json that an export never writes back, and why.
+NOT_CARRIED = {
+    "quantization_config": "the weights are dequantized on import",
+    "auto_map": "the remote-code files it names are not exported",
+    "transformers_version": "it records who wrote the source file",
+    "_name_or_path": "it records where the source was loaded from",
+    "name_or_path": "it records where the source was loaded from",
+    "torch_dtype": "the export's --dtype decides",
+    "dtype": "the export's --dtype decides (written as torch_dtype)",
+    "rope_parameters": "transformers' spelling of rope_scaling + rope_theta, which are written instead",
+    "num_mtp_layers": "transformers' spelling of num_nextn_predict_layers",
+    "num_nextn_predict_layers": "the export layout decides",
+    "architectures": "exports are DeepseekV3ForCausalLM (SGLang's NextN directory: DeepseekV3ForCausalLMNextN)",
+    "model_type": "exports are deepseek_v3",
+}
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def _check_group_routing(cfg: ModelConfig, where: str) -> None:
@@ -213,3 +231,58 @@ def from_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> tuple[
     if experts:
         _check_group_routing(model, where)
     return model, MTPConfig(num_layers=hf.num_nextn_predict_layers), hf.vocab_size
+
+
+def _architecture(raw: Mapping[str, Any]) -> Optional[tuple[ModelConfig, int]]:
+    """The model a config.json describes (fields that only training reads zeroed); None if unreadable."""
+    try:
+        model, _, vocab = from_hf_config(raw)
+    except UserError:
+        return None
+    return dataclasses.replace(model, make_vocab_size_divisible_by=1, aux_loss_coeff=0.0), vocab
+
+
+def carry_source_fields(
+    written: Mapping[str, Any], source: Optional[Mapping[str, Any]], tokenizer_ids: Mapping[str, Optional[int]]
+) -> dict[str, Any]:
+    """``written`` (the config.json of an export) with what still holds of ``source``, the config.json
+    the checkpoint was imported from.
+
+    When both describe the same model, every source value is kept whose substitution still reads as
+    that model (``head_dim``, ``pad_token_id``, ``n_group`` of a greedy router, a release spelling of
+    ``rope_scaling``, ...), except the ``NOT_CARRIED`` fields and a null in place of a value we write
+    (transformers' strict config class refuses nulls for its integer fields). Special token ids: the
+    tokenizer's id wins over a different stored one; a stored EOS list holding it stays a list.
+    """
+    out = dict(written)
+    ours = _architecture(written)
+    if source is not None and ours is not None and _architecture(source) == ours:
+        for key, value in source.items():
+            if key in NOT_CARRIED or key in TOKEN_ID_KEYS or out.get(key, _MISSING) == value:
+                continue
+            if value is None and out.get(key) is not None:
+                continue
+            if _architecture({**out, key: value}) == ours:
+                out[key] = value
+    else:
+        source = None
+    ids = {key: merge_token_id(tokenizer_ids.get(key), source.get(key) if source else None) for key in TOKEN_ID_KEYS}
+    ordered: dict[str, Any] = {}
+    for key, value in out.items():
+        if key == "bos_token_id":  # the three ids together, where the release has bos/eos
+            ordered.update((k, v) for k, v in ids.items() if v is not None or k in written or k in (source or {}))
+        elif key not in TOKEN_ID_KEYS:
+            ordered[key] = value
+    return ordered
+
+
+def merge_token_id(tokenizer_id: Optional[int], stored: Any) -> Any:
+    """The special token id to write: the tokenizer's, unless it names none or a stored list holds it."""
+    if tokenizer_id is None:
+        return stored
+    if isinstance(stored, list) and tokenizer_id in stored:
+        return stored
+    return tokenizer_id
+
+
+_MISSING = object()

@@ -76,7 +76,8 @@ class DeepseekV3HFConfig:
     v_head_dim: int
     n_shared_experts: int = 0
     n_routed_experts: int = 0
-    """0: a dense model (then the three expert counts are written as null)."""
+    """0: a dense model (then ``num_experts_per_tok`` is written as null; the two counts stay integers,
+    as transformers' config class requires)."""
     num_experts_per_tok: int = 1
     first_k_dense_replace: int = 0
     moe_layer_freq: int = 1
@@ -133,7 +134,9 @@ class DeepseekV3HFConfig:
             value = getattr(self, f.name)
             if f.name in ("pretraining_tp", "aux_loss_alpha", "quantization_config") and value is None:
                 continue
-            if f.name in ("n_shared_experts", "n_routed_experts", "num_experts_per_tok") and not moe:
+            if f.name in ("n_shared_experts", "n_routed_experts") and not moe:
+                value = 0
+            elif f.name == "num_experts_per_tok" and not moe:
                 value = None
             elif f.name == "rope_scaling" and value is not None:
                 value = value.to_dict()

@@ -1,0 +1,377 @@
+"""What vLLM, SGLang and transformers load from an export, and the commands that serve it.
+
+Each engine's facts are data (``EngineFacts``): which export layouts its MTP draft loads, how many
+MTP modules it runs, the hidden sizes and dtypes its draft kernel takes, whether it ties the output
+head to the embedding. ``problems`` turns them into one sentence per thing an engine cannot load or
+run; ``convert to-hf --for ENGINE`` refuses the first before writing anything, and without
+``--for`` every one is a warning. ``serving_text`` is OUT/SERVING.md and what to-hf prints: the
+commands for the layout written, with its paths.
+
+The facts were read from the weight-loading code of vLLM 0.33.0 and SGLang 0.5.23 (neither runs on
+a CPU, so neither was run) and checked by running transformers 5.24; convert/README.md ("Serving")
+gives the reasons, and tests/convert/test_engine_naming.py walks each engine's naming rules over
+the planned export of every shipped config.
+
+- vLLM finds MTP module d only at layer ``num_hidden_layers + d`` (so not in the NextN layout) and
+  builds the draft from the *target's* config.json: pointed at ``OUT/main`` (which says
+  ``num_nextn_predict_layers: 0``, since it holds no MTP layer) it must be told the depth with
+  ``--hf-overrides``. Its DeepSeek model always loads ``lm_head.weight``.
+- SGLang runs exactly one MTP module (``num_nextn_predict_layers`` of the draft directory must be
+  1); it looks for it at layer ``num_hidden_layers``, or at layer 0 when that is 1 (so a one-layer
+  main model needs the NextN layout); its fused eh-norm kernel needs bf16/fp16 and a hidden size
+  that is a multiple of 256 in 512..8192, and fails at the first draft step otherwise.
+- transformers 5.x drafts with ``generate(..., use_mtp=True)`` (batch size 1) from the main model's
+  directory; it knows MTP layers only at the literal layer 61, so other shapes name theirs.
+- Every engine builds the MTP block as a MoE layer: a dense model cannot have a draft.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+ENGINES = ("vllm", "sglang", "transformers")
+LAYOUTS = ("inline", "separate", "nextn", "none")
+"""inline: OUT holds main + MTP (release layout); separate: OUT/main + OUT/mtp (release naming);
+nextn: OUT/main + OUT/mtp in SGLang's NextN naming; none: OUT holds the main model only."""
+
+SERVING_FILE = "SERVING.md"
+SGLANG_DEFAULT_STEPS = 3
+"""SGLang's own choice for DeepSeek MTP: 3 chained steps, top-1, 4 draft tokens."""
+FLASH_MLA_HEAD_SIZE = 576
+"""The only MLA head size (kv_lora_rank + qk_rope_head_dim) vLLM's FlashAttention MLA backend takes."""
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    name: str
+    title: str
+    draft_layouts: tuple[str, ...]
+    """Layouts whose MTP modules the engine's draft loads."""
+    one_layer_draft_layouts: tuple[str, ...]
+    """The same for a one-layer main model."""
+    max_depth: Optional[int]
+    """MTP modules it runs (None: any number)."""
+    draft_hidden_sizes: Optional[range]
+    """Hidden sizes its draft kernel takes (None: any)."""
+    draft_dtypes: Optional[tuple[str, ...]]
+    """Export dtypes its draft kernel runs in (None: any)."""
+    loads_tied_head: bool
+    """False: it always loads lm_head.weight, which a tied export does not have."""
+    preferred_layout: str
+    """What ``--for`` writes for a checkpoint with MTP: the layout it loads with the fewest flags."""
+
+
+FACTS = {
+    "vllm": EngineFacts(
+        name="vllm", title="vLLM", draft_layouts=("inline", "separate"),
+        one_layer_draft_layouts=("inline", "separate"), max_depth=None, draft_hidden_sizes=None,
+        draft_dtypes=None, loads_tied_head=False, preferred_layout="inline",
+    ),
+    "sglang": EngineFacts(
+        name="sglang", title="SGLang", draft_layouts=("inline", "separate", "nextn"),
+        one_layer_draft_layouts=("nextn",), max_depth=1, draft_hidden_sizes=range(512, 8192 + 1, 256),
+        draft_dtypes=("bf16",), loads_tied_head=True, preferred_layout="inline",
+    ),
+    "transformers": EngineFacts(
+        name="transformers", title="transformers", draft_layouts=("inline", "separate"),
+        one_layer_draft_layouts=("inline", "separate"), max_depth=None, draft_hidden_sizes=None,
+        draft_dtypes=None, loads_tied_head=True, preferred_layout="inline",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Export:
+    """What serving needs to know about one export."""
+
+    out: Path
+    layout: str
+    dtype: str
+    num_layers: int
+    depth: int
+    """MTP modules exported (0 for layout none)."""
+    hidden_size: int
+    moe: bool
+    tied: bool
+    mla_head_size: int
+    speculative: Optional[int] = None
+    """Draft tokens per step asked for with --speculative (None: each engine's default)."""
+
+    @property
+    def main_dir(self) -> Path:
+        return self.out / "main" if self.layout in ("separate", "nextn") else self.out
+
+    @property
+    def mtp_dir(self) -> Optional[Path]:
+        if self.layout in ("separate", "nextn"):
+            return self.out / "mtp"
+        return self.out if self.layout == "inline" else None
+
+
+@dataclass(frozen=True)
+class Problem:
+    engine: str
+    fact: str
+    """Which fact: tied-head, dense-draft, layout, one-layer, depth, hidden-size, dtype, draft-tokens."""
+    sentence: str
+    blocks: Optional[str]
+    """"model": the engine cannot load the export; "draft": it cannot run the MTP draft; None: the
+    commands in SERVING.md work around it."""
+
+
+def check_engine(name: Optional[str]) -> None:
+    from megatron_mtp.errors import UserError
+
+    if name is not None and name not in ENGINES:
+        raise UserError(f"--for takes {', '.join(ENGINES[:-1])} or {ENGINES[-1]}, not '{name}'")
+
+
+def choose_layout(
+    engine: Optional[str], mtp: Optional[str], mtp_layout: Optional[str], dtype: Optional[str],
+    has_mtp: bool, num_layers: int,
+) -> tuple[str, str, str]:
+    """(--mtp, --mtp-layout, --dtype): what the user gave, the rest from ``--for`` or the defaults."""
+    if mtp is None and mtp_layout == "nextn":
+        mtp = "separate"
+    if engine is None:
+        return mtp or "separate", mtp_layout or "hf", dtype or "bf16"
+    if mtp is None:
+        if not has_mtp:
+            mtp = "none"
+        elif engine == "sglang" and num_layers == 1 and mtp_layout is None:
+            mtp, mtp_layout = "separate", "nextn"  # the only layout SGLang's draft finds for L == 1
+        else:
+            mtp = FACTS[engine].preferred_layout
+    return mtp, mtp_layout or "hf", dtype or "bf16"
+
+
+def layout_name(mtp: str, mtp_layout: str) -> str:
+    return "nextn" if mtp == "separate" and mtp_layout == "nextn" else mtp
+
+
+def problems(engine: str, export: Export) -> list[Problem]:
+    """Everything ``engine`` cannot load or run in ``export``, one sentence each."""
+    facts, e = FACTS[engine], export
+    name = facts.title
+    found = []
+
+    def add(fact: str, sentence: str, blocks: Optional[str] = "draft") -> None:
+        found.append(Problem(engine, fact, sentence, blocks))
+
+    if e.tied and not facts.loads_tied_head:
+        add("tied-head", f"{name}'s DeepSeek model always loads lm_head.weight, and this model ties its output "
+            "head to the embedding, so the export has none", "model")
+    if e.depth == 0:
+        return found
+    if not e.moe:
+        add("dense-draft", f"{name} builds every MTP module as a MoE layer and this model is dense, so its MTP "
+            "weights cannot serve as a draft there; export with --mtp none")
+    if e.layout not in facts.draft_layouts:
+        add("layout", f"{name} finds MTP module d only at layer num_hidden_layers+d, which --mtp-layout nextn "
+            "renumbers from 0; export with --mtp-layout hf or --mtp inline")
+    elif e.num_layers == 1 and e.layout not in facts.one_layer_draft_layouts:
+        add("one-layer", f"{name} looks for the MTP module of a one-layer main model at layer 0, and this "
+            "layout stores it at layer 1; export with --mtp separate --mtp-layout nextn")
+    if facts.max_depth is not None and e.depth > facts.max_depth:
+        add("depth", f"{name} runs {facts.max_depth} MTP module and this checkpoint has {e.depth}; export "
+            "with --mtp none, or serve the draft with vLLM (--for vllm)")
+    sizes = facts.draft_hidden_sizes
+    if sizes is not None and e.hidden_size not in sizes:
+        add("hidden-size", f"{name}'s fused eh-norm kernel runs the MTP draft only for a hidden size that is a "
+            f"multiple of {sizes.step} from {sizes.start} to {sizes.stop - 1}, and this model's is "
+            f"{e.hidden_size}; export with --mtp none, or serve the draft with vLLM (--for vllm)")
+    if facts.draft_dtypes is not None and e.dtype not in facts.draft_dtypes:
+        add("dtype", f"{name}'s fused eh-norm kernel runs the MTP draft in bf16 or fp16 only, and this export "
+            f"is {e.dtype}; serve it with --dtype bfloat16 (as SERVING.md does) or export with --dtype bf16", None)
+    k = e.speculative
+    if engine == "vllm" and k is not None and k > e.depth and k % e.depth:
+        add("draft-tokens", f"vLLM takes a number of draft tokens up to the MTP depth {e.depth} or a multiple "
+            f"of it, not --speculative {k}")
+    return found
+
+
+# -- commands ------------------------------------------------------------------------------------------
+
+
+def _dtype_flag(e: Export) -> list[str]:
+    return ["--dtype", "bfloat16"] if e.dtype == "fp32" else []
+
+
+def vllm_argv(e: Export, draft: bool) -> list[str]:
+    argv = ["vllm", "serve", str(e.main_dir), *_dtype_flag(e)]
+    if not draft:
+        return argv
+    spec: dict = {"method": "mtp"}
+    if e.layout == "separate":
+        # the draft's depth comes from the target's config.json, which says 0 in main/
+        argv += ["--hf-overrides", json.dumps({"num_nextn_predict_layers": e.depth})]
+        spec["model"] = str(e.mtp_dir)
+    spec["num_speculative_tokens"] = e.speculative or e.depth
+    return argv + ["--speculative-config", json.dumps(spec)]
+
+
+def sglang_argv(e: Export, draft: bool) -> list[str]:
+    argv = ["python", "-m", "sglang.launch_server", "--model-path", str(e.main_dir), *_dtype_flag(e)]
+    if not draft:
+        return argv
+    steps = e.speculative or SGLANG_DEFAULT_STEPS
+    argv += ["--speculative-algorithm", "NEXTN"]
+    if e.layout in ("separate", "nextn"):
+        argv += ["--speculative-draft-model-path", str(e.mtp_dir)]
+    return argv + ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1",
+                   "--speculative-num-draft-tokens", str(steps + 1)]
+
+
+def render(argv: list[str], head: int) -> str:
+    """A command line: its first ``head`` words, then each further flag (and its value) on a line of its own."""
+    lines, current = [], [shlex.quote(t) for t in argv[:head]]
+    for token in argv[head:]:
+        if token.startswith("--"):
+            lines.append(current)
+            current = []
+        current.append(shlex.quote(token))
+    lines.append(current)
+    return " \\\n    ".join(" ".join(line) for line in lines)
+
+
+def render_vllm(e: Export, draft: bool) -> str:
+    return render(vllm_argv(e, draft), 3)
+
+
+def render_sglang(e: Export, draft: bool) -> str:
+    return render(sglang_argv(e, draft), 5)
+
+
+def mtp_ignore_patterns(e: Export) -> list[str]:
+    """The pattern list transformers needs to find this export's MTP layers (it knows only layer 61)."""
+    return [rf"model\.layers\.{e.num_layers + d}\." for d in range(e.depth)]
+
+
+def transformers_code(e: Export) -> str:
+    """Load the main model and generate greedily."""
+    main = json.dumps(str(e.main_dir))
+    return "\n".join([
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "",
+        f"tokenizer = AutoTokenizer.from_pretrained({main})",
+        f"model = AutoModelForCausalLM.from_pretrained({main})",
+        'ids = tokenizer("def add(a, b):", return_tensors="pt").input_ids',
+        "out = model.generate(ids, max_new_tokens=32, do_sample=False)",
+        "print(tokenizer.decode(out[0]))",
+    ])
+
+
+def transformers_mtp_code(e: Export) -> str:
+    """What follows ``transformers_code`` to generate with the MTP draft."""
+    lines = []
+    if e.layout == "separate":
+        lines += [
+            f"model.config.num_mtp_layers = {e.depth}  # main/config.json says 0: it holds no MTP layer",
+            f"model.config.name_or_path = {json.dumps(str(e.mtp_dir))}  # where transformers reads MTP weights",
+        ]
+    if not (e.num_layers == 61 and e.depth == 1):
+        patterns = ", ".join(f'r"{p}"' for p in mtp_ignore_patterns(e))
+        lines.append(f"model._keys_to_ignore_on_load_unexpected = [{patterns}]  # the MTP layers")
+    lines += [
+        "out = model.generate(ids, max_new_tokens=32, do_sample=False, use_mtp=True)  # batch size 1",
+        "print(tokenizer.decode(out[0]))",
+    ]
+    return "\n".join(lines)
+
+
+# -- SERVING.md ----------------------------------------------------------------------------------------
+
+_LAYOUT_WORDS = {
+    "inline": "inline: the main model and its MTP modules in one directory (the release layout)",
+    "separate": "separate: main/ holds the main model, mtp/ the MTP modules (release naming)",
+    "nextn": "separate, NextN: main/ holds the main model, mtp/ SGLang's NextN directory",
+    "none": "main model only",
+}
+
+
+def _block(text: str, lang: str = "bash") -> list[str]:
+    return [f"```{lang}", text, "```", ""]
+
+
+def _draft_words(e: Export) -> str:
+    return f"{e.depth} MTP module" + ("s" if e.depth > 1 else "")
+
+
+def _section_vllm(e: Export, blocked: list[Problem]) -> list[str]:
+    out = ["## vLLM", "", "Main model:", "", *_block(render_vllm(e, False))]
+    if e.depth and not any(p.blocks == "draft" for p in blocked):
+        k = e.speculative or e.depth
+        where = "read from mtp/" if e.layout == "separate" else "read from the same directory"
+        out += [f"With the MTP draft ({k} draft token{'s' if k > 1 else ''} per step, {where}):", "",
+                *_block(render_vllm(e, True))]
+        if e.layout == "separate":
+            out += ["vLLM builds the draft from the target's config.json, and main/config.json says "
+                    "`num_nextn_predict_layers: 0` (main/ holds no MTP layer), hence `--hf-overrides`.", ""]
+    out.append("Add `--tensor-parallel-size N` to spread the model over N GPUs.")
+    if e.mla_head_size != FLASH_MLA_HEAD_SIZE:
+        out.append(f"This model's MLA head size is {e.mla_head_size}; vLLM's FlashAttention MLA kernel takes only "
+                   f"{FLASH_MLA_HEAD_SIZE}: if vLLM picks it and refuses, add `--attention-backend TRITON_MLA`.")
+    return out + [""]
+
+
+def _section_sglang(e: Export, blocked: list[Problem]) -> list[str]:
+    out = ["## SGLang", "", "Main model:", "", *_block(render_sglang(e, False))]
+    if e.depth and not any(p.blocks == "draft" for p in blocked):
+        steps = e.speculative or SGLANG_DEFAULT_STEPS
+        where = "read from mtp/" if e.layout in ("separate", "nextn") else "read from the same directory"
+        out += [f"With the MTP draft (NEXTN: the MTP module applied {steps} times per step, {where}):", "",
+                *_block(render_sglang(e, True))]
+    if e.dtype == "fp32":
+        out.append("`--dtype bfloat16`: with `--dtype auto` SGLang would run an fp32 export in float16.")
+    out.append("Add `--tp-size N` to spread the model over N GPUs.")
+    return out + [""]
+
+
+def _section_transformers(e: Export, blocked: list[Problem]) -> list[str]:
+    out = ["## transformers (5.x)", "", "Main model:", "", *_block(transformers_code(e), "python")]
+    if e.layout == "inline" and not (e.num_layers == 61 and e.depth == 1):
+        out += [f"transformers reports the MTP layers (`model.layers.{e.num_layers}.*`...) as unexpected keys "
+                "when it loads the main model: it skips only the literal layer 61. The model is complete.", ""]
+    if e.depth and not any(p.blocks == "draft" for p in blocked):
+        out += ["With the MTP draft, continue with the lines below. `generate(..., use_mtp=True)` is assisted "
+                f"decoding with the model's own MTP layers: one draft token per MTP module ({e.depth} per step "
+                "here), batch size 1 only, greedy or sampling, and the MTP weights are read from disk again on "
+                "every call. transformers looks for MTP layers only at the literal layer 61 (DeepSeek-V3: 61 "
+                "layers, one module), so the code names this export's.", "",
+                *_block(transformers_mtp_code(e), "python"),
+                "Do not put `use_mtp` into generation_config.json: every `generate` call would become batch-1 "
+                "assisted decoding.", ""]
+    return out
+
+
+def serving_text(e: Export, found: list[Problem]) -> str:
+    """OUT/SERVING.md: the commands that serve this export, per engine, and what does not work."""
+    lines = [
+        "# Serving this export", "",
+        f"Written by `megatron-mtp convert to-hf`. Layout: {_LAYOUT_WORDS[e.layout]}; {e.dtype}; "
+        f"{e.num_layers} main layer{'s' if e.num_layers > 1 else ''}"
+        + (f", {_draft_words(e)}." if e.depth else "."),
+        "",
+        "The vLLM (0.33) and SGLang (0.5.23) commands follow from reading their weight loaders; they were not "
+        "run (neither runs on a CPU). The project's tests run the transformers code on a small export of each "
+        "layout.",
+        "",
+    ]
+    if found:
+        lines += ["What does not work:", ""]
+        lines += [f"- {p.sentence}." for p in found]
+        lines.append("")
+    sections = {"vllm": _section_vllm, "sglang": _section_sglang, "transformers": _section_transformers}
+    for engine, section in sections.items():
+        mine = [p for p in found if p.engine == engine]
+        if any(p.blocks == "model" for p in mine):
+            lines += [f"## {FACTS[engine].title}", "", "It cannot load this export (see above).", ""]
+            continue
+        lines += section(e, mine)
+        if e.depth and any(p.blocks == "draft" for p in mine):
+            lines[-1:] = ["", "No MTP draft here (see above).", ""]
+    return "\n".join(lines).rstrip() + "\n"
