@@ -190,6 +190,23 @@ class TorchDistReader:
                 return fh, found[1] + (start - c.offsets[0]) * row_bytes, (stop - start) * row_bytes
         return None
 
+    def is_finite(self, key: str) -> bool:
+        """Whether every stored value of ``key`` is finite (checked in place where the bytes are plain)."""
+        from megatron_mtp.checkpoint.finite import bytes_are_finite, tensor_is_finite
+
+        entry = self.entry(key)
+        if not entry.dtype.is_floating_point:
+            return True
+        for chunk in entry.chunks:
+            found = plain_record(self._file(chunk.file), chunk.offset, chunk.length)
+            if found is not None and found[0].dtype == entry.dtype:
+                if not bytes_are_finite(self._file(chunk.file), found[1], found[0].numel() * entry.dtype.itemsize,
+                                        entry.dtype):
+                    return False
+            elif not tensor_is_finite(self._chunk_tensor(key, chunk)):
+                return False
+        return True
+
     def _chunk_tensor(self, key: str, chunk: Chunk) -> torch.Tensor:
         fh = self._file(chunk.file)
         fast = read_plain_tensor(fh, chunk.offset, chunk.length)

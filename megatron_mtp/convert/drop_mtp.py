@@ -19,6 +19,7 @@ import json
 import shutil
 from pathlib import Path
 
+from megatron_mtp.checkpoint.finite import refuse_nonfinite, tensor_is_finite
 from megatron_mtp.checkpoint.info import read_checkpoint_info, write_checkpoint_info
 from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, resolve_checkpoint
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
@@ -72,6 +73,8 @@ def _drop_hf(src: Path, out: Path, max_shard_bytes: int) -> Path:
             with Progress(writer.total_bytes, "drop-mtp") as bar:
                 for name in keep:
                     tensor = hf.raw(name)
+                    if not tensor_is_finite(tensor):
+                        refuse_nonfinite(name, f"'{src}'")
                     writer.write(name, tensor)
                     bar.advance(tensor.numel() * tensor.element_size())
             writer.finish()
@@ -107,6 +110,8 @@ def _drop_mcore(src: Path, out: Path) -> Path:
             with Progress(sum(reader.entry(k).nbytes for k in keys), "drop-mtp") as bar:
                 for key in keys:
                     entry = reader.entry(key)
+                    if not reader.is_finite(key):
+                        refuse_nonfinite(key, f"checkpoint '{step}'")
                     writer.declare(key, entry.shape, entry.dtype)
                     for c in entry.chunks:
                         writer.copy_chunk_blob(key, c.offsets, c.sizes, reader.blob(key, c.file, c.offset, c.length))

@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from megatron_mtp.checkpoint.finite import refuse_nonfinite, tensor_is_finite
 from megatron_mtp.checkpoint.info import train_state_record, write_checkpoint_info
 from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR
 from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
@@ -109,7 +110,11 @@ def _shape_of(param: Param, src: _Sources) -> tuple[int, ...]:
 
 def _assemble(param: Param, src: _Sources, dtype: torch.dtype, expert: Optional[int]) -> torch.Tensor:
     names = [n.format(e=expert) for n in param.hf] if expert is not None else list(param.hf)
-    parts = [src.get(n).to(torch.float32 if param.keep_fp32 else dtype) for n in names]
+    parts = [src.get(n) for n in names]
+    for name, part in zip(names, parts):
+        if not tensor_is_finite(part):
+            refuse_nonfinite(name, "the Hugging Face model")
+    parts = [part.to(torch.float32 if param.keep_fp32 else dtype) for part in parts]
     tensor = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
     return tensor.unsqueeze(0) if expert is not None else tensor
 

@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator, Literal, Optional
 
 import torch
 
+from megatron_mtp.checkpoint.finite import bytes_are_finite, refuse_nonfinite, tensor_is_finite
 from megatron_mtp.checkpoint.info import read_config
 from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, resolve_checkpoint
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
@@ -301,10 +302,14 @@ def export_to_hf(
                     if direct is not None:  # same bytes: file-to-file copy, no decode
                         fh, ranges = direct
                         for (dest, name, _), (offset, nbytes) in zip(piece.outputs, ranges):
+                            if not bytes_are_finite(fh, offset, nbytes, reader.entry(piece.param.mcore).dtype):
+                                refuse_nonfinite(piece.param.mcore, f"checkpoint '{step}'")
                             writers[dest].copy_from(name, fh, offset, nbytes)
                             bar.advance(nbytes)
                         continue
                     tensor = reader.read(piece.param.mcore, piece.rows)
+                    if not tensor_is_finite(tensor):
+                        refuse_nonfinite(piece.param.mcore, f"checkpoint '{step}'")
                     for dest, name, part in _tensors_of(piece, tensor, torch_dtype):
                         writers[dest].write(name, part)
                         bar.advance(part.numel() * part.element_size())

@@ -6,10 +6,10 @@ Only parses arguments; torch and the model code are imported inside :func:`run_g
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from megatron_mtp import strict_json
 from megatron_mtp.errors import UserError
 
 
@@ -70,7 +70,7 @@ def run_generate(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
     )
     if args.json:
-        print(json.dumps(result.to_dict()))
+        print(strict_json.dumps(result.to_dict()))
     else:
         print(result.text)
     if args.stats:

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from megatron_mtp.checkpoint.finite import refuse_nonfinite, tensor_is_finite
 from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.mtp_module import MTPModule
@@ -107,7 +108,12 @@ def _load_into(module: nn.Module, weights: HFDir, prefix: str, dtype: torch.dtyp
         raise UserError(
             f"{weights.path} lacks {len(missing)} tensor(s) the model needs (e.g. {shown}); re-export the model."
         )
-    loaded = {name: weights.get(name).to(torch.float32 if name.endswith(_FP32_SUFFIXES) else dtype) for name in names}
+    loaded = {}
+    for name in names:
+        tensor = weights.get(name)
+        if not tensor_is_finite(tensor):
+            refuse_nonfinite(name, f"model directory {weights.path}")
+        loaded[name] = tensor.to(torch.float32 if name.endswith(_FP32_SUFFIXES) else dtype)
     state = {}
     for key, sources in plan.items():
         if key in stacked:

@@ -1,4 +1,5 @@
-"""Warnings from megatron-core and torch that a user can do nothing about, silenced with the reason.
+"""Warnings (and log lines) from megatron-core and torch that a user can do nothing about, silenced with
+the reason.
 
 Each entry matches one message (and, where the message is generic, the module that raises it), so
 every other warning stays visible.
@@ -47,8 +48,19 @@ KNOWN_HARMLESS = (
 )
 
 
+QUIET_LOGGERS = {
+    "megatron.core.dist_checkpointing.strategies.filesystem_async":
+        "its writer logs each failed write before raising it; the trainer reports the failure itself, as "
+        "one sentence (a full disk, a read-only directory), or re-raises it with its traceback",
+}
+
+
 def silence_known_harmless(platform: Optional[object] = None) -> None:
     """Install the filters (platform: a Platform; None counts as CPU)."""
+    import logging
+
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     is_cpu = platform is None or getattr(platform, "is_cpu", True)
     for known in KNOWN_HARMLESS:
         if known.cpu_only and not is_cpu:

@@ -35,8 +35,19 @@ from megatron_mtp.checkpoint.run_dir import CHECKPOINTS_DIR, LATEST, complete_st
 from megatron_mtp.errors import RunError
 from megatron_mtp.platform import all_reduce_sum
 from megatron_mtp.training.checkpointing import sharded_state_dict
-from megatron_mtp.training.save_failures import describe_failure, free_bytes
+from megatron_mtp.training.save_failures import describe_failure, free_bytes, size_text
 from megatron_mtp.training.setup import TrainState
+
+
+def _write_failures() -> tuple:
+    # torch.distributed.checkpoint reports a failed write on every rank as a CheckpointException,
+    # which derives from BaseException, not Exception
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
+_WRITE_FAILURES = _write_failures()
 
 
 @dataclass
@@ -89,7 +100,7 @@ class CheckpointSaver:
                                     pipeline=self.ranks.pp, expert=self.ranks.ep, data=self.ranks.dp)
         try:
             request = self._write(tmp, state)
-        except Exception as exc:  # noqa: BLE001 - a write failure ends in one sentence, a bug re-raises
+        except _WRITE_FAILURES as exc:  # a write failure ends in one sentence, a bug re-raises
             self._failed(save, exc)
         if request is None:
             self._publish_or_fail(save, record)
@@ -167,8 +178,8 @@ class CheckpointSaver:
         if free >= needed:
             return None
         return (f"not enough free space to save checkpoint {step_dir_name(step)} in {self.root}: it needs about "
-                f"{needed / (1 << 30):.2f} GiB (the size of {previous[-1].name}) and {free / (1 << 30):.2f} GiB are "
-                "free; free space or lower checkpoint.keep_last")
+                f"{size_text(needed)} (the size of {previous[-1].name}) and {size_text(free)} are free; free space "
+                "or lower checkpoint.keep_last")
 
     def _weights_finite(self) -> bool:
         checks = [torch.isfinite(p).all() for chunk in self.components.model for p in chunk.parameters()]
@@ -212,7 +223,7 @@ class CheckpointSaver:
         save = self.pending
         try:
             self.queue.maybe_finalize_async_calls(blocking=blocking)
-        except Exception as exc:  # noqa: BLE001 - a failed background write, reported on every rank
+        except _WRITE_FAILURES as exc:  # a failed background write, reported on every rank
             self.pending = None
             self._failed(save, exc)
         if self.queue.get_num_unfinalized_calls() == 0:
@@ -220,14 +231,15 @@ class CheckpointSaver:
 
     def _failed(self, save: _Save, exc: BaseException):
         """End the run with one sentence for a failed write (re-raise anything that is not a write failure)."""
-        estimate = None
+        estimate, at_least = None, False
         if self.rank0:
-            estimate = _dir_bytes(save.tmp) if save.tmp.exists() else None
             previous = complete_steps(self.root)
-            if previous:
-                estimate = max(estimate or 0, _dir_bytes(previous[-1]))
+            if previous:  # the last checkpoint of the run: about the size of this one
+                estimate = _dir_bytes(previous[-1])
+            elif save.tmp.exists():  # what was written before the failure
+                estimate, at_least = _dir_bytes(save.tmp), True
             shutil.rmtree(save.tmp, ignore_errors=True)
-        cause = describe_failure(exc, self.root, estimate)
+        cause = describe_failure(exc, self.root, estimate, at_least)
         if cause is None:
             raise exc
         raise RunError(f"saving checkpoint {save.final.name} to {self.root} failed: {cause}; its partial files were "

@@ -37,6 +37,8 @@ class IntervalStats:
         # [sum, count] per layer of the MoE balance loss; every rank holds all layers (zeros for those on
         # other stages) so that every rank takes part in the same all-reduce
         self.aux = torch.zeros(2, total_layers, dtype=torch.float64)
+        self.lam = 0.0
+        self.lr = 0.0
         self.reset()
 
     def reset(self) -> None:
@@ -46,8 +48,12 @@ class IntervalStats:
         self.extra: dict[str, float] = {}
         """Scalars of events in the interval (a checkpoint's save time), logged with its row."""
         self.grad_norm_sum = 0.0
-        self.lam = 0.0
-        self.lr = 0.0
+
+    def discard(self) -> None:
+        """Forget the interval so far (its steps were undone by a rollback)."""
+        self.reset()
+        self.aux.zero_()
+        self.expert_load.reset()
 
     @property
     def _holds_losses(self) -> bool:
@@ -88,8 +94,9 @@ class IntervalStats:
         total = self.sums.all_reduced()
         loads = all_reduce_sum(self.expert_load.counts.clone()).cpu()
         self.expert_load.reset()
-        replicas = max(total.value("replica_steps"), 1.0)
-        steps = max(self.steps, 1)
+        # an interval of skipped steps only has no loss to report: NaN (null in metrics.jsonl)
+        replicas = total.value("replica_steps") or float("nan")
+        steps = self.steps or float("nan")
         elapsed_steps = max(self.steps + self.skipped, 1)
         values = {
             "train/lm_loss": total.value("lm_loss") / replicas,
@@ -105,10 +112,10 @@ class IntervalStats:
             "train/skipped_steps": float(self.skipped),
             **self.extra,
         }
-        judged = total["judged"].clamp(min=1.0)
         for k in range(1, self.depth + 1):
+            judged = float(total["judged"][k - 1]) or float("nan")  # nothing measured: NaN, not 0
             values[f"train/mtp_loss_{k}"] = float(total["mtp_loss"][k - 1]) / replicas
-            values[f"train/mtp_acceptance_{k}"] = float(total["accepted"][k - 1] / judged[k - 1])
-            values[f"train/mtp_accuracy_{k}"] = float(total["correct"][k - 1] / judged[k - 1])
+            values[f"train/mtp_acceptance_{k}"] = float(total["accepted"][k - 1]) / judged
+            values[f"train/mtp_accuracy_{k}"] = float(total["correct"][k - 1]) / judged
         self.reset()
         return values

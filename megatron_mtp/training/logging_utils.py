@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
+import sys
 import time
 from pathlib import Path
 
+from megatron_mtp import strict_json
+
 
 class RunLogger:
+    """Console lines, logs/train.log, logs/metrics.jsonl and TensorBoard, on rank 0.
+
+    A full or failing disk must not end a run from here (the checkpoint path reports it): a write that
+    fails is said once on stderr, and that file is given up while the console keeps the lines.
+    """
+
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool):
         self.enabled = enabled
         self.writer = None
-        self.log_file = None
+        self.log_file = self.metrics_file = None
         if enabled:
             (run_dir / "logs").mkdir(parents=True, exist_ok=True)
             self.log_file = open(run_dir / "logs" / "train.log", "a", encoding="utf-8")
@@ -21,33 +30,47 @@ class RunLogger:
 
                 self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 
+    def _write(self, attr: str, text: str) -> None:
+        fh = getattr(self, attr)
+        if fh is None:
+            return
+        try:
+            fh.write(text)
+            fh.flush()
+        except OSError as exc:
+            setattr(self, attr, None)
+            print(f"megatron-mtp train: warning: cannot write {fh.name} ({exc.strerror}); it is not written "
+                  "any more in this run", file=sys.stderr, flush=True)
+            with contextlib.suppress(OSError):
+                fh.close()
+
     def info(self, line: str) -> None:
         if not self.enabled:
             return
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         text = f"[{stamp}] {line}"
         print(text, flush=True)
-        self.log_file.write(text + "\n")
-        self.log_file.flush()
+        self._write("log_file", text + "\n")
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """TensorBoard scalars plus one JSON line in logs/metrics.jsonl (for scripts and tests)."""
         if not self.enabled:
             return
-        self.metrics_file.write(json.dumps({"step": step, **values}) + "\n")
-        self.metrics_file.flush()
+        self._write("metrics_file", strict_json.dumps({"step": step, **values}) + "\n")
         if self.writer is None:
             return
-        for key, value in values.items():
-            self.writer.add_scalar(key, value, step)
-        self.writer.flush()
+        try:
+            for key, value in values.items():
+                self.writer.add_scalar(key, value, step)
+            self.writer.flush()
+        except OSError:
+            self.writer = None
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        if self.log_file is not None:
-            self.log_file.close()
-            self.metrics_file.close()
+        for fh in (self.writer, self.log_file, self.metrics_file):
+            if fh is not None:
+                with contextlib.suppress(OSError):
+                    fh.close()
 
 
 def format_step_line(step: int, max_steps: int, v: dict[str, float], depth: int) -> str:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
 from pathlib import Path
 
+from megatron_mtp import strict_json
 from megatron_mtp.config import Config
 from megatron_mtp.errors import UserError
 
@@ -116,7 +116,7 @@ def eval_main(path: str, overrides: list[str], as_json: bool, text_file: str | N
         if session.ranks.rank == 0:
             result["checkpoint"] = str(ckpt)
             if as_json:
-                print(json.dumps(result))
+                print(strict_json.dumps(result))
             else:
                 print(f"checkpoint {ckpt}")
                 print(f"tokens evaluated  {result['tokens']}")

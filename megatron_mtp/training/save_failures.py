@@ -14,6 +14,11 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 GIB = 1 << 30
+
+
+def size_text(nbytes: int) -> str:
+    """'12.3 MiB' below a GiB, '4.56 GiB' from there."""
+    return f"{nbytes / (1 << 20):.1f} MiB" if nbytes < GIB else f"{nbytes / GIB:.2f} GiB"
 _CAUSES = {
     errno.ENOSPC: "the filesystem is full",
     errno.EDQUOT: "the disk quota is exhausted",
@@ -28,14 +33,14 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
     seen, todo = set(), [exc]
     while todo:
         item = todo.pop()
-        if item is None or id(item) in seen:
+        if not isinstance(item, BaseException) or id(item) in seen:
             continue
         seen.add(id(item))
         yield item
         todo += [item.__cause__, item.__context__, getattr(item, "exc", None)]
-        failures = getattr(item, "failures", None)  # torch.distributed.checkpoint's CheckpointException
-        if isinstance(failures, dict):
-            todo += list(failures.values())
+        failures = getattr(item, "failures", None)  # torch.distributed.checkpoint's CheckpointException:
+        if isinstance(failures, dict):               # rank -> (exception, traceback summary)
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
 
 
 def failure_errno(exc: BaseException) -> Optional[int]:
@@ -58,9 +63,11 @@ def free_bytes(path: Path) -> Optional[int]:
     return None
 
 
-def describe_failure(exc: BaseException, where: Path, needed_bytes: Optional[int]) -> Optional[str]:
+def describe_failure(exc: BaseException, where: Path, needed_bytes: Optional[int],
+                     at_least: bool = False) -> Optional[str]:
     """'<cause> (needs about X GiB, Y GiB free)' for a failed write under `where`; None when the
-    exception is not a write failure (a bug, to be raised as it is)."""
+    exception is not a write failure (a bug, to be raised as it is). `at_least`: needed_bytes is
+    only what was written before the failure."""
     code = failure_errno(exc)
     free = free_bytes(where)
     if code is None and free is not None and needed_bytes and free < needed_bytes:
@@ -72,7 +79,7 @@ def describe_failure(exc: BaseException, where: Path, needed_bytes: Optional[int
         return None
     cause = _CAUSES[code]
     if code in (errno.ENOSPC, errno.EDQUOT):
-        need = f"needs about {needed_bytes / GIB:.2f} GiB, " if needed_bytes else ""
-        have = f"{free / GIB:.2f} GiB free" if free is not None else "free space unknown"
+        need = f"needs {'more than' if at_least else 'about'} {size_text(needed_bytes)}, " if needed_bytes else ""
+        have = f"{size_text(free)} free" if free is not None else "free space unknown"
         cause += f" ({need}{have})"
     return cause

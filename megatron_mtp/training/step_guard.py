@@ -15,11 +15,16 @@ then does the optimizer step run, exactly as megatron-core's ChainedOptimizer.st
 The loss-spike rule watches the global LM loss of stepped steps: `patience` steps in a row above
 `factor` × the median of the last `window` finite steps trigger it (stop, or roll back to the
 newest checkpoint saved before the spike began and skip the data since, see trainer.py).
+
+Fault injection, for the tests of these guards only: MEGATRON_MTP_INJECT_NONFINITE="3,4" makes the
+losses of steps 3 and 4 count as non-finite on every rank; MEGATRON_MTP_INJECT_SPIKE="6-8"
+multiplies the loss the spike rule sees at steps 6 to 8 by 100.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -28,6 +33,15 @@ from typing import Optional
 import torch
 
 from megatron_mtp.platform import all_reduce_sum
+
+
+def injected_steps(name: str) -> frozenset[int]:
+    """Steps named by MEGATRON_MTP_INJECT_<name> ("3,4,6-8"); empty when unset."""
+    steps: set[int] = set()
+    for part in filter(None, os.environ.get(f"MEGATRON_MTP_INJECT_{name}", "").split(",")):
+        low, _, high = part.partition("-")
+        steps.update(range(int(low), int(high or low) + 1))
+    return frozenset(steps)
 
 
 @dataclass

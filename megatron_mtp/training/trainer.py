@@ -29,6 +29,7 @@ from megatron_mtp.training.step_guard import (
     StepOutcome,
     agree,
     guarded_optimizer_step,
+    injected_steps,
     losses_finite,
 )
 
@@ -67,6 +68,8 @@ class Trainer:
         self.skipped_in_a_row = 0
         self.rollbacks = 0
         self.saver: CheckpointSaver | None = None
+        self.inject_nonfinite = injected_steps("NONFINITE")
+        self.inject_spike = injected_steps("SPIKE")
 
     # ------------------------------------------------------------------ loop
     def train(self) -> int:
@@ -89,8 +92,10 @@ class Trainer:
         try:
             while state.step < cfg.training.max_steps:
                 outcome, stop_signal = self.train_step(fwd_bwd, forward_step, data, state, flag.received is not None)
-                if outcome.reason == "rolled back":
+                if outcome.reason == "rolled back":  # the step is undone: nothing to log, evaluate or save
                     data = self._data(state)
+                    interval_start = time.perf_counter()
+                    continue
                 self.saver.poll()
                 self._log_published()
                 if state.step % cfg.logging.log_interval == 0 or state.step == cfg.training.max_steps or stop_signal:
@@ -156,7 +161,8 @@ class Trainer:
         tracker = MTPLossLoggingHelper.tracker
         holds_loss = self.ranks.is_last_stage and self.ranks.tp_rank == 0 and bool(reported)
         lm_loss = sum(micro_batch_mean(r) for r in reported) / len(reported) if holds_loss else None
-        agreed = agree(not losses_finite(reported, tracker), signal_here, lm_loss)
+        nonfinite = not losses_finite(reported, tracker) or state.step + 1 in self.inject_nonfinite
+        agreed = agree(nonfinite, signal_here, lm_loss)
         outcome = guarded_optimizer_step(components.optimizer, agreed.loss_nonfinite)
         state.step += 1
         state.consumed_samples += cfg.training.global_batch_size
@@ -175,7 +181,8 @@ class Trainer:
             MTPLossLoggingHelper.clean_loss_in_tracker()
         clear_aux_losses_tracker()  # megatron-core accumulates per-layer aux losses until cleared
         if outcome.stepped and self.spike is not None and agreed.lm_loss is not None:
-            start = self.spike.observe(state.step, agreed.lm_loss)
+            seen = agreed.lm_loss * (100.0 if state.step in self.inject_spike else 1.0)
+            start = self.spike.observe(state.step, seen)
             if start is not None:
                 self._on_spike(state, start, agreed.lm_loss)
                 outcome = StepOutcome(False, outcome.grad_norm, "rolled back")
@@ -187,19 +194,25 @@ class Trainer:
             return  # megatron-core lowered the loss scale; normal in fp16 training
         self.skipped_in_a_row += 1
         t = self.cfg.training
-        what = f"step {state.step} has a {outcome.reason.replace('non-finite', 'non-finite (NaN or Inf)')}"
+        what = {"non-finite loss": f"the loss of step {state.step} is not finite (NaN or Inf)",
+                "non-finite gradients": f"the gradient norm of step {state.step} is not finite (NaN or Inf)",
+                }.get(outcome.reason, f"step {state.step} failed: {outcome.reason}")
         if t.on_nonfinite == "stop":
             raise RunError(f"{what}; the run stops and saves nothing" + self._last_checkpoint() +
                            " (lower optimizer.lr, or set training.on_nonfinite=skip to skip such steps)")
         if self.skipped_in_a_row > t.max_skipped_steps:
-            raise RunError(f"{what}, the {self.skipped_in_a_row}th skipped step in a row (training.max_skipped_steps="
-                           f"{t.max_skipped_steps}); the run stops" + self._last_checkpoint())
+            raise RunError(f"{what}, {self.skipped_in_a_row} skipped steps in a row (more than training."
+                           f"max_skipped_steps={t.max_skipped_steps}); the run stops" + self._last_checkpoint())
         self.log.info(f"skipped step {state.step}: {outcome.reason} (grad norm {outcome.grad_norm}); "
                       f"{self.skipped_in_a_row} in a row")
 
     def _last_checkpoint(self) -> str:
+        """'; the last checkpoint is X', after the save in flight (if any) is complete: every rank gets
+        here together (the decision to stop is agreed), so waiting for the background write is safe."""
         from megatron_mtp.checkpoint.run_dir import find_checkpoint
 
+        self.saver.wait()
+        self._log_published()
         found = find_checkpoint(self.run_dir)
         return f"; the last checkpoint is {found.path}" if found else "; there is no checkpoint yet"
 
@@ -223,6 +236,7 @@ class Trainer:
         state.step, state.consumed_tokens = loaded.step, loaded.consumed_tokens
         state.consumed_samples = position  # the data since the checkpoint is skipped, not replayed
         self.spike.reset()
+        self.interval.discard()
         self.log.info(f"{what}: rolled back to {target} (step {loaded.step}) and skipped the {skipped} samples "
                       f"consumed since then (rollback {self.rollbacks} of at most {spike.max_rollbacks})")
         self.interval.extra["train/rolled_back_from_step"] = float(start)

@@ -125,15 +125,17 @@ def test_resume_at_another_virtual_pipeline_size(tmp_path, train, metrics):
             assert abs(x[key] - y[key]) < 2e-3, (x["step"], key, x[key], y[key])
 
 
-def test_uneven_pipeline_layout_matches_single_process(tmp_path, train, metrics):
-    """parallel.pipeline_layout (as in the 671B config: MTP with a short last stage) trains like 1 process."""
+@pytest.mark.parametrize("layout", ["[3,1]", "[4,0]"], ids=["short_last_stage", "mtp_alone_on_last_stage"])
+def test_uneven_pipeline_layout_matches_single_process(tmp_path, train, metrics, layout):
+    """parallel.pipeline_layout with a short last stage, or one holding only MTP and the loss (the
+    DeepSeek-V3 recipes' final 'mL' stage), trains like 1 process."""
     four = ("model.num_layers=4",)
     seed_run = tmp_path / "seed"
     train(seed_run, steps=1, overrides=four)
     start = (*four, f"checkpoint.load={seed_run}", "checkpoint.load_optimizer=false")
     single, uneven = tmp_path / "single", tmp_path / "uneven"
     train(single, steps=2, overrides=start)
-    train(uneven, nproc=2, steps=2, overrides=(*start, "parallel.pipeline=2", "parallel.pipeline_layout=[3,1]"))
+    train(uneven, nproc=2, steps=2, overrides=(*start, "parallel.pipeline=2", f"parallel.pipeline_layout={layout}"))
     a, b = metrics(single), metrics(uneven)
     for key in ("train/lm_loss", "train/mtp_loss_1"):
         assert max(abs(x[key] - y[key]) for x, y in zip(a, b)) < 2e-3, key

@@ -186,3 +186,29 @@ def test_shipped_configs_are_exportable_to_hf(path):
     hf = to_hf_config(cfg.model, cfg.mtp, vocab_size=cfg.model.vocab_size or 4096,
                       num_nextn_predict_layers=cfg.mtp.num_layers).to_dict()
     assert hf["num_nextn_predict_layers"] == cfg.mtp.num_layers
+
+
+def test_numbers_parse_as_people_write_them(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("optimizer:\n  lr: 3e-4\n  min_lr: 1E-5\ntraining:\n  max_steps: 1e3\n")
+    cfg = load_config(str(path), ["mtp.loss_weight_schedule=[[0,0.3],[10e12,0.1]]", "optimizer.adam_eps=1e-8",
+                                  "training.seq_length=1.28e2"])
+    assert (cfg.optimizer.lr, cfg.optimizer.min_lr, cfg.training.max_steps) == (3e-4, 1e-5, 1000)
+    assert cfg.mtp.loss_weight_schedule == [(0, 0.3), (10**13, 0.1)] and cfg.training.seq_length == 128
+    assert isinstance(cfg.training.max_steps, int) and cfg.optimizer.adam_eps == 1e-8
+    with pytest.raises(UserError, match="training.max_steps must be an integer, got 1500.5"):
+        load_config(None, ["training.max_steps=1.5005e3"])
+    with pytest.raises(UserError, match=r"mtp.loss_weight_schedule\[0\]\[1\] is nan; it must be a finite number"):
+        load_config(None, ["mtp.loss_weight_schedule=[[0,.nan]]"])
+    with pytest.raises(UserError, match="optimizer.lr is inf; it must be a finite number"):
+        load_config(None, ["optimizer.lr=.inf"])
+
+
+def test_print_config_validates():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "megatron_mtp", "train", "--print-config", "optimizer.lr=-1"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip() == "megatron-mtp train: error: optimizer.lr is -1.0; it must be 0 or more"
