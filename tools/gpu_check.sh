@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # GPU check: train the tiny model for a few steps in bf16 and in FP8 (delayed, tensorwise,
-# blockwise recipes through Transformer Engine) and print losses and step times.
+# blockwise recipes through Transformer Engine), then with the memory/throughput controls that
+# run on one GPU (recompute, optimizer offload, async checkpoints, manual GC, and with Transformer
+# Engine its fused kernels), and print losses, step times and memory.
 #   tools/gpu_check.sh [OUT_DIR] [STEPS]
 # Needs one CUDA GPU. Without Transformer Engine the bf16 run uses local specs and each FP8 run
 # must end in one clear error sentence (that is checked and reported too).
@@ -22,25 +24,42 @@ fi
 COMMON="training.device=cuda training.precision=bf16 logging.log_interval=1 logging.eval_interval=0 \
   checkpoint.save_interval=0 model.hidden_size=256 model.ffn_hidden_size=512 model.moe_ffn_hidden_size=128 \
   model.q_lora_rank=128 model.kv_lora_rank=128 model.qk_head_dim=64 model.qk_pos_emb_head_dim=64 model.v_head_dim=64"
-for recipe in none delayed tensorwise blockwise; do
-  run="$OUT/run_$recipe"; rm -rf "$run"
-  fp8=$([ "$recipe" = none ] && echo "training.fp8=null" || echo "training.fp8=$recipe")
-  echo "== bf16 + fp8=$recipe"
-  $PY -m megatron_mtp train configs/tiny_cpu.yaml --run-dir "$run" --max-steps "$STEPS" $COMMON $fp8 \
-      > "$OUT/$recipe.log" 2>&1
-  rc=$?
-  if [ $rc -ne 0 ]; then
-    echo "exit code $rc; last lines:"; grep -v Warning "$OUT/$recipe.log" | tail -n 4
-    continue
-  fi
-  $PY - "$run/logs/metrics.jsonl" <<'PY'
+report() {  # NAME RUN_DIR: losses, median step time, tokens/s and peak memory of a finished run
+  $PY - "$2/logs/metrics.jsonl" "$1" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if '"train/lm_loss"' in l]
-times = [r["perf/step_time_s"] for r in rows[3:]] or [r["perf/step_time_s"] for r in rows]
-print(f"lm_loss {rows[0]['train/lm_loss']:.4f} -> {rows[-1]['train/lm_loss']:.4f}  "
-      f"mtp_loss {rows[0]['train/mtp_loss_1']:.4f} -> {rows[-1]['train/mtp_loss_1']:.4f}  "
-      f"median step {statistics.median(times)*1e3:.1f} ms  tokens/s {statistics.median(r['perf/tokens_per_s'] for r in rows[3:] or rows):.0f}  "
-      f"memory {rows[-1]['perf/memory_gib']:.2f} GiB")
+late = rows[3:] or rows
+print(f"{sys.argv[2]:22s} lm_loss {rows[0]['train/lm_loss']:.4f} -> {rows[-1]['train/lm_loss']:.4f}  "
+      f"median step {statistics.median(r['perf/step_time_s'] for r in late) * 1e3:.1f} ms  "
+      f"tokens/s {statistics.median(r['perf/tokens_per_s'] for r in late):.0f}  "
+      f"memory {max(r['perf/memory_gib'] for r in rows):.2f} GiB")
 PY
+}
+run_case() {  # NAME OVERRIDES...
+  name=$1; shift
+  run="$OUT/run_$name"; rm -rf "$run"
+  $PY -m megatron_mtp train configs/tiny_cpu.yaml --run-dir "$run" --max-steps "$STEPS" $COMMON "$@" \
+      > "$OUT/$name.log" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "$name: exit code $rc; last lines:"; grep -v Warning "$OUT/$name.log" | tail -n 4
+  else
+    report "$name" "$run"
+  fi
+}
+echo "== bf16 and FP8 recipes"
+for recipe in none delayed tensorwise blockwise; do
+  fp8=$([ "$recipe" = none ] && echo "training.fp8=null" || echo "training.fp8=$recipe")
+  run_case "fp8_$recipe" $fp8
 done
+echo "== memory and throughput controls (bf16; with TE the fused kernels are on by auto)"
+run_case recompute_selective recompute.granularity=selective "recompute.modules=[mla_up_proj,mlp,moe,layernorm]"
+run_case recompute_full recompute.granularity=full recompute.num_layers=1
+run_case offload_half optimizer.precision_aware=true optimizer.offload_fraction=0.5 optimizer.offload_overlap=true
+run_case async_gc checkpoint.save_interval=5 checkpoint.async_save=true training.manual_gc_interval=5
+run_case kernels_off kernels.grouped_gemm=false kernels.permute_fusion=false kernels.router_fusion=false \
+  kernels.cross_entropy_fusion=off kernels.gradient_accumulation_fusion=false
+if [ "$HAVE_TE" = 1 ]; then
+  run_case precision_aware_bf16 optimizer.precision_aware=true optimizer.moment_dtype=bf16
+fi
 echo "HAVE_TE=$HAVE_TE"

@@ -3,8 +3,9 @@ on the same model and data in one process. Target: ratio <= 1.05.
 
     .venv/bin/python tools/bench/bench_trainer_overhead.py [--hidden 512 --seq 512 ...]
 
-"Ours" is Trainer.train_step plus the per-step stop-signal agreement (an all-reduce) — everything
-the loop does every step; logging/eval/checkpoint intervals are excluded on both sides. The bare
+"Ours" is Trainer.train_step, which includes the per-step agreement of all ranks on non-finite
+losses, stop signals and the LM loss (one small all-reduce) and the guarded optimizer step —
+everything the loop does every step; logging/eval/checkpoint intervals are excluded on both sides. The bare
 loop is what a user would write with megatron-core alone (schedule, optimizer step, LR step).
 """
 
@@ -33,7 +34,6 @@ def main() -> None:
     from megatron_mtp.training.distributed import destroy
     from megatron_mtp.training.forward_step import make_forward_step
     from megatron_mtp.training.setup import TrainState, build_components
-    from megatron_mtp.training.trainer import _any_rank
 
     cfg, plat, vocab = single_process_setup(args)
     components = build_components(cfg, plat, vocab)
@@ -46,7 +46,6 @@ def main() -> None:
 
     def ours():
         trainer.train_step(fwd_bwd, fstep, ours_data, state)
-        _any_rank(False)
 
     def bare():
         bare_step(components, bare_data, 1, args.seq, args.micro_batch)
