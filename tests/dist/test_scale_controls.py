@@ -41,6 +41,24 @@ def test_overlapped_gradient_reduce_and_parameter_gather_change_nothing(tmp_path
     _same(metrics(tmp_path / "off_again"), metrics(tmp_path / "on_again"), 1e-6, what="weights-only load")
 
 
+def test_expert_parallel_all_to_all_overlap_changes_nothing(tmp_path, train, metrics):
+    """megatron-core's combined 1F1B schedule overlapping one micro-batch's all-to-all with another's
+    compute (bf16, EP2, PP2 x VPP2 as it needs with MTP): the same losses as without it."""
+    layout = ("training.precision=bf16", "parallel.pipeline=2", "parallel.virtual_pipeline=2", "parallel.expert=2",
+              "model.num_layers=4")
+    train(tmp_path / "off", nproc=4, steps=3, overrides=layout)
+    train(tmp_path / "on", nproc=4, steps=3, overrides=(*layout, "parallel.moe_a2a_overlap=true"))
+    _same(metrics(tmp_path / "off"), metrics(tmp_path / "on"), 1e-6, keys=("train/lm_loss", "train/mtp_loss_1"))
+
+
+def test_manual_garbage_collection_changes_nothing(tmp_path, train, metrics):
+    train(tmp_path / "auto", steps=3)
+    proc = train(tmp_path / "manual", steps=3, overrides=("training.manual_gc_interval=2", "logging.eval_interval=2",
+                                                          "logging.eval_steps=1"))
+    assert proc.returncode == 0
+    _same(metrics(tmp_path / "auto"), [r for r in metrics(tmp_path / "manual") if "train/lm_loss" in r], 1e-6)
+
+
 @pytest.fixture(scope="module")
 def bf16_plain(tmp_path_factory, train, metrics):
     run = tmp_path_factory.mktemp("plain") / "run"

@@ -53,10 +53,12 @@ def test_signal_saves_and_exits_75_then_resumes(tmp_path, train, metrics, small_
     assert [r["step"] for r in metrics(run)][-2:] == [saved_step + 1, saved_step + 2]
 
 
-def test_crash_during_save_keeps_previous_checkpoint(tmp_path, train, small_overrides):
+@pytest.mark.parametrize("async_save", ["true", "false"], ids=["background_write", "synchronous_write"])
+def test_crash_during_save_keeps_previous_checkpoint(tmp_path, train, small_overrides, async_save):
     run = tmp_path / "run"
     ckpts = run / "checkpoints"
-    proc = _popen(run, 200, small_overrides, ("checkpoint.save_interval=1", "checkpoint.keep_last=2"))
+    proc = _popen(run, 200, small_overrides, ("checkpoint.save_interval=1", "checkpoint.keep_last=2",
+                                              f"checkpoint.async_save={async_save}"))
     # kill -9 while a step_N.tmp directory is being written (after at least one complete save)
     in_save = lambda: (ckpts / "latest").exists() and any(p.suffix == ".tmp" and p.is_dir() for p in ckpts.glob("step_*"))  # noqa: E731
     assert _wait_for(in_save, proc), proc.communicate()[1][-3000:]

@@ -73,6 +73,11 @@ def saved_bytes(trainer, batch) -> int:
     out.sum().backward()
     for chunk in trainer.components.model:
         chunk.zero_grad_buffer()
+    # a backward outside megatron-core's schedule leaves the MoE aux-loss scale as a 0-d tensor,
+    # which the schedule's later copy_ of its 1-element scale cannot broadcast into
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    MoEAuxLossAutoScaler.main_loss_backward_scale = None
     return sum(seen.values())
 
 
