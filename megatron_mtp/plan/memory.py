@@ -33,7 +33,15 @@ from megatron_mtp.errors import UserError
 from megatron_mtp.plan import activations as act
 from megatron_mtp.plan import schedule
 from megatron_mtp.plan.gpus import GIB, Gpu
-from megatron_mtp.plan.params import Buffer, chunk_buffers, chunk_params, ddp_bucket_size, is_moe_layer, mtp_is_moe
+from megatron_mtp.plan.params import (
+    Buffer,
+    chunk_buffers,
+    chunk_params,
+    ddp_bucket_size,
+    has_final_norm,
+    is_moe_layer,
+    mtp_is_moe,
+)
 from megatron_mtp.platform.detect import Platform
 from megatron_mtp.platform.features import Features, resolve_features
 
@@ -168,6 +176,8 @@ def chunk_activations(cfg: Config, stage: pipeline_layout.Stage, d: act.Dims, k:
         merge("mtp.", act.mtp_wrapper(d, k, full_mtp))
         if not full_mtp:
             merge("mtp.", act.decoder_layer(d, k, mods, mtp_is_moe(cfg), grouped_gemm))
+    if has_final_norm(cfg, stage, stage.loss):
+        merge("", act.final_norm(d, k))
     if stage.loss:
         merge("", act.output_and_loss(d, k, cfg.mtp.num_layers))
     if not stage.embedding and k.norm == "torch" and d.act_bytes != act.FP32:

@@ -89,6 +89,14 @@ def mtp_is_moe(cfg: Config) -> bool:
     return is_moe_layer(cfg, cfg.model.num_layers - 1)
 
 
+def has_final_norm(cfg: Config, stage: Stage, last: bool) -> bool:
+    """With MTP, megatron-core puts the decoder's final norm next to the last decoder layer; without
+    it, on the loss stage."""
+    if cfg.mtp.num_layers:
+        return cfg.model.num_layers - 1 in stage.layers
+    return last
+
+
 def chunk_params(cfg: Config, sizes: ParallelSizes, stage: Stage, padded_vocab: int, last: bool,
                  te: bool) -> list[Param]:
     """The chunk's parameters in named_parameters() order. `last`: the loss stage (post_process)."""
@@ -103,7 +111,7 @@ def chunk_params(cfg: Config, sizes: ParallelSizes, stage: Stage, padded_vocab: 
         out.append(Param("embedding.word_embeddings.weight", vocab_rows * h, shared_embedding=shared))
     for layer in stage.layers:
         out += _layer(cfg, sizes, f"decoder.layers.{layer}.", is_moe_layer(cfg, layer), te)
-    if last:
+    if has_final_norm(cfg, stage, last):
         out.append(Param("decoder.final_layernorm.weight", h))
     for i in range(stage.mtp_layers):
         p = f"mtp.layers.{i}."

@@ -60,6 +60,7 @@ SIZES = {
     "all_to_all_single": lambda a, k: _arg(a, k, 1, "input").nbytes,
     "all_gather": lambda a, k: _arg(a, k, 1, "tensor").nbytes * len(_arg(a, k, 0, "tensor_list")),
     "all_to_all": lambda a, k: sum(t.nbytes for t in _arg(a, k, 1, "input_tensor_list")),
+    "reduce_scatter": lambda a, k: sum(t.nbytes for t in _arg(a, k, 1, "input_list")),
 }
 
 
@@ -109,19 +110,17 @@ class CommCounter:
         return counted
 
     def install(self):
-        from megatron.core.distributed import param_and_grad_buffer
-        from megatron.core.tensor_parallel import mappings
-        from megatron.core.transformer import multi_token_prediction
-
+        """Wrap the collectives and every megatron-core module-level alias of them (call after imports)."""
         originals = {}
         for op in SIZES:
             if hasattr(dist, op):
                 original = getattr(dist, op)
                 originals[original] = self.wrap(op, original)
                 setattr(dist, op, originals[original])
-        for module in (param_and_grad_buffer, mappings, multi_token_prediction):
-            for attr in dir(module):
-                value = getattr(module, attr)
+        for name, module in list(sys.modules.items()):
+            if not name.startswith("megatron.core") or module is None:
+                continue
+            for attr, value in list(vars(module).items()):
                 if callable(value) and value in originals:
                     setattr(module, attr, originals[value])
         # point-to-point: megatron-core's two p2p paths (P2POp insists on the real isend/irecv)
@@ -211,7 +210,6 @@ def main():
     validate(cfg, world)
     plat = setup("cpu")
     counter = CommCounter()
-    counter.install()
     ranks = init_distributed(cfg, plat)
     counter.name_groups()
     vocab = resolve_vocab(cfg)
@@ -231,15 +229,19 @@ def main():
         comp.model[0].zero_grad_buffer()
     flight = InFlight(comp.model)
     flight.install()
-    data = iter(batches) if len(comp.model) == 1 else [iter(batches) for _ in comp.model]
-    for chunk in comp.model:
-        chunk.zero_grad_buffer()
-    comp.optimizer.zero_grad()
-    counter.active = True
-    get_forward_backward_func()(forward_step_func=make_forward_step(None), data_iterator=data, model=comp.model,
-                                num_microbatches=num_micro, seq_length=t.seq_length,
-                                micro_batch_size=t.micro_batch_size, forward_only=False)
-    comp.optimizer.step()
+    counter.install()
+    fwd_bwd = get_forward_backward_func()
+    for counted in (False, True):  # the second step is measured (with overlap_param_gather the first
+        # step's parameter all-gather runs in the second step's forward)
+        data = iter(batches) if len(comp.model) == 1 else [iter(batches) for _ in comp.model]
+        counter.active = counted
+        for chunk in comp.model:
+            chunk.zero_grad_buffer()
+        comp.optimizer.zero_grad()
+        fwd_bwd(forward_step_func=make_forward_step(None), data_iterator=data, model=comp.model,
+                num_microbatches=num_micro, seq_length=t.seq_length, micro_batch_size=t.micro_batch_size,
+                forward_only=False)
+        comp.optimizer.step()
     counter.active = False
     state = model_state(comp)
     record = {
