@@ -163,3 +163,21 @@ def summary_line(report: dict) -> str:
             f"{(rank['params_bytes'] + rank['grads_bytes'] + rank['optimizer_bytes']) / GIB:.2f} + activations "
             f"{rank['activation_bytes'] / GIB:.2f} ({rank['in_flight']} micro-batches in flight), bubble "
             f"{report['bubble_fraction']:.1%}, TP{lay['tp']}×PP{lay['pp']}×DP{lay['dp']}")
+
+
+def startup_line(cfg, world: int, platform) -> str:
+    """The trainer's one-line plan (rank 0 at start): for the CPU layout on CPU, else for this GPU."""
+    from megatron_mtp.errors import UserError
+    from megatron_mtp.plan.gpus import DEFAULT, KNOWN, Gpu
+    from megatron_mtp.plan.memory import make_plan
+
+    gpu = KNOWN[DEFAULT]
+    if not platform.is_cpu:
+        import torch
+
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        gpu = Gpu(props.name, props.total_memory)
+    try:
+        return summary_line(build(make_plan(cfg, world, gpu, cpu=platform.is_cpu), with_suggestions=False))
+    except UserError as exc:
+        return f"plan: not available for this run ({exc})"
