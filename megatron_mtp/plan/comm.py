@@ -99,9 +99,9 @@ def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
     grad_bytes = 4 if cfg.training.precision == "fp32" or cfg.training.grad_reduce_dtype == "fp32" else 2
     param_bytes = memory.BYTES[cfg.training.precision]
     buffers = memory.rank_buffers(cfg, sizes, pp_rank, tgt, memory.resolve_vocab(cfg))
-    # Without overlap_param_gather every distributed optimizer (dense, and expert when EP > 1) starts
-    # the all-gather of every bucket after its step, so with both the parameters are gathered twice.
-    gathers = 1 if cfg.parallel.overlap_param_gather else 1 + any(b.expert for b in buffers)
+    # Without overlap_param_gather every distributed optimizer (dense, and expert when EP > 1, built on
+    # every rank) starts the all-gather of every bucket after its step: with both, parameters go twice.
+    gathers = 1 if cfg.parallel.overlap_param_gather else 1 + (sizes.ep > 1)
     for b in buffers:
         if b.dp == 1:
             continue
