@@ -26,7 +26,7 @@ from collections import Counter
 
 from megatron_mtp.config.root import Config
 from megatron_mtp.plan import memory
-from megatron_mtp.plan.activations import Dims
+from megatron_mtp.plan.activations import Dims, dims_of
 from megatron_mtp.plan.params import is_moe_layer, mtp_is_moe
 
 
@@ -61,10 +61,10 @@ def _mlp_tp(d: Dims) -> float:
 def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
     """Bytes per group kind ('tp', 'ep', 'etp', 'dp', 'edp', 'pp', 'embedding') for `pp_rank`."""
     sizes, tgt = plan.sizes, plan.target
-    d = memory.act.dims_of(cfg, memory.resolve_vocab(cfg), plan.imbalance)
+    d = dims_of(cfg, memory.resolve_vocab(cfg), plan.imbalance)
     te, m, a = tgt.te, cfg.model, d.act_bytes
     t, h = d.tokens, d.hidden
-    stages = memory._stages(cfg)
+    stages = memory.model_stages(cfg)
     mine = [s for s in stages if s.pp_rank == pp_rank]
     micro = plan.num_micro
     out: Counter = Counter()

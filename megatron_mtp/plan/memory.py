@@ -20,7 +20,6 @@ Every number carries its assumptions (Plan.assumptions); the report prints them.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -94,7 +93,7 @@ def _fp8_params(cfg: Config, tgt: Target) -> bool:
 
 
 def rank_buffers(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vocab: int) -> list[Buffer]:
-    stages = _stages(cfg)
+    stages = model_stages(cfg)
     out = []
     for st in stages:
         if st.pp_rank != pp_rank:
@@ -135,12 +134,12 @@ def state_bytes(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vo
 
 
 def _linear_elements(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vocab: int) -> int:
-    stages = _stages(cfg)
+    stages = model_stages(cfg)
     return sum(p.numel for st in stages if st.pp_rank == pp_rank
                for p in chunk_params(cfg, sizes, st, vocab, last=st is stages[-1], te=tgt.te) if p.linear)
 
 
-def _stages(cfg: Config) -> list[pipeline_layout.Stage]:
+def model_stages(cfg: Config) -> list[pipeline_layout.Stage]:
     p = cfg.parallel
     return pipeline_layout.stages(cfg.model.num_layers, cfg.mtp.num_layers, p.pipeline, p.virtual_pipeline,
                                   p.pipeline_layout)
@@ -264,7 +263,7 @@ def make_plan(cfg: Config, world: int, gpu: Gpu, cpu: bool = False, imbalance: f
     t = cfg.training
     num_micro = t.global_batch_size // (t.micro_batch_size * sizes.dp)
     d = act.dims_of(cfg, vocab, imbalance)
-    stages = _stages(cfg)
+    stages = model_stages(cfg)
     grouped = tgt.features.grouped_gemm
     ranks = []
     for r in range(sizes.pp):
@@ -378,7 +377,3 @@ def suggestions(plan: Plan, world: int) -> list[tuple[str, float]]:
         if alt.worst.total < plan.worst.total:
             out.append((" ".join(overrides), alt.worst.total))
     return out
-
-
-def replace_gpu(plan: Plan, gpu: Gpu) -> Plan:
-    return dataclasses.replace(plan, gpu=gpu)

@@ -159,9 +159,10 @@ def summary_line(report: dict) -> str:
     w, lay = report["worst"], report["layout"]
     where = "CPU layout" if report["target"] == "cpu" else report["gpu"]["name"]
     rank = next(r for r in report["ranks"] if r["pp_rank"] == w["pp_rank"])
+    state = (rank["params_bytes"] + rank["grads_bytes"] + rank["optimizer_bytes"]) / GIB
+    micro = f"{rank['in_flight']} micro-batch" + ("" if rank["in_flight"] == 1 else "es")
     return (f"plan ({where}): worst pipeline rank {w['pp_rank']} {w['total_bytes'] / GIB:.2f} GiB = state "
-            f"{(rank['params_bytes'] + rank['grads_bytes'] + rank['optimizer_bytes']) / GIB:.2f} + activations "
-            f"{rank['activation_bytes'] / GIB:.2f} ({rank['in_flight']} micro-batches in flight), bubble "
+            f"{state:.2f} + activations {rank['activation_bytes'] / GIB:.2f} ({micro} in flight), bubble "
             f"{report['bubble_fraction']:.1%}, TP{lay['tp']}×PP{lay['pp']}×DP{lay['dp']}")
 
 
