@@ -20,6 +20,7 @@ Every number carries its assumptions (Plan.assumptions); the report prints them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -67,7 +68,10 @@ def target(cfg: Config, cpu: bool = False) -> Target:
         plat = Platform(device="cpu", backend="gloo", use_te=False)
         return Target(plat, resolve_features(cfg, plat), act.CPU_KERNELS)
     plat = Platform(device="cuda", backend="nccl", use_te=True)
-    features = resolve_features(cfg, plat)
+    # the GPU nodes, not the machine planning, need DeepEP or DeepSpeed: check the rest of the config
+    local = cfg.replace(parallel=dataclasses.replace(cfg.parallel, token_dispatcher="alltoall"),
+                        optimizer=dataclasses.replace(cfg.optimizer, cpu_optimizer="torch"))
+    features = resolve_features(local, plat)
     return Target(plat, features, act.gpu_kernels(features, fp8=cfg.training.fp8 is not None))
 
 
@@ -331,6 +335,9 @@ def assumptions(plan: Plan) -> list[str]:
     if s.pp > 1:
         out.append("pipeline: each in-flight chunk output is kept until its backward (deallocate_pipeline_outputs "
                    "off)")
+    if cfg.parallel.token_dispatcher == "flex":
+        out.append("token dispatcher flex: planned as alltoall (same tokens per rank; DeepEP's own buffers are in "
+                   "the workspace allowance)")
     if not plan.target.platform.is_cpu:
         out.append(f"workspace: the largest transient (a recomputed layer, logits, dispatch buffers) + "
                    f"{FIXED_ALLOWANCE / GIB:.0f} GiB for CUDA context, NCCL, library workspaces and fragmentation")
