@@ -1,8 +1,9 @@
 """What a real rank holds and sends, for comparison with `megatron-mtp plan` (tests/dist/test_plan_exact.py).
 
 Launched through torch.distributed.run: builds the components exactly as training does
-(training.setup.build_components), then runs one training step on random tokens through
-megatron-core's schedule and prints one line per rank, `PLANCHECK {json}`, with
+(training.setup.build_components), then runs two training steps on random tokens through
+megatron-core's schedule (the second is measured) and writes PLANCHECK_DIR/rank-N.json (or prints
+`PLANCHECK {json}` lines) with
   state      bytes of the parameter storages, of the gradient buffers (main_grad) and of the
              optimizer's own tensors (fp32 main shards, Adam moments, step counters), each storage once;
   comm       bytes handed to torch.distributed collectives during the step, by parallel group and op;
@@ -14,6 +15,7 @@ Usage: plan_check.py CONFIG [key=value ...]
 import collections
 import functools
 import json
+import os
 import sys
 
 import torch
@@ -251,7 +253,12 @@ def main():
         "num_micro": num_micro, "state": state, "comm": dict(counter.bytes), "saved": saved,
         "in_flight": {"peak": flight.peak, "per_chunk": flight.peak_per_chunk, "max_per_chunk": flight.max_per_chunk},
     }
-    print("PLANCHECK " + json.dumps(record), flush=True)
+    out = os.environ.get("PLANCHECK_DIR")
+    if out:  # one file per rank: lines that ranks print at the same time can interleave
+        with open(os.path.join(out, f"rank-{ranks.rank}.json"), "w") as fh:
+            json.dump(record, fh)
+    else:
+        print("PLANCHECK " + json.dumps(record), flush=True)
     destroy()
 
 
