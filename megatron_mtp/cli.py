@@ -19,6 +19,7 @@ _COMMAND_MODULES = (
     "megatron_mtp.data.cli",  # preprocess, tokenizer
     "megatron_mtp.convert.cli",  # convert, drop-mtp
     "megatron_mtp.inference.cli",  # generate
+    "megatron_mtp.plan.cli",  # plan
     "megatron_mtp.launch.cli",  # submit
 )
 

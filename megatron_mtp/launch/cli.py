@@ -7,6 +7,7 @@ run-directory files and sbatch call in submit.py. No torch import here.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from megatron_mtp.errors import UserError
 
@@ -63,6 +64,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="run directory on a filesystem all nodes share (default ./runs/<config name>)")
     parser.add_argument("--dry-run", action="store_true",
                         help="validate and print the job script; submit nothing, write nothing")
+    parser.add_argument("--gpu", help="GPU the memory plan checks the layout against: h100 (default), h200, b200 "
+                                      "or GiB per GPU; --cpu jobs are not checked")
+    parser.add_argument("--force", action="store_true",
+                        help="submit even if the memory plan predicts a rank over the GPU's memory")
     parser.set_defaults(func=run_submit)
 
 
@@ -100,8 +105,12 @@ def run_submit(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts,
         python=args.python,
         sbatch_args=list(args.sbatch_args),
+        gpu=args.gpu,
+        force=args.force,
     )
     plan = build_plan(request)
+    if plan.memory:
+        print(plan.memory, file=sys.stderr if args.dry_run else sys.stdout)
     if args.dry_run:
         print(script_text(plan), end="")
         return 0

@@ -61,6 +61,10 @@ class SubmitRequest:
     python: Optional[str] = None
     sbatch_args: list[str] = field(default_factory=list)
     workdir: Optional[str] = None
+    gpu: Optional[str] = None
+    """GPU the memory plan checks against (megatron-mtp plan --gpu; default an 80 GB H100)."""
+    force: bool = False
+    """Submit even when the memory plan predicts a rank over the GPU's memory."""
 
 
 @dataclass
@@ -98,6 +102,8 @@ class JobPlan:
     job_workdir: str
     resume_from: Optional[str] = None
     """The checkpoint the job will resume from (RUN_DIR/checkpoints/<latest>), None for a fresh run."""
+    memory: Optional[str] = None
+    """The memory plan's one-line verdict (GPU jobs)."""
 
     @property
     def world_size(self) -> int:
@@ -132,6 +138,7 @@ def build_plan(request: SubmitRequest) -> JobPlan:
         cfg = load_config(request.config, list(request.overrides) + device_overrides)
     _check_layout(cfg, request.nodes, tasks_per_node)
     validate(cfg, request.nodes * tasks_per_node)  # the trainer's own start-up checks, run here first
+    memory = None if request.cpu else check_memory(cfg, request.nodes * tasks_per_node, request.gpu, request.force)
     _check_data_paths(cfg)
 
     workdir = os.path.abspath(request.workdir or os.getcwd())
@@ -179,7 +186,31 @@ def build_plan(request: SubmitRequest) -> JobPlan:
         workdir=workdir,
         job_workdir=job_workdir,
         resume_from=resume_from,
+        memory=memory,
     )
+
+
+def check_memory(cfg: Config, world: int, gpu: Optional[str], force: bool) -> str:
+    """Refuse a GPU layout the memory plan predicts over the GPU's memory (unless forced); the verdict."""
+    from megatron_mtp.plan.gpus import GIB, parse_gpu
+    from megatron_mtp.plan.memory import make_plan, suggestions
+
+    gpu_spec = parse_gpu(gpu)
+    try:
+        plan = make_plan(cfg, world, gpu_spec)
+    except UserError as exc:
+        if cfg.model.vocab_size is None:  # the tokenizer the datasets recorded is only read by the trainer
+            return f"memory plan: not checked ({exc})"
+        raise
+    worst, cap = plan.worst, plan.gpu.memory_bytes
+    verdict = (f"pipeline rank {worst.pp_rank} needs {worst.total / GIB:.1f} GiB of the {plan.gpu.name}'s "
+               f"{cap / GIB:.1f} GiB")
+    if plan.fits or force:
+        return f"memory plan: {verdict}" + ("" if plan.fits else " (over memory, submitted with --force)")
+    tries = "; ".join(f"{o} ({b / GIB:.1f} GiB)" for o, b in suggestions(plan, world)[:3])
+    raise UserError(f"the memory plan predicts {verdict}, so the job would run out of memory; "
+                    + (f"try, in this order: {tries}; " if tries else "")
+                    + "see `megatron-mtp plan` with the same arguments, or pass --force to submit anyway")
 
 
 # --------------------------------------------------------------------------- resources

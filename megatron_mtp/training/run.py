@@ -42,6 +42,9 @@ def train_main(cfg: Config, run_dir: Path) -> int:
                   f"{session.platform.backend}, world {ranks.world_size} = TP{ranks.tp} × PP{ranks.pp}{vpp} × "
                   f"DP{ranks.dp} ({experts}), {where}" + (f", SLURM_RESTART_COUNT={restart}" if restart else ""),
                   flush=True)
+            from megatron_mtp.plan.report import startup_line
+
+            print(f"megatron-mtp train: {startup_line(session.cfg, ranks.world_size, session.platform)}", flush=True)
             _note_if_not_exportable(session.cfg)
         return Trainer(session, run_dir).train()
     finally:

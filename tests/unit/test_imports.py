@@ -12,8 +12,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "megatron_mtp"
 # lowest first; a package may import any package before it and none after it
-LAYERS = ["errors", "rms_norm", "strict_json", "config", "platform", "models", "data", "checkpoint", "launch",
-          "training", "convert", "inference", "cli", "__main__"]
+LAYERS = ["errors", "rms_norm", "strict_json", "config", "platform", "models", "plan", "data", "checkpoint",
+          "launch", "training", "convert", "inference", "cli", "__main__"]
 
 
 def import_graph() -> dict[str, dict[str, str]]:

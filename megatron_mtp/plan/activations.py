@@ -1,0 +1,309 @@
+"""Bytes each layer saves for backward, per micro-batch and pipeline rank.
+
+Every layer type is an inventory of the tensors its ops keep for backward (names in `Saved`),
+sized from the config and the kernels that run (`Kernels`: the GPU plan and the CPU validation
+differ only there). Recompute settings drop or replace entries the way megatron-core 0.16.1 does:
+  mla_up_proj  CheckpointWithoutOutput around the q/kv up-projections and RoPE: it keeps the
+               compressed q/kv (already saved) and frees q, k, v after core attention used them;
+  core_attn    checkpoints core attention: keeps q, k, v, drops the kernel's own tensors;
+  layernorm    CheckpointWithoutOutput around input_layernorm and pre_mlp_layernorm (the separate
+               norm modules; TE fuses a dense layer's pre-MLP norm into fc1, which is not one): keeps
+               the norm input, frees its internals and its output (also the copy linears saved);
+  mlp          checkpoints the dense MLP: keeps its input;  moe: the whole MoE layer, keeps its input;
+  shared_experts / moe_act: the shared experts / the routed experts' activation (grouped GEMM only);
+  full         a layer (or a chunk of recompute.num_layers layers) keeps only its input.
+A tensor saved by two ops counts once (the same storage); a layer's input is counted by the layer
+that saves it (its input norm), so a stage is the sum of its layers.
+
+Sizes per micro-batch: T = seq × micro batch tokens; with sequence parallelism tensors outside
+attention/MLP hold T/TP tokens, attention heads and MLP columns are split by TP.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from megatron_mtp.config.root import Config
+
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The kernels whose saved tensors differ between platforms."""
+
+    attention: Literal["flash", "sdpa_math"] = "flash"
+    """flash: a fused attention kernel (TE/cuDNN, FlashAttention) keeping q, k, v, the output and
+    the fp32 log-sum-exp; sdpa_math: torch's math SDPA (CPU, q and v head dims differ) keeping a
+    scaled q copy, a k copy, v and the softmax probabilities (b·heads·s² elements)."""
+    norm: Literal["te", "torch"] = "te"
+    """te: RMSNorm keeps its input and the fp32 1/rms; torch: the project's RMSNorm in fp32 ops
+    keeps fp32 copies of the input and of x/rms."""
+    swiglu: Literal["fused", "torch"] = "fused"
+    """fused: megatron-core's fused (weighted) SwiGLU keeps only its input; torch: silu, the
+    gate copy and (experts) the unweighted product are kept too."""
+    rope: Literal["fused", "torch"] = "fused"
+    """torch: cos/sin tables are kept per layer (fp32, per sequence position)."""
+    cross_entropy: Optional[Literal["te", "native"]] = "te"
+    """None: megatron-core's vocab-parallel cross entropy keeps the fp32 softmax; te/native: the
+    fused kernels keep the logits gradient in the compute dtype."""
+    fp8: bool = False
+    """Transformer Engine linear layers keep their inputs quantized to FP8 (1 byte)."""
+    te_layers: bool = True
+    """Transformer Engine specs: a dense layer's pre-MLP norm is fused into fc1."""
+
+
+CPU_KERNELS = Kernels(attention="sdpa_math", norm="torch", swiglu="torch", rope="torch", cross_entropy=None,
+                      fp8=False, te_layers=False)
+
+
+def gpu_kernels(features, fp8: bool) -> Kernels:
+    """What a GPU run with Transformer Engine uses (`features` from platform.features)."""
+    return Kernels(attention="flash", norm="te", swiglu="fused", rope="fused" if features.rope_fusion else "torch",
+                   cross_entropy=features.cross_entropy_fusion, fp8=fp8, te_layers=True)
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Per-rank shapes of one micro-batch."""
+
+    seq: int
+    batch: int
+    hidden: int
+    heads: int
+    """Attention heads on this rank (heads / TP)."""
+    qk_dim: int
+    """Query/key head dim including the rotary part."""
+    v_dim: int
+    rope_dim: int
+    q_lora: Optional[int]
+    kv_lora: int
+    ffn: int
+    """Dense MLP columns on this rank (ffn / TP)."""
+    expert_ffn: int
+    """Routed expert columns on this rank (moe_ffn / expert TP)."""
+    shared_ffn: int
+    """Shared expert columns on this rank (shared × moe_ffn / TP)."""
+    experts: int
+    topk: int
+    groups: int
+    vocab: int
+    """Output-layer rows on this rank (padded vocab / TP)."""
+    tp: int
+    etp: int
+    act_bytes: int
+    """Bytes of an activation element (2 in bf16/fp16, 4 in fp32)."""
+    imbalance: float = 1.0
+    """Tokens routed to this rank's experts over the balanced average."""
+
+    @property
+    def tokens(self) -> int:
+        return self.seq * self.batch
+
+    @property
+    def local(self) -> int:
+        """Tokens of sequence-parallel tensors on this rank."""
+        return self.tokens // self.tp
+
+    @property
+    def routed(self) -> float:
+        """Token copies this rank's experts process (balanced: local tokens × top-k)."""
+        return self.local * self.topk * self.etp * self.imbalance
+
+
+def dims_of(cfg: Config, padded_vocab: int, imbalance: float = 1.0, seq: int | None = None,
+            batch: int | None = None) -> Dims:
+    m, p = cfg.model, cfg.parallel
+    tp, etp = p.tensor, p.expert_tensor or p.tensor
+    return Dims(seq=seq or cfg.training.seq_length, batch=batch or cfg.training.micro_batch_size,
+                hidden=m.hidden_size, heads=m.num_attention_heads // tp, qk_dim=m.qk_head_dim + m.qk_pos_emb_head_dim,
+                v_dim=m.v_head_dim, rope_dim=m.qk_pos_emb_head_dim, q_lora=m.q_lora_rank, kv_lora=m.kv_lora_rank,
+                ffn=m.ffn_hidden_size // tp, expert_ffn=m.moe_ffn_hidden_size // etp,
+                shared_ffn=m.num_shared_experts * m.moe_ffn_hidden_size // tp, experts=m.num_experts,
+                topk=m.router_topk, groups=m.router_num_groups or 1, vocab=padded_vocab // tp, tp=tp, etp=etp,
+                act_bytes=4 if cfg.training.precision == "fp32" else 2, imbalance=imbalance)
+
+
+@dataclass
+class Saved:
+    """One layer's saved tensors: name -> bytes."""
+
+    items: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, nbytes: float) -> None:
+        self.items[name] = self.items.get(name, 0) + nbytes
+
+    def drop(self, *prefixes: str) -> None:
+        for name in [n for n in self.items if n.startswith(prefixes)]:
+            del self.items[name]
+
+    @property
+    def total(self) -> float:
+        return sum(self.items.values())
+
+
+def _norm(out: Saved, name: str, width: int, tokens: float, d: Dims, k: Kernels, input_storage: int | None = None):
+    """A norm's own saved tensors (not its output). `input_storage`: width of the storage its
+    input is a view of (kv_layernorm reads the kv latent out of the joint kv/rope projection)."""
+    if k.norm == "te" or d.act_bytes == FP32:  # the input itself is kept (in fp32, torch's x.float() is x)
+        out.add(f"{name}.input", (input_storage or width) * tokens * (d.act_bytes if k.norm == "te" else FP32))
+    else:  # torch ops in fp32 keep an fp32 copy of a bf16 input
+        out.add(f"{name}.input", width * tokens * FP32)
+    out.add(f"{name}.rstd", tokens * FP32)
+    if k.norm == "torch":
+        out.add(f"{name}.normalized", width * tokens * FP32)
+
+
+def _linear_input(d: Dims, k: Kernels, te_linear: bool = True) -> int:
+    return 1 if (k.fp8 and te_linear) else d.act_bytes
+
+
+def attention(d: Dims, k: Kernels, modules: frozenset) -> Saved:
+    """MLA self-attention with its input norm."""
+    out, n, a = Saved(), d.local, d.act_bytes
+    _norm(out, "input_norm", d.hidden, n, d, k)
+    out.add("input_norm.output", d.hidden * n * _linear_input(d, k))  # q/kv down-projection input
+    if d.q_lora:
+        _norm(out, "q_norm", d.q_lora, n, d, k)
+        out.add("q_norm.output", d.q_lora * n * _linear_input(d, k))  # q up-projection input
+    _norm(out, "kv_norm", d.kv_lora, n, d, k, input_storage=d.kv_lora + d.rope_dim)
+    out.add("kv_norm.output", d.kv_lora * n * _linear_input(d, k))
+    t, heads = d.tokens, d.heads
+    if k.rope == "torch":  # cos and sin for q and for k, [s, 1, 1, rope] in the compute dtype
+        out.add("rope.tables", 4 * d.seq * d.rope_dim * a)
+    q, kk, v = (t * heads * dim * a for dim in (d.qk_dim, d.qk_dim, d.v_dim))
+    if "core_attn" in modules:  # the checkpoint keeps q, k, v; the kernel's own tensors are recomputed
+        out.add("qkv.q", q)
+        out.add("qkv.k", kk)
+        out.add("qkv.v", v)
+    elif k.attention == "flash":
+        out.add("qkv.q", q)
+        out.add("qkv.k", kk)
+        out.add("qkv.v", v)
+        out.add("attn.lse", t * heads * FP32)
+    else:  # math SDPA computes in fp32: scaled q, k and probabilities; v is a view of the value tensor in fp32
+        scale = FP32 / a
+        out.add("attn.q_scaled", q * scale)
+        out.add("attn.k_copy", kk * scale)
+        out.add("attn.probs", d.batch * heads * d.seq * d.seq * FP32)
+        out.add("qkv.v" if a == FP32 else "attn.v_copy", v * scale)
+    out.add("attn.output", t * heads * d.v_dim * a)  # kept by the kernel and/or the output projection
+    if k.fp8:
+        out.add("attn.output_fp8", t * heads * d.v_dim)
+    if "mla_up_proj" in modules:  # q, k, v are freed after core attention and recomputed
+        out.drop("qkv.")
+        if k.rope == "torch":
+            out.items["rope.tables"] = d.seq * d.rope_dim * FP32  # the checkpoint keeps the fp32 rotary table
+    if "layernorm" in modules:
+        out.drop("input_norm.")
+        out.add("input_norm.input", d.hidden * n * a)
+    return out
+
+
+def _pre_mlp_norm(out: Saved, d: Dims, k: Kernels, modules: frozenset, moe: bool, output_bytes: int) -> None:
+    n = d.local
+    _norm(out, "mlp_norm", d.hidden, n, d, k)
+    out.add("mlp_norm.output", d.hidden * n * output_bytes)
+    fused_into_fc1 = k.te_layers and not moe
+    if "layernorm" in modules and not fused_into_fc1:
+        out.drop("mlp_norm.")
+        out.add("mlp_norm.input", d.hidden * n * d.act_bytes)
+
+
+def _mlp(out: Saved, name: str, tokens: float, width: int, d: Dims, k: Kernels, weighted: bool = False,
+         moe_act: bool = False) -> None:
+    """fc1 -> SwiGLU -> fc2 columns on `tokens` rows (fc1's input is counted by the caller)."""
+    a = d.act_bytes
+    out.add(f"{name}.fc1_output", 2 * width * tokens * a)
+    if k.swiglu == "torch":  # silu(gate) and the gate copy (+ the product before the prob weighting)
+        out.add(f"{name}.swiglu", (3 if weighted else 2) * width * tokens * a)
+    if weighted:
+        out.add(f"{name}.probs", tokens * FP32)
+    if not moe_act:
+        out.add(f"{name}.fc2_input", width * tokens * _linear_input(d, k))
+
+
+def dense_mlp(d: Dims, k: Kernels, modules: frozenset) -> Saved:
+    out = Saved()
+    _pre_mlp_norm(out, d, k, modules, moe=False, output_bytes=_linear_input(d, k))
+    _mlp(out, "mlp", d.tokens, d.ffn, d, k)
+    if "mlp" in modules:  # the checkpoint keeps its input: the norm output, or the layer's residual with TE
+        out.drop("mlp.", "mlp_norm." if k.te_layers else "mlp.")
+        if k.te_layers:
+            out.add("mlp_norm.input", d.hidden * d.local * d.act_bytes)
+    return out
+
+
+def moe_mlp(d: Dims, k: Kernels, modules: frozenset, grouped_gemm: bool) -> Saved:
+    out, n = Saved(), d.local
+    _pre_mlp_norm(out, d, k, modules, moe=True, output_bytes=d.act_bytes)  # the router reads it in bf16
+    # router (logits, scores, group and top-k selections) and the dispatcher's routing map
+    out.add("router", n * (9 * d.experts + 20 * d.topk + 16 * d.groups + 16))
+    out.add("dispatch.map", n * (5 * d.experts + 8 * d.topk))
+    routed = d.routed
+    out.add("experts.input", routed * d.hidden * _linear_input(d, k))
+    moe_act = "moe_act" in modules and grouped_gemm
+    _mlp(out, "experts", routed, d.expert_ffn, d, k, weighted=True, moe_act=moe_act)
+    if d.shared_ffn:
+        if k.fp8:
+            out.add("shared.input_fp8", d.hidden * n)
+        _mlp(out, "shared", d.tokens, d.shared_ffn, d, k)
+        if "shared_experts" in modules:
+            out.drop("shared.")
+    if "moe" in modules:
+        out.drop("router", "dispatch.", "experts.", "shared.")
+    return out
+
+
+def decoder_layer(d: Dims, k: Kernels, modules: frozenset, moe: bool, grouped_gemm: bool) -> Saved:
+    """One decoder layer without full recompute."""
+    out = attention(d, k, modules)
+    mlp = moe_mlp(d, k, modules, grouped_gemm) if moe else dense_mlp(d, k, modules)
+    out.items.update(mlp.items)
+    return out
+
+
+def full_recompute_layer(d: Dims) -> Saved:
+    """A layer whose whole forward is recomputed keeps its input (hidden states)."""
+    out = Saved()
+    out.add("layer.input", d.hidden * d.local * d.act_bytes)
+    return out
+
+
+def mtp_wrapper(d: Dims, k: Kernels, full_recompute: bool) -> Saved:
+    """An MTP layer's own tensors around its transformer layer: embedding lookup, enorm and hnorm,
+    the eh_proj input [embedding; hidden], its final norm."""
+    out, n = Saved(), d.local
+    out.add("mtp.token_ids", d.tokens * 8)
+    if full_recompute:  # the checkpoint keeps its hidden-state and embedding inputs
+        out.add("mtp.inputs", 2 * d.hidden * n * d.act_bytes)
+        return out
+    _norm(out, "mtp.enorm", d.hidden, n, d, k)
+    _norm(out, "mtp.hnorm", d.hidden, n, d, k)
+    out.add("mtp.eh_proj_input", 2 * d.hidden * n * _linear_input(d, k))
+    _norm(out, "mtp.final_norm", d.hidden, n, d, k)
+    return out
+
+
+def embedding(d: Dims) -> Saved:
+    out = Saved()
+    out.add("embedding.token_ids", d.tokens * 8)
+    return out
+
+
+def final_norm(d: Dims, k: Kernels) -> Saved:
+    out = Saved()
+    _norm(out, "final_norm", d.hidden, d.local, d, k)
+    return out
+
+
+def output_and_loss(d: Dims, k: Kernels, mtp_layers: int) -> Saved:
+    """Output layer input and cross entropy of the main head and each MTP depth."""
+    out, calls = Saved(), 1 + mtp_layers
+    out.add("output_layer.input", calls * d.hidden * d.local * d.act_bytes)  # [main; mtp] hidden states
+    logits = d.act_bytes if k.cross_entropy else FP32  # fused: the logits gradient; unfused: fp32 softmax
+    out.add("cross_entropy.logits", calls * d.tokens * d.vocab * logits)
+    out.add("cross_entropy.targets", calls * d.tokens * 9)
+    out.add("loss", calls * d.tokens * FP32)
+    return out

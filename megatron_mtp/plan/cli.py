@@ -1,0 +1,66 @@
+"""`megatron-mtp plan`: memory, schedule and communication of a run before it is submitted."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="predict per-rank GPU memory, pipeline schedule and communication of a run (no GPU needed)",
+        description=("Computes, from the same config objects training uses, what every pipeline rank holds: "
+                     "parameters, gradients and optimizer state (exact bytes), FP8 weight caches, saved "
+                     "activations of the micro-batches in flight, pipeline outputs and a workspace allowance; "
+                     "the pipeline bubble; bytes per step handed to each kind of collective. Every number "
+                     "states its assumptions. Runs in seconds and starts no process group."))
+    parser.add_argument("config", help="run config YAML")
+    parser.add_argument("overrides", nargs="*", metavar="key.path=value", help="dotted config overrides")
+    parser.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    parser.add_argument("--gpus-per-node", type=int, help="GPUs (ranks) per node; default: parallel.world_size / "
+                                                          "--nodes")
+    parser.add_argument("--gpu", help="h100 (default), h200, b200, or the memory of one GPU in GiB (e.g. 96)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="plan a CPU (gloo) run instead: local specs and kernels, no capacity check")
+    parser.add_argument("--routing-imbalance", type=float, default=1.0, metavar="F",
+                        help="tokens the busiest expert-parallel rank receives over the balanced average (default 1)")
+    parser.add_argument("--mfu", type=float, metavar="X", help="model FLOPs utilisation (0-1) for a time estimate")
+    parser.add_argument("--json", action="store_true", help="print one strict JSON object instead of the table")
+    parser.set_defaults(func=run_plan)
+
+
+def world_size(cfg, nodes: int, gpus_per_node: int | None) -> int:
+    from megatron_mtp.errors import UserError
+
+    if nodes < 1:
+        raise UserError(f"--nodes is {nodes}; plan for at least one node")
+    if gpus_per_node is None:
+        if cfg.parallel.world_size is None:
+            raise UserError("give --gpus-per-node (or set parallel.world_size) so the plan knows how many ranks "
+                            "the run has")
+        if cfg.parallel.world_size % nodes:
+            raise UserError(f"parallel.world_size={cfg.parallel.world_size} is not divisible by --nodes {nodes}")
+        return cfg.parallel.world_size
+    if gpus_per_node < 1:
+        raise UserError(f"--gpus-per-node is {gpus_per_node}; it must be at least 1")
+    return nodes * gpus_per_node
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from megatron_mtp.config import load_config
+    from megatron_mtp.errors import UserError
+    from megatron_mtp.plan import report
+    from megatron_mtp.plan.gpus import parse_gpu
+    from megatron_mtp.plan.memory import make_plan
+
+    for item in args.overrides:
+        if "=" not in item:
+            raise UserError(f"'{item}' is neither an option nor a key.path=value override")
+    if args.mfu is not None and not 0 < args.mfu <= 1:
+        raise UserError(f"--mfu {args.mfu} must be a fraction between 0 and 1 (e.g. 0.4)")
+    gpu = parse_gpu(args.gpu)
+    cfg = load_config(args.config, list(args.overrides))
+    plan = make_plan(cfg, world_size(cfg, args.nodes, args.gpus_per_node), gpu, cpu=args.cpu,
+                     imbalance=args.routing_imbalance)
+    result = report.build(plan, mfu=args.mfu)
+    print(report.to_json(result) if args.json else report.format_table(result))
+    return 0

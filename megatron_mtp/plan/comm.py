@@ -1,0 +1,120 @@
+"""Bytes each rank hands to collectives in one training step, by parallel group.
+
+Convention (what tests/dist/scripts/plan_check.py counts): the size of the whole tensor of the
+call: an all-gather's output, a reduce-scatter's input, an all-to-all's input, an all-reduce's
+tensor, a send's or receive's tensor. On a ring the wire traffic per rank is (n - 1)/n of it.
+  tp   sequence-parallel all-gathers before column-parallel linears (again in backward for the
+       weight gradient) and reduce-scatters after row-parallel ones; TE builds the MLA
+       down-projections duplicated (no communication) where the local spec splits and re-gathers
+       them; the embedding's reduce-scatter, the output layer and its cross-entropy reductions; the
+       all-reduce of the sequence-parallel (norm and router) weight gradients;
+  ep   the token dispatcher's all-to-alls (tokens and routing probabilities, forward and backward);
+  etp  with expert TP > 1, the dispatched tokens (and probabilities) gathered over the expert-TP
+       group and the expert outputs reduce-scattered back, forward and backward;
+  dp   the distributed optimizer's reduce-scatter of every gradient bucket and all-gather of every
+       parameter bucket (all-reduce without it), dense buckets over DP, expert buckets over EDP
+       (edp); without overlap_param_gather each of the dense and expert optimizers gathers all
+       buckets after its step, so with EP > 1 the gather runs twice;
+  pp   each micro-batch's activation sent forward and its gradient sent back, per chunk boundary;
+  embedding  the all-reduce tying the MTP stage's embedding copy to the first stage's.
+Small bookkeeping reductions (loss averaging, token counts per expert) are not counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from megatron_mtp.config.root import Config
+from megatron_mtp.plan import memory
+from megatron_mtp.plan.activations import Dims, dims_of
+from megatron_mtp.plan.params import is_moe_layer, mtp_is_moe
+
+
+def _column(width: float, tokens: int) -> tuple[float, float]:
+    """A column-parallel linear on a sequence-parallel input of `width`: the forward gather, the
+    backward re-gather for the weight gradient, the input-gradient reduce-scatter."""
+    return 2 * tokens * width, tokens * width
+
+
+def _attention_tp(cfg: Config, d: Dims, te: bool) -> tuple[float, float]:
+    """(all-gather, reduce-scatter) elements of one MLA block, forward and backward."""
+    m, t = cfg.model, d.tokens
+    h, q, kv, r = m.hidden_size, m.q_lora_rank, m.kv_lora_rank, m.qk_pos_emb_head_dim
+    parts = []
+    if te:  # duplicated down-projections; the up-projections gather the compressed latents
+        parts += [_column(q or h, t), _column(kv, t), (t * r, t * r)]  # + k_pos_emb gather and its backward
+    else:  # column-parallel down-projections: their outputs are gathered, then re-split by sequence
+        if q:
+            parts += [_column(h, t), (2 * t * q, 0), _column(q, t)]
+        else:
+            parts += [_column(h, t)]
+        parts += [_column(h, t), (t * (kv + r) + t * kv, 0), _column(kv, t)]
+    parts.append((t * h, t * h))  # output projection: reduce-scatter, and the gradient's gather
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
+def _mlp_tp(d: Dims) -> float:
+    """Elements of a column-parallel fc1 and a row-parallel fc2, forward and backward."""
+    return sum(_column(d.hidden, d.tokens)) + 2 * d.tokens * d.hidden
+
+
+def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
+    """Bytes per group kind ('tp', 'ep', 'etp', 'dp', 'edp', 'pp', 'embedding') for `pp_rank`."""
+    sizes, tgt = plan.sizes, plan.target
+    d = dims_of(cfg, memory.resolve_vocab(cfg), plan.imbalance)
+    te, m, a = tgt.te, cfg.model, d.act_bytes
+    t, h = d.tokens, d.hidden
+    stages = memory.model_stages(cfg)
+    mine = [s for s in stages if s.pp_rank == pp_rank]
+    micro = plan.num_micro
+    out: Counter = Counter()
+    tp, ep, etp = sizes.tp > 1, sizes.ep > 1, sizes.etp > 1
+    for s in mine:
+        layers = [is_moe_layer(cfg, i) for i in s.layers] + [mtp_is_moe(cfg)] * s.mtp_layers
+        per_micro: Counter = Counter()
+        for moe in layers:
+            if tp:
+                per_micro["tp"] += sum(_attention_tp(cfg, d, te)) * a
+                if not moe or m.num_shared_experts:
+                    per_micro["tp"] += _mlp_tp(d) * a
+            if moe:
+                routed = d.local * d.topk * d.imbalance
+                if ep:  # tokens and probabilities out and back, forward and backward
+                    per_micro["ep"] += 4 * routed * (h * a + 4)
+                if etp:  # tokens and probabilities gathered over expert TP, expert outputs reduce-scattered back
+                    per_micro["etp"] += 2 * sizes.etp * routed * (2 * h * a + 4)
+        if tp:
+            lookups = (1 if s.embedding else 0) + s.mtp_layers
+            per_micro["tp"] += 2 * lookups * t * h * a  # embedding reduce-scatter and its backward gather
+            # eh_proj: a column-parallel [2h] input, its output gathered over TP and re-split by sequence
+            per_micro["tp"] += s.mtp_layers * (sum(_column(2 * h, t)) + 2 * t * h) * a
+            if s.loss:  # output layer per head, and the cross entropy's three fp32 reductions
+                per_micro["tp"] += (1 + cfg.mtp.num_layers) * (sum(_column(h, t)) * a + 3 * t * 4)
+        if sizes.pp > 1:
+            boundary = d.local * h * a
+            first, last = s is stages[0], s is stages[-1]
+            per_micro["pp"] += (0 if last else 2 * boundary) + (0 if first else 2 * boundary)
+        for kind, nbytes in per_micro.items():
+            out[kind] += nbytes * micro
+    grad_bytes = 4 if cfg.training.precision == "fp32" or cfg.training.grad_reduce_dtype == "fp32" else 2
+    param_bytes = memory.BYTES[cfg.training.precision]
+    buffers = memory.rank_buffers(cfg, sizes, pp_rank, tgt, memory.resolve_vocab(cfg))
+    # Without overlap_param_gather every distributed optimizer (dense, and expert when EP > 1, built on
+    # every rank) starts the all-gather of every bucket after its step: with both, parameters go twice.
+    gathers = 1 if cfg.parallel.overlap_param_gather else 1 + (sizes.ep > 1)
+    for b in buffers:
+        if b.dp == 1:
+            continue
+        kind = "edp" if b.expert else "dp"
+        if cfg.parallel.distributed_optimizer:
+            out[kind] += b.numel * grad_bytes + gathers * b.numel * (1 if b.fp8 else param_bytes)
+        else:
+            out[kind] += sum(e - s for s, e in b.params) * grad_bytes
+    if tp:  # sequence-parallel weight gradients (every norm and router weight) all-reduced over TP
+        sp = sum(p.numel for s in mine for p in memory.chunk_params(cfg, sizes, s, memory.resolve_vocab(cfg),
+                                                                     s is stages[-1], te)
+                 if p.name.endswith(("norm.weight", "layer_norm_weight", "router.weight")))
+        out["tp"] += sp * grad_bytes
+    if sizes.pp > 1 and cfg.mtp.num_layers and any(s.embedding or s.mtp_layers for s in mine):
+        out["embedding"] += d.vocab * h * grad_bytes
+    return out

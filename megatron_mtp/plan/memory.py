@@ -1,0 +1,386 @@
+"""Peak memory of every pipeline rank of a run, from the config objects training builds from.
+
+Design. Nothing is estimated from totals: the plan walks the same placement training uses
+(config.pipeline_layout.stages: which layers, embedding, MTP and loss each (pipeline rank,
+virtual chunk) holds), the same parallel sizes (config.parallel_sizes) and the same kernel choices
+(platform.features.resolve_features for the GPU platform it targets), and adds up
+  model state  exactly: every parameter of every chunk in registration order (params.py), laid out
+               in megatron-core's DDP buffers with their padding, and the distributed optimizer's
+               fp32 main copies and Adam moments for this data-parallel rank's slice of each bucket;
+               tests/dist/test_plan_exact.py compares it byte for byte with built ranks;
+  FP8 caches   Transformer Engine's FP8 weight copies (row- and column-wise, 1 byte each);
+  activations  per micro-batch, the tensors each layer saves for backward (activations.py, checked
+               against saved_tensors_hooks on CPU), times the micro-batches the schedule holds in
+               flight at its peak (schedule.py), plus each in-flight chunk output the pipeline keeps;
+  workspace    the largest transient of the step (a layer recomputed in backward, the logits, the
+               expert dispatch buffers) plus a fixed allowance for the CUDA context, NCCL and
+               library workspaces and allocator fragmentation.
+Every number carries its assumptions (Plan.assumptions); the report prints them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+from megatron_mtp.config import pipeline_layout
+from megatron_mtp.config.parallel_sizes import ParallelSizes
+from megatron_mtp.config.root import Config
+from megatron_mtp.config.validate import validate
+from megatron_mtp.config.vocab import padded_vocab_size
+from megatron_mtp.errors import UserError
+from megatron_mtp.plan import activations as act
+from megatron_mtp.plan import schedule
+from megatron_mtp.plan.gpus import GIB, Gpu
+from megatron_mtp.plan.params import (
+    Buffer,
+    chunk_buffers,
+    chunk_params,
+    ddp_bucket_size,
+    has_final_norm,
+    is_moe_layer,
+    mtp_is_moe,
+)
+from megatron_mtp.platform.detect import Platform
+from megatron_mtp.platform.features import Features, resolve_features
+
+FIXED_ALLOWANCE = 3 * GIB
+"""CUDA context (~0.5 GiB), NCCL communicators and buffers, cuBLAS/TE workspaces, allocator slack."""
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the plan is for: the platform's kernels and whether model state is laid out TE-style."""
+
+    platform: Platform
+    features: Features
+    kernels: act.Kernels
+
+    @property
+    def te(self) -> bool:
+        return self.platform.use_te
+
+
+def target(cfg: Config, cpu: bool = False) -> Target:
+    if cpu:
+        plat = Platform(device="cpu", backend="gloo", use_te=False)
+        return Target(plat, resolve_features(cfg, plat), act.CPU_KERNELS)
+    plat = Platform(device="cuda", backend="nccl", use_te=True)
+    # the GPU nodes, not the machine planning, need DeepEP or DeepSpeed: check the rest of the config
+    local = cfg.replace(parallel=dataclasses.replace(cfg.parallel, token_dispatcher="alltoall"),
+                        optimizer=dataclasses.replace(cfg.optimizer, cpu_optimizer="torch"))
+    features = resolve_features(local, plat)
+    return Target(plat, features, act.gpu_kernels(features, fp8=cfg.training.fp8 is not None))
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Model state of one rank (all its chunks)."""
+
+    params: int
+    grads: int
+    optimizer: int
+    """Optimizer state in device memory: main parameters, Adam moments, step counters."""
+    optimizer_host: int = 0
+    """Offloaded optimizer state (host memory)."""
+    fp8_caches: int = 0
+
+    @property
+    def device(self) -> int:
+        return self.params + self.grads + self.optimizer + self.fp8_caches
+
+
+def _fp8_params(cfg: Config, tgt: Target) -> bool:
+    return tgt.te and cfg.training.fp8 is not None and cfg.training.fp8_param_gather
+
+
+def rank_buffers(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vocab: int) -> list[Buffer]:
+    stages = model_stages(cfg)
+    out = []
+    for st in stages:
+        if st.pp_rank != pp_rank:
+            continue
+        params = chunk_params(cfg, sizes, st, vocab, last=st is stages[-1], te=tgt.te)
+        out += chunk_buffers(params, sizes, ddp_bucket_size(cfg, sizes, pp_rank, st.vp_stage),
+                             cfg.parallel.distributed_optimizer, _fp8_params(cfg, tgt))
+    return out
+
+
+def state_bytes(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vocab: int,
+                dp_rank: Optional[int] = None, edp_rank: Optional[int] = None) -> StateBytes:
+    """Params, grads and optimizer state of a rank; dp_rank/edp_rank None: the worst such rank."""
+    t, o = cfg.training, cfg.optimizer
+    p_bytes, g_bytes = BYTES[t.precision], 4 if t.precision == "fp32" or t.grad_reduce_dtype == "fp32" else 2
+    main = 0 if t.precision == "fp32" else 4  # fp32 parameters are their own main copy
+    moments = 2 * (2 if (o.precision_aware and o.moment_dtype == "bf16") else 4)
+    buffers = rank_buffers(cfg, sizes, pp_rank, tgt, vocab)
+    params = grads = optimizer = fp8 = 0
+    distributed = cfg.parallel.distributed_optimizer
+    for b in buffers:
+        unpadded = sum(e - s for s, e in b.params)
+        numel = b.numel if distributed else unpadded
+        params += numel * (1 if b.fp8 else p_bytes)
+        grads += numel * g_bytes
+        if b.fp8:  # FP8 parameters hold the row-wise data in the buffer and a column-wise copy beside it
+            fp8 += unpadded
+        if distributed:
+            rank = edp_rank if b.expert else dp_rank
+            ranks = range(b.dp) if rank is None else [rank]
+            optimizer += max(b.shard_elements(r) * (main + moments) + 4 * b.shard_params(r) for r in ranks)
+        else:
+            optimizer += unpadded * (main + moments) + 4 * len(b.params)
+    if t.fp8 is not None and tgt.te and not _fp8_params(cfg, tgt):
+        fp8 = 2 * _linear_elements(cfg, sizes, pp_rank, tgt, vocab)  # cached FP8 copies of bf16 weights
+    host = int(optimizer * o.offload_fraction)
+    return StateBytes(params=params, grads=grads, optimizer=optimizer - host, optimizer_host=host, fp8_caches=fp8)
+
+
+def _linear_elements(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vocab: int) -> int:
+    stages = model_stages(cfg)
+    return sum(p.numel for st in stages if st.pp_rank == pp_rank
+               for p in chunk_params(cfg, sizes, st, vocab, last=st is stages[-1], te=tgt.te) if p.linear)
+
+
+def model_stages(cfg: Config) -> list[pipeline_layout.Stage]:
+    p = cfg.parallel
+    return pipeline_layout.stages(cfg.model.num_layers, cfg.mtp.num_layers, p.pipeline, p.virtual_pipeline,
+                                  p.pipeline_layout)
+
+
+def recompute_modules(cfg: Config) -> frozenset:
+    r = cfg.recompute
+    return frozenset(r.modules) if r.granularity == "selective" else frozenset()
+
+
+def chunk_activations(cfg: Config, stage: pipeline_layout.Stage, d: act.Dims, k: act.Kernels,
+                      grouped_gemm: bool) -> act.Saved:
+    """Bytes one micro-batch leaves saved on a chunk until its backward."""
+    r, mods = cfg.recompute, recompute_modules(cfg)
+    out = act.Saved()
+
+    def merge(prefix: str, saved: act.Saved) -> None:
+        for name, nbytes in saved.items.items():
+            out.add(f"{prefix}{name}", nbytes)
+
+    if stage.embedding:
+        merge("", act.embedding(d))
+    for j, layer in enumerate(stage.layers):
+        moe = is_moe_layer(cfg, layer)
+        kind = "moe" if moe else "dense"
+        if r.granularity == "full" and (j < r.num_layers if r.method == "block" else True):
+            if r.method == "block" or j % r.num_layers == 0:
+                merge(f"{kind}_layers.", act.full_recompute_layer(d))
+            continue
+        merge(f"{kind}_layers.", act.decoder_layer(d, k, mods, moe, grouped_gemm))
+    full_mtp = r.granularity == "full" and r.method == "uniform"
+    for _ in range(stage.mtp_layers):
+        merge("mtp.", act.mtp_wrapper(d, k, full_mtp))
+        if not full_mtp:
+            merge("mtp.", act.decoder_layer(d, k, mods, mtp_is_moe(cfg), grouped_gemm))
+    if has_final_norm(cfg, stage, stage.loss):
+        merge("", act.final_norm(d, k))
+    if stage.loss:
+        merge("", act.output_and_loss(d, k, cfg.mtp.num_layers))
+    if not stage.embedding and k.norm == "torch" and d.act_bytes != act.FP32:
+        out.add("pipeline.input", d.hidden * d.local * d.act_bytes)  # held by the schedule, not by the norm
+    return out
+
+
+@dataclass
+class RankMemory:
+    pp_rank: int
+    state: StateBytes
+    activations: float
+    """Saved activations of the in-flight micro-batches at the schedule's peak."""
+    pipeline_outputs: float
+    """Chunk outputs the schedule keeps until backward (megatron-core's deallocate_pipeline_outputs is off)."""
+    workspace: float
+    in_flight: int
+    per_chunk: tuple[int, ...]
+    chunk_bytes: tuple[float, ...]
+    """Activation bytes of one micro-batch on each chunk."""
+
+    @property
+    def total(self) -> float:
+        return self.state.device + self.activations + self.pipeline_outputs + self.workspace
+
+
+@dataclass
+class Plan:
+    cfg: Config
+    sizes: ParallelSizes
+    gpu: Gpu
+    target: Target
+    num_micro: int
+    ranks: list[RankMemory]
+    assumptions: list[str] = field(default_factory=list)
+    imbalance: float = 1.0
+
+    @property
+    def worst(self) -> RankMemory:
+        return max(self.ranks, key=lambda r: r.total)
+
+    @property
+    def fits(self) -> bool:
+        return self.worst.total <= self.gpu.memory_bytes
+
+
+def resolve_vocab(cfg: Config) -> int:
+    """The model's padded vocabulary (a null model.vocab_size takes the tokenizer's)."""
+    vocab = cfg.model.vocab_size
+    if vocab is None:
+        if cfg.data.tokenizer:
+            vocab = _tokenizer_vocab(cfg.data.tokenizer)
+        elif not cfg.data.paths:
+            vocab = cfg.data.default_corpus_vocab_size
+        else:
+            raise UserError("model.vocab_size is null and data.tokenizer is not set, so the plan cannot size the "
+                            "embedding; set model.vocab_size or data.tokenizer")
+    return padded_vocab_size(vocab, cfg)
+
+
+def _tokenizer_vocab(path: str) -> int:
+    import json
+    import os
+
+    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    try:
+        with open(file, encoding="utf-8") as fh:
+            data = json.load(fh)
+        ids = set(data["model"]["vocab"].values()) | {t["id"] for t in data.get("added_tokens", [])}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise UserError(f"data.tokenizer '{path}' is not a readable tokenizer.json; set model.vocab_size so the plan "
+                        "can size the embedding") from None
+    return max(ids) + 1
+
+
+def make_plan(cfg: Config, world: int, gpu: Gpu, cpu: bool = False, imbalance: float = 1.0) -> Plan:
+    """The memory plan of `cfg` on `world` ranks (UserError for a layout that cannot run)."""
+    if imbalance < 1.0:
+        raise UserError(f"--routing-imbalance {imbalance} must be at least 1 (1: every expert-parallel rank "
+                        "receives the average number of tokens)")
+    sizes = validate(cfg, world)
+    tgt = target(cfg, cpu)
+    vocab = resolve_vocab(cfg)
+    t = cfg.training
+    num_micro = t.global_batch_size // (t.micro_batch_size * sizes.dp)
+    d = act.dims_of(cfg, vocab, imbalance)
+    stages = model_stages(cfg)
+    grouped = tgt.features.grouped_gemm
+    ranks = []
+    for r in range(sizes.pp):
+        mine = [s for s in stages if s.pp_rank == r]
+        per_chunk = [chunk_activations(cfg, s, d, tgt.kernels, grouped).total for s in mine]
+        pk = schedule.peak(sizes.pp, r, sizes.vpp, num_micro, per_chunk, cfg.parallel.moe_a2a_overlap)
+        outputs = sum(n for n, s in zip(pk.per_chunk, mine) if not s.loss) * d.hidden * d.local * d.act_bytes
+        ranks.append(RankMemory(
+            pp_rank=r, state=state_bytes(cfg, sizes, r, tgt, vocab), activations=pk.bytes,
+            pipeline_outputs=outputs if sizes.pp > 1 else 0, workspace=_workspace(cfg, mine, d, tgt, grouped),
+            in_flight=pk.in_flight, per_chunk=pk.per_chunk, chunk_bytes=tuple(per_chunk)))
+    plan = Plan(cfg=cfg, sizes=sizes, gpu=gpu, target=tgt, num_micro=num_micro, ranks=ranks, imbalance=imbalance)
+    plan.assumptions = assumptions(plan)
+    return plan
+
+
+def _workspace(cfg: Config, mine, d: act.Dims, tgt: Target, grouped: bool) -> float:
+    """The largest transient of the step on this rank, plus the fixed allowance."""
+    k, mods = tgt.kernels, recompute_modules(cfg)
+    moe_here = any(is_moe_layer(cfg, i) for s in mine for i in s.layers) or (
+        any(s.mtp_layers for s in mine) and mtp_is_moe(cfg))
+    candidates = [0.0]
+    if cfg.recompute.granularity != "none":  # backward rebuilds what was dropped, one layer at a time
+        full = act.decoder_layer(d, k, frozenset(), moe_here, grouped).total
+        kept = act.decoder_layer(d, k, mods, moe_here, grouped).total if mods else 0.0
+        candidates.append(full - kept)
+    if any(s.loss for s in mine):  # logits in the compute dtype next to the saved softmax or gradient
+        candidates.append(d.tokens * d.vocab * d.act_bytes)
+    if moe_here:  # dispatched tokens: the all-to-all output and its gradient
+        candidates.append(2 * d.routed * d.hidden * d.act_bytes)
+    fixed = FIXED_ALLOWANCE if not tgt.platform.is_cpu else 0
+    return max(candidates) + fixed
+
+
+def assumptions(plan: Plan) -> list[str]:
+    cfg, s, k = plan.cfg, plan.sizes, plan.target.kernels
+    t, o = cfg.training, cfg.optimizer
+    where = "CPU (local specs, gloo)" if plan.target.platform.is_cpu else \
+        f"{plan.gpu.name} ({plan.gpu.memory_bytes / GIB:.1f} GiB), Transformer Engine specs"
+    out = [
+        f"target: {where}; world {s.world} = TP{s.tp} × PP{s.pp}" + (f" (VPP{s.vpp})" if s.vpp > 1 else "") +
+        f" × DP{s.dp}; experts EP{s.ep} × ETP{s.etp} × EDP{s.edp}",
+        f"{plan.num_micro} micro-batches of {t.micro_batch_size} × {t.seq_length} tokens per step per data-parallel "
+        "rank (global batch / (micro batch × DP))",
+        "parameters, gradients and optimizer state: megatron-core 0.16.1 DDP buffers (64-element parameter "
+        "alignment, buckets padded to lcm(DP, 128)) and the " +
+        ("distributed optimizer's shard of each bucket on the worst data-parallel rank" if cfg.parallel.
+         distributed_optimizer else "unsharded optimizer"),
+        f"{t.precision} parameters, {'fp32' if t.precision == 'fp32' or t.grad_reduce_dtype == 'fp32' else 'bf16'} "
+        "gradients, " + ("fp32 main parameters, " if t.precision != "fp32" else "") +
+        f"{'bf16' if o.precision_aware and o.moment_dtype == 'bf16' else 'fp32'} Adam moments" +
+        (f", {o.offload_fraction:.0%} of optimizer state offloaded to host memory" if o.offload_fraction else ""),
+        f"attention kernel {k.attention}, RMSNorm {k.norm}, SwiGLU {k.swiglu}, RoPE {k.rope}, cross entropy "
+        f"{k.cross_entropy or 'unfused (fp32 softmax kept)'}" + (", FP8 linear inputs (1 byte)" if k.fp8 else ""),
+        "activations: tensors saved for backward per layer (plan/activations.py), times the micro-batches "
+        "megatron-core's " + ("interleaved" if s.vpp > 1 else "1F1B" if s.pp > 1 else "") +
+        " schedule keeps in flight at its peak",
+        f"routing: each expert-parallel rank receives {plan.imbalance:g}× the balanced token count "
+        "(--routing-imbalance)",
+    ]
+    if t.fp8 is not None and not plan.target.platform.is_cpu:
+        out.append("FP8 weights: " + ("parameters stored in FP8 (1 byte) plus a column-wise FP8 copy (1 byte)"
+                                      if t.fp8_param_gather else
+                                      "row- and column-wise FP8 copies (2 bytes) of every linear weight kept per step"))
+    if s.pp > 1:
+        out.append("pipeline: each in-flight chunk output is kept until its backward (deallocate_pipeline_outputs "
+                   "off)")
+    if cfg.parallel.token_dispatcher == "flex":
+        out.append("token dispatcher flex: planned as alltoall (same tokens per rank; DeepEP's own buffers are in "
+                   "the workspace allowance)")
+    if not plan.target.platform.is_cpu:
+        out.append(f"workspace: the largest transient (a recomputed layer, logits, dispatch buffers) + "
+                   f"{FIXED_ALLOWANCE / GIB:.0f} GiB for CUDA context, NCCL, library workspaces and fragmentation")
+    return out
+
+
+def with_overrides(cfg: Config, overrides: list[str]) -> Config:
+    from megatron_mtp.config.base import apply_override, from_dict
+
+    data = cfg.to_dict()
+    for item in overrides:
+        apply_override(data, type(cfg), item)
+    return from_dict(type(cfg), data)
+
+
+def suggestions(plan: Plan, world: int) -> list[tuple[str, float]]:
+    """Changes that lower the worst rank, in the order to try them, each with its predicted total."""
+    cfg, p, r, o = plan.cfg, plan.cfg.parallel, plan.cfg.recompute, plan.cfg.optimizer
+    candidates = []
+    selective = set(r.modules) if r.granularity == "selective" else set()
+    for extra in (["mla_up_proj", "mlp"], ["mla_up_proj", "mlp", "moe", "layernorm"]):
+        if not set(extra) <= selective and r.granularity != "full":
+            mods = ",".join(sorted(selective | set(extra)))
+            candidates.append(["recompute.granularity=selective", f"recompute.modules=[{mods}]"])
+    if p.pipeline_layout is None:
+        candidates.append([f"parallel.pipeline={p.pipeline * 2}"])
+        if (p.virtual_pipeline or 1) == 1 and p.pipeline > 1:
+            candidates.append(["parallel.virtual_pipeline=2"])
+    etp = p.expert_tensor or p.tensor
+    if cfg.model.num_experts and cfg.model.num_experts % (p.expert * 2) == 0:
+        candidates.append([f"parallel.expert={p.expert * 2}"] + (["parallel.expert_tensor=1"] if etp > 1 else []))
+    if not (o.precision_aware and o.moment_dtype == "bf16") and cfg.training.precision != "fp32":
+        candidates.append(["optimizer.precision_aware=true", "optimizer.moment_dtype=bf16"])
+    if o.offload_fraction < 0.5 and cfg.training.precision != "fp32":
+        candidates.append(["optimizer.precision_aware=true", "optimizer.moment_dtype=fp32",
+                           "optimizer.offload_fraction=0.5"])
+    out = []
+    for overrides in candidates:
+        try:
+            alt = make_plan(with_overrides(cfg, overrides), world, plan.gpu, plan.target.platform.is_cpu,
+                            plan.imbalance)
+        except UserError:
+            continue
+        if alt.worst.total < plan.worst.total:
+            out.append((" ".join(overrides), alt.worst.total))
+    return out

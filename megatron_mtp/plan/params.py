@@ -1,0 +1,222 @@
+"""The parameters of each model chunk, in the order megatron-core registers them, and the buffers
+its DDP and distributed optimizer build from them.
+
+megatron-core's DDP (distributed/param_and_grad_buffer.py) puts a chunk's parameters into one
+contiguous buffer per (dense | routed expert, param dtype, grad dtype), walking the parameters in
+reverse registration order. With the distributed optimizer each parameter starts at a multiple of
+64 elements, a parameter marked shared_embedding gets a bucket of its own, a bucket closes once it
+holds bucket_size elements, and each bucket ends padded to lcm(data-parallel size, 128). The
+parameters then live in that buffer (param.data is remapped) and so do the gradients (main_grad).
+The distributed optimizer (optimizer/distrib_optimizer.py) gives data-parallel rank r the r-th of
+dp equal slices of every bucket and keeps fp32 main copies and Adam moments for the parameter
+elements inside its slice (padding has none). Routed experts are "expert parallel" (their own
+buffer, sharded over the expert data-parallel group) only when EP > 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from megatron_mtp.config.parallel_sizes import ParallelSizes
+from megatron_mtp.config.pipeline_layout import Stage
+from megatron_mtp.config.root import Config
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    numel: int
+    expert: bool = False
+    """A routed expert's weight (in the expert-parallel buffer when EP > 1)."""
+    linear: bool = False
+    """A Transformer Engine linear weight (FP8 under training.fp8 with fp8_param_gather)."""
+    shared_embedding: bool = False
+
+
+def _layer(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: bool) -> list[Param]:
+    m = cfg.model
+    h, n, tp, etp = m.hidden_size, m.num_attention_heads, sizes.tp, sizes.etp
+    qk = m.qk_head_dim + m.qk_pos_emb_head_dim
+    # TE builds the down-projections duplicated on every TP rank; the local spec splits them by TP
+    down = 1 if te else tp
+    a = f"{prefix}self_attention."
+    lin = lambda name, numel, **kw: Param(name, numel, linear=True, **kw)  # noqa: E731
+    out = [Param(f"{prefix}input_layernorm.weight", h), lin(f"{a}linear_proj.weight", h * n * m.v_head_dim // tp)]
+    if m.q_lora_rank:
+        out += [lin(f"{a}linear_q_down_proj.weight", m.q_lora_rank // down * h)]
+        q_up = lin(f"{a}linear_q_up_proj.weight", n * qk // tp * m.q_lora_rank)
+        out += [Param(f"{a}linear_q_up_proj.layer_norm_weight", m.q_lora_rank), q_up] if te else [q_up]
+    else:
+        out += [lin(f"{a}linear_q_proj.weight", n * qk // tp * h)]
+    kv_up = lin(f"{a}linear_kv_up_proj.weight", n * (m.qk_head_dim + m.v_head_dim) // tp * m.kv_lora_rank)
+    out += [lin(f"{a}linear_kv_down_proj.weight", (m.kv_lora_rank + m.qk_pos_emb_head_dim) // down * h)]
+    out += [Param(f"{a}linear_kv_up_proj.layer_norm_weight", m.kv_lora_rank), kv_up] if te else [kv_up]
+    if not te:
+        out += [Param(f"{a}q_layernorm.weight", m.q_lora_rank)] if m.q_lora_rank else []
+        out += [Param(f"{a}kv_layernorm.weight", m.kv_lora_rank)]
+    if not moe:
+        f = m.ffn_hidden_size // tp
+        norm = f"{prefix}mlp.linear_fc1.layer_norm_weight" if te else f"{prefix}pre_mlp_layernorm.weight"
+        return out + [Param(norm, h), lin(f"{prefix}mlp.linear_fc1.weight", 2 * f * h),
+                      lin(f"{prefix}mlp.linear_fc2.weight", h * f)]
+    out += [Param(f"{prefix}pre_mlp_layernorm.weight", h), Param(f"{prefix}mlp.router.weight", m.num_experts * h)]
+    fe, local = m.moe_ffn_hidden_size // etp, m.num_experts // sizes.ep
+    ep = sizes.ep > 1
+    e = f"{prefix}mlp.experts."
+    if te:  # TEGroupedMLP: all fc1 weights, then all fc2 weights
+        out += [lin(f"{e}linear_fc1.weight{i}", 2 * fe * h, expert=ep) for i in range(local)]
+        out += [lin(f"{e}linear_fc2.weight{i}", h * fe, expert=ep) for i in range(local)]
+    else:  # SequentialMLP: fc1 and fc2 of each expert in turn
+        for i in range(local):
+            out += [lin(f"{e}local_experts.{i}.linear_fc1.weight", 2 * fe * h, expert=ep),
+                    lin(f"{e}local_experts.{i}.linear_fc2.weight", h * fe, expert=ep)]
+    if m.num_shared_experts:
+        fs = m.num_shared_experts * m.moe_ffn_hidden_size // tp
+        out += [lin(f"{prefix}mlp.shared_experts.linear_fc1.weight", 2 * fs * h),
+                lin(f"{prefix}mlp.shared_experts.linear_fc2.weight", h * fs)]
+    return out
+
+
+def is_moe_layer(cfg: Config, layer: int) -> bool:
+    m = cfg.model
+    return bool(m.num_experts) and layer >= m.first_k_dense
+
+
+def mtp_is_moe(cfg: Config) -> bool:
+    """MTP layers are built like the model's last decoder layer."""
+    return is_moe_layer(cfg, cfg.model.num_layers - 1)
+
+
+def has_final_norm(cfg: Config, stage: Stage, last: bool) -> bool:
+    """With MTP, megatron-core puts the decoder's final norm next to the last decoder layer; without
+    it, on the loss stage."""
+    if cfg.mtp.num_layers:
+        return cfg.model.num_layers - 1 in stage.layers
+    return last
+
+
+def chunk_params(cfg: Config, sizes: ParallelSizes, stage: Stage, padded_vocab: int, last: bool,
+                 te: bool) -> list[Param]:
+    """The chunk's parameters in named_parameters() order. `last`: the loss stage (post_process)."""
+    m, h = cfg.model, cfg.model.hidden_size
+    vocab_rows = padded_vocab // sizes.tp
+    out: list[Param] = []
+    mtp_here = stage.mtp_layers > 0
+    if stage.embedding or mtp_here:
+        # the MTP stage keeps its own copy of the input embedding, tied to the first stage's by an
+        # all-reduce (shared_embedding); so does the first stage when another stage holds the copy
+        shared = sizes.pp > 1 and (cfg.mtp.num_layers > 0 or m.tie_embeddings)
+        out.append(Param("embedding.word_embeddings.weight", vocab_rows * h, shared_embedding=shared))
+    for layer in stage.layers:
+        out += _layer(cfg, sizes, f"decoder.layers.{layer}.", is_moe_layer(cfg, layer), te)
+    if has_final_norm(cfg, stage, last):
+        out.append(Param("decoder.final_layernorm.weight", h))
+    for i in range(stage.mtp_layers):
+        p = f"mtp.layers.{i}."
+        out += [Param(f"{p}enorm.weight", h), Param(f"{p}hnorm.weight", h),
+                Param(f"{p}eh_proj.weight", h // sizes.tp * 2 * h, linear=True)]
+        out += _layer(cfg, sizes, f"{p}transformer_layer.", mtp_is_moe(cfg), te)
+        out.append(Param(f"{p}final_layernorm.weight", h))
+    if last and not (m.tie_embeddings and (stage.embedding or mtp_here)):  # tied: the embedding's weight
+        out.append(Param("output_layer.weight", vocab_rows * h, shared_embedding=m.tie_embeddings and sizes.pp > 1))
+    return out
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One DDP param-and-grad buffer."""
+
+    expert: bool
+    fp8: bool
+    """Holds FP8 parameters (uint8 storage)."""
+    dp: int
+    """Size of the data-parallel group it is reduced (and, with the distributed optimizer, sharded) over."""
+    numel: int
+    """Elements including padding."""
+    buckets: tuple[tuple[int, int], ...]
+    """(start, end) of each bucket in the buffer."""
+    params: tuple[tuple[int, int], ...]
+    """(start, end) of each parameter in the buffer."""
+
+    def shard_elements(self, dp_rank: int) -> int:
+        """Parameter elements inside data-parallel rank `dp_rank`'s slice of every bucket."""
+        total = 0
+        for b_start, b_end in self.buckets:
+            size = (b_end - b_start) // self.dp
+            lo, hi = b_start + dp_rank * size, b_start + (dp_rank + 1) * size
+            total += sum(max(0, min(hi, e) - max(lo, s)) for s, e in self.params if s < b_end and e > b_start)
+        return total
+
+    def shard_params(self, dp_rank: int) -> int:
+        """Parameters with at least one element in that slice (each gets an Adam step counter)."""
+        count = 0
+        for b_start, b_end in self.buckets:
+            size = (b_end - b_start) // self.dp
+            lo, hi = b_start + dp_rank * size, b_start + (dp_rank + 1) * size
+            count += sum(1 for s, e in self.params if min(hi, e) > max(lo, s))
+        return count
+
+
+def _pad(n: int, divisor: int) -> int:
+    return -(-n // divisor) * divisor
+
+
+def layout_buffer(params: list[Param], dp: int, bucket_size: Optional[int], distributed: bool, expert: bool,
+                  fp8: bool) -> Buffer:
+    """megatron-core's _ParamAndGradBuffer index arithmetic for `params` (registration order)."""
+    bucket_pad = math.lcm(dp, 128)
+    start = bucket_start = 0
+    buckets, ranges, in_bucket = [], [], 0
+
+    def close(end: int) -> int:
+        nonlocal bucket_start, in_bucket
+        padded = _pad(end, bucket_pad) if distributed else end
+        buckets.append((bucket_start, padded))
+        bucket_start, in_bucket = padded, 0
+        return padded
+
+    end = 0
+    for p in reversed(params):
+        if distributed:
+            start = _pad(start, 64)
+        own_bucket = p.shared_embedding and distributed
+        if own_bucket and in_bucket:
+            start = close(start)
+        end = start + p.numel
+        ranges.append((start, end))
+        in_bucket += 1
+        if (bucket_size is not None and end - bucket_start >= bucket_size) or own_bucket:
+            start = close(end)
+        else:
+            start = end
+    if in_bucket:
+        close(end)
+    numel = buckets[-1][1] if buckets else 0
+    return Buffer(expert=expert, fp8=fp8, dp=dp, numel=numel, buckets=tuple(buckets), params=tuple(ranges))
+
+
+def chunk_buffers(params: list[Param], sizes: ParallelSizes, bucket_size: Optional[int], distributed: bool,
+                  fp8_params: bool) -> list[Buffer]:
+    """The buffers of one chunk: dense then expert-parallel, each split by param dtype (FP8 or not)
+    in order of first appearance, as DDP groups them."""
+    out = []
+    for expert in (False, True):
+        group = [p for p in params if p.expert == expert]
+        kinds: dict[bool, list[Param]] = {}
+        for p in group:
+            kinds.setdefault(fp8_params and p.linear, []).append(p)
+        for fp8, members in kinds.items():
+            out.append(layout_buffer(members, sizes.edp if expert else sizes.dp, bucket_size, distributed,
+                                     expert, fp8))
+    return out
+
+
+def ddp_bucket_size(cfg: Config, sizes: ParallelSizes, pp_rank: int, vp_stage: int) -> Optional[int]:
+    """Elements per bucket for a chunk (None: one bucket). Only the first chunk of pipeline rank 0
+    is bucketed, and only with overlap_grad_reduce (megatron-core's DDP defaults)."""
+    p = cfg.parallel
+    if not p.overlap_grad_reduce or pp_rank > 0 or vp_stage > 0:
+        return None
+    return p.bucket_size or max(40_000_000, 1_000_000 * sizes.dp)

@@ -1,0 +1,86 @@
+"""The plan's saved-activation inventory equals what megatron-core's layers save for backward on CPU.
+
+One process builds the model for each case (sizes x recompute settings, fp32 and bf16) and counts
+the bytes of every tensor saved for backward (tests/dist/scripts/activation_check.py). The plan
+computes the same groups with the CPU kernels (plan.activations.CPU_KERNELS); the GPU plan uses
+the same inventory with the Transformer Engine kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_mtp.config import load_config, pipeline_layout
+from megatron_mtp.plan import activations as act
+from megatron_mtp.plan import memory
+
+pytestmark = pytest.mark.dist
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = str(ROOT / "configs" / "tiny_cpu.yaml")
+SIZES = {
+    "tiny_fp32": (["model.vocab_size=1000", "model.num_layers=2"], 2, 64),
+    "wide_fp32": (["model.vocab_size=3000", "model.num_layers=2", "model.hidden_size=256", "model.q_lora_rank=null",
+                   "model.num_attention_heads=8", "model.num_experts=16", "model.router_topk=4",
+                   "model.router_num_groups=4", "model.router_group_topk=2", "model.moe_ffn_hidden_size=128"], 1, 256),
+    "tiny_bf16": (["model.vocab_size=1000", "model.num_layers=2", "training.precision=bf16",
+                   "model.num_attention_heads=8", "model.hidden_size=192"], 2, 128),
+}
+MODES = {
+    "none": [],
+    "mla_up_proj": ["recompute.granularity=selective", "recompute.modules=[mla_up_proj]"],
+    "core_attn": ["recompute.granularity=selective", "recompute.modules=[core_attn]"],
+    "layernorm": ["recompute.granularity=selective", "recompute.modules=[layernorm]"],
+    "mlp": ["recompute.granularity=selective", "recompute.modules=[mlp]"],
+    "moe": ["recompute.granularity=selective", "recompute.modules=[moe]"],
+    "shared_experts": ["recompute.granularity=selective", "recompute.modules=[shared_experts]"],
+    "recipe": ["recompute.granularity=selective", "recompute.modules=[mla_up_proj,mlp]"],
+    "all": ["recompute.granularity=selective",
+            "recompute.modules=[mla_up_proj,core_attn,layernorm,mlp,moe,shared_experts]"],
+    "full": ["recompute.granularity=full", "recompute.method=uniform", "recompute.num_layers=1"],
+}
+CASES = [(size, mode) for size in SIZES for mode in MODES]
+
+
+def expected(size: str, mode: str) -> dict:
+    overrides, batch, seq = SIZES[size]
+    cfg = load_config(CONFIG, overrides + MODES[mode] + [f"training.seq_length={seq}"])
+    d = act.dims_of(cfg, memory.resolve_vocab(cfg), batch=batch)
+    k, mods, full = act.CPU_KERNELS, memory.recompute_modules(cfg), cfg.recompute.granularity == "full"
+    layer = (lambda moe: act.full_recompute_layer(d).total) if full else (
+        lambda moe: act.decoder_layer(d, k, mods, moe, grouped_gemm=False).total)
+    (stage,) = pipeline_layout.stages(cfg.model.num_layers, cfg.mtp.num_layers, 1, None, None)
+    return {
+        "dense": layer(False), "moe": layer(True),
+        "mtp": act.mtp_wrapper(d, k, full).total + (0 if full else layer(True)),
+        "output": act.final_norm(d, k).total + act.output_and_loss(d, k, cfg.mtp.num_layers).total,
+        "total": memory.chunk_activations(cfg, stage, d, k, grouped_gemm=False).total,
+    }
+
+
+@pytest.fixture(scope="module")
+def measured():
+    cases = [{"overrides": SIZES[s][0] + MODES[m], "batch": SIZES[s][1], "seq": SIZES[s][2]} for s, m in CASES]
+    script = Path(__file__).parent / "scripts" / "activation_check.py"
+    proc = subprocess.run([sys.executable, str(script), CONFIG, json.dumps(cases)], capture_output=True, text=True,
+                          timeout=1500, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"), cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return dict(zip(CASES, json.loads(proc.stdout.strip().splitlines()[-1])))
+
+
+@pytest.mark.parametrize("size,mode", CASES)
+def test_saved_bytes_per_layer_match(measured, size, mode):
+    got = measured[(size, mode)]
+    want = expected(size, mode)
+    layers = {"dense": got.get("layer0", 0), "moe": got.get("layer1", 0)}
+    if mode == "full":  # each layer's checkpoint input is saved by the decoder around it
+        layers = {"dense": got.get("decoder", 0) / 2, "moe": got.get("decoder", 0) / 2}
+    got = {**layers, "mtp": got.get("mtp", 0), "output": got.get("output", 0), "total": sum(got.values())}
+    ratios = {key: want[key] / got[key] for key in want}
+    print(size, mode, {key: round(r, 4) for key, r in ratios.items()})
+    assert all(abs(r - 1) < 0.10 for r in ratios.values()), (ratios, want, got)

@@ -1,0 +1,96 @@
+"""`megatron-mtp plan` against real ranks: model state to the byte, in-flight micro-batches exactly,
+communication and saved activations within 10%.
+
+Each layout runs tests/dist/scripts/plan_check.py through torch.distributed.run (gloo, the tiny
+model built by training.setup.build_components, two training steps on random tokens) and compares
+every rank with the plan of the same config for the CPU target.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_mtp.config import load_config
+from megatron_mtp.plan import comm, schedule
+from megatron_mtp.plan.gpus import parse_gpu
+from megatron_mtp.plan.memory import make_plan, resolve_vocab, state_bytes
+
+pytestmark = pytest.mark.dist
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = str(ROOT / "configs" / "tiny_cpu.yaml")
+BASE = ["model.vocab_size=1000", "model.num_layers=2", "training.seq_length=64", "training.micro_batch_size=2",
+        "training.global_batch_size=8"]
+LAYOUTS = {
+    "tp2": (2, ["parallel.tensor=2"]),
+    "pp2": (2, ["parallel.pipeline=2"]),
+    "ep2": (2, ["parallel.expert=2"]),
+    "tp2_pp2_ep2": (8, ["parallel.tensor=2", "parallel.pipeline=2", "parallel.expert=2",
+                        "training.global_batch_size=16"]),
+    "pp2_vpp2": (2, ["parallel.pipeline=2", "model.num_layers=4", "parallel.pipeline_layout=Et|t|t|tmL"]),
+    "tp2_etp1_ep2": (2, ["parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1",
+                         "training.precision=bf16"]),
+    # data-parallel sharding of dense and expert buckets, bf16 with fp32 mains, small buckets, overlap
+    "dp4_ep2_bf16_buckets": (4, ["parallel.expert=2", "training.precision=bf16", "training.global_batch_size=16",
+                                 "parallel.overlap_grad_reduce=true", "parallel.overlap_param_gather=true",
+                                 "parallel.bucket_size=20000"]),
+    # DeepSeek-V3's last stage: MTP and the loss without decoder layers (the final norm stays behind)
+    "pp2_mtp_stage": (2, ["parallel.pipeline=2", "parallel.pipeline_layout=Ett|mL", "training.precision=bf16"]),
+}
+MODELED = ("tp", "ep", "etp", "dp", "edp", "pp", "embedding")
+
+
+def run(nproc: int, overrides: list[str], out: Path) -> list[dict]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+           str(Path(__file__).parent / "scripts" / "plan_check.py"), CONFIG, *BASE, *overrides]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PLANCHECK_DIR=str(out))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(nproc)]
+
+
+def replay_max_per_chunk(pp: int, rank: int, chunks: int, micro: int) -> list[int]:
+    live, best = [0] * chunks, [0] * chunks
+    for kind, _, chunk in schedule.events(pp, rank, chunks, micro):
+        live[chunk] += 1 if kind == "F" else -1
+        best[chunk] = max(best[chunk], live[chunk])
+    return best
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_plan_matches_real_ranks(name, tmp_path):
+    nproc, overrides = LAYOUTS[name]
+    cfg = load_config(CONFIG, BASE + overrides)
+    plan = make_plan(cfg, nproc, parse_gpu("h100"), cpu=True)
+    vocab = resolve_vocab(cfg)
+    for rec in run(nproc, overrides, tmp_path):
+        where = f"{name} rank {rec['rank']}"
+        pp = rec["pp_rank"]
+        want = state_bytes(cfg, plan.sizes, pp, plan.target, vocab, rec["dp_rank"], rec["edp_rank"])
+        got = rec["state"]
+        assert (got["params"], got["grads"], got["optimizer"]) == (want.params, want.grads, want.optimizer), where
+        assert rec["num_micro"] == plan.num_micro
+        flight = rec["in_flight"]
+        assert flight["peak"] == plan.ranks[pp].in_flight == schedule.max_in_flight(
+            plan.sizes.pp, pp, plan.sizes.vpp, plan.num_micro), (where, flight)
+        assert flight["max_per_chunk"] == replay_max_per_chunk(plan.sizes.pp, pp, plan.sizes.vpp, plan.num_micro)
+        measured = collections.Counter()
+        for key, nbytes in rec["comm"].items():
+            measured[key.split(":")[0]] += nbytes
+        predicted = comm.step_bytes(cfg, plan, pp)
+        for kind in set(MODELED) & (set(measured) | set(predicted)):
+            ratio = predicted[kind] / measured[kind] if measured[kind] else float("inf")
+            print(where, kind, measured[kind], round(ratio, 4))
+            assert abs(ratio - 1) < 0.10, (where, kind, predicted[kind], measured[kind])
+        unmodeled = sum(v for k, v in measured.items() if k not in MODELED)
+        assert unmodeled < 0.01 * sum(measured.values()), (where, measured)
+        if rec["saved"] is not None:
+            ratio = plan.ranks[pp].chunk_bytes[0] / rec["saved"]
+            print(where, "saved activations", rec["saved"], round(ratio, 4))
+            assert abs(ratio - 1) < 0.10, (where, rec["saved"], plan.ranks[pp].chunk_bytes)

@@ -1,0 +1,183 @@
+"""`megatron-mtp plan` without processes: speed, recipes, independent estimates, schedule, bad input.
+
+Agreement with real ranks is in tests/dist/test_plan_exact.py and test_plan_activations.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from megatron_mtp.cli import main
+from megatron_mtp.config import load_config
+from megatron_mtp.errors import UserError
+from megatron_mtp.launch.job_plan import SubmitRequest, build_plan
+from megatron_mtp.plan import report, schedule
+from megatron_mtp.plan.gpus import GIB, KNOWN, parse_gpu
+from megatron_mtp.plan.memory import make_plan
+from megatron_mtp.platform.detect import Platform
+
+ROOT = Path(__file__).resolve().parents[2]
+V3 = str(ROOT / "configs" / "deepseek_v3_671b.yaml")
+
+
+def _strict(text: str) -> dict:
+    def refuse(name):
+        raise ValueError(f"not strict JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_671b_plan_takes_seconds_without_torch():
+    code = textwrap.dedent(f"""
+        import sys, time
+        start = time.perf_counter()
+        from megatron_mtp.cli import main
+        rc = main(["plan", "{V3}", "--nodes", "128", "--gpus-per-node", "8", "--json", "--mfu", "0.3"])
+        assert rc == 0
+        assert "torch" not in sys.modules and "megatron" not in sys.modules, "plan imported torch"
+        print("SECONDS", time.perf_counter() - start)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    body, seconds = proc.stdout.rsplit("SECONDS", 1)
+    assert float(seconds) < 10
+    plan = _strict(body)
+    assert plan["world"] == 1024 and plan["layout"] == {"tp": 2, "pp": 8, "vpp": 4, "dp": 64, "ep": 64, "etp": 1,
+                                                        "edp": 2}
+    assert plan["worst"]["fits"] and len(plan["ranks"]) == 8
+    assert plan["ranks"][0]["in_flight"] == 2 * 7 + 3 * 8 + 1 + 1  # interleaved warm-up (+1 with A2A overlap) + 1
+    assert plan["time"]["step_seconds"] > 0 and plan["assumptions"]
+
+
+RECIPES = {  # config, nodes x GPUs per node, GPU, overrides (README "Plan before you submit")
+    "671b_h100": (V3, 128, 8, "h100", []),
+    "671b_h200": (V3, 128, 8, "h200", ["recompute.granularity=none"]),
+    "proxy_2x8": (str(ROOT / "configs" / "proxy_16b.yaml"), 2, 8, "h100", []),
+    "proxy_1node": (str(ROOT / "configs" / "proxy_16b_1node.yaml"), 1, 8, "h100", []),
+}
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_shipped_recipes_fit(name):
+    config, nodes, per_node, gpu, overrides = RECIPES[name]
+    plan = make_plan(load_config(config, overrides), nodes * per_node, parse_gpu(gpu))
+    assert plan.fits, (name, plan.worst.total / GIB)
+    assert plan.worst.total < 0.9 * plan.gpu.memory_bytes  # headroom for routing imbalance and fragmentation
+
+
+# Independent analytic estimates (shared notes "deepseek-v3-recipes.md"), GiB before workspaces.
+BRIDGE = ["parallel.tensor=2", "parallel.pipeline=16", "parallel.pipeline_layout=Etttt|(tttt|)*14tmL",
+          "parallel.moe_a2a_overlap=false", "parallel.delay_wgrad_compute=false", "training.global_batch_size=4096"]
+TP1_PP16 = ["parallel.tensor=1", "parallel.pipeline=16", "parallel.pipeline_layout=Etttt|(tttt|)*14tmL",
+            "recompute.granularity=none", "optimizer.precision_aware=false", "optimizer.moment_dtype=fp32",
+            "training.fp8_param_gather=false", "parallel.moe_a2a_overlap=false", "parallel.delay_wgrad_compute=false",
+            "kernels.cross_entropy_fusion='off'", "training.global_batch_size=8192"]
+ESTIMATES = {
+    "tp1_pp16_ep64_fp8": (V3, 1024, TP1_PP16, 111),
+    "tp1_pp16_ep64_bf16": (V3, 1024, TP1_PP16 + ["training.fp8=null"], 122),
+    "nvidia_h100_recipe": (V3, 1024, [], 56),
+    "bridge_bf16_grads_moments": (V3, 1024, BRIDGE + ["training.grad_reduce_dtype=bf16", "training.fp8=null",
+                                                      "training.fp8_param_gather=false", "recompute.granularity=none"],
+                                  66),
+    "proxy_pp2_ep8": (str(ROOT / "configs" / "proxy_16b.yaml"), 16, ["recompute.granularity=none"], 34),
+}
+
+
+@pytest.mark.parametrize("name", list(ESTIMATES))
+def test_agrees_with_independent_estimates(name):
+    config, world, overrides, gib = ESTIMATES[name]
+    worst = make_plan(load_config(config, overrides), world, parse_gpu("h100")).worst
+    ours = (worst.total - worst.workspace) / GIB
+    assert abs(ours / gib - 1) < 0.10, (name, ours, gib)
+
+
+def test_schedule_replay_matches_megatron_formulas():
+    for pp in (1, 2, 4, 8):
+        for chunks in ((1, 2, 4) if pp > 1 else (1,)):
+            for micro in (pp, 2 * pp, 3 * pp, 16):
+                if chunks > 1 and micro % pp:
+                    continue
+                for rank in range(pp):
+                    events = schedule.events(pp, rank, chunks, micro)
+                    assert sorted(e[1:] for e in events if e[0] == "F") == sorted(
+                        (mb, c) for mb in range(micro) for c in range(chunks))
+                    peak = schedule.peak(pp, rank, chunks, micro)
+                    assert peak.in_flight == schedule.max_in_flight(pp, rank, chunks, micro)
+                    if chunks == 1:  # 1F1B: rank r holds p - r micro-batches (at most all of them)
+                        assert peak.in_flight == min(pp - rank, micro)
+    assert schedule.bubble_fraction(8, 4, 240) == pytest.approx(7 / 967)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--gpu", "a100x"], "is not a GPU the plan knows"),
+    (["parallel.pipeline=3"], "parallel.pipeline is 3"),
+    (["--gpus-per-node", "7", "parallel.world_size=null"], "is not divisible by"),
+    (["--mfu", "40"], "--mfu 40.0 must be a fraction"),
+    (["--routing-imbalance", "0.5"], "--routing-imbalance 0.5 must be at least 1"),
+    (["model.vocab_size=null", "data.paths=[/data/x]"], "model.vocab_size is null"),
+])
+def test_bad_input_is_one_sentence(args, message, capsys):
+    argv = ["plan", V3, "--nodes", "128"] + (["--gpus-per-node", "8"] if "--gpus-per-node" not in args else []) + args
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_known_gpus_and_sizes():
+    assert parse_gpu(None) == KNOWN["h100"] and parse_gpu("H200").memory_bytes > 139 * GIB
+    assert parse_gpu("96").memory_bytes == 96 * GIB and parse_gpu("120GiB").memory_bytes == 120 * GIB
+    with pytest.raises(UserError):
+        parse_gpu("-3")
+
+
+def test_table_and_cpu_summary():
+    cfg = load_config(str(ROOT / "configs" / "tiny_cpu.yaml"), ["parallel.pipeline=2"])
+    plan = make_plan(cfg, 2, parse_gpu("h100"), cpu=True)
+    table = report.format_table(report.build(plan))
+    assert "CPU processes" in table and "assumptions:" in table and "in-flight" in table
+    line = report.startup_line(cfg, 2, Platform(device="cpu", backend="gloo", use_te=False))
+    assert line.startswith("plan (CPU layout): worst pipeline rank 1") and "in flight" in line
+
+
+def test_submit_refuses_a_layout_over_memory(tmp_path):
+    over = ["recompute.granularity=none", "optimizer.precision_aware=false", "optimizer.moment_dtype=fp32"]
+    request = dict(config=V3, overrides=over, nodes=128, gpus_per_node=8, run_dir=str(tmp_path / "run"))
+    with pytest.raises(UserError) as refused:
+        build_plan(SubmitRequest(**request))
+    text = str(refused.value)
+    assert "pipeline rank 2 needs" in text and "recompute.modules=[mla_up_proj,mlp]" in text and "--force" in text
+    forced = build_plan(SubmitRequest(**request, force=True))
+    assert "submitted with --force" in forced.memory
+    assert build_plan(SubmitRequest(**request, gpu="h200")).memory.startswith("memory plan: pipeline rank")
+    cpu = build_plan(SubmitRequest(config=str(ROOT / "configs" / "tiny_cpu.yaml"), cpu=True,
+                                   run_dir=str(tmp_path / "cpu")))
+    assert cpu.memory is None
+
+
+def test_parameter_inventory_is_the_built_models():
+    code = textwrap.dedent(f"""
+        import json
+        from megatron_mtp.config import load_config, pipeline_layout
+        from megatron_mtp.config.validate import validate
+        from megatron_mtp.platform import setup
+        from megatron_mtp.plan.params import chunk_params
+        from megatron_mtp.training.distributed import init_distributed, destroy
+        from megatron_mtp.training.setup import build_components
+        cfg = load_config("{ROOT / 'configs' / 'tiny_cpu.yaml'}", ["model.vocab_size=256", "mtp.num_layers=2"])
+        sizes = validate(cfg, 1)
+        plat = setup("cpu"); init_distributed(cfg, plat)
+        chunk = build_components(cfg, plat, 256, with_optimizer=False).model[0].module
+        built = [[n, p.numel()] for n, p in chunk.named_parameters()]
+        (stage,) = pipeline_layout.stages(cfg.model.num_layers, 2, 1, None, None)
+        planned = [[p.name, p.numel] for p in chunk_params(cfg, sizes, stage, 256, last=True, te=False)]
+        print(json.dumps(built == planned)); destroy()
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) is True
