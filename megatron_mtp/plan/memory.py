@@ -195,7 +195,9 @@ class RankMemory:
     activations: float
     """Saved activations of the in-flight micro-batches at the schedule's peak."""
     pipeline_outputs: float
-    """Chunk outputs the schedule keeps until backward (megatron-core's deallocate_pipeline_outputs is off)."""
+    """Chunk outputs kept until their backward: none on GPU (megatron-core's deallocate_pipeline_outputs
+    frees each once sent), all in-flight ones on CPU (where the trainer keeps them, see
+    models/deepseek_v3/transformer_config.py)."""
     workspace: float
     in_flight: int
     per_chunk: tuple[int, ...]
@@ -274,10 +276,11 @@ def make_plan(cfg: Config, world: int, gpu: Gpu, cpu: bool = False, imbalance: f
         mine = [s for s in stages if s.pp_rank == r]
         per_chunk = [chunk_activations(cfg, s, d, tgt.kernels, grouped).total for s in mine]
         pk = schedule.peak(sizes.pp, r, sizes.vpp, num_micro, per_chunk, cfg.parallel.moe_a2a_overlap)
+        kept = sizes.pp > 1 and tgt.platform.is_cpu
         outputs = sum(n for n, s in zip(pk.per_chunk, mine) if not s.loss) * d.hidden * d.local * d.act_bytes
         ranks.append(RankMemory(
             pp_rank=r, state=state_bytes(cfg, sizes, r, tgt, vocab), activations=pk.bytes,
-            pipeline_outputs=outputs if sizes.pp > 1 else 0, workspace=_workspace(cfg, mine, d, tgt, grouped),
+            pipeline_outputs=outputs if kept else 0, workspace=_workspace(cfg, mine, d, tgt, grouped),
             in_flight=pk.in_flight, per_chunk=pk.per_chunk, chunk_bytes=tuple(per_chunk)))
     plan = Plan(cfg=cfg, sizes=sizes, gpu=gpu, target=tgt, num_micro=num_micro, ranks=ranks, imbalance=imbalance)
     plan.assumptions = assumptions(plan)
@@ -333,8 +336,10 @@ def assumptions(plan: Plan) -> list[str]:
                                       if t.fp8_param_gather else
                                       "row- and column-wise FP8 copies (2 bytes) of every linear weight kept per step"))
     if s.pp > 1:
-        out.append("pipeline: each in-flight chunk output is kept until its backward (deallocate_pipeline_outputs "
-                   "off)")
+        out.append("pipeline: each in-flight chunk output is kept until its backward (on CPU)"
+                   if plan.target.platform.is_cpu else
+                   "pipeline: a chunk's output is freed once sent (deallocate_pipeline_outputs); only its autograd "
+                   "node waits for the backward")
     if cfg.parallel.token_dispatcher == "flex":
         out.append("token dispatcher flex: planned as alltoall (same tokens per rank; DeepEP's own buffers are in "
                    "the workspace allowance)")

@@ -112,13 +112,16 @@ def format_table(report: dict) -> str:
         f"schedule  pipeline bubble {report['bubble_fraction']:.1%} of a step ((p - 1) / (v m + p - 1))",
         "",
         "memory per pipeline rank, GiB (worst data-parallel rank)",
-        "  pp chunks              params  grads  optim    fp8  activ  p2p-out  work   total  in-flight",
     ]
+    kept = any(r["pipeline_output_bytes"] for r in report["ranks"])  # chunk outputs are kept on CPU only
+    lines.append("  pp chunks              params  grads  optim    fp8  activ" + ("  p2p-out" if kept else "") +
+                 "  work   total  in-flight")
     for r in report["ranks"]:
         chunks = r["chunks"] if len(r["chunks"]) <= 18 else r["chunks"][:15] + "..."
+        p2p = f"  {_gib(r['pipeline_output_bytes'])}" if kept else ""
         lines.append(f"  {r['pp_rank']:2d} {chunks:18s} {_gib(r['params_bytes'])} {_gib(r['grads_bytes'])}"
                      f"{_gib(r['optimizer_bytes'])} {_gib(r['fp8_cache_bytes'])} {_gib(r['activation_bytes'])}"
-                     f"  {_gib(r['pipeline_output_bytes'])} {_gib(r['workspace_bytes'])} {_gib(r['total_bytes'])}"
+                     f"{p2p} {_gib(r['workspace_bytes'])} {_gib(r['total_bytes'])}"
                      f"  {r['in_flight']:4d} {tuple(r['in_flight_per_chunk'])}")
         if r["optimizer_host_bytes"]:
             lines.append(f"     + {r['optimizer_host_bytes'] / GIB:.1f} GiB optimizer state in host memory")

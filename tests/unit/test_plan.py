@@ -146,7 +146,8 @@ def test_table_and_cpu_summary():
 
 
 def test_submit_refuses_a_layout_over_memory(tmp_path):
-    over = ["recompute.granularity=none", "optimizer.precision_aware=false", "optimizer.moment_dtype=fp32"]
+    over = ["recompute.granularity=none", "optimizer.precision_aware=false", "optimizer.moment_dtype=fp32",
+            "training.fp8_param_gather=false"]
     request = dict(config=V3, overrides=over, nodes=128, gpus_per_node=8, run_dir=str(tmp_path / "run"))
     with pytest.raises(UserError) as refused:
         build_plan(SubmitRequest(**request))

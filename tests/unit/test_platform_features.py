@@ -84,9 +84,12 @@ def test_gpu_mapping_onto_transformer_config():
         cross_entropy_fusion_impl="te", apply_rope_fusion=True, gradient_accumulation_fusion=True,
         overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True, fp8="e4m3", fp8_recipe="blockwise",
         fp8_param=True, moe_router_padding_for_quantization=True, params_dtype=torch.bfloat16,
-        use_cpu_initialization=False, sequence_parallel=True,
+        use_cpu_initialization=False, sequence_parallel=True, deallocate_pipeline_outputs=True,
     )
     assert {k: kwargs.get(k) for k in expected} == expected
+    # gloo's asynchronous sends would read a freed output: the CPU platform keeps pipeline outputs
+    on_cpu = _cfg("parallel.pipeline=2")
+    assert transformer_config_kwargs(on_cpu, CPU, resolve_features(on_cpu, CPU))["deallocate_pipeline_outputs"] is False
     full = transformer_config_kwargs(_cfg("recompute.granularity=full", "recompute.method=block",
                                           "recompute.num_layers=2"), CPU, resolve_features(_cfg(), CPU))
     assert (full["recompute_granularity"], full["recompute_method"], full["recompute_num_layers"]) == ("full", "block",

@@ -101,6 +101,11 @@ def transformer_config_kwargs(cfg: Config, platform: Platform, features: Feature
         expert_tensor_parallel_size=p.expert_tensor or p.tensor,
         sequence_parallel=sequence_parallel(cfg),
         pipeline_dtype=dtype,
+        # after a stage sends its output, keep only its autograd node (as Megatron-LM does): the
+        # tensor is freed instead of waiting for that micro-batch's backward. Not on CPU: gloo runs
+        # the interleaved schedule's asynchronous sends from its own thread, after the schedule has
+        # already swapped the tensor's storage, and the next stage would receive the wrong values.
+        deallocate_pipeline_outputs=not platform.is_cpu,
         tp_comm_overlap=features.tp_comm_overlap,
         overlap_moe_expert_parallel_comm=p.moe_a2a_overlap,
         delay_wgrad_compute=p.delay_wgrad_compute,
