@@ -121,7 +121,8 @@ class CheckpointConfig:
     """Signals that make the trainer finish the step, save and exit (default SIGUSR1, SIGTERM)."""
     async_save: Toggle = "auto"
     """Write checkpoints in the background while training goes on (megatron-core async save; the
-    step_N rename and `latest` follow once every rank's write completed). auto: on."""
+    step_N rename and `latest` follow once every rank's write completed). auto: on with GPUs; off on
+    CPU, where the writer would take cores from the training step (true still works there)."""
     fully_parallel_save: bool = True
     """Spread the writing of replicated tensors over the data-parallel ranks (megatron-core's
     fully parallel save) instead of the first replica writing them all."""

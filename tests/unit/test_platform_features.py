@@ -28,12 +28,12 @@ def test_auto_is_off_on_cpu_and_on_with_transformer_engine():
     cpu = resolve_features(_cfg(), CPU)
     assert not any([cpu.grouped_gemm, cpu.permute_fusion, cpu.router_fusion, cpu.rope_fusion,
                     cpu.gradient_accumulation_fusion, cpu.fp8_padding, cpu.tp_comm_overlap])
-    assert cpu.cross_entropy_fusion is None and cpu.async_save
+    assert cpu.cross_entropy_fusion is None and not cpu.async_save
     gpu = resolve_features(_cfg("model.yarn.factor=4.0", "parallel.tp_comm_overlap=auto", "parallel.tensor=2"),
                            GPU_TE)
     assert all([gpu.grouped_gemm, gpu.permute_fusion, gpu.router_fusion, gpu.rope_fusion,
                 gpu.gradient_accumulation_fusion, gpu.tp_comm_overlap])
-    assert gpu.cross_entropy_fusion == "te"
+    assert gpu.cross_entropy_fusion == "te" and gpu.async_save
     assert resolve_features(_cfg(), GPU_NO_TE).cross_entropy_fusion is None
 
 
