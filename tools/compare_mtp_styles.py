@@ -13,11 +13,14 @@ with one process and no evaluation or checkpoint inside the timed steps. Then, p
     built-in held-out prompts of tools/bench/bench_speculative.py: mean accept length (tokens per
     verification round) and acceptance per draft position at K = 1..3 (parallel heads draft at most
     K = n), checking that every output equals plain greedy decoding;
-  - step time: the median of the logged intervals after the first (``perf/step_time_s``).
-Gloeckle's memory-saving order is measured separately (``--no-memory`` skips it): the peak bytes of
-tensors autograd saves during one training micro-batch's forward (parameters and repeated views of a
-storage not counted), all heads at once vs one head at a time, and the step time of a short run of each.
-Prints a markdown table and writes OUT/results.json.
+  - step time: short runs of every variant in turn, repeated ``--timing-rounds`` times (interleaved, so
+    that the load of a shared machine falls on all variants alike); per run the median of its logged
+    10-step intervals after the first (``perf/step_time_s``), then the fastest round.
+Gloeckle's memory-saving order is measured separately for the parallel variants (``--no-memory``
+skips it): the peak bytes of tensors autograd saves during one training micro-batch's forward
+(parameters and repeated views of a storage not counted), what is still held when the backward
+starts, and the fastest forward+backward, all heads at once vs head by head alternating on one model.
+Prints markdown tables and writes OUT/results.json.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,8 +169,12 @@ class _Saved:
         self.owner.release(self.key)
 
 
-def memory_probe(overrides: list[str]) -> dict:
-    """(In a fresh process.) Peak saved-tensor bytes of one training micro-batch of the default model."""
+def memory_probe(overrides: list[str], repeats: int = 8) -> dict:
+    """(In a fresh process.) Per backward order: the peak bytes autograd saves during one training
+    micro-batch's forward of the default model, what is still held when the backward starts, and the
+    fastest forward+backward of ``repeats``, the orders alternating on the same model."""
+    import time
+
     import torch
 
     from megatron_mtp.config import load_config
@@ -181,34 +189,58 @@ def memory_probe(overrides: list[str]) -> dict:
     comp = build_components(cfg, plat, padded_vocab_size(4096, cfg), with_optimizer=False)
     gpt = unwrap(comp.model[0])
     b, s = cfg.training.micro_batch_size, cfg.training.seq_length
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, 4096, (b, s), generator=g)
+    tokens = torch.randint(0, 4096, (b, s), generator=torch.Generator().manual_seed(0))
     labels, mask, pos = torch.roll(tokens, -1, 1), torch.ones(b, s), torch.arange(s).expand(b, s)
-    tracker = SavedTensorBytes(gpt.parameters())
-    with torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack):
-        out = gpt(tokens, pos, None, labels=labels, loss_mask=mask)
-        held = tracker.current
-    ((out * mask).sum() / mask.sum()).backward()
+
+    def step(head_by_head: bool, tracker=None) -> float:
+        gpt.head_by_head_backward = head_by_head
+        start = time.perf_counter()
+        hooks = torch.autograd.graph.saved_tensors_hooks(tracker.pack, tracker.unpack) if tracker else nullcontext()
+        with hooks:
+            out = gpt(tokens, pos, None, labels=labels, loss_mask=mask)
+            held = tracker.current if tracker else 0
+        ((out * mask).sum() / mask.sum()).backward()
+        if tracker:
+            tracker.held = held
+        return time.perf_counter() - start
+
+    result = {}
+    orders = {"all heads at once": False, "head by head": True}
+    for name, head_by_head in orders.items():
+        tracker = SavedTensorBytes(gpt.parameters())
+        step(head_by_head, tracker)
+        result[name] = {"peak_forward_bytes": tracker.peak, "held_for_backward_bytes": tracker.held, "times": []}
+    for _ in range(repeats):
+        for name, head_by_head in orders.items():
+            result[name]["times"].append(step(head_by_head))
     destroy()
-    return {"peak_forward_bytes": tracker.peak, "held_for_backward_bytes": held}
+    for r in result.values():
+        r["fwd_bwd_s"] = min(r.pop("times"))
+    return result
 
 
-def measure_memory(out: Path, threads: int, steps: int, reuse: bool) -> list[dict]:
-    rows = []
-    for name, overrides in (("par2", VARIANTS["par2"][1]),
-                            ("par2 head-by-head", [*VARIANTS["par2"][1], "mtp.head_by_head_backward=true"]),
-                            ("par3", VARIANTS["par3"][1]),
-                            ("par3 head-by-head", [*VARIANTS["par3"][1], "mtp.head_by_head_backward=true"])):
-        proc = subprocess.run([sys.executable, __file__, "--memory-probe", json.dumps(overrides)], cwd=ROOT,
+def measure_memory(names: list[str], threads: int) -> dict[str, dict]:
+    rows = {}
+    for name in names:
+        proc = subprocess.run([sys.executable, __file__, "--memory-probe", json.dumps(VARIANTS[name][1])], cwd=ROOT,
                               env=_env(threads), capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(f"memory probe {name} failed:\n{proc.stderr[-4000:]}")
-        probe = json.loads(proc.stdout.strip().splitlines()[-1])
-        run = out / ("mem_" + name.replace(" ", "_"))
-        train(run, overrides, steps, threads, reuse)
-        probe.update(name=name, step_time_s=step_time(run)[0], lm_loss=step_time(run)[1]["train/lm_loss"])
-        rows.append(probe)
+        rows[name] = json.loads(proc.stdout.strip().splitlines()[-1])
     return rows
+
+
+def timing_rounds(out: Path, names: list[str], rounds: int, steps: int, threads: int) -> dict[str, dict]:
+    """Step time per variant: the fastest of interleaved short runs (one fresh run per variant per round;
+    on a shared machine other load only ever adds time)."""
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names:
+            run = out / "timing" / f"{name}-{r}"
+            train(run, VARIANTS[name][1], steps, threads, reuse=False)
+            times[name].append(step_time(run)[0])
+            shutil.rmtree(run, ignore_errors=True)
+    return {name: {"step_time_s": min(t), "rounds_s": t} for name, t in times.items()}
 
 
 # -- report ------------------------------------------------------------------------------------------
@@ -232,12 +264,13 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def memory_table(rows: list[dict]) -> str:
-    lines = ["| variant | peak saved-tensor MiB in the forward | held for backward MiB | step time (s) | "
-             "train LM loss at the end |", "|---|---|---|---|---|"]
-    for r in rows:
-        peak, held = r["peak_forward_bytes"] / 2**20, r["held_for_backward_bytes"] / 2**20
-        lines.append(f"| {r['name']} | {peak:.1f} | {held:.1f} | {r['step_time_s']:.3f} | {r['lm_loss']:.4f} |")
+def memory_table(rows: dict[str, dict]) -> str:
+    lines = ["| variant | backward order | peak saved-tensor MiB in one micro-batch's forward | held for backward MiB "
+             "| forward+backward of one micro-batch (s) |", "|---|---|---|---|---|"]
+    for name, orders in rows.items():
+        for order, r in orders.items():
+            peak, held = r["peak_forward_bytes"] / 2**20, r["held_for_backward_bytes"] / 2**20
+            lines.append(f"| {VARIANTS[name][0]} | {order} | {peak:.1f} | {held:.1f} | {r['fwd_bwd_s']:.3f} |")
     return "\n".join(lines)
 
 
@@ -252,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="OMP threads of each process (default 1)")
     parser.add_argument("--reuse", action="store_true", help="keep runs that already finished")
     parser.add_argument("--no-memory", action="store_true", help="skip the measurement of Gloeckle's order")
-    parser.add_argument("--memory-steps", type=int, default=30, help="steps of the timed memory-order runs")
+    parser.add_argument("--timing-rounds", type=int, default=3, help="interleaved timing rounds (default 3)")
+    parser.add_argument("--timing-steps", type=int, default=30, help="steps of each timing run (default 30)")
     parser.add_argument("--memory-probe", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.memory_probe is not None:
@@ -260,25 +294,31 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    names = args.variants.split(",")
     results = {}
-    for name in args.variants.split(","):
+    for name in names:
         title, overrides = VARIANTS[name]
         run = out / name
         wall = train(run, overrides, args.steps, args.threads, args.reuse)
         median_step, last = step_time(run)
         depth = int(next((o.split("=")[1] for o in overrides if o.startswith("mtp.num_layers=")), "0"))
         style = "parallel" if "mtp.style=parallel" in overrides else "sequential"
-        r = {"title": title, "train_wall_s": wall, "step_time_s": median_step, "train_lm_loss": last["train/lm_loss"],
-             "tokens": int(last["progress/consumed_tokens"]), "eval": evaluate(run, args.eval_steps, args.threads)}
+        r = {"title": title, "train_wall_s": wall, "train_step_time_s": median_step,
+             "train_lm_loss": last["train/lm_loss"], "tokens": int(last["progress/consumed_tokens"]),
+             "eval": evaluate(run, args.eval_steps, args.threads)}
         if depth:
             r["speculative"] = speculative(run, depth, style, args.new_tokens)
         results[name] = r
-        print(f"{title}: step {median_step:.3f} s, valid lm_loss {r['eval']['lm_loss']:.4f}", flush=True)
-    report = {"steps": args.steps, "variants": results}
+        print(f"{title}: {r['tokens']} tokens, valid lm_loss {r['eval']['lm_loss']:.4f}", flush=True)
+    timing = timing_rounds(out, names, args.timing_rounds, args.timing_steps, args.threads)
+    for name, r in results.items():
+        r["step_time_s"] = timing[name]["step_time_s"]
+    report = {"steps": args.steps, "variants": results, "timing": timing}
     print()
     print(table(results))
-    if not args.no_memory:
-        report["memory"] = measure_memory(out, args.threads, args.memory_steps, args.reuse)
+    parallel = [n for n in names if "mtp.style=parallel" in VARIANTS[n][1]]
+    if parallel and not args.no_memory:
+        report["memory"] = measure_memory(parallel, args.threads)
         print()
         print(memory_table(report["memory"]))
     (out / "results.json").write_text(json.dumps(report, indent=2, default=str) + "\n")

@@ -51,7 +51,10 @@ used) and its graph freed, so one head's activations and logits are alive at a t
 The gradients, taken at unit scale, are handed to autograd by ``_DeferredHeadGrads`` when the
 backward reaches ``h``, multiplied then by the schedule's MTP loss scale (which megatron-core sets
 only after the forward), so parameters get them through the ordinary accumulation hooks (DDP
-buckets) exactly once. Measured in tools/compare_mtp_styles.py --memory.
+buckets) exactly once. The price is one gradient of the heads' and the output layer's parameters,
+held from the forward to the backward (included in the measurement of tools/compare_mtp_styles.py,
+README.md "Two MTP styles"). Not with kernels.gradient_accumulation_fusion, whose weight-gradient
+kernel writes into the optimizer's buffer directly (refused at build time).
 """
 
 from __future__ import annotations
