@@ -124,3 +124,17 @@ def test_head_by_head_backward_trains_like_all_heads_at_once(reference, train, m
     train(run, nproc=2, steps=STEPS, overrides=(*HEADS, *EVAL, "mtp.head_by_head_backward=true", "parallel.pipeline=2",
                                                 f"checkpoint.load={seed_run}", "checkpoint.load_optimizer=false"))
     _compare(metrics(run), single, "head_by_head")
+
+
+def test_interleaved_pipeline_with_heads_alone_in_the_last_chunk(tmp_path, train, metrics):
+    """PP2 × VPP2, the heads and the loss alone in the last virtual chunk, trains like one process."""
+    four = (*HEADS, "model.num_layers=4")
+    seed_run = tmp_path / "seed"
+    train(seed_run, steps=1, overrides=four)
+    start = (*four, *EVAL, f"checkpoint.load={seed_run}", "checkpoint.load_optimizer=false")
+    single, vpp = tmp_path / "single", tmp_path / "vpp"
+    train(single, steps=STEPS, overrides=start)
+    proc = train(vpp, nproc=2, steps=STEPS, overrides=(*start, "parallel.pipeline=2",
+                                                       "parallel.pipeline_layout=Ett|t|t|mmL"))
+    assert "PP2 (VPP2)" in proc.stdout
+    _compare(metrics(vpp), metrics(single), "vpp")

@@ -108,15 +108,10 @@ def mtp_block_spec(config, platform: Platform, vp_stage=None, pp_rank=None):
     return _swap_local_modules(spec)
 
 
-def parallel_head_specs(config, platform: Platform):
-    """(layer spec, final-norm spec) of a parallel MTP head (models/deepseek_v3/parallel_heads.py): the
-    model's last decoder layer, as mtp_block_spec builds each sequential MTP layer, and the norm module
-    the decoder ends with."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_decoder_layer_specs
+def parallel_head_layer_spec(config, platform: Platform):
+    """The layer spec of a parallel MTP head (models/deepseek_v3/parallel_heads.py): the model's last
+    decoder layer, as mtp_block_spec builds each sequential MTP layer."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
 
     last_layer = get_gpt_decoder_layer_specs(config, platform.use_te, "RMSNorm")[-1]
-    block = get_gpt_decoder_block_spec(config, use_transformer_engine=platform.use_te, normalization="RMSNorm")
-    norm = block.layer_norm
-    if platform.use_te:
-        return last_layer, norm
-    return _swap_local_modules(last_layer), _swap_local_modules(norm)
+    return last_layer if platform.use_te else _swap_local_modules(last_layer)
