@@ -96,7 +96,15 @@ class ModelConfig:
 @dataclass
 class MTPConfig:
     num_layers: int = 1
-    """MTP depth D: sequential modules predicting tokens t+2 .. t+1+D (0 disables MTP)."""
+    """MTP depth D: D modules (style sequential) or D heads (style parallel) predicting tokens
+    t+2 .. t+1+D (0 disables MTP)."""
+    style: Literal["sequential", "parallel"] = "sequential"
+    """sequential: DeepSeek-V3's chained modules (depth k also reads the embedding of token t+k);
+    parallel: Gloeckle et al.'s independent heads, one decoder layer each on the trunk's last hidden
+    state, sharing the output layer (models/deepseek_v3/parallel_heads.py)."""
+    head_by_head_backward: bool = False
+    """Style parallel: forward and backward one head at a time through the detached trunk output
+    (Gloeckle et al.'s memory-saving order), so one head's activations and logits are alive at a time."""
     loss_weight_schedule: list[tuple[int, float]] = field(default_factory=lambda: [(0, 0.3)])
     """λ by consumed training tokens: [[tokens, λ], ...]; λ of the last entry whose start ≤ tokens
     consumed applies. DeepSeek-V3: [[0, 0.3], [10e12, 0.1]]. The objective is lm + (λ/D)·Σ_d CE_d."""

@@ -26,6 +26,7 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> ParallelSizes:
     sizes = _parallel(cfg, world_size)
     _moe(cfg)
     _mtp_and_numbers(cfg)
+    _mtp_style(cfg)
     _recompute(cfg, sizes)
     _overlap(cfg, sizes)
     _optimizer(cfg)
@@ -153,6 +154,17 @@ def _mtp_and_numbers(cfg: Config) -> None:
         raise UserError("training.loss_spike needs window >= 2, patience >= 1 and max_rollbacks >= 0")
 
 
+def _mtp_style(cfg: Config) -> None:
+    """Options that only one MTP style has (models/deepseek_v3/parallel_heads.py)."""
+    mtp = cfg.mtp
+    if mtp.head_by_head_backward and mtp.style != "parallel":
+        raise UserError("mtp.head_by_head_backward needs mtp.style=parallel (sequential modules chain their "
+                        "hidden states, so their losses cannot be back-propagated one at a time)")
+    if mtp.style == "parallel" and mtp.num_layers and cfg.parallel.moe_a2a_overlap:
+        raise UserError("parallel.moe_a2a_overlap needs mtp.style=sequential (megatron-core's overlapped "
+                        "schedule plan builds only the sequential MTP block)")
+
+
 def _recompute(cfg: Config, sizes: ParallelSizes) -> None:
     r = cfg.recompute
     if r.granularity == "selective":
@@ -167,7 +179,7 @@ def _recompute(cfg: Config, sizes: ParallelSizes) -> None:
         if not 1 <= r.num_layers <= max(per_stage, 1):
             raise UserError(f"recompute.num_layers is {r.num_layers}; with full recompute it must be between 1 and "
                             f"the decoder layers per pipeline chunk ({per_stage})")
-        if cfg.mtp.num_layers and r.method == "uniform" and r.num_layers != 1:
+        if cfg.mtp.num_layers and cfg.mtp.style == "sequential" and r.method == "uniform" and r.num_layers != 1:
             raise UserError("full recompute with method=uniform recomputes MTP layers one at a time; set "
                             "recompute.num_layers=1 (or method=block, which leaves MTP layers as they are)")
 

@@ -6,11 +6,11 @@ bytes unchanged) is streamed into new shards with a new index; config.json gets
 SERVING.md (its MTP commands no longer apply). A separate
 export (``DIR/main`` + ``DIR/mtp``) becomes a copy of ``DIR/main``.
 
-megatron-mtp checkpoint (run dir or step dir): the model's tensors except ``mtp.*`` are copied
-chunk by chunk, verbatim, into a new checkpoint directory with ``mtp.num_layers: 0`` in its
-config.yaml. Optimizer state is not carried (it belongs to a model with MTP); train_state.json
-records ``has_optimizer: false``, so training starts from the weights with
-``checkpoint.load=OUT`` and ``megatron-mtp eval OUT`` evaluates it.
+megatron-mtp checkpoint (run dir or step dir): the model's tensors except ``mtp.*`` (sequential
+modules) and ``mtp_heads.*`` (parallel heads) are copied chunk by chunk, verbatim, into a new
+checkpoint directory with ``mtp.num_layers: 0`` in its config.yaml. Optimizer state is not carried
+(it belongs to a model with MTP); train_state.json records ``has_optimizer: false``, so training
+starts from the weights with ``checkpoint.load=OUT`` and ``megatron-mtp eval OUT`` evaluates it.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from megatron_mtp.convert.serving import SERVING_FILE
 from megatron_mtp.convert.staging import staged_dir
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3.hf_config_json import mtp_depth
-from megatron_mtp.models.deepseek_v3.hf_mapping import MODEL_KEY_PREFIXES, is_mtp_hf_name
+from megatron_mtp.models.deepseek_v3.hf_mapping import MODEL_KEY_PREFIXES, MTP_KEY_PREFIXES, is_mtp_hf_name
 
 _HF_WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
@@ -95,13 +95,13 @@ def _drop_mcore(src: Path, out: Path) -> Path:
     step = resolve_checkpoint(src, what="drop-mtp source").path
     state, cfg = read_checkpoint_info(step)
     reader = TorchDistReader(step)
-    mtp_keys = [k for k in reader.keys() if k.startswith("mtp.")]
+    mtp_keys = [k for k in reader.keys() if k.startswith(MTP_KEY_PREFIXES)]
     if cfg.mtp.num_layers == 0 or not mtp_keys:
         raise UserError(f"checkpoint '{step}' has no MTP layers; there is nothing to drop")
-    keys = [k for k in reader.keys() if k.startswith(MODEL_KEY_PREFIXES) and not k.startswith("mtp.")]
+    keys = [k for k in reader.keys() if k.startswith(MODEL_KEY_PREFIXES) and not k.startswith(MTP_KEY_PREFIXES)]
     objects = [
         k for k in reader.object_keys()
-        if k.startswith(MODEL_KEY_PREFIXES) and not k.startswith("mtp.") and "._extra_state/" in k
+        if k.startswith(MODEL_KEY_PREFIXES) and not k.startswith(MTP_KEY_PREFIXES) and "._extra_state/" in k
     ]
     reader.validate(keys, tuple(objects))
     with staged_dir(out) as tmp, reader:

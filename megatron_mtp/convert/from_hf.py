@@ -2,7 +2,8 @@
 
 Inputs: one HF directory (main only, or the release layout with MTP layers inline), a separate
 export (``DIR/main`` + ``DIR/mtp``), or ``mtp_dir`` given explicitly (release or SGLang NextN
-naming); weights in bf16/fp16/fp32 or DeepSeek's FP8 release format (dequantised per 128x128 block).
+naming, or parallel MTP heads: convert/parallel_heads_export.py, imported as mtp.style parallel);
+weights in bf16/fp16/fp32 or DeepSeek's FP8 release format (dequantised per 128x128 block).
 
 Output ``OUT`` is one self-contained checkpoint directory: torch_dist files holding only model
 weights with the trainer's keys (TE spelling of fused norms, used on every platform), written at
@@ -30,6 +31,7 @@ from megatron_mtp.config import Config
 from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.config.parallel import ParallelConfig
 from megatron_mtp.convert.hf_source import record_source
+from megatron_mtp.convert.parallel_heads_export import is_heads_config, read_heads_config
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.convert.shapes import check_shape
@@ -37,7 +39,7 @@ from megatron_mtp.convert.staging import staged_dir
 from megatron_mtp.convert.tokenizer_files import TOKENIZER_FILES
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3.hf_config import from_hf_config
-from megatron_mtp.models.deepseek_v3.hf_config_json import mtp_depth
+from megatron_mtp.models.deepseek_v3.hf_config_json import mtp_depth, parse_hf_config
 from megatron_mtp.models.deepseek_v3.hf_mapping import Param, extra_state_keys, is_mtp_hf_name, param_table
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -81,6 +83,9 @@ def _open_inputs(hf_dir: Path, mtp_dir: Optional[Path]) -> tuple[HFDir, Optional
 
 def _mtp_depth(main: HFDir, mtp: Optional[HFDir], with_mtp: bool) -> int:
     declared = mtp_depth(main.config, str(main.path / "config.json"))
+    if mtp is not None and is_heads_config(mtp.config):  # parallel MTP heads (convert/parallel_heads_export.py)
+        main_view = parse_hf_config(main.config, str(main.path / "config.json"))
+        return read_heads_config(mtp.config, str(mtp.path / "config.json"), main_view).num_heads if with_mtp else 0
     if mtp is not None:
         declared = mtp_depth(mtp.config, str(mtp.path / "config.json"))
         if declared == 0:
@@ -141,11 +146,14 @@ def import_from_hf(
     main, mtp = _open_inputs(hf_dir, Path(mtp_dir) if mtp_dir is not None else None)
     model_cfg, _, vocab = from_hf_config(main.config, str(main.path / "config.json"))
     depth = _mtp_depth(main, mtp, with_mtp)
+    style = "parallel" if mtp is not None and is_heads_config(mtp.config) else "sequential"
+    if style == "parallel" and not with_mtp:
+        mtp = None  # its tensors are not model.layers.* names that --no-mtp would recognise
     if model_cfg.num_experts and model_cfg.num_experts % ep:
         raise UserError(f"--ep {ep} does not divide the {model_cfg.num_experts} routed experts")
     src = _Sources(main, mtp, model_cfg.num_layers)
     # the trainer writes TE spellings on every platform
-    params = param_table(model_cfg, depth, spec="te", mtp_copies=False)
+    params = param_table(model_cfg, depth, spec="te", mtp_copies=False, style=style)
     for p in params:
         for name in p.hf_names():
             if name not in src:
@@ -209,7 +217,7 @@ def import_from_hf(
         cfg = Config(
             name=f"from_hf_{hf_dir.name}",
             model=model_cfg,
-            mtp=MTPConfig(num_layers=depth),
+            mtp=MTPConfig(num_layers=depth, style=style if depth else "sequential"),
             parallel=ParallelConfig(tensor=tp, pipeline=pp, expert=ep),
         )
         if has_tokenizer:

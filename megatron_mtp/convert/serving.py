@@ -100,6 +100,9 @@ class Export:
     mla_head_size: int
     speculative: Optional[int] = None
     """Draft tokens per step asked for with --speculative (None: each engine's default)."""
+    parallel_heads: bool = False
+    """The MTP part is parallel heads (mtp.style parallel, convert/parallel_heads_export.py), which no
+    engine loads."""
 
     @property
     def main_dir(self) -> Path:
@@ -149,6 +152,13 @@ def choose_layout(
     return mtp, mtp_layout or "hf", dtype or "bf16"
 
 
+def parallel_heads_sentence(title: str) -> str:
+    """Why ``--for`` refuses parallel MTP heads (and the SERVING.md note without it)."""
+    return (f"{title} drafts only with DeepSeek-V3's sequential MTP modules, and this checkpoint has parallel MTP "
+            "heads; export without --for (OUT/mtp then holds the heads, which megatron-mtp generate --speculative "
+            "K drafts with) or with --mtp none")
+
+
 def layout_name(mtp: str, mtp_layout: str) -> str:
     return "nextn" if mtp == "separate" and mtp_layout == "nextn" else mtp
 
@@ -166,6 +176,9 @@ def problems(engine: str, export: Export) -> list[Problem]:
         add("tied-head", f"{name}'s DeepSeek model always loads lm_head.weight, and this model ties its output "
             "head to the embedding, so the export has none", "model")
     if e.depth == 0:
+        return found
+    if e.parallel_heads:
+        add("parallel-heads", parallel_heads_sentence(name))
         return found
     if not e.moe:
         add("dense-draft", f"{name} builds every MTP module as a MoE layer and this model is dense, so its MTP "
@@ -298,6 +311,9 @@ def _block(text: str, lang: str = "bash") -> list[str]:
 
 
 def _draft_words(e: Export) -> str:
+    if e.parallel_heads:
+        return (f"{e.depth} parallel MTP head" + ("s" if e.depth > 1 else "") + " in mtp/ (no engine below loads "
+                f"them; `megatron-mtp generate {e.out} --speculative K` drafts K <= {e.depth} tokens with them)")
     return f"{e.depth} MTP module" + ("s" if e.depth > 1 else "")
 
 

@@ -8,6 +8,8 @@ Layouts (``mtp``):
             ``"nextn"`` is SGLang's NextN directory (layer d, copies dropped).
   inline    OUT = one directory in the official release layout (main and MTP layers together).
   none      OUT = main only.
+Parallel MTP heads (mtp.style parallel) have no HF format: separate only, OUT/mtp in their own format
+(convert/parallel_heads_export.py); inline, nextn and ``--for`` are refused in one sentence each.
 
 Serving: ``serve_for`` (``--for``) picks the layout an engine loads with the fewest flags and
 refuses, before anything is written, what it cannot load or run (convert/serving.py); without it
@@ -46,7 +48,14 @@ from megatron_mtp.convert.staging import check_output_free, staged_dir
 from megatron_mtp.convert.tokenizer_files import copy_tokenizer, special_token_ids
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3.hf_config import TOKEN_ID_KEYS, carry_source_fields, to_hf_config
-from megatron_mtp.models.deepseek_v3.hf_mapping import EMBEDDING, MODEL_KEY_PREFIXES, Param, nextn_name, param_table
+from megatron_mtp.models.deepseek_v3.hf_mapping import (
+    EMBEDDING,
+    MODEL_KEY_PREFIXES,
+    MTP_KEY_PREFIXES,
+    Param,
+    nextn_name,
+    param_table,
+)
 
 MtpMode = Literal["separate", "inline", "none"]
 MtpLayout = Literal["hf", "nextn"]
@@ -64,7 +73,7 @@ class Piece:
 
 def select_params(reader: TorchDistReader, cfg: Config, step: Path) -> list[Param]:
     """The table rows present in the checkpoint; every model tensor must be claimed by one."""
-    table = [p for p in param_table(cfg.model, cfg.mtp.num_layers) if p.mcore in reader]
+    table = [p for p in param_table(cfg.model, cfg.mtp.num_layers, style=cfg.mtp.style) if p.mcore in reader]
     claimed = {p.mcore for p in table}
     for key in reader.keys():
         if key.startswith(MODEL_KEY_PREFIXES) and key not in claimed:
@@ -73,7 +82,7 @@ def select_params(reader: TorchDistReader, cfg: Config, step: Path) -> list[Para
                 "(config/weights mismatch); the export would drop it"
             )
     produced = {name for p in table for name in p.hf_names()}
-    for param in param_table(cfg.model, cfg.mtp.num_layers, spec="local"):
+    for param in param_table(cfg.model, cfg.mtp.num_layers, spec="local", style=cfg.mtp.style):
         for name in param.hf_names():
             if name not in produced:
                 raise UserError(
@@ -138,7 +147,7 @@ def plan_export(cfg: Config, vocab: int, mode: MtpMode, mtp_layout: MtpLayout = 
                 dtype: str = "bf16") -> dict[str, list[PlannedTensor]]:
     """The tensors ("main"/"mtp" part -> planned tensors) an export of a checkpoint with this config
     writes, from the config alone (the export of a real checkpoint plans the same from its metadata)."""
-    params = param_table(cfg.model, cfg.mtp.num_layers, spec="te")
+    params = param_table(cfg.model, cfg.mtp.num_layers, spec="te", style=cfg.mtp.style)
     pieces = plan_pieces(params, lambda key: expected_shape(key, cfg.model, vocab), cfg.model.num_layers, mode,
                          mtp_layout)
     return _plans(pieces, DTYPES[dtype])
@@ -197,6 +206,11 @@ def hf_configs(
     full = carry_source_fields(full, source, tokenizer_ids)
     if mode in ("none", "inline"):
         return {"main": full}
+    if cfg.mtp.style == "parallel":  # the heads' own format (convert/parallel_heads_export.py)
+        from megatron_mtp.convert.parallel_heads_export import heads_config
+
+        main = dict(full, num_nextn_predict_layers=0)
+        return {"main": main, "mtp": heads_config(main, depth)}
     mtp = full
     if mtp_layout == "nextn":
         mtp = dict(full, architectures=["DeepseekV3ForCausalLMNextN"], num_hidden_layers=depth)
@@ -211,6 +225,7 @@ def serving_export(cfg: Config, out: Path, mode: MtpMode, mtp_layout: MtpLayout,
         out=out, layout=serving.layout_name(mode, mtp_layout), dtype=dtype, num_layers=m.num_layers,
         depth=cfg.mtp.num_layers if mode != "none" else 0, hidden_size=m.hidden_size, moe=m.num_experts > 0,
         tied=m.tie_embeddings, mla_head_size=m.kv_lora_rank + m.qk_pos_emb_head_dim, speculative=speculative,
+        parallel_heads=cfg.mtp.style == "parallel",
     )
 
 
@@ -263,7 +278,11 @@ def export_to_hf(
         print(f"note: {resolved.note}", file=sys.stderr)
     cfg = read_config(step)
     reader = TorchDistReader(step)
-    has_mtp = cfg.mtp.num_layers > 0 and any(k.startswith("mtp.") for k in reader.keys())
+    has_mtp = cfg.mtp.num_layers > 0 and any(k.startswith(MTP_KEY_PREFIXES) for k in reader.keys())
+    if has_mtp and cfg.mtp.style == "parallel" and mtp != "none":
+        from megatron_mtp.convert.parallel_heads_export import refuse_layout
+
+        refuse_layout(serve_for, mtp or "separate", mtp_layout or "hf")
     mtp, mtp_layout, dtype = serving.choose_layout(serve_for, mtp, mtp_layout, dtype, has_mtp, cfg.model.num_layers)
     if mtp_layout == "nextn" and mtp != "separate":
         raise UserError("--mtp-layout nextn only applies to --mtp separate")

@@ -151,6 +151,10 @@ class Generator:
                 f"{self.source} has no MTP module, so --speculative cannot be used; "
                 "drop --speculative or export the model with its MTP weights."
             )
+        limit = getattr(drafter, "max_draft", None)  # parallel heads draft one position each
+        if speculative_k and limit is not None and speculative_k > limit:
+            raise UserError(f"--speculative {speculative_k} asks for more draft tokens than the {limit} parallel MTP "
+                            f"heads of {self.source} give (one position each); use K <= {limit}.")
         stop = [s for s in (stop or []) if s]
         if stop and self.tokenizer is None:
             raise UserError(f"{self.source} has no tokenizer.json, so stop strings cannot be matched; drop --stop.")
@@ -252,11 +256,13 @@ def load_generator(
     """Load an exported HF directory (main/ + mtp/, inline, or plain) or a megatron checkpoint/run dir."""
     from megatron_mtp.inference.checkpoint_source import hf_dir_for
     from megatron_mtp.inference.model_dir import find_export_dirs, load_mtp_modules, load_target, parse_dtype
+    from megatron_mtp.inference.parallel_draft import load_parallel_heads
 
     torch_dtype = parse_dtype(dtype)
     dirs = find_export_dirs(hf_dir_for(Path(model_dir)))
     target, main_weights = load_target(dirs, torch_dtype)
-    modules = load_mtp_modules(dirs, target, main_weights, torch_dtype)
+    parallel = load_parallel_heads(dirs, target, torch_dtype)  # mtp/ holding parallel heads (parallel_draft.py)
+    modules = [] if parallel is not None else load_mtp_modules(dirs, target, main_weights, torch_dtype)
     tokenizer = None
     if dirs.tokenizer_file is not None:
         from tokenizers import Tokenizer
@@ -267,5 +273,5 @@ def load_generator(
             raise UserError(
                 f"{dirs.tokenizer_file} is not a readable tokenizer ({exc}); re-export the model."
             ) from exc
-    drafter = MTPDrafter(modules, chain_hidden=chain_hidden) if modules else None
+    drafter = parallel if parallel is not None else MTPDrafter(modules, chain_hidden=chain_hidden) if modules else None
     return Generator(target, drafter, tokenizer, dirs.root)

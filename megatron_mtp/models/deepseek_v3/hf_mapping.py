@@ -13,6 +13,11 @@ optionally repeated over the expert axis.
 
 The table is built from the typed model config (``ModelConfig``) and the MTP depth. MTP module d
 (0-based) is HF layer ``num_hidden_layers + d``; the index always comes from the config.
+
+Parallel MTP heads (``mtp.style: parallel``, models/deepseek_v3/parallel_heads.py) have no Hugging Face
+format; they are exported to their own ``mtp/`` directory (convert/parallel_heads_export.py) as
+``heads.{i}.`` + the decoder-layer names of ``model.layers.N.`` (``self_attn.*``, ``mlp.*``, the two
+layer norms) and ``heads.{i}.norm.weight`` (the head's final norm); they share the main ``lm_head``.
 """
 
 from __future__ import annotations
@@ -106,7 +111,9 @@ OUTPUT_LAYER = "output_layer.weight"
 
 # Megatron-core keys under these prefixes are model weights; anything else (optimizer state,
 # RNG, ``_extra_state`` objects) is never read by the converter.
-MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.", "mtp.")
+MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.", "mtp.", "mtp_heads.")
+MTP_KEY_PREFIXES = ("mtp.", "mtp_heads.")
+"""Keys of the sequential MTP block and of the parallel heads."""
 
 
 def mtp_hf_layer(model: ModelConfig, depth: int) -> int:
@@ -145,11 +152,37 @@ def _params_for_layer(
         )
 
 
+def mcore_head_prefix(index: int) -> str:
+    """megatron-core prefix of parallel head ``index`` (0-based)."""
+    return f"mtp_heads.layers.{index}."
+
+
+def hf_head_prefix(index: int) -> str:
+    """Name prefix of parallel head ``index`` in its exported ``mtp/`` directory."""
+    return f"heads.{index}."
+
+
+def head_is_moe(model: ModelConfig) -> bool:
+    """A parallel head is built like the last decoder layer: MoE unless that layer is dense."""
+    return model.num_experts > 0 and model.first_k_dense < model.num_layers
+
+
+def parallel_head_params(model: ModelConfig, num_heads: int, spec: Optional[Spec] = None) -> list[Param]:
+    """The tensors of ``num_heads`` parallel MTP heads (part "mtp")."""
+    table: list[Param] = []
+    for i in range(num_heads):
+        mp, hp = mcore_head_prefix(i), hf_head_prefix(i)
+        table += _params_for_layer(mp + "transformer_layer.", hp, head_is_moe(model), model, "mtp", spec)
+        table.append(Param(mp + "final_layernorm.weight", (hp + "norm.weight",), "mtp"))
+    return table
+
+
 def param_table(
-    model: ModelConfig, mtp_depth: int, spec: Optional[Spec] = None, mtp_copies: bool = True
+    model: ModelConfig, mtp_depth: int, spec: Optional[Spec] = None, mtp_copies: bool = True,
+    style: str = "sequential",
 ) -> list[Param]:
-    """Every tensor of ``model`` with ``mtp_depth`` MTP modules, in checkpoint order: embedding,
-    layers, final norm, head, MTP.
+    """Every tensor of ``model`` with ``mtp_depth`` MTP modules (``style`` parallel: heads), in
+    checkpoint order: embedding, layers, final norm, head, MTP.
 
     ``spec=None`` lists the local and TE spellings of fused norms side by side (for reading a
     checkpoint of either kind: keep the ones present); "local"/"te" lists exactly one model's keys.
@@ -162,6 +195,8 @@ def param_table(
     table.append(Param(FINAL_NORM, ("model.norm.weight",), "main"))
     if not model.tie_embeddings:
         table.append(Param(OUTPUT_LAYER, ("lm_head.weight",), "main"))
+    if style == "parallel":
+        return table + parallel_head_params(model, mtp_depth, spec)
     for d in range(mtp_depth):
         n = mtp_hf_layer(model, d)
         mp, hp = mcore_mtp_prefix(d), f"model.layers.{n}."

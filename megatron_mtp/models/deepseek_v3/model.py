@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from megatron_mtp.config import Config
-from megatron_mtp.models.deepseek_v3.specs import decoder_block_spec, mtp_block_spec
+from megatron_mtp.models.deepseek_v3.specs import decoder_block_spec, mtp_block_spec, parallel_head_layer_spec
 from megatron_mtp.platform import Platform
 
 
@@ -13,8 +13,17 @@ def build_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_pr
     from megatron.core.models.gpt import GPTModel
 
     block = decoder_block_spec(config, platform, vp_stage=vp_stage)
-    mtp = mtp_block_spec(config, platform, vp_stage=vp_stage)
-    return GPTModel(
+    model_class, extra = GPTModel, {}
+    if cfg.mtp.style == "parallel" and cfg.mtp.num_layers:  # Gloeckle-style heads instead of the MTP block
+        from megatron_mtp.models.deepseek_v3.parallel_heads import ParallelHeadsGPTModel
+
+        model_class, mtp = ParallelHeadsGPTModel, None
+        extra = dict(head_layer_spec=parallel_head_layer_spec(config, platform),
+                     head_norm_spec=block.layer_norm,  # each head ends with a norm like the decoder's final one
+                     head_by_head_backward=cfg.mtp.head_by_head_backward)
+    else:
+        mtp = mtp_block_spec(config, platform, vp_stage=vp_stage)
+    return model_class(
         config=config,
         transformer_layer_spec=block,
         vocab_size=vocab_size,
@@ -27,4 +36,5 @@ def build_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_pr
         rotary_base=int(cfg.model.rope_theta),
         mtp_block_spec=mtp,
         vp_stage=vp_stage,
+        **extra,
     )

@@ -58,7 +58,10 @@ def parameter_counts(cfg: Config, padded_vocab: int) -> dict[str, int]:
     head = 0 if m.tie_embeddings else padded_vocab * m.hidden_size
     main = m.num_layers * per_layer_common + mlp_total + embed + head + m.hidden_size
     mtp_mlp = s.moe_total if m.num_experts else s.dense_mlp
-    mtp_layer = per_layer_common + mtp_mlp + 2 * m.hidden_size * m.hidden_size + 3 * m.hidden_size
+    if cfg.mtp.style == "parallel":  # a head: one layer and its final norm (parallel_heads.py)
+        mtp_layer = per_layer_common + mtp_mlp + m.hidden_size
+    else:  # enorm, hnorm, eh_proj [h, 2h], final norm
+        mtp_layer = per_layer_common + mtp_mlp + 2 * m.hidden_size * m.hidden_size + 3 * m.hidden_size
     return {
         "main": main,
         "main_active": m.num_layers * per_layer_common + mlp_active + embed + head + m.hidden_size,
@@ -81,5 +84,6 @@ def training_flops_per_token(cfg: Config, padded_vocab: int, mtp_layers: int) ->
     layer = lambda mlp: 2 * (s.attention + mlp) + attn_scores  # noqa: E731
     head = 2 * padded_vocab * m.hidden_size
     forward = dense_layers * layer(s.dense_mlp) + moe_layers * layer(s.moe_active) + head
-    forward += mtp_layers * (layer(mlp_active) + 2 * 2 * m.hidden_size * m.hidden_size + head)
+    eh_proj = 0 if cfg.mtp.style == "parallel" else 2 * 2 * m.hidden_size * m.hidden_size
+    forward += mtp_layers * (layer(mlp_active) + eh_proj + head)
     return 3.0 * forward

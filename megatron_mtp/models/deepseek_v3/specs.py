@@ -106,3 +106,12 @@ def mtp_block_spec(config, platform: Platform, vp_stage=None, pp_rank=None):
     if spec is None or platform.use_te:
         return spec
     return _swap_local_modules(spec)
+
+
+def parallel_head_layer_spec(config, platform: Platform):
+    """The layer spec of a parallel MTP head (models/deepseek_v3/parallel_heads.py): the model's last
+    decoder layer, as mtp_block_spec builds each sequential MTP layer."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
+
+    last_layer = get_gpt_decoder_layer_specs(config, platform.use_te, "RMSNorm")[-1]
+    return last_layer if platform.use_te else _swap_local_modules(last_layer)

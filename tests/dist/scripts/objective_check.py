@@ -1,7 +1,7 @@
 """Compare megatron-core's gradient with the hand-computed objective lm + (λ/D)·Σ_d CE_d.
 
-Run as a script (one process); prints one JSON line with the largest relative gradient error for
-each λ tried. The objective is rebuilt from the captured logits in float64 with torch's own
+Run as a script (one process; arguments after the config are overrides, e.g. mtp.style=parallel);
+prints one JSON line with the largest relative gradient error for each λ tried. The objective is rebuilt from the captured logits in float64 with torch's own
 cross entropy, so it shares nothing with megatron-core's loss path but the logits. The hand path
 runs its own forward with megatron's MTP scale set to 0: MTPLossAutoScaler injects the MTP gradient
 whenever anything backpropagates through the main hidden states, and would otherwise add to it.
@@ -23,7 +23,7 @@ def main():
 
     depth = int(sys.argv[1])
     cfg = load_config(sys.argv[2], ["model.vocab_size=200", "model.aux_loss_coeff=0", f"mtp.num_layers={depth}",
-                                    "model.num_layers=2", "training.seq_length=16"])
+                                    "model.num_layers=2", "training.seq_length=16", *sys.argv[3:]])
     plat = setup("cpu")
     init_distributed(cfg, plat)
     comp = build_components(cfg, plat, padded_vocab_size(200, cfg), with_optimizer=False)
@@ -44,10 +44,14 @@ def main():
         out = gpt(tokens, pos, None, labels=labels, loss_mask=mask)
         lm = (out * mask).sum() / mask.sum()
         grads_megatron = torch.autograd.grad(lm, params, allow_unused=True)
-        # the hand path: a fresh forward with megatron's MTP scale at 0, objective from the logits
+        # the hand path: a fresh forward with megatron's MTP scale at 0, objective from the logits (with
+        # parallel heads in Gloeckle's order, their graphs must be kept for it: heads all at once here)
         comp.config.mtp_loss_scaling_factor = 0.0
         captured.clear()
+        head_by_head = getattr(gpt, "head_by_head_backward", False)
+        gpt.head_by_head_backward = False
         gpt(tokens, pos, None, labels=labels, loss_mask=mask)
+        gpt.head_by_head_backward = head_by_head
 
         def ce(logits_sbv, target_bs, valid_bs):
             logp = F.log_softmax(logits_sbv.double().transpose(0, 1), dim=-1)  # [b, s, V]

@@ -1,0 +1,136 @@
+"""Drafting with parallel MTP heads (``mtp.style: parallel``; export format: convert/parallel_heads_export.py).
+
+Head k (1-based) is a decoder layer with its own KV cache over the TARGET's positions, fed the target's
+hidden state ``h_0(t)`` after ``model.norm``, then its own norm (``heads.{k-1}.norm``) and the target's
+``lm_head``; at position t it predicts token t+1+k (training: models/deepseek_v3/parallel_heads.py).
+
+One round (``seq[N-1]`` pending, ``h_0`` known for positions ``<= N-2``, see draft.py): draft d_j is head j at
+position ``N-2``, predicting ``seq[N-1+j]`` (the target itself predicts the pending ``seq[N-1]`` there).
+No draft depends on another, so all K <= n drafts come from one draft forward: each head catches up
+over the positions it has not seen (the a+1 accepted ones of the last round) and reads its last row.
+Sampled drafts are independent draws from each head's q_j; since q_j does not depend on d_1..d_{j-1},
+it is a valid proposal for position j given any accepted prefix, so Leviathan verification stays lossless.
+
+Rollback is trivial: a head's cache entry at position t depends only on ``h_0(0..t)``, which is final
+for every t the heads have seen (``t <= N-2 < N'-1``), so entries are never invalidated; only the
+target-hidden buffer is cut to the target cache.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from megatron_mtp.convert.parallel_heads_export import is_heads_config, read_heads_config
+from megatron_mtp.convert.safetensors_io import HFDir
+from megatron_mtp.errors import UserError
+from megatron_mtp.inference.draft import HiddenBuffer, PickFn
+from megatron_mtp.inference.kv_cache import LatentKVCache
+from megatron_mtp.inference.layers import DecoderLayer, RMSNorm, Rotary
+from megatron_mtp.inference.model_dir import ExportDirs, _load_into, decodable_config
+from megatron_mtp.inference.target import TargetModel
+from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
+from megatron_mtp.models.deepseek_v3.hf_mapping import hf_head_prefix
+
+
+class ParallelHead(DecoderLayer):
+    """One head: decoder layer (HF names of ``model.layers.N``) plus ``norm``."""
+
+    def __init__(self, config: DeepseekV3HFConfig) -> None:
+        super().__init__(config, config.num_hidden_layers - 1)  # shaped like the main model's last layer
+        self.config = config
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = Rotary(config)
+        self.cache: LatentKVCache | None = None
+
+    def reset_cache(self) -> None:
+        self.cache = LatentKVCache(self.config.kv_lora_rank, self.config.qk_rope_head_dim, self.norm.weight.dtype)
+
+    @torch.inference_mode()
+    def step(self, hidden_in: torch.Tensor, start: int) -> torch.Tensor:
+        """Positions ``start..start+T-1`` from target hidden states [T, h]; the normed output [T, h]."""
+        if self.cache is None:
+            self.reset_cache()
+        x = hidden_in.to(self.norm.weight.dtype).unsqueeze(0)
+        cos_sin = self.rotary.cos_sin(start, x.shape[1], x.dtype)
+        return self.norm(DecoderLayer.forward(self, x, cos_sin, self.cache, start))[0]
+
+
+class ParallelHeadsDrafter:
+    """Drafts K <= n tokens per round with n parallel heads (the ``Drafter`` protocol of draft.py)."""
+
+    def __init__(self, heads: list[ParallelHead], lm_head: nn.Linear) -> None:
+        if not heads:
+            raise ValueError("ParallelHeadsDrafter needs at least one head")
+        self.heads = heads
+        self.lm_head = lm_head
+        self._hidden = HiddenBuffer(heads[0].config.hidden_size, heads[0].norm.weight.dtype)
+
+    @property
+    def depth(self) -> int:
+        return len(self.heads)
+
+    @property
+    def max_draft(self) -> int:
+        """Each head drafts one position: K is at most the number of heads."""
+        return len(self.heads)
+
+    def reset(self) -> None:
+        for head in self.heads:
+            head.reset_cache()
+        self._hidden.truncate(0)
+
+    def observe_target(self, hidden: torch.Tensor, start: int) -> None:
+        self._hidden.truncate(start)
+        self._hidden.write(start, hidden)
+
+    @torch.inference_mode()
+    def propose(self, tokens: list[int], k: int, pick: PickFn) -> tuple[list[int], list[torch.Tensor | None]]:
+        if k > self.max_draft:
+            raise UserError(f"{k} draft tokens asked from {self.max_draft} parallel MTP heads; each head drafts one "
+                            f"position, so use --speculative {self.max_draft} or fewer")
+        anchor = len(tokens) - 2  # last position whose target hidden state is known
+        drafts: list[int] = []
+        dists: list[torch.Tensor | None] = []
+        for head in self.heads[:k]:
+            if head.cache is None:
+                head.reset_cache()
+            start = head.cache.length
+            out = head.step(self._hidden.read(start, anchor + 1), start)
+            token, dist = pick(self.lm_head(out[-1]).float())
+            drafts.append(token)
+            dists.append(dist)
+        return drafts, dists
+
+    def rollback(self, committed: int) -> None:
+        self._hidden.truncate(committed - 1)
+        for head in self.heads:
+            if head.cache is not None:
+                head.cache.truncate(min(head.cache.length, committed - 1))
+
+    def cache_lengths(self) -> list[int]:
+        return [head.cache.length if head.cache is not None else 0 for head in self.heads]
+
+
+def load_parallel_heads(dirs: ExportDirs, target: TargetModel, dtype: torch.dtype) -> ParallelHeadsDrafter | None:
+    """The drafter of an export whose ``mtp/`` holds parallel heads; None for any other export."""
+    if dirs.mtp_dir is None:
+        return None
+    weights = HFDir(dirs.mtp_dir)
+    if not is_heads_config(weights.config):
+        return None
+    where = weights.path / "config.json"
+    heads_cfg = read_heads_config(weights.config, str(where), target.config)
+    config = decodable_config(dict(weights.config["main_config"]), where)
+    heads = []
+    for i in range(heads_cfg.num_heads):
+        prefix = hf_head_prefix(i)
+        if prefix + "norm.weight" not in weights:
+            raise UserError(f"{weights.path} lacks {prefix}norm.weight for parallel head {i + 1}; re-export the "
+                            "MTP part.")
+        with torch.device("meta"):
+            head = ParallelHead(config)
+        _load_into(head, weights, prefix, dtype, config.n_routed_experts)
+        head.eval()
+        heads.append(head)
+    return ParallelHeadsDrafter(heads, target.lm_head)

@@ -1,0 +1,110 @@
+"""mtp.style: what only one style has is refused in one sentence naming the field; both styles place MTP
+layers ('m' in a layout string) on the last stage; the mapping table lists the heads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from megatron_mtp.config import load_config
+from megatron_mtp.config.validate import validate
+from megatron_mtp.errors import UserError
+from megatron_mtp.models.deepseek_v3.hf_mapping import param_table
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "configs" / "tiny_cpu.yaml")
+
+
+def _validate(*overrides, world=None):
+    cfg = load_config(TINY, list(overrides))
+    return validate(cfg, world)
+
+
+A2A_OVERLAP = ("training.precision=bf16", "training.micro_batch_size=4", "parallel.expert=2", "parallel.pipeline=2",
+               "parallel.virtual_pipeline=2", "parallel.moe_a2a_overlap=true")
+
+
+@pytest.mark.parametrize("overrides,field", [
+    # an option only the parallel style has, asked of the sequential one
+    (("mtp.head_by_head_backward=true", "training.micro_batch_size=4"), "mtp.head_by_head_backward"),
+    # an option only the sequential style has, asked of the parallel one
+    (("mtp.style=parallel", *A2A_OVERLAP), "parallel.moe_a2a_overlap"),
+])
+def test_option_of_the_other_style_is_one_sentence_naming_the_field(overrides, field):
+    with pytest.raises(UserError) as info:
+        _validate(*overrides, world=4)
+    text = str(info.value)
+    assert text.startswith(field) and "mtp.style=" in text and text.count(". ") == 0
+
+
+def test_the_sequential_option_is_fine_with_sequential_modules():
+    _validate(*A2A_OVERLAP, world=4)
+
+
+def test_unknown_style_names_the_choices():
+    with pytest.raises(UserError, match="mtp.style is .tree.; it must be one of .sequential., .parallel."):
+        load_config(TINY, ["mtp.style=tree"])
+
+
+@pytest.mark.parametrize("layout", ["Et|tmmL", "Et|t|mmL"])
+def test_parallel_heads_are_placed_like_mtp_layers(layout):
+    _validate("mtp.style=parallel", "mtp.num_layers=2", "model.num_layers=2", "parallel.pipeline=" +
+              str(layout.count("|") + 1), f"parallel.pipeline_layout={layout}")
+
+
+def test_parallel_heads_on_an_earlier_stage_are_refused():
+    with pytest.raises(UserError, match="must put all MTP layers after the last decoder layer"):
+        _validate("mtp.style=parallel", "mtp.num_layers=1", "model.num_layers=2", "parallel.pipeline=2",
+                  "parallel.pipeline_layout=Etm|tL")
+
+
+def test_full_recompute_leaves_the_heads_alone():
+    """uniform recompute of several layers per chunk is refused for sequential MTP only (heads are not recomputed)"""
+    common = ("model.num_layers=4", "recompute.granularity=full", "recompute.method=uniform", "recompute.num_layers=2")
+    with pytest.raises(UserError, match="recompute.num_layers=1"):
+        _validate(*common)
+    _validate(*common, "mtp.style=parallel")
+
+
+def test_mapping_table_lists_the_heads():
+    cfg = load_config(TINY, ["mtp.style=parallel", "mtp.num_layers=2"])
+    table = param_table(cfg.model, 2, spec="te", style="parallel")
+    heads = [p for p in table if p.part == "mtp"]
+    assert {p.mcore.split(".")[2] for p in heads} == {"0", "1"}
+    assert all(p.mcore.startswith("mtp_heads.layers.") for p in heads)
+    assert all(name.startswith("heads.") for p in heads for name in p.hf_names())
+    assert "mtp_heads.layers.1.final_layernorm.weight" in {p.mcore for p in heads}
+    sequential = [p for p in param_table(cfg.model, 2, spec="te") if p.part == "mtp"]
+    # a head is a sequential module without enorm/hnorm/eh_proj and the embedding/head copies
+    assert len(sequential) - len(heads) == 2 * 5
+
+
+def test_analytic_size_equals_the_built_heads():
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    from megatron_mtp.models.deepseek_v3.size import parameter_counts
+
+    overrides = ["model.vocab_size=256", "mtp.style=parallel", "mtp.num_layers=2"]
+    code = textwrap.dedent(f"""
+        import json
+        from megatron_mtp.config import load_config
+        from megatron_mtp.platform import setup
+        from megatron_mtp.training.distributed import init_distributed, destroy
+        from megatron_mtp.models.deepseek_v3.transformer_config import build_transformer_config
+        from megatron_mtp.models.deepseek_v3.model import build_model
+        cfg = load_config("{TINY}", {overrides!r})
+        plat = setup("cpu"); init_distributed(cfg, plat)
+        model = build_model(cfg, build_transformer_config(cfg, plat), plat, 256, True, True)
+        print(json.dumps([[n, p.numel()] for n, p in model.named_parameters()])); destroy()
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    params = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not any(n.startswith("mtp.") for n, _ in params)  # no sequential block, no embedding copy
+    counts = parameter_counts(load_config(TINY, overrides), 256)
+    assert counts["main"] == sum(c for n, c in params if not n.startswith("mtp_heads."))
+    assert counts["mtp_unique"] == sum(c for n, c in params if n.startswith("mtp_heads."))
