@@ -286,6 +286,24 @@ def mtp_wrapper(d: Dims, k: Kernels, full_recompute: bool) -> Saved:
     return out
 
 
+def parallel_head(d: Dims, k: Kernels) -> Saved:
+    """A parallel MTP head's own tensor around its transformer layer: its final norm (the layer's
+    input is the trunk output, which the main output layer saves too)."""
+    out = Saved()
+    _norm(out, "head.final_norm", d.hidden, d.local, d, k)
+    return out
+
+
+def head_by_head_held(d: Dims, head_grad_bytes: float) -> Saved:
+    """mtp.head_by_head_backward: what a micro-batch holds from the forward to its backward instead
+    of the heads' activations: the trunk-output gradient and the gradients of the heads' and the
+    output layer's parameters (taken in the forward)."""
+    out = Saved()
+    out.add("heads.trunk_grad", d.hidden * d.local * d.act_bytes)
+    out.add("heads.parameter_grads", head_grad_bytes)
+    return out
+
+
 def embedding(d: Dims) -> Saved:
     out = Saved()
     out.add("embedding.token_ids", d.tokens * 8)

@@ -27,7 +27,7 @@ from collections import Counter
 from megatron_mtp.config.root import Config
 from megatron_mtp.plan import memory
 from megatron_mtp.plan.activations import Dims, dims_of
-from megatron_mtp.plan.params import is_moe_layer, mtp_is_moe
+from megatron_mtp.plan.params import is_moe_layer, mtp_is_moe, sequential_mtp
 
 
 def _column(width: float, tokens: int) -> tuple[float, float]:
@@ -84,10 +84,11 @@ def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
                 if etp:  # tokens and probabilities gathered over expert TP, expert outputs reduce-scattered back
                     per_micro["etp"] += 2 * sizes.etp * routed * (2 * h * a + 4)
         if tp:
-            lookups = (1 if s.embedding else 0) + s.mtp_layers
+            modules = s.mtp_layers if sequential_mtp(cfg) else 0  # parallel heads: no lookup, no eh_proj
+            lookups = (1 if s.embedding else 0) + modules
             per_micro["tp"] += 2 * lookups * t * h * a  # embedding reduce-scatter and its backward gather
             # eh_proj: a column-parallel [2h] input, its output gathered over TP and re-split by sequence
-            per_micro["tp"] += s.mtp_layers * (sum(_column(2 * h, t)) + 2 * t * h) * a
+            per_micro["tp"] += modules * (sum(_column(2 * h, t)) + 2 * t * h) * a
             if s.loss:  # output layer per head, and the cross entropy's three fp32 reductions
                 per_micro["tp"] += (1 + cfg.mtp.num_layers) * (sum(_column(h, t)) * a + 3 * t * 4)
         if sizes.pp > 1:
@@ -115,6 +116,6 @@ def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
                                                                      s is stages[-1], te)
                  if p.name.endswith(("norm.weight", "layer_norm_weight", "router.weight")))
         out["tp"] += sp * grad_bytes
-    if sizes.pp > 1 and cfg.mtp.num_layers and any(s.embedding or s.mtp_layers for s in mine):
+    if sizes.pp > 1 and sequential_mtp(cfg) and any(s.embedding or s.mtp_layers for s in mine):
         out["embedding"] += d.vocab * h * grad_bytes
     return out

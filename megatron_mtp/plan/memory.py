@@ -41,6 +41,8 @@ from megatron_mtp.plan.params import (
     has_final_norm,
     is_moe_layer,
     mtp_is_moe,
+    parallel_head_params,
+    sequential_mtp,
 )
 from megatron_mtp.platform.detect import Platform
 from megatron_mtp.platform.features import Features, resolve_features
@@ -155,8 +157,9 @@ def recompute_modules(cfg: Config) -> frozenset:
 
 
 def chunk_activations(cfg: Config, stage: pipeline_layout.Stage, d: act.Dims, k: act.Kernels,
-                      grouped_gemm: bool) -> act.Saved:
-    """Bytes one micro-batch leaves saved on a chunk until its backward."""
+                      grouped_gemm: bool, head_grad_bytes: float = 0.0) -> act.Saved:
+    """Bytes one micro-batch leaves saved on a chunk until its backward (`head_grad_bytes`: with
+    mtp.head_by_head_backward, the gradients of the heads' and output layer's parameters)."""
     r, mods = cfg.recompute, recompute_modules(cfg)
     out = act.Saved()
 
@@ -175,14 +178,22 @@ def chunk_activations(cfg: Config, stage: pipeline_layout.Stage, d: act.Dims, k:
             continue
         merge(f"{kind}_layers.", act.decoder_layer(d, k, mods, moe, grouped_gemm))
     full_mtp = r.granularity == "full" and r.method == "uniform"
+    head_by_head = cfg.mtp.head_by_head_backward and not sequential_mtp(cfg)
     for _ in range(stage.mtp_layers):
+        if not sequential_mtp(cfg):  # parallel heads: never under full recompute (mods is empty then)
+            if not head_by_head:
+                merge("mtp_heads.", act.parallel_head(d, k))
+                merge("mtp_heads.", act.decoder_layer(d, k, mods, mtp_is_moe(cfg), grouped_gemm))
+            continue
         merge("mtp.", act.mtp_wrapper(d, k, full_mtp))
         if not full_mtp:
             merge("mtp.", act.decoder_layer(d, k, mods, mtp_is_moe(cfg), grouped_gemm))
+    if head_by_head and stage.mtp_layers:
+        merge("mtp_heads.", act.head_by_head_held(d, head_grad_bytes))
     if has_final_norm(cfg, stage, stage.loss):
         merge("", act.final_norm(d, k))
-    if stage.loss:
-        merge("", act.output_and_loss(d, k, cfg.mtp.num_layers))
+    if stage.loss:  # head by head: the heads' logits are freed in the forward
+        merge("", act.output_and_loss(d, k, 0 if head_by_head else cfg.mtp.num_layers))
     if not stage.embedding and k.norm == "torch" and d.act_bytes != act.FP32:
         out.add("pipeline.input", d.hidden * d.local * d.act_bytes)  # held by the schedule, not by the norm
     return out
@@ -274,7 +285,8 @@ def make_plan(cfg: Config, world: int, gpu: Gpu, cpu: bool = False, imbalance: f
     ranks = []
     for r in range(sizes.pp):
         mine = [s for s in stages if s.pp_rank == r]
-        per_chunk = [chunk_activations(cfg, s, d, tgt.kernels, grouped).total for s in mine]
+        per_chunk = [chunk_activations(cfg, s, d, tgt.kernels, grouped, head_grad_bytes(cfg, sizes, s, vocab, tgt.te)
+                                       ).total for s in mine]
         pk = schedule.peak(sizes.pp, r, sizes.vpp, num_micro, per_chunk, cfg.parallel.moe_a2a_overlap)
         kept = sizes.pp > 1 and tgt.platform.is_cpu
         outputs = sum(n for n, s in zip(pk.per_chunk, mine) if not s.loss) * d.hidden * d.local * d.act_bytes
@@ -285,6 +297,14 @@ def make_plan(cfg: Config, world: int, gpu: Gpu, cpu: bool = False, imbalance: f
     plan = Plan(cfg=cfg, sizes=sizes, gpu=gpu, target=tgt, num_micro=num_micro, ranks=ranks, imbalance=imbalance)
     plan.assumptions = assumptions(plan)
     return plan
+
+
+def head_grad_bytes(cfg: Config, sizes: ParallelSizes, stage: pipeline_layout.Stage, vocab: int, te: bool) -> float:
+    """With mtp.head_by_head_backward: the parameter gradients a micro-batch holds on the heads' stage."""
+    if not (cfg.mtp.head_by_head_backward and stage.mtp_layers and not sequential_mtp(cfg)):
+        return 0.0
+    heads = sum(p.numel for p in parallel_head_params(cfg, sizes, stage.mtp_layers, te))
+    return (heads + vocab // sizes.tp * cfg.model.hidden_size) * BYTES[cfg.training.precision]
 
 
 def _workspace(cfg: Config, mine, d: act.Dims, tgt: Target, grouped: bool) -> float:
@@ -301,6 +321,9 @@ def _workspace(cfg: Config, mine, d: act.Dims, tgt: Target, grouped: bool) -> fl
         candidates.append(d.tokens * d.vocab * d.act_bytes)
     if moe_here:  # dispatched tokens: the all-to-all output and its gradient
         candidates.append(2 * d.routed * d.hidden * d.act_bytes)
+    if cfg.mtp.head_by_head_backward and any(s.mtp_layers for s in mine):  # one head's graph, then freed
+        candidates.append(act.decoder_layer(d, k, frozenset(), mtp_is_moe(cfg), grouped).total +
+                          act.output_and_loss(d, k, 0).total)
     fixed = FIXED_ALLOWANCE if not tgt.platform.is_cpu else 0
     return max(candidates) + fixed
 
@@ -340,6 +363,10 @@ def assumptions(plan: Plan) -> list[str]:
                    if plan.target.platform.is_cpu else
                    "pipeline: a chunk's output is freed once sent (deallocate_pipeline_outputs); only its autograd "
                    "node waits for the backward")
+    if cfg.mtp.num_layers and not sequential_mtp(cfg):
+        out.append(f"MTP: {cfg.mtp.num_layers} parallel heads on the loss stage, no embedding copy there" + (
+            "; head by head: each head's graph freed in the forward, its parameter gradients (and the output "
+            "layer's) held per micro-batch instead" if cfg.mtp.head_by_head_backward else ""))
     if cfg.parallel.token_dispatcher == "flex":
         out.append("token dispatcher flex: planned as alltoall (same tokens per rank; DeepEP's own buffers are in "
                    "the workspace allowance)")

@@ -89,6 +89,12 @@ def mtp_is_moe(cfg: Config) -> bool:
     return is_moe_layer(cfg, cfg.model.num_layers - 1)
 
 
+def sequential_mtp(cfg: Config) -> bool:
+    """DeepSeek's sequential MTP modules (each with an embedding lookup and eh_proj), as opposed to
+    parallel heads (a transformer layer and a norm each, no embedding: models/deepseek_v3/parallel_heads.py)."""
+    return cfg.mtp.num_layers > 0 and cfg.mtp.style == "sequential"
+
+
 def has_final_norm(cfg: Config, stage: Stage, last: bool) -> bool:
     """With MTP, megatron-core puts the decoder's final norm next to the last decoder layer; without
     it, on the loss stage."""
@@ -103,24 +109,39 @@ def chunk_params(cfg: Config, sizes: ParallelSizes, stage: Stage, padded_vocab: 
     m, h = cfg.model, cfg.model.hidden_size
     vocab_rows = padded_vocab // sizes.tp
     out: list[Param] = []
-    mtp_here = stage.mtp_layers > 0
-    if stage.embedding or mtp_here:
-        # the MTP stage keeps its own copy of the input embedding, tied to the first stage's by an
-        # all-reduce (shared_embedding); so does the first stage when another stage holds the copy
-        shared = sizes.pp > 1 and (cfg.mtp.num_layers > 0 or m.tie_embeddings)
+    sequential = sequential_mtp(cfg)
+    with_embedding = stage.embedding or (stage.mtp_layers > 0 and sequential)
+    if with_embedding:
+        # the sequential MTP stage keeps its own copy of the input embedding, tied to the first
+        # stage's by an all-reduce (shared_embedding); so does the first stage when another stage
+        # holds the copy. Parallel heads read no embedding: the last stage holds none.
+        shared = sizes.pp > 1 and (sequential or m.tie_embeddings)
         out.append(Param("embedding.word_embeddings.weight", vocab_rows * h, shared_embedding=shared))
     for layer in stage.layers:
         out += _layer(cfg, sizes, f"decoder.layers.{layer}.", is_moe_layer(cfg, layer), te)
     if has_final_norm(cfg, stage, last):
         out.append(Param("decoder.final_layernorm.weight", h))
-    for i in range(stage.mtp_layers):
-        p = f"mtp.layers.{i}."
-        out += [Param(f"{p}enorm.weight", h), Param(f"{p}hnorm.weight", h),
-                Param(f"{p}eh_proj.weight", h // sizes.tp * 2 * h, linear=True)]
-        out += _layer(cfg, sizes, f"{p}transformer_layer.", mtp_is_moe(cfg), te)
-        out.append(Param(f"{p}final_layernorm.weight", h))
-    if last and not (m.tie_embeddings and (stage.embedding or mtp_here)):  # tied: the embedding's weight
+    if sequential:
+        for i in range(stage.mtp_layers):
+            p = f"mtp.layers.{i}."
+            out += [Param(f"{p}enorm.weight", h), Param(f"{p}hnorm.weight", h),
+                    Param(f"{p}eh_proj.weight", h // sizes.tp * 2 * h, linear=True)]
+            out += _layer(cfg, sizes, f"{p}transformer_layer.", mtp_is_moe(cfg), te)
+            out.append(Param(f"{p}final_layernorm.weight", h))
+    if last and not (m.tie_embeddings and with_embedding):  # tied: the embedding's weight
         out.append(Param("output_layer.weight", vocab_rows * h, shared_embedding=m.tie_embeddings and sizes.pp > 1))
+    if not sequential:  # the heads are registered after GPTModel's own modules
+        out += parallel_head_params(cfg, sizes, stage.mtp_layers, te)
+    return out
+
+
+def parallel_head_params(cfg: Config, sizes: ParallelSizes, heads: int, te: bool) -> list[Param]:
+    """Parameters of `heads` parallel MTP heads (mtp.style=parallel): a layer and a norm each."""
+    out: list[Param] = []
+    for i in range(heads):
+        p = f"mtp_heads.layers.{i}."
+        out += _layer(cfg, sizes, f"{p}transformer_layer.", mtp_is_moe(cfg), te)
+        out.append(Param(f"{p}final_layernorm.weight", cfg.model.hidden_size))
     return out
 
 

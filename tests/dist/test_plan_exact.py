@@ -42,6 +42,11 @@ LAYOUTS = {
                                  "parallel.bucket_size=20000"]),
     # DeepSeek-V3's last stage: MTP and the loss without decoder layers (the final norm stays behind)
     "pp2_mtp_stage": (2, ["parallel.pipeline=2", "parallel.pipeline_layout=Ett|mL", "training.precision=bf16"]),
+    # parallel MTP heads: no embedding copy on the last stage, nothing tied between the stages
+    "pp2_parallel_heads": (2, ["parallel.pipeline=2", "mtp.style=parallel", "mtp.num_layers=2"]),
+    "tp2_ep2_parallel_heads": (2, ["parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1",
+                                   "mtp.style=parallel", "mtp.num_layers=2", "training.precision=bf16"]),
+    "dp2_head_by_head": (2, ["mtp.style=parallel", "mtp.num_layers=2", "mtp.head_by_head_backward=true"]),
 }
 MODELED = ("tp", "ep", "etp", "dp", "edp", "pp", "embedding")
 

@@ -17,7 +17,8 @@ from megatron_mtp.cli import main
 from megatron_mtp.config import load_config
 from megatron_mtp.errors import UserError
 from megatron_mtp.launch.job_plan import SubmitRequest, build_plan
-from megatron_mtp.plan import report, schedule
+from megatron_mtp.plan import activations as act
+from megatron_mtp.plan import comm, memory, report, schedule
 from megatron_mtp.plan.gpus import GIB, KNOWN, parse_gpu
 from megatron_mtp.plan.memory import make_plan
 from megatron_mtp.platform.detect import Platform
@@ -182,3 +183,28 @@ def test_parameter_inventory_is_the_built_models():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) is True
+
+
+def test_parallel_heads_plan_no_embedding_copy_and_head_by_head_holds_gradients():
+    # one head, in the recipe layout's one 'm' (the all-to-all overlap builds only sequential MTP)
+    base = ["mtp.style=parallel", "parallel.moe_a2a_overlap=false", "parallel.delay_wgrad_compute=false"]
+    plain = make_plan(load_config(V3, base), 1024, parse_gpu("h100"))
+    last = [s for s in memory.model_stages(plain.cfg) if s.pp_rank == plain.sizes.pp - 1][-1]
+    names = [p.name for p in memory.chunk_params(plain.cfg, plain.sizes, last, memory.resolve_vocab(plain.cfg),
+                                                 last=True, te=True)]
+    assert "embedding.word_embeddings.weight" not in names and not any(n.startswith("mtp.") for n in names)
+    assert sum(n.startswith("mtp_heads.layers.0.") for n in names) > 0
+    assert comm.step_bytes(plain.cfg, plain, plain.sizes.pp - 1)["embedding"] == 0
+    sequential = make_plan(load_config(V3), 1024, parse_gpu("h100"))
+    assert comm.step_bytes(sequential.cfg, sequential, sequential.sizes.pp - 1)["embedding"] > 0
+    by_head = make_plan(load_config(V3, [*base, "mtp.head_by_head_backward=true",
+                                         "kernels.gradient_accumulation_fusion=false"]), 1024, parse_gpu("h100"))
+    # the last chunk's micro-batch: no heads' activations or logits, but their parameter gradients
+    assert by_head.ranks[-1].chunk_bytes[-1] != plain.ranks[-1].chunk_bytes[-1]
+    d = act.dims_of(plain.cfg, memory.resolve_vocab(plain.cfg), 1.0)
+    grads = memory.head_grad_bytes(by_head.cfg, by_head.sizes, last, memory.resolve_vocab(by_head.cfg), te=True)
+    k, mods = plain.target.kernels, memory.recompute_modules(plain.cfg)
+    heads = act.parallel_head(d, k).total + act.decoder_layer(d, k, mods, True, True).total
+    logits = act.output_and_loss(d, k, 1).total - act.output_and_loss(d, k, 0).total
+    saved = by_head.ranks[-1].chunk_bytes[-1] - plain.ranks[-1].chunk_bytes[-1]
+    assert saved == pytest.approx(act.head_by_head_held(d, grads).total - heads - logits)

@@ -54,7 +54,9 @@ only after the forward), so parameters get them through the ordinary accumulatio
 buckets) exactly once. The price is one gradient of the heads' and the output layer's parameters,
 held from the forward to the backward (included in the measurement of tools/compare_mtp_styles.py,
 README.md "Two MTP styles"). Not with kernels.gradient_accumulation_fusion, whose weight-gradient
-kernel writes into the optimizer's buffer directly (refused at build time).
+kernel writes into the optimizer's buffer directly (refused at build time). The heads then run
+without activation recompute: their graphs are freed in the forward already, and megatron-core's
+checkpoint functions refuse ``torch.autograd.grad``.
 """
 
 from __future__ import annotations
@@ -161,6 +163,18 @@ def _unit_aux_loss_scale():
         MoEAuxLossAutoScaler.main_loss_backward_scale = saved
 
 
+def _without_recompute(config):
+    """The heads' config under head-by-head backward: no activation recompute inside the heads. Each
+    head's graph is freed within the forward anyway (there is nothing left to recompute), and
+    megatron-core's checkpoint functions refuse the torch.autograd.grad that takes its gradient."""
+    import copy
+
+    heads = copy.copy(config)
+    heads.recompute_granularity, heads.recompute_modules = None, []
+    heads.recompute_method, heads.recompute_num_layers = None, None
+    return heads
+
+
 class ParallelHeadsGPTModel(GPTModel):
     """megatron-core's GPTModel with n parallel heads on the last stage instead of the MTP block."""
 
@@ -175,7 +189,8 @@ class ParallelHeadsGPTModel(GPTModel):
         self.num_heads = self.config.mtp_num_layers
         self.head_by_head_backward = head_by_head_backward
         if self.post_process:
-            self.mtp_heads = ParallelHeads(self.config, head_layer_spec, head_norm_spec, self.num_heads,
+            head_config = _without_recompute(self.config) if head_by_head_backward else self.config
+            self.mtp_heads = ParallelHeads(head_config, head_layer_spec, head_norm_spec, self.num_heads,
                                            vp_stage=self.vp_stage)
             for name, module in self.mtp_heads.named_modules():  # what GPTModel.__init__ does for its modules
                 if hasattr(module, "finish_init"):

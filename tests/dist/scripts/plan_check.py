@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import sys
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -184,13 +185,13 @@ def saved_bytes_of_forward(model, batch):
 
     def pack(t):
         if torch.is_tensor(t) and t.untyped_storage().data_ptr() not in params:
-            kept.append(t)
+            kept.append(weakref.ref(t))  # alive while a graph node holds it (head-by-head frees graphs early)
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"],
                     loss_mask=batch["loss_mask"])
-    total, _ = storage_bytes(kept)
+    total, _ = storage_bytes([t for t in (ref() for ref in kept) if t is not None])
     del out
     return total
 
