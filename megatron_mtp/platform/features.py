@@ -75,10 +75,10 @@ def resolve_features(cfg, platform: Platform) -> Features:
                             "training.fp8 (padding only matters for FP8 GEMMs)"),
         tp_comm_overlap=_toggle(p.tp_comm_overlap, gpu_te and p.tensor > 1, platform, "parallel.tp_comm_overlap",
                                 "Transformer Engine userbuffers and parallel.tensor > 1"),
-        # on CPU the training step itself uses every core, so a background writer takes its time from
-        # the step: tools/bench/bench_checkpoint.py measures 2x the time lost per save of a synchronous one
-        async_save=_toggle(cfg.checkpoint.async_save, not platform.is_cpu, platform, "checkpoint.async_save",
-                           "async save"),
+        # available everywhere, but `auto` is off on CPU: there the training step itself uses every core,
+        # so a background writer takes its time from the step (tools/bench/bench_checkpoint.py measures
+        # 2x the time lost per save of a synchronous one)
+        async_save=(not platform.is_cpu) if cfg.checkpoint.async_save == "auto" else bool(cfg.checkpoint.async_save),
     )
     here = "this run is on CPU" if platform.is_cpu else "it is not available here"
     if cfg.recompute.granularity == "selective" and "moe_act" in cfg.recompute.modules and not features.grouped_gemm:

@@ -259,8 +259,8 @@ def test_a_write_that_runs_out_of_space_is_one_sentence_and_leaves_nothing(tmp_p
         proc = train(run, steps=2, overrides=("checkpoint.save_interval=1", f"checkpoint.async_save={async_save}"),
                      check=False)
         assert proc.returncode == 2
-        _one_sentence(proc.stderr, "saving checkpoint step_0000001", "the filesystem is full (needs more than", "MiB free)",
-                      "its partial files were removed")
+        _one_sentence(proc.stderr, "saving checkpoint step_0000001", "the filesystem is full (needs more than",
+                      "MiB free)", "its partial files were removed")
         assert not list((run / "checkpoints").glob("*")), list((run / "checkpoints").iterdir())
         subprocess.run(["mount", "-o", f"remount,size={size * 4}", str(disk)], check=True)
         train(run, steps=2, overrides=("checkpoint.save_interval=1",))  # nothing to clean up first

@@ -60,7 +60,9 @@ def test_crash_during_save_keeps_previous_checkpoint(tmp_path, train, small_over
     proc = _popen(run, 200, small_overrides, ("checkpoint.save_interval=1", "checkpoint.keep_last=2",
                                               f"checkpoint.async_save={async_save}"))
     # kill -9 while a step_N.tmp directory is being written (after at least one complete save)
-    in_save = lambda: (ckpts / "latest").exists() and any(p.suffix == ".tmp" and p.is_dir() for p in ckpts.glob("step_*"))  # noqa: E731
+    def in_save():
+        return (ckpts / "latest").exists() and any(p.suffix == ".tmp" and p.is_dir() for p in ckpts.glob("step_*"))
+
     assert _wait_for(in_save, proc), proc.communicate()[1][-3000:]
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)

@@ -37,6 +37,12 @@ def test_auto_is_off_on_cpu_and_on_with_transformer_engine():
     assert resolve_features(_cfg(), GPU_NO_TE).cross_entropy_fusion is None
 
 
+def test_async_save_is_off_by_default_on_cpu_but_can_be_asked_for():
+    # a background writer works on CPU (tests/dist run it); only `auto` leaves it off there
+    assert resolve_features(_cfg("checkpoint.async_save=true"), CPU).async_save
+    assert not resolve_features(_cfg("checkpoint.async_save=false"), GPU_TE).async_save
+
+
 @pytest.mark.parametrize("overrides, field", [
     (["kernels.grouped_gemm=true"], "kernels.grouped_gemm=true needs Transformer Engine's grouped GEMM on a GPU"),
     (["kernels.permute_fusion=true"], "kernels.permute_fusion=true needs"),

@@ -34,14 +34,14 @@ def group_of(path: tuple) -> str:
 
 
 def measure(config: str, case: dict) -> dict:
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
     from megatron_mtp.config import load_config
     from megatron_mtp.plan.memory import resolve_vocab
     from megatron_mtp.platform import setup
     from megatron_mtp.training.distributed import destroy, init_distributed
     from megatron_mtp.training.setup import build_components, unwrap
-
-    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
-    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
     # megatron-core's loss trackers are process-global and sized by the first model that fills them
     get_moe_layer_wise_logging_tracker().clear()

@@ -1,10 +1,11 @@
 """Compare megatron-core's gradient with the hand-computed objective lm + (λ/D)·Σ_d CE_d.
 
 Run as a script (one process; arguments after the config are overrides, e.g. mtp.style=parallel);
-prints one JSON line with the largest relative gradient error for each λ tried. The objective is rebuilt from the captured logits in float64 with torch's own
-cross entropy, so it shares nothing with megatron-core's loss path but the logits. The hand path
-runs its own forward with megatron's MTP scale set to 0: MTPLossAutoScaler injects the MTP gradient
-whenever anything backpropagates through the main hidden states, and would otherwise add to it.
+prints one JSON line with the largest relative gradient error for each λ tried. The objective is
+rebuilt from the captured logits in float64 with torch's own cross entropy, so it shares nothing
+with megatron-core's loss path but the logits. The hand path runs its own forward with megatron's
+MTP scale set to 0: MTPLossAutoScaler injects the MTP gradient whenever anything backpropagates
+through the main hidden states, and would otherwise add to it.
 """
 
 import json

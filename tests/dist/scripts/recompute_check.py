@@ -53,9 +53,10 @@ def main():
         gpt = unwrap(comp.model[0])
         comp.config.mtp_loss_scaling_factor = 0.3
         calls = {}
-        for mod_name, module in gpt.named_modules():
+        for module in gpt.modules():
             kind = type(module).__name__
-            module.register_forward_hook(lambda m, i, o, kind=kind: calls.__setitem__(kind, calls.get(kind, 0) + 1))
+            module.register_forward_hook(
+                lambda m, i, o, kind=kind, calls=calls: calls.__setitem__(kind, calls.get(kind, 0) + 1))
         out = gpt(tokens, pos, None, labels=labels, loss_mask=mask)
         loss = (out * mask).sum() / mask.sum()
         loss.backward()  # megatron-core's DDP hooks accumulate every gradient into param.main_grad
