@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import filecmp
 import os
 import subprocess
 import sys
@@ -17,6 +18,17 @@ def env(**extra: str) -> dict:
     e = dict(os.environ, OMP_NUM_THREADS="1", MEGATRON_MTP_NO_PROGRESS="1", PYTHONWARNINGS="ignore")
     e.update(extra)
     return e
+
+
+def same_tree(a: Path, b: Path) -> None:
+    """Same files with the same bytes; SERVING.md aside (it names the directory it lies in)."""
+    names = sorted(p.name for p in a.iterdir() if p.name != "SERVING.md")
+    assert names == sorted(p.name for p in b.iterdir() if p.name != "SERVING.md")
+    for name in names:
+        if (a / name).is_dir():
+            same_tree(a / name, b / name)
+        else:
+            assert filecmp.cmp(a / name, b / name, shallow=False), name
 
 
 def run(cmd: list[str], timeout: int = 600, **extra: str) -> subprocess.CompletedProcess:

@@ -4,7 +4,6 @@ head logits and plain greedy output."""
 
 from __future__ import annotations
 
-import filecmp
 import json
 
 import pytest
@@ -16,7 +15,7 @@ from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.to_hf import export_to_hf
 from megatron_mtp.errors import UserError
 from tests.convert.conftest import TRAIN_OVERRIDES, megatron_forward
-from tests.convert.helpers import megatron_cli
+from tests.convert.helpers import megatron_cli, same_tree
 
 HEADS = 2
 
@@ -32,16 +31,6 @@ def heads_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def heads_export(heads_run, tmp_path_factory):
     return export_to_hf(heads_run, tmp_path_factory.mktemp("heads_export") / "fp32", dtype="fp32")
-
-
-def _same_tree(a, b) -> None:
-    names = sorted(p.name for p in a.iterdir() if p.name != "SERVING.md")
-    assert names == sorted(p.name for p in b.iterdir() if p.name != "SERVING.md")
-    for name in names:
-        if (a / name).is_dir():
-            _same_tree(a / name, b / name)
-        else:
-            assert filecmp.cmp(a / name, b / name, shallow=False), name
 
 
 def test_heads_directory_has_its_own_documented_config(heads_export):
@@ -92,7 +81,7 @@ def test_import_back_is_bitwise(heads_run, heads_export, tmp_path):
     assert heads_keys and heads_keys <= keys
     for key in sorted(heads_keys):
         assert torch.equal(TorchDistReader(ckpt).read(key), trained.read(key)), key
-    _same_tree(export_to_hf(ckpt, tmp_path / "again", dtype="fp32"), heads_export)
+    same_tree(export_to_hf(ckpt, tmp_path / "again", dtype="fp32"), heads_export)
     # --no-mtp leaves the heads out
     main_only = import_from_hf(heads_export, tmp_path / "main_only", with_mtp=False)
     assert not any(k.startswith("mtp_heads.") for k in TorchDistReader(main_only).keys())
@@ -102,8 +91,8 @@ def test_drop_mtp_removes_the_heads(heads_run, heads_export, tmp_path):
     dropped = drop_mtp(heads_run, tmp_path / "dropped")
     assert not any(k.startswith("mtp_heads.") for k in TorchDistReader(dropped).keys())
     assert "num_layers: 0" in (dropped / "config.yaml").read_text().split("mtp:")[1].split("\n")[1]
-    _same_tree(export_to_hf(dropped, tmp_path / "hf", mtp="none", dtype="fp32"), heads_export / "main")
-    _same_tree(drop_mtp(heads_export, tmp_path / "hf_dropped"), heads_export / "main")
+    same_tree(export_to_hf(dropped, tmp_path / "hf", mtp="none", dtype="fp32"), heads_export / "main")
+    same_tree(drop_mtp(heads_export, tmp_path / "hf_dropped"), heads_export / "main")
 
 
 def test_decoder_heads_reproduce_megatron_head_logits(heads_run, heads_export, tmp_path):

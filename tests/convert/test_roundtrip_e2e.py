@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import filecmp
 import json
 
 import pytest
@@ -13,20 +12,10 @@ from megatron_mtp.convert.drop_mtp import drop_mtp
 from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.to_hf import export_to_hf
 from tests.convert.conftest import megatron_forward
+from tests.convert.helpers import same_tree
 from tests.convert.mtp_reference import mtp_logits
 
 transformers = pytest.importorskip("transformers")
-
-
-def _same_tree(a, b) -> None:
-    """Same files with the same bytes; SERVING.md aside (it names the directory it lies in)."""
-    names = sorted(p.name for p in a.iterdir() if p.name != "SERVING.md")
-    assert names == sorted(p.name for p in b.iterdir() if p.name != "SERVING.md")
-    for name in names:
-        if (a / name).is_dir():
-            _same_tree(a / name, b / name)
-        else:
-            assert filecmp.cmp(a / name, b / name, shallow=False), name
 
 
 def _hf_model(path):
@@ -87,19 +76,19 @@ def test_inline_equals_main_plus_mtp(trained_run, export_fp32, tmp_path):
     assert not info["missing_keys"]
     # the release layout imports too, and exports back to the separate layout unchanged
     ckpt = import_from_hf(inline, tmp_path / "ckpt")
-    _same_tree(export_to_hf(ckpt, tmp_path / "again", dtype="fp32"), export_fp32)
+    same_tree(export_to_hf(ckpt, tmp_path / "again", dtype="fp32"), export_fp32)
     main_only = import_from_hf(inline, tmp_path / "main_only", with_mtp=False)
     assert not any(k.startswith("mtp.") for k in TorchDistReader(main_only).keys())
-    _same_tree(export_to_hf(main_only, tmp_path / "main_hf", mtp="none", dtype="fp32"), export_fp32 / "main")
+    same_tree(export_to_hf(main_only, tmp_path / "main_hf", mtp="none", dtype="fp32"), export_fp32 / "main")
 
 
 def test_cli_to_hf_and_drop_mtp(trained_run, export_fp32, tmp_path):
     from tests.convert.helpers import megatron_cli
 
     megatron_cli("convert", "to-hf", str(trained_run), str(tmp_path / "hf"), "--mtp", "none", "--dtype", "fp32")
-    _same_tree(tmp_path / "hf", export_fp32 / "main")
+    same_tree(tmp_path / "hf", export_fp32 / "main")
     megatron_cli("drop-mtp", str(export_fp32), str(tmp_path / "dropped"))
-    _same_tree(tmp_path / "dropped", export_fp32 / "main")
+    same_tree(tmp_path / "dropped", export_fp32 / "main")
     megatron_cli("convert", "from-hf", str(export_fp32), str(tmp_path / "ckpt"), "--tp", "2", "--ep", "2")
     cfg = (tmp_path / "ckpt" / "config.yaml").read_text()
     assert "tensor: 2" in cfg and "expert: 2" in cfg
@@ -113,7 +102,7 @@ def test_nextn_layout_and_import_back(trained_run, export_fp32, tmp_path):
     assert all(n.startswith("model.layers.0.") for n in names)
     assert not any("embed_tokens" in n or "shared_head.head" in n for n in names)
     ckpt = import_from_hf(out / "main", tmp_path / "ckpt", mtp_dir=out / "mtp")
-    _same_tree(export_to_hf(ckpt, tmp_path / "again", dtype="fp32") / "mtp", export_fp32 / "mtp")
+    same_tree(export_to_hf(ckpt, tmp_path / "again", dtype="fp32") / "mtp", export_fp32 / "mtp")
 
 
 def test_hf_mcore_hf_is_bitwise(trained_run, tmp_path):
@@ -122,7 +111,7 @@ def test_hf_mcore_hf_is_bitwise(trained_run, tmp_path):
     state = json.loads((ckpt / "train_state.json").read_text())
     assert state["has_optimizer"] is False and (ckpt / "tokenizer" / "tokenizer.json").is_file()
     second = export_to_hf(ckpt, tmp_path / "second", dtype="bf16")
-    _same_tree(first, second)
+    same_tree(first, second)
     # the expert bias stays fp32 even in a bf16 export
     from safetensors import safe_open
 
@@ -145,7 +134,7 @@ def test_drop_mtp_megatron_checkpoint(trained_run, export_fp32, megatron_logits,
     assert not any(k.startswith("optimizer.") for k in reader.keys())
     assert "num_layers: 0" in (dropped / "config.yaml").read_text().split("mtp:")[1].split("\n")[1]
     main = export_to_hf(dropped, tmp_path / "hf", mtp="none", dtype="fp32")
-    _same_tree(main, export_fp32 / "main")
+    same_tree(main, export_fp32 / "main")
     out = megatron_forward(dropped, tokens, tmp_path / "out.pt")  # loads and runs without MTP
     assert out["mtp_logits"] == [] and torch.equal(out["logits"], megatron_logits["logits"])
 
@@ -161,7 +150,7 @@ def test_drop_mtp_hf_inline_and_separate(trained_run, export_fp32, tmp_path):
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert (dropped / "tokenizer.json").is_file()
     assert (inline / "SERVING.md").is_file() and not (dropped / "SERVING.md").exists()  # its MTP commands are gone
-    _same_tree(drop_mtp(export_fp32, tmp_path / "from_separate"), export_fp32 / "main")
+    same_tree(drop_mtp(export_fp32, tmp_path / "from_separate"), export_fp32 / "main")
 
 
 def test_eval_loss_equals_loss_from_transformers_logits(trained_run, export_fp32, tmp_path):

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from recompute_settings import RECOMPUTE, SELECTIVE_MODULES
 
 from megatron_mtp.config import load_config, pipeline_layout
 from megatron_mtp.plan import activations as act
@@ -32,19 +33,9 @@ SIZES = {
     "tiny_bf16": (["model.vocab_size=1000", "model.num_layers=2", "training.precision=bf16",
                    "model.num_attention_heads=8", "model.hidden_size=192"], 2, 128),
 }
-MODES = {
-    "none": [],
-    "mla_up_proj": ["recompute.granularity=selective", "recompute.modules=[mla_up_proj]"],
-    "core_attn": ["recompute.granularity=selective", "recompute.modules=[core_attn]"],
-    "layernorm": ["recompute.granularity=selective", "recompute.modules=[layernorm]"],
-    "mlp": ["recompute.granularity=selective", "recompute.modules=[mlp]"],
-    "moe": ["recompute.granularity=selective", "recompute.modules=[moe]"],
-    "shared_experts": ["recompute.granularity=selective", "recompute.modules=[shared_experts]"],
-    "recipe": ["recompute.granularity=selective", "recompute.modules=[mla_up_proj,mlp]"],
-    "all": ["recompute.granularity=selective",
-            "recompute.modules=[mla_up_proj,core_attn,layernorm,mlp,moe,shared_experts]"],
-    "full": ["recompute.granularity=full", "recompute.method=uniform", "recompute.num_layers=1"],
-}
+MODES = {name: RECOMPUTE[key] for name, key in (
+    ("none", "none"), *((m, m) for m in SELECTIVE_MODULES), ("recipe", "recipe"), ("all", "all_selective"),
+    ("full", "full_uniform"))}
 STYLES = {
     "sequential": [],
     "parallel": ["mtp.style=parallel", "mtp.num_layers=2"],

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from recompute_settings import RECOMPUTE
 
 pytestmark = pytest.mark.dist
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,11 +30,12 @@ EXPECTED_EXTRA = {
 
 def test_every_recompute_setting_keeps_loss_and_gradients():
     script = Path(__file__).parent / "scripts" / "recompute_check.py"
-    proc = subprocess.run([sys.executable, str(script), str(ROOT / "configs" / "tiny_cpu.yaml")], capture_output=True,
-                          text=True, timeout=900, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
+    proc = subprocess.run([sys.executable, str(script), str(ROOT / "configs" / "tiny_cpu.yaml"), json.dumps(RECOMPUTE)],
+                          capture_output=True, text=True, timeout=900,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == 10
+    assert list(results) == list(RECOMPUTE)
     for name, r in results.items():
         assert r["max_rel_grad_diff"] < 1e-6 and r["loss_diff"] < 1e-6, (name, r)
         if name in EXPECTED_EXTRA:

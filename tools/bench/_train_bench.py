@@ -6,8 +6,12 @@ noise (other processes, frequency changes) hits both sides alike.
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -124,3 +128,32 @@ def single_process_trainer(cfg, components, run_dir):
     session = SimpleNamespace(cfg=cfg, ranks=Ranks(0, 1, 1, 1, 1, 1, 0, 0, 0, 0), components=components,
                               state=TrainState())
     return Trainer(session, run_dir)
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A temporary directory for the benchmark's run directories, removed when the process exits."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def trainer_step(cfg, platform, vocab: int, data_set, run_dir: Path):
+    """(trainer, step): the Trainer built for `cfg` and a call that runs one real training step of it
+    (Trainer.train_step under megatron-core's schedule) on the next micro-batches of `data_set`."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+    from megatron_mtp.training.batches import MicroBatchIterator
+    from megatron_mtp.training.forward_step import make_forward_step
+    from megatron_mtp.training.setup import TrainState, build_components
+
+    trainer = single_process_trainer(cfg, build_components(cfg, platform, vocab), run_dir)
+    data = MicroBatchIterator(data_set, 0, cfg.training.micro_batch_size, 0, 1, device=platform.device)
+    fwd_bwd, forward_step, state = get_forward_backward_func(), make_forward_step(trainer.metrics), TrainState()
+
+    def step() -> None:
+        # megatron-core's aux-loss tracker is process-global and sized by the model that fills it
+        get_moe_layer_wise_logging_tracker().clear()
+        trainer.train_step(fwd_bwd, forward_step, data, state)
+
+    return trainer, step

@@ -13,8 +13,10 @@ synchronous save.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -51,6 +53,7 @@ def main() -> None:
     ap.add_argument("--nproc", type=int, default=1)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_checkpoint_"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # several checkpoints of ~0.5 GiB each
     saves = args.steps // args.every
     results = {}
     for name, overrides in (("none", ("checkpoint.save_interval=0",)),

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -29,32 +28,18 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from _train_bench import RandomTokens, interleaved, single_process_setup, single_process_trainer
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+    from _train_bench import RandomTokens, interleaved, scratch_dir, single_process_setup, trainer_step
 
     from megatron_mtp.models.deepseek_v3.size import training_flops_per_token
-    from megatron_mtp.training.batches import MicroBatchIterator
     from megatron_mtp.training.distributed import destroy
-    from megatron_mtp.training.forward_step import make_forward_step
-    from megatron_mtp.training.setup import TrainState, build_components
 
     base, plat, vocab = single_process_setup(args)
     data_set = RandomTokens(vocab, args.seq)
-    fwd_bwd = get_forward_backward_func()
     steps, predicted = {}, {}
-    run_dir = Path(tempfile.mkdtemp(prefix="bench_mtp_"))
+    run_dir = scratch_dir("bench_mtp_")
     for depth in (0, 1):
         cfg = base.replace(mtp=dataclasses.replace(base.mtp, num_layers=depth))
-        trainer = single_process_trainer(cfg, build_components(cfg, plat, vocab), run_dir / f"d{depth}")
-        data = MicroBatchIterator(data_set, 0, args.micro_batch, 0, 1, device=plat.device)
-
-        def step(t=trainer, d=data, s=TrainState(), f=make_forward_step(trainer.metrics)):  # noqa: B008
-            # megatron-core's aux-loss tracker is process-global and sized by the first model
-            get_moe_layer_wise_logging_tracker().clear()
-            t.train_step(fwd_bwd, f, d, s)
-
-        steps[f"D={depth}"] = step
+        _, steps[f"D={depth}"] = trainer_step(cfg, plat, vocab, data_set, run_dir / f"d{depth}")
         predicted[depth] = training_flops_per_token(cfg, vocab, depth)
     times = interleaved(steps, rounds=args.rounds, steps_per_round=args.steps_per_round)
     measured = times["D=1"] / times["D=0"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -89,35 +88,24 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from _train_bench import RandomTokens, interleaved, single_process_setup, single_process_trainer
-    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from _train_bench import RandomTokens, interleaved, scratch_dir, single_process_setup, trainer_step
     from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
 
     from megatron_mtp.config import load_config
     from megatron_mtp.models.deepseek_v3.size import training_flops_per_token
     from megatron_mtp.training.batches import MicroBatchIterator
     from megatron_mtp.training.distributed import destroy
-    from megatron_mtp.training.forward_step import make_forward_step
-    from megatron_mtp.training.setup import TrainState, build_components
 
     base, plat, vocab = single_process_setup(args)
     data_set = RandomTokens(vocab, args.seq)
-    fwd_bwd = get_forward_backward_func()
     steps, memory, predicted = {}, {}, {}
-    run_dir = Path(tempfile.mkdtemp(prefix="bench_recompute_"))
+    run_dir = scratch_dir("bench_recompute_")
     for name, overrides in MODES.items():
         cfg = load_config(args.config, [*base_overrides(base), *overrides])
         torch.manual_seed(0)
-        trainer = single_process_trainer(cfg, build_components(cfg, plat, vocab), run_dir / name.replace(" ", "_"))
-        data = MicroBatchIterator(data_set, 0, args.micro_batch, 0, 1, device=plat.device)
+        trainer, steps[name] = trainer_step(cfg, plat, vocab, data_set, run_dir / name.replace(" ", "_"))
         memory[name] = saved_bytes(trainer, next(MicroBatchIterator(data_set, 0, args.micro_batch, 0, 1)))
         get_moe_layer_wise_logging_tracker().clear()
-
-        def step(t=trainer, d=data, s=TrainState(), f=make_forward_step(trainer.metrics)):  # noqa: B008
-            get_moe_layer_wise_logging_tracker().clear()  # process-global, sized by the model that fills it
-            t.train_step(fwd_bwd, f, d, s)
-
-        steps[name] = step
         r = cfg.recompute
         extra = recomputed_flops_per_token(cfg, set(r.modules) if r.granularity == "selective" else set(),
                                            r.granularity == "full") if r.granularity != "none" else 0.0

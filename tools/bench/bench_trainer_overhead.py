@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -27,25 +26,16 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    from _train_bench import RandomTokens, bare_step, interleaved, single_process_setup, single_process_trainer
-    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from _train_bench import RandomTokens, bare_step, interleaved, scratch_dir, single_process_setup, trainer_step
 
     from megatron_mtp.training.batches import MicroBatchIterator
     from megatron_mtp.training.distributed import destroy
-    from megatron_mtp.training.forward_step import make_forward_step
-    from megatron_mtp.training.setup import TrainState, build_components
 
     cfg, plat, vocab = single_process_setup(args)
-    components = build_components(cfg, plat, vocab)
-    trainer = single_process_trainer(cfg, components, Path(tempfile.mkdtemp(prefix="bench_trainer_")))
     ds = RandomTokens(vocab, args.seq)
-    ours_data = MicroBatchIterator(ds, 0, args.micro_batch, 0, 1, device=plat.device)
+    trainer, ours = trainer_step(cfg, plat, vocab, ds, scratch_dir("bench_trainer_"))
+    components = trainer.components
     bare_data = MicroBatchIterator(ds, 0, args.micro_batch, 0, 1, device=plat.device)
-    state = TrainState()
-    fwd_bwd, fstep = get_forward_backward_func(), make_forward_step(trainer.metrics)
-
-    def ours():
-        trainer.train_step(fwd_bwd, fstep, ours_data, state)
 
     def bare():
         bare_step(components, bare_data, 1, args.seq, args.micro_batch)

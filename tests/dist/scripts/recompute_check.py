@@ -1,29 +1,16 @@
 """Gradients with each activation-recompute setting against no recompute, in one process.
 
-Builds the default model (MTP depth 2, so both MTP layers are recomputed too) once per setting from
-the same seed, runs forward and backward on one batch, and prints one JSON line: for each setting
-the largest relative gradient difference over all parameters, the LM loss difference, and how
-many forward calls each recomputed module type made (to show the recompute really happened).
+Builds the default model (MTP depth 2, so both MTP layers are recomputed too) once per setting (a
+JSON object of name -> overrides, the second argument; the first is the config) from the same seed,
+runs forward and backward on one batch, and prints one JSON line: for each setting the largest
+relative gradient difference over all parameters, the LM loss difference, and how many forward calls
+each recomputed module type made (to show the recompute really happened).
 """
 
 import json
 import sys
 
 import torch
-
-SETTINGS = {
-    "none": [],
-    "mla_up_proj": ["recompute.granularity=selective", "recompute.modules=[mla_up_proj]"],
-    "core_attn": ["recompute.granularity=selective", "recompute.modules=[core_attn]"],
-    "layernorm": ["recompute.granularity=selective", "recompute.modules=[layernorm]"],
-    "mlp": ["recompute.granularity=selective", "recompute.modules=[mlp]"],
-    "moe": ["recompute.granularity=selective", "recompute.modules=[moe]"],
-    "shared_experts": ["recompute.granularity=selective", "recompute.modules=[shared_experts]"],
-    "all_selective": ["recompute.granularity=selective",
-                      "recompute.modules=[mla_up_proj,core_attn,layernorm,mlp,moe,shared_experts]"],
-    "full_uniform": ["recompute.granularity=full", "recompute.method=uniform", "recompute.num_layers=1"],
-    "full_block": ["recompute.granularity=full", "recompute.method=block", "recompute.num_layers=2"],
-}
 
 
 def main():
@@ -46,7 +33,7 @@ def main():
     mask = torch.ones(b, s)
     pos = torch.arange(s).expand(b, s)
     reference, results = None, {}
-    for name, overrides in SETTINGS.items():
+    for name, overrides in json.loads(sys.argv[2]).items():
         cfg = load_config(sys.argv[1], base + overrides)
         torch.manual_seed(1234)
         comp = build_components(cfg, plat, padded_vocab_size(200, cfg), with_optimizer=False)
