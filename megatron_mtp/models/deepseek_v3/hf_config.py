@@ -99,14 +99,7 @@ def to_hf_config(
     yarn = model.yarn
     rope_scaling = None
     if yarn.factor != 1.0:
-        rope_scaling = YarnScaling(
-            factor=yarn.factor,
-            original_max_position_embeddings=yarn.original_max_position_embeddings,
-            beta_fast=yarn.beta_fast,
-            beta_slow=yarn.beta_slow,
-            mscale=yarn.mscale,
-            mscale_all_dim=yarn.mscale_all_dim,
-        )
+        rope_scaling = YarnScaling(**_yarn_fields(yarn))
     return DeepseekV3HFConfig(
         architectures=("DeepseekV3ForCausalLM",),
         model_type="deepseek_v3",
@@ -158,14 +151,15 @@ def _refuse(where: str, key: str, value: Any, allowed: tuple, why: str) -> None:
 def _yarn_config(yarn: Optional[YarnScaling]) -> YarnConfig:
     if yarn is None:
         return YarnConfig()
-    return YarnConfig(
-        factor=yarn.factor,
-        original_max_position_embeddings=yarn.original_max_position_embeddings,
-        beta_fast=yarn.beta_fast,
-        beta_slow=yarn.beta_slow,
-        mscale=yarn.mscale,
-        mscale_all_dim=yarn.mscale_all_dim,
-    )
+    return YarnConfig(**_yarn_fields(yarn))
+
+
+# the YaRN settings both sides spell alike (config's YarnConfig, config.json's rope_scaling)
+_YARN_FIELDS = ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+
+
+def _yarn_fields(yarn) -> dict:
+    return {name: getattr(yarn, name) for name in _YARN_FIELDS}
 
 
 def from_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> tuple[ModelConfig, MTPConfig, int]:
