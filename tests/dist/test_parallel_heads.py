@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from scalars import compare_scalars, values
 
 pytestmark = pytest.mark.dist
 
@@ -52,26 +53,13 @@ def reference(tmp_path_factory, train, metrics):
     return root, seed_run, metrics(single)
 
 
-def _values(rows, key):
-    return [r[key] for r in rows if key in r]
-
-
-def _compare(got_rows, want_rows, what):
-    keys = sorted({k for r in want_rows for k in r if k != "step" and not k.startswith("perf/")})
-    for key in keys:
-        got, want = _values(got_rows, key), _values(want_rows, key)
-        assert len(got) == len(want) > 0, (what, key)
-        assert max(abs(a - b) for a, b in zip(got, want)) < TOLERANCE.get(key, 2e-3), (what, key, got, want)
-    return keys
-
-
 def test_heads_log_per_depth_loss_acceptance_and_accuracy(reference):
     _, _, single = reference
     keys = {k for r in single for k in r}
     for k in (1, 2):
         assert {f"train/mtp_loss_{k}", f"train/mtp_acceptance_{k}", f"train/mtp_accuracy_{k}", f"valid/mtp_loss_{k}",
                 f"valid/mtp_acceptance_{k}"} <= keys
-    valid = _values(single, "valid/mtp_loss_2")
+    valid = values(single, "valid/mtp_loss_2")
     assert valid[-1] < valid[0]  # the heads learn
 
 
@@ -82,7 +70,7 @@ def test_layout_matches_single_process(reference, nproc, layout, train, metrics)
     run = root / "_".join(o.split("=")[0].split(".")[1] + o.split("=")[1] for o in layout)
     train(run, nproc=nproc, steps=STEPS, overrides=(*HEADS, *EVAL, *layout, f"checkpoint.load={seed_run}",
                                                     "checkpoint.load_optimizer=false"))
-    _compare(metrics(run), single, layout)
+    compare_scalars(metrics(run), single, layout, TOLERANCE)
 
 
 def test_checkpoint_of_tp2_ep2_gives_equal_head_logits_at_one_process(reference, tmp_path, train, probe_logits):
@@ -128,7 +116,7 @@ def test_head_by_head_backward_trains_like_all_heads_at_once(reference, train, m
     train(run, nproc=2, steps=STEPS, overrides=(*HEADS, *EVAL, "mtp.head_by_head_backward=true", "parallel.pipeline=2",
                                                 f"checkpoint.load={seed_run}", "checkpoint.load_optimizer=false",
                                                 *recompute))
-    _compare(metrics(run), single, "head_by_head")
+    compare_scalars(metrics(run), single, "head_by_head", TOLERANCE)
 
 
 def test_interleaved_pipeline_with_heads_alone_in_the_last_chunk(tmp_path, train, metrics):
@@ -142,4 +130,4 @@ def test_interleaved_pipeline_with_heads_alone_in_the_last_chunk(tmp_path, train
     proc = train(vpp, nproc=2, steps=STEPS, overrides=(*start, "parallel.pipeline=2",
                                                        "parallel.pipeline_layout=Ett|t|t|mmL"))
     assert "PP2 (VPP2)" in proc.stdout
-    _compare(metrics(vpp), metrics(single), "vpp")
+    compare_scalars(metrics(vpp), metrics(single), "vpp", TOLERANCE)

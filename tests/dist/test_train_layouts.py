@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from scalars import compare_scalars, values
 
 pytestmark = pytest.mark.dist
 
@@ -39,10 +40,6 @@ def reference(tmp_path_factory, train, metrics):
     return root, seed_run, metrics(single)
 
 
-def _losses(rows, key):
-    return [r[key] for r in rows if key in r]
-
-
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_layout_matches_single_process(reference, name, train, metrics):
     root, seed_run, single = reference
@@ -53,15 +50,12 @@ def test_layout_matches_single_process(reference, name, train, metrics):
     rows = [r for r in metrics(run) if "train/lm_loss" in r]
     evals = [r for r in metrics(run) if "valid/lm_loss" in r]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
-    keys = sorted({k for r in single for k in r if k != "step" and not k.startswith("perf/")})
+    keys = compare_scalars(rows + evals, single, name, TOLERANCE)
     assert {"train/lm_loss", "train/mtp_loss_1", "train/grad_norm", "train/mtp_acceptance_1", "moe/balance_loss",
             "moe/max_violation", "valid/lm_loss", "valid/mtp_loss_1"} <= set(keys)
-    for key in keys:
-        got, want = _losses(rows + evals, key), _losses(single, key)
-        assert len(got) == len(want) == STEPS, key
-        assert max(abs(a - b) for a, b in zip(got, want)) < TOLERANCE.get(key, 2e-3), (name, key, got, want)
+    assert all(len(values(single, key)) == STEPS for key in keys)
     # and it learns: the validation loss (same held-out batches each time) goes down
-    valid = _losses(evals, "valid/lm_loss")
+    valid = values(evals, "valid/lm_loss")
     assert valid[-1] < valid[0], valid
     state = (run / "checkpoints" / "latest").read_text().strip()
     info = (run / "checkpoints" / state / "train_state.json").read_text()
@@ -87,14 +81,6 @@ def test_tp2_pp2_ep2_checkpoint_loads_at_tp1_with_equal_logits(reference, tmp_pa
     assert (at_tp1["mtp_logits"][0] - at_tp1["logits"]).abs().max() > 1e-3
 
 
-def _compare_all_scalars(got_rows, want_rows, what):
-    keys = sorted({k for r in want_rows for k in r if k != "step" and not k.startswith("perf/")})
-    for key in keys:
-        got, want = _losses(got_rows, key), _losses(want_rows, key)
-        assert len(got) == len(want) > 0, (what, key)
-        assert max(abs(a - b) for a, b in zip(got, want)) < TOLERANCE.get(key, 2e-3), (what, key, got, want)
-
-
 @pytest.mark.parametrize("layout", ["even", "Ett|t|t|mL"], ids=["even", "mtp_alone_in_last_chunk"])
 def test_interleaved_pipeline_matches_single_process(tmp_path, train, metrics, layout):
     """PP2 x VPP2 (the interleaved schedule, MTP in the last chunk) trains like one process."""
@@ -107,7 +93,7 @@ def test_interleaved_pipeline_matches_single_process(tmp_path, train, metrics, l
     chunks = ("parallel.virtual_pipeline=2",) if layout == "even" else (f"parallel.pipeline_layout={layout}",)
     proc = train(vpp, nproc=2, steps=STEPS, overrides=(*start, "parallel.pipeline=2", *chunks))
     assert "PP2 (VPP2)" in proc.stdout
-    _compare_all_scalars(metrics(vpp), metrics(single), layout)
+    compare_scalars(metrics(vpp), metrics(single), layout, TOLERANCE)
 
 
 def test_resume_at_another_virtual_pipeline_size(tmp_path, train, metrics):

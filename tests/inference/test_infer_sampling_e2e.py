@@ -4,30 +4,14 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from infer_tiny_model import NoisyTargetDraft
-from scipy.stats import chisquare
+from target_joint import exact_joint, joint_pvalue
 
-from megatron_mtp.inference.sampling import SamplingParams, probabilities
+from megatron_mtp.inference.sampling import SamplingParams
 
 PROMPT = "for i in range(10):"
 PARAMS = {"temperature": 1.3, "top_k": 4}
 SAMPLES = 800
-
-
-def _exact_joint(gen, prompt_ids):
-    params = SamplingParams(**PARAMS)
-    gen.target.reset_cache()
-    logits, _ = gen.target.forward(prompt_ids, last_only=True)
-    p1 = probabilities(logits[-1], params)
-    joint = {}
-    for x1 in torch.nonzero(p1).flatten().tolist():
-        gen.target.reset_cache()
-        logits, _ = gen.target.forward(prompt_ids + [x1], last_only=True)
-        p2 = probabilities(logits[-1], params)
-        for x2 in torch.nonzero(p2).flatten().tolist():
-            joint[(x1, x2)] = float(p1[x1] * p2[x2])
-    return joint
 
 
 def _counts(gen, prompt_ids, drafter):
@@ -47,17 +31,13 @@ def _counts(gen, prompt_ids, drafter):
 @pytest.mark.parametrize("draft", ["mtp", "noisy-target"])
 def test_speculative_sampling_matches_target_distribution(gen_d1, draft):
     prompt_ids = gen_d1.encode(PROMPT)
-    joint = _exact_joint(gen_d1, prompt_ids)
+    joint = exact_joint(gen_d1, prompt_ids, SamplingParams(**PARAMS), depth=2)
     drafter = NoisyTargetDraft(gen_d1.target) if draft == "noisy-target" else None
     counts, acceptance = _counts(gen_d1, prompt_ids, drafter)
     if draft == "noisy-target":  # both branches of the rule are exercised
         assert 0.2 < acceptance < 0.9
     assert set(counts) <= set(joint), "emitted a pair the target gives probability 0"
-    cells = sorted(joint)
-    observed = [counts.get(c, 0) for c in cells]
-    expected = [joint[c] * SAMPLES for c in cells]
-    scale = sum(observed) / sum(expected)  # guard against float drift in the exact joint
-    pvalue = chisquare(observed, [e * scale for e in expected]).pvalue
+    pvalue = joint_pvalue(counts, joint)
     assert pvalue > 1e-3, f"chi-square p-value {pvalue}"
 
 

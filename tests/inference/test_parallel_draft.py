@@ -9,7 +9,7 @@ import pytest
 import torch
 from infer_tiny_model import make_tiny_export, tiny_config
 from safetensors.torch import load_file, save_file
-from scipy.stats import chisquare
+from target_joint import exact_joint, joint_pvalue
 
 from megatron_mtp.convert.parallel_heads_export import heads_config
 from megatron_mtp.errors import UserError
@@ -108,21 +108,6 @@ PARAMS = {"temperature": 1.3, "top_k": 3}
 SAMPLES = 900
 
 
-def _exact_joint(gen, prompt_ids, depth=3):
-    params = SamplingParams(**PARAMS)
-    joint = {(): 1.0}
-    for _ in range(depth):
-        grown = {}
-        for prefix, prob in joint.items():
-            gen.target.reset_cache()
-            logits, _ = gen.target.forward(prompt_ids + list(prefix), last_only=True)
-            p = probabilities(logits[-1], params)
-            for x in torch.nonzero(p).flatten().tolist():
-                grown[prefix + (x,)] = prob * float(p[x])
-        joint = grown
-    return joint
-
-
 @pytest.fixture(scope="module")
 def gen_small_vocab(tmp_path_factory):
     """8 tokens and heads far from the target (std 0.3): sampling both accepts and rejects about half the drafts
@@ -137,7 +122,7 @@ def test_speculative_sampling_matches_target_distribution(gen_small_vocab):
     (independent draws); the first three tokens must follow the target's joint distribution."""
     gen = gen_small_vocab
     prompt_ids = [2, 5, 3, 1, 6]
-    joint = _exact_joint(gen, prompt_ids)
+    joint = exact_joint(gen, prompt_ids, SamplingParams(**PARAMS), depth=3)
     counts, accepted, judged = {}, 0, 0
     for seed in range(SAMPLES):
         result = gen.generate(prompt_ids, max_new_tokens=4, seed=seed, speculative_k=2, ignore_eos=True, **PARAMS)
@@ -147,11 +132,7 @@ def test_speculative_sampling_matches_target_distribution(gen_small_vocab):
         judged += sum(result.stats.reached)
     assert 0.2 < accepted / judged < 0.8  # both branches of the acceptance rule are exercised
     assert set(counts) <= set(joint), "emitted a sequence the target gives probability 0"
-    cells = sorted(joint)
-    observed = [counts.get(c, 0) for c in cells]
-    expected = [joint[c] * SAMPLES for c in cells]
-    scale = sum(observed) / sum(expected)
-    pvalue = chisquare(observed, [e * scale for e in expected]).pvalue
+    pvalue = joint_pvalue(counts, joint)
     assert pvalue > 1e-3, f"chi-square p-value {pvalue}"
 
 
@@ -170,12 +151,10 @@ def test_the_chi_square_test_sees_a_lossy_rule(gen_small_vocab, monkeypatch):
     monkeypatch.setattr(generate_module, "verify", accept_in_support)
     gen = gen_small_vocab
     prompt_ids = [2, 5, 3, 1, 6]
-    joint = _exact_joint(gen, prompt_ids)
+    joint = exact_joint(gen, prompt_ids, SamplingParams(**PARAMS), depth=3)
     counts = {}
     for seed in range(SAMPLES):
         key = tuple(gen.generate(prompt_ids, max_new_tokens=4, seed=seed, speculative_k=2, ignore_eos=True,
                                  **PARAMS).tokens[:3])
         counts[key] = counts.get(key, 0) + 1
-    cells = sorted(joint)
-    pvalue = chisquare([counts.get(c, 0) for c in cells], [joint[c] * SAMPLES for c in cells]).pvalue
-    assert pvalue < 1e-3
+    assert joint_pvalue(counts, joint) < 1e-3

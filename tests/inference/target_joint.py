@@ -1,0 +1,34 @@
+"""The target's exact joint distribution of the next few tokens, and the chi-square test of sampled
+sequences against it (shared by the speculative-sampling tests of both MTP styles)."""
+
+from __future__ import annotations
+
+import torch
+from scipy.stats import chisquare
+
+from megatron_mtp.inference.sampling import SamplingParams, probabilities
+
+
+def exact_joint(gen, prompt_ids: list[int], params: SamplingParams, depth: int) -> dict[tuple, float]:
+    """P(x1..x_depth | prompt) under the target's sampling distribution, for every sequence it allows."""
+    joint = {(): 1.0}
+    for _ in range(depth):
+        grown = {}
+        for prefix, prob in joint.items():
+            gen.target.reset_cache()
+            logits, _ = gen.target.forward(prompt_ids + list(prefix), last_only=True)
+            p = probabilities(logits[-1], params)
+            for x in torch.nonzero(p).flatten().tolist():
+                grown[prefix + (x,)] = prob * float(p[x])
+        joint = grown
+    return joint
+
+
+def joint_pvalue(counts: dict[tuple, int], joint: dict[tuple, float]) -> float:
+    """Chi-square p-value of the sampled `counts` against `joint`. The expected counts are scaled to
+    the observed total: the exact joint sums to 1 only up to float rounding (~1e-7), which scipy
+    refuses as a mismatch of totals."""
+    cells = sorted(joint)
+    observed = [counts.get(c, 0) for c in cells]
+    scale = sum(observed) / sum(joint.values())
+    return float(chisquare(observed, [joint[c] * scale for c in cells]).pvalue)
