@@ -46,6 +46,9 @@ def test_every_recompute_setting_keeps_loss_and_gradients():
                                                             "TopKRouter", "SharedExpertMLP"}
 
 
+# ~3 minutes on 2 cores: the one-process check above compares every setting exactly; this one adds
+# the recomputed layers' communication under TP, PP and EP (run with -m slow)
+@pytest.mark.slow
 def test_recompute_matches_at_tp2_pp2_ep2(tmp_path, train, metrics):
     seed = tmp_path / "seed"
     train(seed, steps=1)
