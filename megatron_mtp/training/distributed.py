@@ -14,6 +14,10 @@ from megatron_mtp.config import Config
 from megatron_mtp.errors import UserError
 from megatron_mtp.platform import Platform
 
+_OWNS_PROCESS_GROUP = False
+"""init_distributed created the world process group (and destroy() ends it); one that a host process
+set up before (a harness running several jobs in one set of processes) is left to it."""
+
 
 @dataclass(frozen=True)
 class Ranks:
@@ -47,8 +51,10 @@ def init_distributed(cfg: Config, platform: Platform) -> Ranks:
     """Join the job described by RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (single process if unset)."""
     from megatron.core import parallel_state
 
+    global _OWNS_PROCESS_GROUP
     rank, world = env_world()
     if not torch.distributed.is_initialized():
+        _OWNS_PROCESS_GROUP = True
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         if "MASTER_PORT" not in os.environ:
             if world > 1:
@@ -102,9 +108,12 @@ def seed_everything(seed: int, platform: Platform) -> None:
 
 
 def destroy() -> None:
+    """Tear down megatron-core's parallel state, and the world process group if init_distributed made it."""
+    global _OWNS_PROCESS_GROUP
     from megatron.core import parallel_state
 
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
-    if torch.distributed.is_initialized():
+    if _OWNS_PROCESS_GROUP and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+        _OWNS_PROCESS_GROUP = False
