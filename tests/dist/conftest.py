@@ -1,14 +1,15 @@
-"""Helpers that launch real training jobs (torchrun over gloo) for the multi-process tests."""
+"""Helpers that run real training jobs for the multi-process tests, on the session's warm worker jobs
+(tests/workers: one set of real gloo ranks per world size, each command run as `megatron-mtp` runs it)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.workers.pool import POOL
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [
@@ -22,16 +23,23 @@ SMALL = [
 
 def train(run_dir: Path, nproc: int = 1, steps: int = 3, overrides: tuple = (), check: bool = True,
           timeout: int = 600) -> subprocess.CompletedProcess:
-    """`megatron-mtp train configs/tiny_cpu.yaml` in `nproc` real processes."""
-    cmd = [sys.executable, "-m", "megatron_mtp", "train", str(ROOT / "configs" / "tiny_cpu.yaml"),
+    """`megatron-mtp train configs/tiny_cpu.yaml` on `nproc` ranks."""
+    cmd = ["-m", "megatron_mtp", "train", str(ROOT / "configs" / "tiny_cpu.yaml"),
            "--run-dir", str(run_dir), "--max-steps", str(steps), *SMALL, *overrides]
-    if nproc > 1:
-        cmd += ["--nproc-per-node", str(nproc)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    proc = POOL.run(cmd, nproc=nproc, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"training failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
+
+
+def megatron(*args, nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`megatron-mtp ARGS` (eval, convert, ...) on `nproc` ranks."""
+    return POOL.run(["-m", "megatron_mtp", *map(str, args)], nproc=nproc, timeout=timeout)
+
+
+def script(name: str, *args, nproc: int = 1, timeout: int = 900) -> subprocess.CompletedProcess:
+    """tests/dist/scripts/NAME with ARGS on `nproc` ranks."""
+    return POOL.run([str(Path(__file__).parent / "scripts" / name), *map(str, args)], nproc=nproc, timeout=timeout)
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -43,13 +51,8 @@ def probe_logits(ckpt: Path, tokens_file: Path, out: Path, nproc: int = 1, overr
     """Full logits of a checkpoint at a layout (megatron_mtp.training.forward)."""
     import torch
 
-    module = ["-m", "megatron_mtp.training.forward", str(ckpt), str(tokens_file), str(out), *overrides]
-    if nproc > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), *module]
-    else:
-        cmd = [sys.executable, *module]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    proc = POOL.run(["-m", "megatron_mtp.training.forward", str(ckpt), str(tokens_file), str(out), *overrides],
+                    nproc=nproc, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     return torch.load(out)
 
@@ -57,6 +60,16 @@ def probe_logits(ckpt: Path, tokens_file: Path, out: Path, nproc: int = 1, overr
 @pytest.fixture(name="train", scope="session")
 def _train():
     return train
+
+
+@pytest.fixture(name="megatron", scope="session")
+def _megatron():
+    return megatron
+
+
+@pytest.fixture(name="script", scope="session")
+def _script():
+    return script
 
 
 @pytest.fixture(name="metrics", scope="session")
