@@ -1,4 +1,5 @@
-"""Shared helpers for the conversion tests: subprocess launches with small, quiet environments."""
+"""Shared helpers for the conversion tests: commands on the suite's warm ranks (tests/workers) with small,
+quiet environments."""
 
 from __future__ import annotations
 
@@ -8,16 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from megatron_mtp.launch.local import free_port
+from tests.workers.pool import POOL
 
 HERE = Path(__file__).parent
 REPO = HERE.parent.parent
 
 
+QUIET = {"OMP_NUM_THREADS": "1", "MEGATRON_MTP_NO_PROGRESS": "1", "PYTHONWARNINGS": "ignore"}
+
+
 def env(**extra: str) -> dict:
-    e = dict(os.environ, OMP_NUM_THREADS="1", MEGATRON_MTP_NO_PROGRESS="1", PYTHONWARNINGS="ignore")
-    e.update(extra)
-    return e
+    return {**os.environ, **QUIET, **extra}
 
 
 def same_tree(a: Path, b: Path) -> None:
@@ -31,22 +33,27 @@ def same_tree(a: Path, b: Path) -> None:
             assert filecmp.cmp(a / name, b / name, shallow=False), name
 
 
-def run(cmd: list[str], timeout: int = 600, **extra: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=REPO, env=env(**extra), capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                             f"{proc.stderr[-5000:]}")
-    return proc
+def run(argv: list[str], nproc: int = 1, timeout: int = 600, check: bool = True, **extra: str
+        ) -> subprocess.CompletedProcess:
+    """`python ARGV` on `nproc` warm ranks (raises with the output if it fails, unless check=False)."""
+    return POOL.run(argv, nproc=nproc, timeout=timeout, check=check, env={**QUIET, **extra}, cwd=REPO)
 
 
 def sharded_io(mode: str, path: Path, nproc: int = 1) -> subprocess.CompletedProcess:
-    script = str(HERE / "sharded_io_script.py")
-    port = str(free_port())
-    if nproc == 1:
-        return run([sys.executable, script, mode, str(path)], MASTER_PORT=port)
-    return run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-                f"--master-port={port}", script, mode, str(path)])
+    return run([str(HERE / "sharded_io_script.py"), mode, str(path)], nproc=nproc)
 
 
-def megatron_cli(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    return run([sys.executable, "-m", "megatron_mtp.cli", *args], timeout=timeout)
+def megatron_cli(*args: str, timeout: int = 900, nproc: int = 1) -> subprocess.CompletedProcess:
+    """`megatron-mtp ARGS` (one process unless nproc says otherwise)."""
+    return run(["-m", "megatron_mtp.cli", *args], nproc=nproc, timeout=timeout)
+
+
+def launched_cli(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    """`megatron-mtp ARGS` in a new process, as a user starts it (for `--nproc-per-node`, which launches
+    its own ranks)."""
+    proc = subprocess.run([sys.executable, "-m", "megatron_mtp.cli", *args], cwd=REPO, env=env(), capture_output=True,
+                          text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"megatron-mtp {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                             f"{proc.stderr[-5000:]}")
+    return proc

@@ -1,4 +1,4 @@
-"""Helper run as a subprocess (python or torchrun): save or load a megatron torch_dist checkpoint.
+"""Helper run on the test suite's ranks (or as python / torchrun): save or load a megatron torch_dist checkpoint.
 
 save OUT: every rank saves its row shards of the tensors from ``global_tensors()`` (and, in a
 single process, two chunks per tensor), plus optimizer-like state and an object, with
@@ -22,14 +22,18 @@ def global_tensors() -> dict:
     }
 
 
-def _init() -> None:
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+def _init() -> bool:
+    """Join the job (True when this script started the process group, and so ends it)."""
     from megatron_mtp.platform import cpu
 
     cpu.apply()  # megatron's checkpoint writer assumes CUDA (synchronize, current_device)
+    if torch.distributed.is_initialized():  # a warm rank of the test suite (tests/workers)
+        return False
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     torch.distributed.init_process_group("gloo")
+    return True
 
 
 def _shards(pieces: int, index_of: list[int]) -> dict:
@@ -71,7 +75,8 @@ def load(path: str) -> None:
 
 
 if __name__ == "__main__":
-    _init()
+    owned = _init()
     {"save": save, "load": load}[sys.argv[1]](sys.argv[2])
     torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    if owned:
+        torch.distributed.destroy_process_group()

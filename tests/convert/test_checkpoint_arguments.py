@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 
 import pytest
 
@@ -29,7 +28,7 @@ def test_every_command_accepts_the_four_spellings(trained_run, tmp_path):
     step, spellings = _spellings(trained_run)
     exports = []
     for name, path in spellings.items():
-        proc = run([sys.executable, "-m", "megatron_mtp", "eval", str(path), "--json", "--steps", "1"])
+        proc = run(["-m", "megatron_mtp", "eval", str(path), "--json", "--steps", "1"])
         assert json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"] == str(step), name
         out = export_to_hf(path, tmp_path / f"hf_{name}", mtp="none", dtype="fp32")
         exports.append((out / "model.safetensors.index.json").read_text())
@@ -46,7 +45,7 @@ def test_run_without_latest_uses_newest_complete_step_everywhere(trained_run, tm
     step, _ = _spellings(copy)
     (copy / "checkpoints" / "latest").unlink()
     (copy / "checkpoints" / "step_9999999.tmp").mkdir()  # an interrupted save is never used
-    proc = run([sys.executable, "-m", "megatron_mtp", "eval", str(copy), "--json", "--steps", "1"])
+    proc = run(["-m", "megatron_mtp", "eval", str(copy), "--json", "--steps", "1"])
     assert json.loads(proc.stdout.strip().splitlines()[-1])["checkpoint"] == str(step)
     assert "using the newest complete checkpoint" in proc.stderr
     export_to_hf(copy, tmp_path / "hf", mtp="none")
@@ -55,13 +54,8 @@ def test_run_without_latest_uses_newest_complete_step_everywhere(trained_run, tm
 
 @pytest.mark.parametrize("command", ["eval", "to-hf", "generate"])
 def test_a_path_without_checkpoint_is_one_sentence(tmp_path, command):
-    import subprocess
-
-    from tests.convert.helpers import env
-
     argv = {"eval": ["eval", str(tmp_path)], "to-hf": ["convert", "to-hf", str(tmp_path), str(tmp_path / "o")],
             "generate": ["generate", str(tmp_path), "--prompt", "x"]}[command]
-    proc = subprocess.run([sys.executable, "-m", "megatron_mtp", *argv], capture_output=True, text=True, env=env(),
-                          timeout=300)
+    proc = run(["-m", "megatron_mtp", *argv], timeout=300, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,7 +17,7 @@ from megatron_mtp.convert.fp8 import dequantize_blockwise
 from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.to_hf import export_to_hf
 from megatron_mtp.errors import UserError
-from tests.convert.helpers import REPO, env
+from tests.convert.helpers import run
 
 
 def _no_output(parent, name) -> None:
@@ -112,8 +110,8 @@ def test_from_hf_bad_inputs(export_fp32, tmp_path):
 
 
 def test_cli_prints_one_line_error(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "megatron_mtp.cli", "convert", "to-hf", str(tmp_path / "none"),
-                           str(tmp_path / "out")], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    proc = run(["-m", "megatron_mtp.cli", "convert", "to-hf", str(tmp_path / "none"), str(tmp_path / "out")],
+               timeout=120, check=False)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("megatron-mtp convert: error:") and "Traceback" not in proc.stderr
 

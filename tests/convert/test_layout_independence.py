@@ -14,7 +14,7 @@ import pytest
 from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.to_hf import export_to_hf
 from tests.convert.conftest import TRAIN_OVERRIDES
-from tests.convert.helpers import megatron_cli
+from tests.convert.helpers import launched_cli, megatron_cli
 
 LAYOUTS = {
     "tp2_pp2_ep2": (8, ("parallel.tensor=2", "parallel.pipeline=2", "parallel.expert=2")),
@@ -30,12 +30,13 @@ def test_checkpoint_saved_at_another_layout_exports_identical_bytes(trained_run,
     nproc, parallel = LAYOUTS[layout]
     imported = import_from_hf(export_fp32, tmp_path / "imported")
     run_dir = tmp_path / layout
-    megatron_cli(
-        "train", "configs/tiny_cpu.yaml", "--run-dir", str(run_dir), "--max-steps", "1", "--nproc-per-node",
-        str(nproc), *TRAIN_OVERRIDES, *parallel,
-        f"checkpoint.load={imported}", "checkpoint.load_optimizer=false", "optimizer.lr=0",
-        "optimizer.min_lr=0", "model.router_bias_update_rate=0", "training.global_batch_size=4",
-    )
+    args = ("train", "configs/tiny_cpu.yaml", "--run-dir", str(run_dir), "--max-steps", "1", *TRAIN_OVERRIDES,
+            *parallel, f"checkpoint.load={imported}", "checkpoint.load_optimizer=false", "optimizer.lr=0",
+            "optimizer.min_lr=0", "model.router_bias_update_rate=0", "training.global_batch_size=4")
+    if layout == "pp2_vpp2":  # through the local launcher, as a user runs it: it starts its own ranks
+        launched_cli(*args, "--nproc-per-node", str(nproc))
+    else:
+        megatron_cli(*args, nproc=nproc)
     out = export_to_hf(run_dir, tmp_path / "hf", mtp="separate", dtype="fp32")
     for part in ("main", "mtp"):
         names = sorted(p.name for p in (out / part).iterdir())

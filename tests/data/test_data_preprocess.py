@@ -13,6 +13,7 @@ from megatron_mtp.config import load_config
 from megatron_mtp.data.datasets import build_datasets, check_data_config, resolve_data
 from megatron_mtp.data.indexed import check_indexed_pair
 from megatron_mtp.data.preprocess import preprocess
+from tests.workers.pool import POOL
 
 
 def _read_back(prefix: str) -> list[list[int]]:
@@ -81,28 +82,28 @@ def test_output_identical_for_any_worker_count(tmp_path, write_jsonl, documents,
 
 def test_cli_preprocess_and_tokenizer_train(tmp_path, write_jsonl, documents):
     write_jsonl(tmp_path / "a.jsonl", documents[:50], key="content")
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    cli = [sys.executable, "-m", "megatron_mtp"]
-    run = subprocess.run(cli + ["tokenizer", "train", "--input", str(tmp_path / "a.jsonl"), "--text-key", "content",
-                                "--vocab-size", "300", "--output", str(tmp_path / "tok")],
-                         capture_output=True, text=True, env=env, timeout=300)
+    env = {"TOKENIZERS_PARALLELISM": "false"}
+    cli = ["-m", "megatron_mtp"]  # on a warm rank of the suite (tests/workers)
+    run = POOL.run(cli + ["tokenizer", "train", "--input", str(tmp_path / "a.jsonl"), "--text-key", "content",
+                          "--vocab-size", "300", "--output", str(tmp_path / "tok")],
+                   env=env, timeout=300)
     assert run.returncode == 0, run.stderr
     assert sorted(os.listdir(tmp_path / "tok")) == [
         "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"
     ]
-    run = subprocess.run(cli + ["preprocess", "--input", str(tmp_path / "a.jsonl"), "--text-key", "content",
-                                "--tokenizer", str(tmp_path / "tok"), "--output-prefix", str(tmp_path / "ds"),
-                                "--workers", "1", "--append-eod"],
-                         capture_output=True, text=True, env=env, timeout=300)
+    run = POOL.run(cli + ["preprocess", "--input", str(tmp_path / "a.jsonl"), "--text-key", "content",
+                          "--tokenizer", str(tmp_path / "tok"), "--output-prefix", str(tmp_path / "ds"),
+                          "--workers", "1", "--append-eod"],
+                   env=env, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "50 documents" in run.stdout
     assert "docs/s" in run.stderr and "tokens/s" in run.stderr  # the progress bar
     assert check_indexed_pair(str(tmp_path / "ds")).documents == 50
     # A user mistake is one line on stderr and exit code 2, no traceback.
-    run = subprocess.run(cli + ["preprocess", "--input", str(tmp_path / "a.jsonl"),
-                                "--tokenizer", str(tmp_path / "tok"),
-                                "--output-prefix", str(tmp_path / "bad"), "--workers", "1", "--no-progress"],
-                         capture_output=True, text=True, env=env, timeout=300)
+    run = POOL.run(cli + ["preprocess", "--input", str(tmp_path / "a.jsonl"),
+                          "--tokenizer", str(tmp_path / "tok"),
+                          "--output-prefix", str(tmp_path / "bad"), "--workers", "1", "--no-progress"],
+                   env=env, timeout=300)
     assert run.returncode == 2
     assert "a.jsonl:1: the object has no 'text' key" in run.stderr and "Traceback" not in run.stderr
     assert not any(name.startswith("bad") for name in os.listdir(tmp_path))

@@ -4,9 +4,6 @@ TP2×EP2 like one process, the checkpoint at another layout, resume, and Gloeckl
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,11 +27,9 @@ for _k in (1, 2):
 
 
 @pytest.mark.parametrize("extra", [(), ("mtp.head_by_head_backward=true",)], ids=["together", "head_by_head"])
-def test_gradient_equals_hand_computed_objective(extra):
-    script = Path(__file__).parent / "scripts" / "objective_check.py"
-    proc = subprocess.run([sys.executable, str(script), "2", str(ROOT / "configs" / "tiny_cpu.yaml"),
-                           "mtp.style=parallel", *extra], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
+def test_gradient_equals_hand_computed_objective(extra, script):
+    proc = script("objective_check.py", "2", ROOT / "configs" / "tiny_cpu.yaml", "mtp.style=parallel", *extra,
+                  timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     for lam, r in results.items():

@@ -9,9 +9,6 @@ the same inventory with the Transformer Engine kernels.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +18,7 @@ from megatron_mtp.config import load_config, pipeline_layout
 from megatron_mtp.plan import activations as act
 from megatron_mtp.plan import memory
 from megatron_mtp.plan.gpus import parse_gpu
+from tests.workers.pool import POOL
 
 pytestmark = pytest.mark.dist
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,8 +81,7 @@ def measured():
     cases = [{"overrides": SIZES[s][0] + MODES[m] + STYLES[st], "batch": SIZES[s][1], "seq": SIZES[s][2]}
              for s, m, st in CASES]
     script = Path(__file__).parent / "scripts" / "activation_check.py"
-    proc = subprocess.run([sys.executable, str(script), CONFIG, json.dumps(cases)], capture_output=True, text=True,
-                          timeout=1500, env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"), cwd=ROOT)
+    proc = POOL.run([str(script), CONFIG, json.dumps(cases)], timeout=1500, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return dict(zip(CASES, json.loads(proc.stdout.strip().splitlines()[-1])))
 

@@ -1,7 +1,7 @@
 """`megatron-mtp plan` against real ranks: model state to the byte, in-flight micro-batches exactly,
 communication and saved activations within 10%.
 
-Each layout runs tests/dist/scripts/plan_check.py through torch.distributed.run (gloo, the tiny
+Each layout runs tests/dist/scripts/plan_check.py on real ranks (gloo, the tiny
 model built by training.setup.build_components, two training steps on random tokens) and compares
 every rank with the plan of the same config for the CPU target.
 """
@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +18,7 @@ from megatron_mtp.config import load_config
 from megatron_mtp.plan import comm, schedule
 from megatron_mtp.plan.gpus import parse_gpu
 from megatron_mtp.plan.memory import make_plan, resolve_vocab, state_bytes
+from tests.workers.pool import POOL
 
 pytestmark = pytest.mark.dist
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,10 +50,8 @@ MODELED = ("tp", "ep", "etp", "dp", "edp", "pp", "embedding")
 
 
 def run(nproc: int, overrides: list[str], out: Path) -> list[dict]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-           str(Path(__file__).parent / "scripts" / "plan_check.py"), CONFIG, *BASE, *overrides]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PLANCHECK_DIR=str(out))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    proc = POOL.run([str(Path(__file__).parent / "scripts" / "plan_check.py"), CONFIG, *BASE, *overrides], nproc=nproc,
+                    timeout=900, env={"PLANCHECK_DIR": str(out)}, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-6000:]
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(nproc)]
 

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,11 +25,8 @@ EXPECTED_EXTRA = {
 }
 
 
-def test_every_recompute_setting_keeps_loss_and_gradients():
-    script = Path(__file__).parent / "scripts" / "recompute_check.py"
-    proc = subprocess.run([sys.executable, str(script), str(ROOT / "configs" / "tiny_cpu.yaml"), json.dumps(RECOMPUTE)],
-                          capture_output=True, text=True, timeout=900,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
+def test_every_recompute_setting_keeps_loss_and_gradients(script):
+    proc = script("recompute_check.py", ROOT / "configs" / "tiny_cpu.yaml", json.dumps(RECOMPUTE), timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert list(results) == list(RECOMPUTE)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.workers.pool import POOL
 
 pytestmark = pytest.mark.dist
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,9 +36,7 @@ def _one_sentence(stderr: str, *needles: str) -> str:
 
 
 def _eval(path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, "-m", "megatron_mtp", "eval", str(path), *args], capture_output=True,
-                          text=True, timeout=600, env=env, cwd=ROOT)
+    return POOL.run(["-m", "megatron_mtp", "eval", str(path), *args], timeout=600)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -210,10 +212,29 @@ def test_non_finite_weights_are_refused_by_eval_convert_and_generate(tmp_path, t
         load_generator(hf)
 
 
+@functools.cache
+def _why_no_mounts() -> str | None:
+    """Why this process cannot mount a small filesystem (None when it can), tried once per session."""
+    if os.geteuid() != 0:
+        return "mounting a small filesystem needs root"
+    with tempfile.TemporaryDirectory() as target:
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=65536", "tmpfs", target], capture_output=True,
+                              text=True)
+        if done.returncode != 0:
+            return f"cannot mount here ({done.stderr.strip()})"
+        subprocess.run(["umount", target], capture_output=True)
+    return None
+
+
+@pytest.fixture
+def mounts():
+    """Skip before any training when this process cannot mount (the cases below need root)."""
+    if _why_no_mounts():
+        pytest.skip(_why_no_mounts())
+
+
 def _mount(kind: str, target: Path, *, size: int = 0, source: Path | None = None) -> None:
     """Mount a tmpfs of `size` bytes (kind=tmpfs) or a read-only bind of `source` (kind=ro) at `target`."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small filesystem needs root")
     target.mkdir(parents=True, exist_ok=True)
     cmds = ([["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(target)]] if kind == "tmpfs" else
             [["mount", "--bind", str(source), str(target)], ["mount", "-o", "remount,bind,ro", str(target)]])
@@ -224,15 +245,19 @@ def _mount(kind: str, target: Path, *, size: int = 0, source: Path | None = None
             pytest.skip(f"cannot mount here ({done.stderr.strip()})")
 
 
-def _checkpoint_bytes(tmp_path: Path, train) -> int:
-    probe = tmp_path / "probe"
+@pytest.fixture(scope="module")
+def checkpoint_bytes(tmp_path_factory, train) -> int:
+    """The size of one checkpoint of the tests' model (the same for every case below)."""
+    if _why_no_mounts():
+        pytest.skip(_why_no_mounts())
+    probe = tmp_path_factory.mktemp("probe") / "run"
     train(probe, steps=1)
     step = probe / "checkpoints" / (probe / "checkpoints" / "latest").read_text().strip()
     return sum(f.stat().st_size for f in step.rglob("*") if f.is_file())
 
 
-def test_a_save_on_a_full_disk_fails_cleanly_and_the_next_run_resumes(tmp_path, train):
-    size = _checkpoint_bytes(tmp_path, train)
+def test_a_save_on_a_full_disk_fails_cleanly_and_the_next_run_resumes(tmp_path, train, checkpoint_bytes):
+    size = checkpoint_bytes
     disk = tmp_path / "disk"
     _mount("tmpfs", disk, size=int(size * 1.6))  # room for one checkpoint, not for a second beside it
     try:
@@ -250,8 +275,9 @@ def test_a_save_on_a_full_disk_fails_cleanly_and_the_next_run_resumes(tmp_path, 
 
 
 @pytest.mark.parametrize("async_save", ["true", "false"])
-def test_a_write_that_runs_out_of_space_is_one_sentence_and_leaves_nothing(tmp_path, train, async_save):
-    size = _checkpoint_bytes(tmp_path, train)
+def test_a_write_that_runs_out_of_space_is_one_sentence_and_leaves_nothing(tmp_path, train, async_save,
+                                                                            checkpoint_bytes):
+    size = checkpoint_bytes
     disk = tmp_path / "disk"
     _mount("tmpfs", disk, size=size // 2)  # the first save runs out of space half-way
     try:
@@ -269,7 +295,7 @@ def test_a_write_that_runs_out_of_space_is_one_sentence_and_leaves_nothing(tmp_p
         subprocess.run(["umount", str(disk)], capture_output=True)
 
 
-def test_a_read_only_checkpoint_directory_is_refused_before_training(tmp_path, train):
+def test_a_read_only_checkpoint_directory_is_refused_before_training(tmp_path, train, mounts):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     _mount("ro", run / "checkpoints", source=tmp_path / "elsewhere" if (tmp_path / "elsewhere").mkdir() is None

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+
+from tests.workers.pool import POOL
 
 pytestmark = pytest.mark.dist
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,9 +18,7 @@ SEQ = 64
 
 
 def _eval(*args) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, "-m", "megatron_mtp", "eval", *map(str, args)],
-                          capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    return POOL.run(["-m", "megatron_mtp", "eval", *map(str, args)], timeout=600, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,11 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("depth", [1, 2])
-def test_gradient_equals_hand_computed_objective(depth):
-    script = Path(__file__).parent / "scripts" / "objective_check.py"
-    proc = subprocess.run([sys.executable, str(script), str(depth), str(ROOT / "configs" / "tiny_cpu.yaml")],
-                          capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
+def test_gradient_equals_hand_computed_objective(depth, script):
+    proc = script("objective_check.py", depth, ROOT / "configs" / "tiny_cpu.yaml", timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(results) == {"0.3", "0.1"}

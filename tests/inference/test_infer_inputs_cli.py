@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from infer_tiny_model import make_tiny_export
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.generate import load_generator
+from tests.workers.pool import POOL
 
 
 def _one_sentence(message: str) -> None:
@@ -102,9 +100,8 @@ def test_run_dir_with_dangling_latest(tmp_path):
 
 
 def _cli(*args, cwd=None):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "megatron_mtp", "generate", *args], capture_output=True,
-                          text=True, env=env, timeout=300, cwd=cwd)
+    """`megatron-mtp generate ARGS` on a warm rank of the suite (tests/workers)."""
+    return POOL.run(["-m", "megatron_mtp", "generate", *args], timeout=300, cwd=cwd)
 
 
 def test_cli_json_and_stats(export_d1):

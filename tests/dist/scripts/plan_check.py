@@ -22,6 +22,19 @@ import weakref
 import torch
 import torch.distributed as dist
 
+PATCHES = []  # (object, attribute, original): undone at the end, so a warm rank runs the next command unpatched
+
+
+def patch(obj, name, value):
+    PATCHES.append((obj, name, getattr(obj, name)))
+    setattr(obj, name, value)
+
+
+def restore():
+    while PATCHES:
+        obj, name, original = PATCHES.pop()
+        setattr(obj, name, original)
+
 
 def storage_bytes(tensors, exclude=frozenset()):
     seen = {}
@@ -119,13 +132,13 @@ class CommCounter:
             if hasattr(dist, op):
                 original = getattr(dist, op)
                 originals[original] = self.wrap(op, original)
-                setattr(dist, op, originals[original])
+                patch(dist, op, originals[original])
         for name, module in list(sys.modules.items()):
             if not name.startswith("megatron.core") or module is None:
                 continue
             for attr, value in list(vars(module).items()):
                 if callable(value) and value in originals:
-                    setattr(module, attr, originals[value])
+                    patch(module, attr, originals[value])
         # point-to-point: megatron-core's two p2p paths (P2POp insists on the real isend/irecv)
         from megatron.core.pipeline_parallel import p2p_communication
 
@@ -140,7 +153,7 @@ class CommCounter:
                         self.count("send" if "send" in key else "recv", kwargs.get("group"), tensor.nbytes)
                 return _original(*args, **kwargs)
 
-            setattr(p2p_communication, name, p2p)
+            patch(p2p_communication, name, p2p)
 
 
 class InFlight:
@@ -175,7 +188,8 @@ class InFlight:
             self.live[chunk] -= 1
             return original_backward(input_tensor, output_tensor, *args, **kwargs)
 
-        schedules.forward_step, schedules.backward_step = forward_step, backward_step
+        patch(schedules, "forward_step", forward_step)
+        patch(schedules, "backward_step", backward_step)
 
 
 def saved_bytes_of_forward(model, batch):
@@ -264,4 +278,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    finally:
+        restore()

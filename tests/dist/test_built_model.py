@@ -1,0 +1,73 @@
+"""The tables and analytic counts describe the model megatron-core really builds (tiny config, one
+process on a warm rank; each style built once and read by every check below)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from megatron_mtp.config import load_config, pipeline_layout
+from megatron_mtp.config.validate import validate
+from megatron_mtp.models.deepseek_v3.hf_mapping import param_table
+from megatron_mtp.models.deepseek_v3.size import parameter_counts
+from megatron_mtp.plan.params import chunk_params
+
+pytestmark = pytest.mark.dist
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "configs" / "tiny_cpu.yaml")
+STYLES = {"sequential": ["mtp.num_layers=2"], "parallel": ["mtp.style=parallel", "mtp.num_layers=2"]}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, script):
+    facts = {}
+    for style, overrides in STYLES.items():
+        out = tmp_path_factory.mktemp("built") / f"{style}.json"
+        proc = script("built_model.py", TINY, out, *overrides, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        facts[style] = json.loads(out.read_text())
+    return facts
+
+
+def _cfg(style: str):
+    return load_config(TINY, ["model.vocab_size=256", *STYLES[style]])
+
+
+def test_checkpoint_keys_use_te_spelling_and_match_the_mapping_table(built):
+    keys = set(built["sequential"]["sharded_keys"])
+    assert not any("q_layernorm" in k or "kv_layernorm" in k for k in keys)
+    assert "decoder.layers.0.mlp.linear_fc1.layer_norm_weight" in keys  # dense layer (first_k_dense=1)
+    assert "decoder.layers.1.pre_mlp_layernorm.weight" in keys  # MoE layers keep a separate norm
+    assert "mtp.layers.1.transformer_layer.self_attention.linear_q_up_proj.layer_norm_weight" in keys
+
+    m = load_config(TINY).model
+    table = {p.mcore for p in param_table(m, 2, spec="te", mtp_copies=False)}
+    assert table <= keys, sorted(table - keys)
+    # every model tensor is claimed by the table (nothing would be dropped on export)
+    assert {k for k in keys if not k.endswith("_extra_state")} <= table | {
+        k for k in keys if k.startswith("mtp.") and "embedding" in k}, sorted(keys - table)
+
+
+def test_analytic_counts_equal_the_built_model(built):
+    params = built["sequential"]["params"]
+    counts = parameter_counts(_cfg("sequential"), 256)
+    assert counts["main"] == sum(c for n, c in params if not n.startswith("mtp."))
+    assert counts["mtp_unique"] == sum(c for n, c in params if n.startswith("mtp."))
+
+
+def test_analytic_size_equals_the_built_heads(built):
+    params = built["parallel"]["params"]
+    assert not any(n.startswith("mtp.") for n, _ in params)  # no sequential block, no embedding copy
+    counts = parameter_counts(_cfg("parallel"), 256)
+    assert counts["main"] == sum(c for n, c in params if not n.startswith("mtp_heads."))
+    assert counts["mtp_unique"] == sum(c for n, c in params if n.startswith("mtp_heads."))
+
+
+def test_plan_parameter_inventory_is_the_built_model(built):
+    cfg = _cfg("sequential")
+    sizes = validate(cfg, 1)
+    (stage,) = pipeline_layout.stages(cfg.model.num_layers, 2, 1, None, None)
+    planned = [[p.name, p.numel] for p in chunk_params(cfg, sizes, stage, 256, last=True, te=False)]
+    assert built["sequential"]["chunk_params"] == planned
