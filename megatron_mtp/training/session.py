@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from megatron_mtp.checkpoint.info import read_config
+from megatron_mtp.checkpoint.resume_rules import refuse_meaning_changes
 from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, find_checkpoint, resolve_checkpoint
 from megatron_mtp.config import Config
 from megatron_mtp.config.validate import validate
@@ -57,6 +59,14 @@ def refuse_nonfinite(components, ckpt: Path) -> None:
                        "checkpoint of the run")
 
 
+def _refuse_a_resume_that_changes_meaning(cfg: Config, run_dir: Path) -> None:
+    """Before any process group starts: the run's own checkpoint must mean what this config means
+    (checkpoint/resume_rules.py). checkpoint.start_fresh moves that checkpoint aside instead."""
+    own = None if cfg.checkpoint.start_fresh else find_checkpoint(run_dir)
+    if own is not None:
+        refuse_meaning_changes(read_config(own.path), cfg, own.path, run_dir)
+
+
 def open_training(cfg: Config, run_dir: Path) -> Session:
     from megatron_mtp.data.datasets import build_datasets, check_data_config, resolve_data
 
@@ -65,6 +75,7 @@ def open_training(cfg: Config, run_dir: Path) -> Session:
     resolved = resolve_data(cfg)
     cfg = _with_vocab(cfg, resolved.tokenizer)
     check_data_config(cfg, resolved)
+    _refuse_a_resume_that_changes_meaning(cfg, run_dir)
     platform = setup_platform(cfg.training.device, cfg.parallel.backend, cfg.training.fp8)
     ranks = init_distributed(cfg, platform)
     lock, notes = claim_run_dir(run_dir, cfg.checkpoint.start_fresh, ranks)

@@ -55,3 +55,46 @@ def test_resume_at_another_layout_reshards_optimizer(tmp_path, train, metrics, l
     for x, y in zip(a[3:], b[3:]):
         for key in ("train/lm_loss", "train/mtp_loss_1"):
             assert abs(x[key] - y[key]) < 2e-3, (x["step"], key, x[key], y[key])
+
+
+@pytest.fixture(scope="module")
+def one_step_run(tmp_path_factory, train):
+    """A run of one step; every refused resume below must leave it exactly as it is."""
+    run = tmp_path_factory.mktemp("meaning") / "run"
+    train(run, steps=1, overrides=("checkpoint.keep_last=1",))
+    return run
+
+
+def _checkpoint_files(run) -> dict:
+    root = run / "checkpoints"
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("change, fields", [
+    (("data.default_corpus_vocab_size=512",),  # another tokenizer: the same ids would mean other text
+     ("model.vocab_size is 1024 in the checkpoint and 512 now",
+      "data.default_corpus_vocab_size is 1024 in the checkpoint and 512 now")),
+    (("model.num_layers=3", "mtp.num_layers=2", "model.hidden_size=64"),
+     ("model.num_layers is 2 in the checkpoint and 3 now", "model.hidden_size is 128 in the checkpoint and 64 now",
+      "mtp.num_layers is 1 in the checkpoint and 2 now")),
+    (("mtp.style=parallel",), ("mtp.style is 'sequential' in the checkpoint and 'parallel' now",)),
+], ids=["tokenizer", "shape_and_mtp_depth", "mtp_style"])
+def test_a_resume_that_changes_what_the_checkpoint_means_is_refused(one_step_run, train, metrics, change, fields):
+    run = one_step_run
+    before, rows = _checkpoint_files(run), len(metrics(run))
+    proc = train(run, steps=3, overrides=("checkpoint.keep_last=1", *change), check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for field in fields:
+        assert field in errors[0], errors[0]
+    assert "--run-dir" in errors[0] and "checkpoint.load_optimizer=false" in errors[0]
+    assert _checkpoint_files(run) == before and len(metrics(run)) == rows  # nothing trained, nothing deleted
+
+
+def test_a_resume_may_change_the_layout_schedule_and_intervals(tmp_path, train):
+    run = tmp_path / "run"
+    train(run, steps=1)
+    proc = train(run, nproc=2, steps=2, overrides=("parallel.tensor=2", "optimizer.lr=1e-3", "logging.log_interval=2",
+                                                   "model.aux_loss_coeff=1e-3"))
+    assert "at step 1" in proc.stdout
