@@ -50,6 +50,8 @@ def run_train(args) -> int:
         for key, type_name, doc in describe(Config):
             print(f"{key} ({type_name})\n    " + doc.replace("\n", "\n    "))
         return 0
+    if args.nproc_per_node is not None and args.nproc_per_node < 1:
+        raise UserError(f"--nproc-per-node is {args.nproc_per_node}; it must be 1 or more (processes on this machine)")
     config_path, overrides = _split_config_arg(args)
     if args.max_steps is not None:
         overrides.append(f"training.max_steps={args.max_steps}")

@@ -74,3 +74,52 @@ def test_crash_during_save_keeps_previous_checkpoint(tmp_path, train, small_over
     assert f"at step {step}" in resumed.stdout
     assert not any(p.suffix == ".tmp" for p in ckpts.glob("step_*"))  # cleaned by the next save
     assert len([p for p in ckpts.glob("step_*") if p.is_dir()]) == 2  # keep_last
+
+
+def _processes_naming(text: str) -> list[int]:
+    """Pids of the live processes whose command line contains `text` (zombies excluded)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = (Path("/proc") / entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (Path("/proc") / entry / "stat").read_text().split(") ")[-1][:1]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_the_local_launcher_reaches_every_rank(tmp_path, train, metrics, small_overrides, sig):
+    """`train --nproc-per-node 2`: a signal to the launcher alone (kill PID, or Ctrl-C as SIGINT) makes both
+    ranks save, the launcher exit 75 without a traceback, no process of the job outlive it, and the saved
+    step resume."""
+    run = tmp_path / "run"
+    proc = _popen(run, 200, small_overrides, ("--nproc-per-node", "2", "parallel.expert=2"))
+    assert _wait_for(lambda: (run / "logs" / "metrics.jsonl").exists()
+                     and len((run / "logs" / "metrics.jsonl").read_text().splitlines()) >= 2, proc)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 75, err[-3000:]
+    assert "received SIGTERM" in out and "Traceback" not in err, err[-3000:]
+    deadline = time.time() + 20
+    while _processes_naming(str(run)) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _processes_naming(str(run))
+    saved = json.loads((run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+                        / "train_state.json").read_text())["step"]
+    assert 2 <= saved < 200
+    done = train(run, nproc=2, steps=saved + 1, overrides=("parallel.expert=2",))
+    assert f"at step {saved}" in done.stdout
+    assert [r["step"] for r in metrics(run)][-1] == saved + 1
+
+
+def test_nproc_per_node_below_one_is_one_sentence(small_overrides):
+    for bad in ("0", "-1"):
+        proc = subprocess.run([sys.executable, "-m", "megatron_mtp", "train", str(ROOT / "configs" / "tiny_cpu.yaml"),
+                               "--nproc-per-node", bad, *small_overrides], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr.strip() == (
+            f"megatron-mtp train: error: --nproc-per-node is {bad}; it must be 1 or more (processes on this machine)")
