@@ -81,13 +81,24 @@ def run_tokenizer_train(args: argparse.Namespace) -> int:
         open_input(path)[1].close()
     if os.path.isfile(args.output):
         raise UserError(f"tokenizer output '{args.output}' is a file; pass a directory")
+    if os.path.isdir(args.output) and os.listdir(args.output):  # the rule of every writing command
+        raise UserError(f"output '{args.output}' already exists; remove it or choose a new directory")
     parent = os.path.dirname(os.path.abspath(args.output))
     os.makedirs(parent, exist_ok=True)
     # Train into a temporary directory beside the output, then move it into place.
     tmp = tempfile.mkdtemp(prefix=".tokenizer-", dir=parent)
     try:
-        tok = train_bpe(iter_texts(args.input, args.text_key), args.vocab_size, tmp,
-                        min_frequency=args.min_frequency, show_progress=True)
+        seen = {"bytes": 0}
+
+        def texts():
+            for text in iter_texts(args.input, args.text_key):
+                seen["bytes"] += len(text)
+                yield text
+
+        tok = train_bpe(texts(), args.vocab_size, tmp, min_frequency=args.min_frequency, show_progress=True)
+        if not seen["bytes"]:
+            raise UserError(f"the tokenizer training input ({', '.join(args.input)}) holds no text; "
+                            "a tokenizer learned from nothing would only know the 256 bytes")
         os.makedirs(args.output, exist_ok=True)
         for name in sorted(os.listdir(tmp)):
             os.replace(os.path.join(tmp, name), os.path.join(args.output, name))

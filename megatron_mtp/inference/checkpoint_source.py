@@ -14,7 +14,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from megatron_mtp.checkpoint.run_dir import STATE_FILE, find_checkpoint
+from megatron_mtp.checkpoint.run_dir import (
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    STATE_FILE,
+    find_checkpoint,
+    resolve_checkpoint,
+)
 from megatron_mtp.convert.to_hf import export_to_hf
 from megatron_mtp.data.default_corpus import default_cache_dir
 from megatron_mtp.errors import UserError
@@ -26,6 +32,8 @@ def checkpoint_dir_of(path: Path) -> Path | None:
         return None
     found = find_checkpoint(path)
     if found is None:
+        if (path / CHECKPOINTS_DIR).is_dir() or (path / CONFIG_FILE).is_file():  # a run directory: say what eval
+            resolve_checkpoint(path, what="model")  # and convert say (it holds no checkpoint), not config.json
         return None
     if found.note:
         print(f"note: {found.note}", file=sys.stderr)

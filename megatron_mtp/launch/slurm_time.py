@@ -24,6 +24,7 @@ def parse_slurm_time(text: str) -> Optional[int]:
     match = _DAYS.match(value)
     if match:
         days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+        _check_ranges(text, hours=hours, minutes=minutes, seconds=seconds)
         total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
     else:
         match = _CLOCK.match(value)
@@ -33,6 +34,8 @@ def parse_slurm_time(text: str) -> Optional[int]:
                 "D-HH, D-HH:MM or D-HH:MM:SS (for example 4:00:00 or 2-00:00:00)"
             )
         parts = [int(g) for g in match.groups() if g is not None]
+        _check_ranges(text, minutes=parts[1] if len(parts) == 3 else None,
+                      seconds=parts[-1] if len(parts) > 1 else None)
         if len(parts) == 1:
             total = parts[0] * 60
         elif len(parts) == 2:
@@ -42,6 +45,15 @@ def parse_slurm_time(text: str) -> Optional[int]:
     if total <= 0:
         raise UserError(f"--time '{text}' is zero; give the job a positive time limit")
     return total
+
+
+def _check_ranges(text: str, hours: Optional[int] = None, minutes: Optional[int] = None,
+                  seconds: Optional[int] = None) -> None:
+    """Past the leading field, hours run to 23 and minutes and seconds to 59 (as sbatch requires)."""
+    for name, value, top in (("hours", hours, 23), ("minutes", minutes, 59), ("seconds", seconds, 59)):
+        if value is not None and value > top:
+            raise UserError(f"--time '{text}' has {value} {name}; {name} after the leading field run from 0 to {top} "
+                            "(for example 4:00:00 or 2-00:00:00)")
 
 
 def format_seconds(seconds: int) -> str:

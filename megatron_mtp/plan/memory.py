@@ -21,6 +21,7 @@ Every number carries its assumptions (Plan.assumptions); the report prints them.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -271,7 +272,7 @@ def _tokenizer_vocab(path: str) -> int:
 
 def make_plan(cfg: Config, world: int, gpu: Gpu, cpu: bool = False, imbalance: float = 1.0) -> Plan:
     """The memory plan of `cfg` on `world` ranks (UserError for a layout that cannot run)."""
-    if imbalance < 1.0:
+    if not math.isfinite(imbalance) or imbalance < 1.0:
         raise UserError(f"--routing-imbalance {imbalance} must be at least 1 (1: every expert-parallel rank "
                         "receives the average number of tokens)")
     sizes = validate(cfg, world)

@@ -59,3 +59,15 @@ def test_a_path_without_checkpoint_is_one_sentence(tmp_path, command):
     proc = run(["-m", "megatron_mtp", *argv], timeout=300, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_run_directory_without_checkpoints_is_the_same_sentence_everywhere(tmp_path):
+    """A run that never saved (config.yaml and an empty checkpoints/): every command says it holds no checkpoint."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "config.yaml").write_text("name: never_saved\n")
+    for argv in (["eval", str(tmp_path)], ["convert", "to-hf", str(tmp_path), str(tmp_path / "o")],
+                 ["drop-mtp", str(tmp_path), str(tmp_path / "d")], ["generate", str(tmp_path), "--prompt", "x"]):
+        proc = run(["-m", "megatron_mtp", *argv], timeout=300, check=False)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        assert f"'{tmp_path}' holds no checkpoint; pass a run directory" in proc.stderr, (argv[0], proc.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "config.yaml"]

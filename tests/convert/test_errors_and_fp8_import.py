@@ -156,3 +156,21 @@ def test_fp8_release_format_imports_dequantised(export_fp32, tmp_path):
     assert torch.equal(reader.read("decoder.layers.0.self_attention.linear_q_up_proj.weight"),
                        expected["model.layers.0.self_attn.q_b_proj.weight"])
     assert not any(k.endswith("_scale_inv") for k in reader.keys())
+
+
+@pytest.mark.parametrize("layout", ["separate", "inline"])
+def test_drop_mtp_refuses_non_finite_weights_like_every_export(trained_run, export_fp32, tmp_path, layout):
+    src = tmp_path / "src"
+    if layout == "separate":  # main/ is copied as it is: its bytes are checked all the same
+        shutil.copytree(export_fp32, src)
+        main = src / "main"
+    else:
+        main = export_to_hf(trained_run, src, mtp="inline", dtype="fp32")
+    shard = sorted(main.glob("*.safetensors"))[0]
+    tensors = load_file(shard)
+    name = sorted(tensors)[0]
+    tensors[name] = torch.full_like(tensors[name], float("nan"))
+    save_file(tensors, shard, metadata={"format": "pt"})
+    with pytest.raises(UserError, match=f"non-finite values \\(NaN or Inf\\) in '{name}'"):
+        drop_mtp(src, tmp_path / "dropped")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]  # nothing written, no temporary left

@@ -165,3 +165,22 @@ def test_tokenizer_alongside_default_corpus_is_rejected(tmp_path, tokenizer_dir)
     cfg = _cfg(tmp_path, tokenizer_dir)
     with pytest.raises(UserError, match="data.tokenizer is set but data.paths is null"):
         resolve_data(cfg)
+
+
+def test_tokenizer_train_refuses_an_empty_input_and_an_existing_output(tmp_path, capsys):
+    from megatron_mtp.cli import main
+
+    (tmp_path / "empty.txt").write_text("")
+    assert main(["tokenizer", "train", "--input", str(tmp_path / "empty.txt"), "--vocab-size", "512",
+                 "--output", str(tmp_path / "tok")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds no text" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "tok").exists() and [p.name for p in tmp_path.iterdir()] == ["empty.txt"]
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "mine.txt").write_text("keep me")
+    (tmp_path / "text.txt").write_text("def f(x):\n    return x\n" * 50)
+    assert main(["tokenizer", "train", "--input", str(tmp_path / "text.txt"), "--vocab-size", "300",
+                 "--output", str(tmp_path / "taken")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"output '{tmp_path / 'taken'}' already exists" in err and len(err.splitlines()) == 1, err
+    assert [p.name for p in (tmp_path / "taken").iterdir()] == ["mine.txt"]

@@ -192,7 +192,7 @@ def test_slurm_time_formats(text, seconds):
     assert parse_slurm_time(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "1h", "1:2:3:4", "0", "-5", "1-"])
+@pytest.mark.parametrize("text", ["", "1h", "1:2:3:4", "0", "-5", "1-", "99:99:99", "1:75", "2-25", "1-00:60"])
 def test_bad_slurm_times(text):
     with pytest.raises(UserError):
         parse_slurm_time(text)

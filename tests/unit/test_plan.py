@@ -121,6 +121,7 @@ def test_schedule_replay_matches_megatron_formulas():
     (["--gpus-per-node", "7", "parallel.world_size=null"], "is not divisible by"),
     (["--mfu", "40"], "--mfu 40.0 must be a fraction"),
     (["--routing-imbalance", "0.5"], "--routing-imbalance 0.5 must be at least 1"),
+    (["--routing-imbalance", "nan"], "--routing-imbalance nan must be at least 1"),
     (["model.vocab_size=null", "data.paths=[/data/x]"], "model.vocab_size is null"),
 ])
 def test_bad_input_is_one_sentence(args, message, capsys):
