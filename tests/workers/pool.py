@@ -176,7 +176,8 @@ class WorkerPool:
     def run(self, argv: list[str], nproc: int = 1, timeout: float = 900, sync_timeout: float = 60,
             check: bool = False, env: dict | None = None, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
         """Run `argv` on a warm job of `nproc` ranks (see the module docstring), with `env` added to
-        this process's environment and in `cwd` (default: this process's). A job that breaks is
+        this process's environment and in `cwd` (default: this process's). A job that breaks (it dies,
+        passes `timeout`, or its other ranks run on `sync_timeout` seconds after one rank failed) is
         replaced for the next call; this call then raises PoolJobFailed with every rank's output;
         `check` raises AssertionError with the output when the command exits non-zero."""
         job = self.jobs.get(nproc)
