@@ -140,14 +140,13 @@ class WorkerJob:
         return "\n".join(parts)
 
     def kill(self) -> None:
-        """End the job and its ranks (torchrun starts each rank in a session of its own)."""
-        for r in range(self.nproc):
-            pid_file = self.dir / f"pid-{r}"
-            if pid_file.exists():
-                try:
-                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
+        """End the job, its ranks (torchrun starts each rank in a session of its own) and what the ranks
+        started (a checkpoint writer's manager process would outlive them)."""
+        for proc in self._rank_processes():
+            try:
+                proc.kill()
+            except Exception:  # psutil.Error: gone already
+                pass
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -155,8 +154,23 @@ class WorkerJob:
                 pass
             self.proc.wait()
 
+    def _rank_processes(self) -> list:
+        """The ranks and every process they started (psutil.Process objects)."""
+        import psutil
+
+        procs = []
+        for r in range(self.nproc):
+            try:
+                rank = psutil.Process(int((self.dir / f"pid-{r}").read_text()))
+                procs += [rank, *rank.children(recursive=True)]
+            except (OSError, ValueError, psutil.Error):
+                pass
+        return procs
+
     def close(self) -> None:
-        """Ask the ranks to leave, then make sure they did; remove the job's files."""
+        """Ask the ranks to leave, then make sure they did, and that nothing they started stays behind
+        (a checkpoint writer's manager process outlives its rank); remove the job's files."""
+        started = self._rank_processes()
         if self.proc.poll() is None:
             stop = self.dir / f"req-{self.next}.json"
             stop.write_text(json.dumps({"stop": True}))
@@ -165,6 +179,11 @@ class WorkerJob:
             except subprocess.TimeoutExpired:
                 pass
         self.kill()
+        for proc in started:
+            try:
+                proc.kill()
+            except Exception:  # psutil.Error: ended with its rank
+                pass
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
