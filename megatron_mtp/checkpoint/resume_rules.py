@@ -34,7 +34,7 @@ MEANING = (
     # what token ids mean
     "model.vocab_size", "data.tokenizer", "data.default_corpus_vocab_size",
 )
-"""Config fields whose change makes a checkpoint mean something else (docs: training/README.md)."""
+"""Config fields whose change makes a checkpoint mean something else (docs: README.md, "Checkpoints and resume")."""
 
 
 def _field(cfg: Config, dotted: str) -> Any:

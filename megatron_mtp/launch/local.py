@@ -22,8 +22,9 @@ import subprocess
 import sys
 import time
 
+from megatron_mtp.errors import EXIT_RESUME
+
 FORWARDED = {signal.SIGTERM: signal.SIGTERM, signal.SIGUSR1: signal.SIGUSR1, signal.SIGINT: signal.SIGTERM}
-EXIT_RESUME = 75
 FAILED_RANK_GRACE_S = 10.0
 """How long the other ranks may take to end on their own after one failed, before they are killed
 (they may be waiting for the failed rank inside a collective)."""

@@ -32,11 +32,6 @@ def train(run_dir: Path, nproc: int = 1, steps: int = 3, overrides: tuple = (), 
     return proc
 
 
-def megatron(*args, nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`megatron-mtp ARGS` (eval, convert, ...) on `nproc` ranks."""
-    return POOL.run(["-m", "megatron_mtp", *map(str, args)], nproc=nproc, timeout=timeout)
-
-
 def script(name: str, *args, nproc: int = 1, timeout: int = 900) -> subprocess.CompletedProcess:
     """tests/dist/scripts/NAME with ARGS on `nproc` ranks."""
     return POOL.run([str(Path(__file__).parent / "scripts" / name), *map(str, args)], nproc=nproc, timeout=timeout)
@@ -60,11 +55,6 @@ def probe_logits(ckpt: Path, tokens_file: Path, out: Path, nproc: int = 1, overr
 @pytest.fixture(name="train", scope="session")
 def _train():
     return train
-
-
-@pytest.fixture(name="megatron", scope="session")
-def _megatron():
-    return megatron
 
 
 @pytest.fixture(name="script", scope="session")
