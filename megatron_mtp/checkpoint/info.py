@@ -2,8 +2,9 @@
 
 ``train_state.json`` holds the progress counters (step, consumed samples and tokens), whether
 optimizer state is stored, and the layout the shards were written at; ``config.yaml`` the resolved
-run config; ``tokenizer/`` the tokenizer the data was made with. The trainer, ``convert from-hf``
-and ``drop-mtp`` all write these through ``write_checkpoint_info``.
+run config; ``tokenizer/`` the tokenizer the data was made with; ``manifest.json`` every file
+and its size (written last; ``run_dir.incomplete_reason`` checks it). The trainer, ``convert
+from-hf`` and ``drop-mtp`` all write these through ``write_checkpoint_info``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from megatron_mtp.checkpoint.run_dir import CONFIG_FILE, STATE_FILE
+from megatron_mtp.checkpoint.run_dir import CONFIG_FILE, STATE_FILE, TOKENIZER_DIR, write_manifest
 from megatron_mtp.config import Config, config_from_dict
 from megatron_mtp.errors import UserError
 
@@ -69,13 +70,14 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def write_checkpoint_info(step_dir: Path, cfg: Config, state: dict[str, Any], tokenizer=None) -> None:
-    """Write config.yaml, tokenizer/ (a data.tokenizer.Tokenizer, or None) and train_state.json."""
+    """Write config.yaml, tokenizer/ (a data.tokenizer.Tokenizer, or None), train_state.json and, last,
+    manifest.json (every file and its size: what makes the checkpoint complete, run_dir's design note).
+    Call it when every other file of the checkpoint is written, before the directory gets its name."""
     _write_atomic(step_dir / CONFIG_FILE, cfg.to_yaml())
     if tokenizer is not None:
-        from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR
-
         tokenizer.save(step_dir / TOKENIZER_DIR)
     _write_atomic(step_dir / STATE_FILE, json.dumps(state, indent=2) + "\n")
+    write_manifest(step_dir)
 
 
 def check_optimizer_compatible(saved: dict[str, Any], expert_parallel: int) -> Optional[str]:

@@ -2,8 +2,10 @@
 
 Design note. A save writes every rank's shards into RUN_DIR/checkpoints/step_N.<id>.tmp/ with
 megatron-core's dist_checkpointing (fully parallel: the data-parallel replicas share the writing of
-replicated tensors), then *publishes*: rank 0 adds config.yaml, tokenizer/ and train_state.json,
-renames the directory to step_N, replaces `latest` through a temp file, and prunes to keep_last.
+replicated tensors), then *publishes*: rank 0 adds config.yaml, tokenizer/, train_state.json and,
+last, manifest.json (every file and its size: a step missing or cutting off any of them is
+incomplete and never resumed from, see checkpoint/run_dir.py), renames the directory to step_N,
+replaces `latest` through a temp file, and prunes to keep_last.
   - async (checkpoint.async_save): dist_checkpointing returns an AsyncRequest whose writer runs in
     a forked process while training goes on; publishing is added as its last finalize step, so it
     runs only after megatron-core gathered every rank's write results and wrote the global

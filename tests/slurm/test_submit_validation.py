@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from megatron_mtp.checkpoint.run_dir import write_manifest
 from megatron_mtp.cli import main
 from megatron_mtp.errors import UserError
 from megatron_mtp.launch.job_plan import SubmitRequest, build_plan
@@ -206,6 +207,7 @@ def _fake_checkpoint(run_dir, expert: int) -> None:
         f' "parallel": {{"tensor": 1, "pipeline": 1, "expert": {expert}, "data": 2}}}}')
     for name in ("metadata.json", "config.yaml"):  # the rest of a complete checkpoint (contents unread here)
         (step / name).write_text("{}")
+    write_manifest(step)
     (run_dir / "checkpoints" / "latest").write_text("step_0000010\n")
 
 

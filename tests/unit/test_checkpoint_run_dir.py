@@ -1,23 +1,56 @@
-"""Which checkpoint a path names: one resolver for train, eval, convert, drop-mtp, generate and submit."""
+"""Which checkpoint a path names: one resolver for train, eval, convert, drop-mtp, generate and submit.
+
+A step directory is complete when every file its manifest.json lists is present with its size; one
+written without a manifest, when torch_dist's index and every shard it names are there and long enough.
+"""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from megatron_mtp.checkpoint.run_dir import REQUIRED_FILES, find_checkpoint, resolve_checkpoint
+from megatron_mtp.checkpoint.run_dir import (
+    REQUIRED_FILES,
+    find_checkpoint,
+    incomplete_reason,
+    resolve_checkpoint,
+    write_manifest,
+)
 from megatron_mtp.errors import UserError
+
+SHARD = "__0_0.distcp"
 
 
 def _step(root, step: int, complete: bool = True):
+    """A synthetic checkpoint with a manifest (complete), or one that has only metadata.json."""
     path = root / "checkpoints" / f"step_{step:07d}"
-    path.mkdir(parents=True)
-    for name in REQUIRED_FILES if complete else REQUIRED_FILES[:1]:
+    (path / "tokenizer").mkdir(parents=True)
+    if not complete:
+        (path / REQUIRED_FILES[0]).write_text("{}")
+        return path
+    for name in REQUIRED_FILES:
         (path / name).write_text("{}")
+    for name in (".metadata", "common.pt"):
+        (path / name).write_bytes(b"x" * 10)
+    (path / SHARD).write_bytes(b"s" * 1000)
+    (path / "tokenizer" / "tokenizer.json").write_text('{"model": {}}')
+    write_manifest(path)
     return path
 
 
 def _latest(root, name: str):
     (root / "checkpoints" / "latest").write_text(name + "\n")
+
+
+def _one_sentence(path, *needles: str) -> str:
+    with pytest.raises(UserError) as info:
+        resolve_checkpoint(path)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(f"checkpoint {path} is incomplete ("), message
+    for needle in needles:
+        assert needle in message, message
+    return message
 
 
 def test_four_spellings_name_the_same_checkpoint(tmp_path):
@@ -35,6 +68,7 @@ def test_latest_missing_or_dangling_uses_newest_complete_step(tmp_path):
     _step(tmp_path, 6, complete=False)  # a save that died half-way
     found = find_checkpoint(tmp_path)
     assert found.path == newest and "no latest file" in found.note and "step_0000004" in found.note
+    assert "step_0000006 is incomplete (config.yaml, train_state.json, .metadata and 1 more missing)" in found.note
     _latest(tmp_path, "step_0000009")
     found = find_checkpoint(tmp_path)
     assert found.path == newest and "names 'step_0000009', which is not a complete checkpoint" in found.note
@@ -45,7 +79,7 @@ def test_latest_missing_or_dangling_uses_newest_complete_step(tmp_path):
 def test_dangling_latest_without_any_complete_step_is_an_error(tmp_path):
     _step(tmp_path, 6, complete=False)
     _latest(tmp_path, "step_0000006")
-    with pytest.raises(UserError, match="no other complete checkpoint") as info:
+    with pytest.raises(UserError, match="which is incomplete .*, and no other complete checkpoint") as info:
         find_checkpoint(tmp_path)
     assert "\n" not in str(info.value)
 
@@ -57,5 +91,111 @@ def test_no_checkpoint_and_bad_paths(tmp_path):
     with pytest.raises(UserError, match="holds no checkpoint; pass a run directory"):
         resolve_checkpoint(tmp_path)
     incomplete = _step(tmp_path, 3, complete=False)
-    with pytest.raises(UserError, match="is incomplete .*config.yaml, train_state.json missing"):
-        resolve_checkpoint(incomplete)
+    _one_sentence(incomplete, "config.yaml, train_state.json, .metadata and 1 more missing")
+
+
+@pytest.mark.parametrize("lost", [SHARD, "common.pt", ".metadata", "metadata.json", "tokenizer/tokenizer.json"])
+def test_a_step_missing_any_listed_file_is_skipped_and_named(tmp_path, lost):
+    older = _step(tmp_path, 2)
+    newest = _step(tmp_path, 4)
+    _latest(tmp_path, newest.name)
+    (newest / lost).unlink()
+    found = find_checkpoint(tmp_path)
+    assert found.path == older
+    assert found.note.endswith(f"names 'step_0000004', which is incomplete ({lost} missing); using the newest "
+                               "complete checkpoint step_0000002"), found.note
+    _one_sentence(newest, f"({lost} missing); pass another checkpoint or the run directory")
+    (tmp_path / "checkpoints" / "latest").unlink()  # without latest, the skipped step is named too
+    assert f"step_0000004 is incomplete ({lost} missing)" in find_checkpoint(tmp_path).note
+
+
+def test_a_file_of_another_size_is_incomplete(tmp_path):
+    step = _step(tmp_path, 2)
+    with open(step / SHARD, "r+b") as fh:
+        fh.truncate(600)
+    _one_sentence(step, f"({SHARD} truncated (600 of 1000 bytes))")
+    (step / SHARD).write_bytes(b"s" * 1200)
+    _one_sentence(step, f"({SHARD} has 1200 bytes, not 1000)")
+    (step / SHARD).write_bytes(b"s" * 1000)
+    assert incomplete_reason(step) is None
+
+
+def test_edited_text_records_and_a_removed_source_record_keep_a_checkpoint_complete(tmp_path):
+    step = tmp_path / "checkpoints" / "step_0000002"
+    (step / "hf_source").mkdir(parents=True)
+    (step / "hf_source" / "config.json").write_text("{}")
+    _step(tmp_path, 2)
+    (step / "config.yaml").write_text("name: edited by hand\n")
+    (step / "train_state.json").write_text('{"step": 2, "edited": true}')
+    (step / "hf_source" / "config.json").unlink()
+    assert incomplete_reason(step) is None
+    (step / "config.yaml").unlink()  # present they must be
+    assert incomplete_reason(step) == "config.yaml missing"
+
+
+def test_a_damaged_manifest_is_incomplete(tmp_path):
+    step = _step(tmp_path, 2)
+    (step / "manifest.json").write_text('{"files": ')
+    _one_sentence(step, "(manifest.json unreadable)")
+    (step / "manifest.json").write_text(json.dumps({"files": {"a": "big"}}))
+    assert incomplete_reason(step) == "manifest.json unreadable"
+
+
+def test_many_missing_files_are_counted_not_listed(tmp_path):
+    step = _step(tmp_path, 2)
+    listed = json.loads((step / "manifest.json").read_text())["files"]
+    listed.update({f"__{r}_0.distcp": 5 for r in range(1, 9)})
+    (step / "manifest.json").write_text(json.dumps({"files": listed}))
+    assert incomplete_reason(step) == "__1_0.distcp, __2_0.distcp, __3_0.distcp and 5 more missing"
+
+
+def test_write_checkpoint_info_lists_every_file_last(tmp_path):
+    from megatron_mtp.checkpoint.info import train_state_record, write_checkpoint_info
+    from megatron_mtp.config import Config
+
+    step = tmp_path / "step"
+    (step / "hf_source").mkdir(parents=True)
+    (step / SHARD).write_bytes(b"s" * 77)
+    (step / "hf_source" / "config.json").write_text("{}")
+    write_checkpoint_info(step, Config(), train_state_record(has_optimizer=False))
+    listed = json.loads((step / "manifest.json").read_text())["files"]
+    assert listed == {name: (step / name).stat().st_size
+                      for name in (SHARD, "config.yaml", "hf_source/config.json", "train_state.json")}
+    assert sorted(p.name for p in step.iterdir()) == [SHARD, "config.yaml", "hf_source", "manifest.json",
+                                                      "train_state.json"]  # no temp file left
+
+
+def _legacy_step(root, step: int):
+    """A checkpoint as written before manifests: real torch_dist files, no manifest.json."""
+    import torch
+
+    from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
+
+    path = root / "checkpoints" / f"step_{step:07d}"
+    writer = TorchDistWriter(path)
+    writer.write_tensor("embedding.word_embeddings.weight", torch.ones(4, 8))
+    writer.write_tensor("output_layer.weight", torch.ones(4, 8))
+    writer.finish({})
+    for name in ("config.yaml", "train_state.json"):
+        (path / name).write_text("{}")
+    return path
+
+
+def test_a_checkpoint_without_manifest_is_checked_against_its_torch_dist_index(tmp_path):
+    older = _legacy_step(tmp_path, 2)
+    step = _legacy_step(tmp_path, 4)
+    _latest(tmp_path, step.name)
+    assert incomplete_reason(older) is None and find_checkpoint(tmp_path).path == step
+    size = (step / SHARD).stat().st_size
+    with open(step / SHARD, "r+b") as fh:
+        fh.truncate(size - 10)
+    _one_sentence(step, f"({SHARD} truncated ({size - 10} of at least {size} bytes))")
+    (step / SHARD).unlink()
+    _one_sentence(step, f"({SHARD} missing)")
+    assert "which is incomplete (__0_0.distcp missing)" in find_checkpoint(tmp_path).note
+    (step / "common.pt").unlink()
+    _one_sentence(step, f"(common.pt, {SHARD} missing)")
+    (step / ".metadata").write_bytes(b"\x80\x04garbage")
+    _one_sentence(step, "(.metadata unreadable; common.pt missing)")
+    (step / ".metadata").unlink()
+    _one_sentence(step, "(.metadata, common.pt missing)")
