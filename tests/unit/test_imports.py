@@ -12,7 +12,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "megatron_mtp"
 # lowest first; a package may import any package before it and none after it
-LAYERS = ["errors", "rms_norm", "strict_json", "config", "platform", "models", "plan", "data", "checkpoint",
+LAYERS = ["errors", "output", "rms_norm", "strict_json", "config", "platform", "models", "plan", "data", "checkpoint",
           "launch", "training", "convert", "inference", "cli", "__main__"]
 
 

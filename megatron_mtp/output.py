@@ -1,0 +1,317 @@
+"""Writing a command's output: staged, checked and published whole; every failure one sentence.
+
+Every command that writes (``convert to-hf``, ``convert from-hf``, ``drop-mtp``, ``preprocess``,
+``tokenizer train``) goes through here:
+
+- refused before any work when OUT exists, its parent is missing, or nothing can be created in the
+  parent (read-only filesystem, no permission: a probe directory is made and removed);
+- staged under a hidden sibling unique to the process, ``.NAME.tmp-PID-RANDOM``;
+- checked for free space before writing when its size is known (bytes needed vs free);
+- a failed write (full disk, exhausted quota, read-only filesystem, no permission, I/O error) becomes
+  one ``UserError`` sentence naming the output, the cause and what to do; the temporary goes on any
+  failure, Ctrl-C included;
+- published by one atomic rename; when OUT appeared meanwhile (another command writing the same
+  output finished first), that output is kept, ours is removed, and the command says so.
+
+The cause of a failed write is found the same way for training saves (training/checkpoint_saver.py).
+megatron-core and torch report a failed write in many shapes: an OSError with an errno, torch's
+zip writer's "unexpected pos" when a write came up short, a CheckpointException that carries each
+rank's exception, often chained several levels deep. We walk all of them for the cause a user can
+act on, and fall back to the disk's free space (a full disk is by far the most common cause).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Sequence, Union
+
+from megatron_mtp.errors import UserError
+
+GIB = 1 << 30
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def size_text(nbytes: int) -> str:
+    """'12.3 MiB' below a GiB, '4.56 GiB' from there."""
+    return f"{nbytes / (1 << 20):.1f} MiB" if nbytes < GIB else f"{nbytes / GIB:.2f} GiB"
+
+
+_CAUSES = {
+    errno.ENOSPC: "the filesystem is full",
+    errno.EDQUOT: "the disk quota is exhausted",
+    errno.EROFS: "the filesystem is read-only",
+    errno.EACCES: "permission was denied",
+    errno.EPERM: "permission was denied",
+    errno.EIO: "an I/O error occurred",
+}
+_ADVICE = {
+    errno.ENOSPC: "free space there or choose another place for it",
+    errno.EDQUOT: "free space there or choose another place for it",
+    errno.EROFS: "choose a place on a writable filesystem",
+    errno.EACCES: "choose a directory you may write to, or fix its permissions",
+    errno.EPERM: "choose a directory you may write to, or fix its permissions",
+}
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen, todo = set(), [exc]
+    while todo:
+        item = todo.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        yield item
+        todo += [item.__cause__, item.__context__, getattr(item, "exc", None)]
+        failures = getattr(item, "failures", None)  # torch.distributed.checkpoint's CheckpointException:
+        if isinstance(failures, dict):               # rank -> (exception, traceback summary)
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
+
+
+def failure_errno(exc: BaseException) -> Optional[int]:
+    """The errno of the first OSError in the exception's chain (None if there is none)."""
+    for item in _chain(exc):
+        if isinstance(item, OSError) and item.errno in _CAUSES:
+            return item.errno
+    text = " ".join(str(item) for item in _chain(exc)).lower()
+    if "no space left" in text or "unexpected pos" in text:
+        return errno.ENOSPC
+    if "read-only file system" in text:
+        return errno.EROFS
+    return None
+
+
+def free_bytes(path: Path) -> Optional[int]:
+    for probe in (path, *path.parents):
+        if probe.exists():
+            return shutil.disk_usage(probe).free
+    return None
+
+
+def _cause_text(code: int, where: Path, needed_bytes: Optional[int], at_least: bool) -> str:
+    cause = _CAUSES[code]
+    if code in _FULL:
+        free = free_bytes(where)
+        need = f"needs {'more than' if at_least else 'about'} {size_text(needed_bytes)}, " if needed_bytes else ""
+        have = f"{size_text(free)} free" if free is not None else "free space unknown"
+        cause += f" ({need}{have})"
+    return cause
+
+
+def describe_failure(exc: BaseException, where: Path, needed_bytes: Optional[int],
+                     at_least: bool = False) -> Optional[str]:
+    """'<cause> (needs about X GiB, Y GiB free)' for a failed write under `where`; None when the
+    exception is not a write failure (a bug, to be raised as it is). `at_least`: needed_bytes is
+    only what was written before the failure."""
+    code = failure_errno(exc)
+    free = free_bytes(where)
+    if code is None and free is not None and needed_bytes and free < needed_bytes:
+        code = errno.ENOSPC
+    if code is None:
+        if any(isinstance(item, OSError) for item in _chain(exc)):
+            first = next(item for item in _chain(exc) if isinstance(item, OSError))
+            return f"{type(first).__name__}: {first}"
+        return None
+    return _cause_text(code, where, needed_bytes, at_least)
+
+
+# --- a command's output ---------------------------------------------------------------------------
+
+
+def temp_name(out: Path) -> Path:
+    """``.NAME.tmp-PID-RANDOM`` beside ``out``: no two writers share one, even across machines."""
+    return out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the files under ``path`` (a file: its size; missing: 0)."""
+    try:
+        if not path.is_dir():
+            return path.stat().st_size if path.exists() else 0
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    except OSError:
+        return 0
+
+
+def _concerns(filename: object, out: Path, written: Sequence[Path]) -> bool:
+    """Whether an OSError's file is the output: OUT, its temporary, a written path (or under one), or a
+    directory above OUT."""
+    if filename is None:
+        return True
+    path = os.path.abspath(os.fsdecode(filename))  # type: ignore[arg-type]
+    mine = (str(out), str(out.parent / f".{out.name}.tmp-"), *map(str, written))
+    return path.startswith(mine) or Path(path) in out.parents
+
+
+def _output_errno(exc: BaseException, out: Path, written: Sequence[Path]) -> Optional[int]:
+    """The errno of a failure to write the output; None for anything else (a bad input, a bug, a
+    source file that cannot be read), which is raised as it is."""
+    if isinstance(exc, UserError) or not isinstance(exc, Exception):
+        return None
+    for item in _chain(exc):
+        if isinstance(item, OSError) and item.errno is not None:
+            if item.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                return item.errno
+            if _concerns(item.filename, out, written) and (item.errno in _CAUSES or item.filename is not None):
+                return item.errno
+            return None
+    return failure_errno(exc)  # torch's writers: "unexpected pos", "No space left" in the text only
+
+
+def write_error(exc: BaseException, out: Path, what: str = "output", written: Sequence[Path] = (),
+                needed_bytes: Optional[int] = None, at_least: bool = False) -> Optional[UserError]:
+    """The one-sentence UserError for a failure to write ``out``; None when ``exc`` is something else."""
+    code = _output_errno(exc, out, written)
+    if code is None:
+        return None
+    if code in _CAUSES:
+        cause = _cause_text(code, out.parent, needed_bytes, at_least)
+    else:
+        cause = (os.strerror(code) or f"error {code}").lower()
+    advice = _ADVICE.get(code, "check the disk and try again")
+    return UserError(f"cannot write {what} '{out}': {cause}; {advice}")
+
+
+@contextlib.contextmanager
+def write_failures(out: PathLike, what: str = "output", written: Sequence[PathLike] = (),
+                   needed_bytes: Union[int, Callable[[], Optional[int]], None] = None) -> Iterator[None]:
+    """Turn a failed write of ``out`` inside the block into its one-sentence UserError. ``written``:
+    the temporary paths (and prefixes) the block writes; ``needed_bytes``: the output's size, or a
+    function giving what was written so far when the size is not known up front."""
+    out = Path(out).absolute()
+    try:
+        yield
+    except BaseException as exc:
+        nbytes = needed_bytes() if callable(needed_bytes) else needed_bytes
+        error = write_error(exc, out, what, [Path(w).absolute() for w in written], nbytes,
+                            at_least=callable(needed_bytes))
+        if error is None:
+            raise
+        raise error from exc
+
+
+def check_space(out: Path, needed_bytes: Optional[int], what: str = "output") -> None:
+    """Refuse, before anything is written, an output larger than the free space beside it."""
+    if not needed_bytes:
+        return
+    free = free_bytes(out.parent)
+    if free is not None and free < needed_bytes:
+        raise UserError(
+            f"{what} '{out}' needs about {size_text(needed_bytes)} and '{out.parent}' has {size_text(free)} free; "
+            "free space there or choose another place for it"
+        )
+
+
+def _empty_dir(path: Path) -> bool:
+    try:
+        return path.is_dir() and not any(path.iterdir())
+    except OSError:
+        return False
+
+
+def check_output_free(out: Path, what: str = "output", may_exist_empty: bool = False,
+                      make_parents: bool = False) -> None:
+    """OUT must not exist (``may_exist_empty``: or be an empty directory), its parent must exist
+    (``make_parents``: is created) and take a new directory."""
+    out = Path(out).absolute()
+    if out.exists() and not (may_exist_empty and _empty_dir(out)):
+        raise UserError(f"{what} '{out}' already exists; remove it or choose a new directory")
+    with write_failures(out, what):
+        if make_parents:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        if not out.parent.is_dir():
+            raise UserError(f"the parent directory of {what} '{out}' does not exist; create it first")
+        probe = temp_name(out)
+        os.mkdir(probe)
+        os.rmdir(probe)
+
+
+def _taken(out: Path, what: str) -> UserError:
+    return UserError(
+        f"{what} '{out}' appeared while this command was writing it (another command writing the same output "
+        "finished first); that one was kept and this command's copy removed"
+    )
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+@contextlib.contextmanager
+def staged_dir(out: PathLike, what: str = "output", needed_bytes: Optional[int] = None,
+               may_exist_empty: bool = False, make_parents: bool = False) -> Iterator[Path]:
+    """Yield a new temporary directory that becomes ``out`` only if the block finishes without error.
+
+    ``needed_bytes``: the output's size when known (checked against the free space first).
+    ``may_exist_empty``: an empty directory at ``out`` is replaced. Failures: see the module docstring."""
+    out = Path(out).absolute()
+    check_output_free(out, what, may_exist_empty, make_parents)
+    tmp = temp_name(out)
+    try:
+        check_space(out, needed_bytes, what)
+        os.mkdir(tmp)
+        yield tmp
+        if out.exists() and not (may_exist_empty and _empty_dir(out)):
+            raise _taken(out, what)
+        try:
+            os.rename(tmp, out)  # onto an empty directory too, never onto a non-empty one
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR) and out.exists():
+                raise _taken(out, what) from None
+            raise
+    except BaseException as exc:
+        written = tree_bytes(tmp)
+        _remove(tmp)
+        error = write_error(exc, out, what, [tmp], needed_bytes or written or None, at_least=not needed_bytes)
+        if error is None:
+            raise
+        raise error from exc
+
+
+# --- outputs made of several files (PREFIX.bin/.idx) ------------------------------------------------
+
+
+def file_identity(path: PathLike) -> Optional[tuple[int, int, int]]:
+    """(device, inode, mtime) of a file, None when it does not exist: tells whether it was replaced."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
+@contextlib.contextmanager
+def directory_lock(directory: PathLike) -> Iterator[None]:
+    """An exclusive ``flock`` on a directory while the block runs: writers publishing files into it
+    take turns. Best effort: where the filesystem has no such locks (some network filesystems), none."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def check_not_replaced(path: PathLike, seen: Optional[tuple[int, int, int]], out: PathLike,
+                       what: str = "output") -> None:
+    """Raise the one sentence of a lost race when ``path`` exists and is not the file seen at the start
+    (another command published the same output meanwhile)."""
+    now = file_identity(path)
+    if now is not None and now != seen:
+        raise _taken(Path(out).absolute(), what)
