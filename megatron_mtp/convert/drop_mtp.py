@@ -28,10 +28,10 @@ from megatron_mtp.convert.hf_source import copy_source_record
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import INDEX_NAME, HFDir, PlannedTensor, ShardedSafetensorsWriter
 from megatron_mtp.convert.serving import SERVING_FILE
-from megatron_mtp.convert.staging import staged_dir
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3.hf_config_json import mtp_depth
 from megatron_mtp.models.deepseek_v3.hf_mapping import MODEL_KEY_PREFIXES, MTP_KEY_PREFIXES, is_mtp_hf_name
+from megatron_mtp.output import staged_dir, tree_bytes
 
 _HF_WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
@@ -56,7 +56,7 @@ def _drop_hf(src: Path, out: Path, max_shard_bytes: int) -> Path:
         for name in main.names():  # the copy below moves bytes unread: check them first, as every export does
             if not tensor_is_finite(main.raw(name)):
                 refuse_nonfinite(name, f"'{src / 'main'}'")
-        with staged_dir(out) as tmp:
+        with staged_dir(out, needed_bytes=tree_bytes(src / "main")) as tmp:
             shutil.rmtree(tmp)
             shutil.copytree(src / "main", tmp)
         return out
@@ -69,8 +69,8 @@ def _drop_hf(src: Path, out: Path, max_shard_bytes: int) -> Path:
             f"'{src}' has no MTP layers (num_nextn_predict_layers is 0 and no layer >= {num_layers}); nothing to drop"
         )
     keep.sort(key=lambda n: (hf.weight_map[n], n))
-    with staged_dir(out) as tmp:
-        plan = [PlannedTensor(n, hf.shape(n), hf.dtype(n)) for n in keep]
+    plan = [PlannedTensor(n, hf.shape(n), hf.dtype(n)) for n in keep]
+    with staged_dir(out, needed_bytes=sum(p.nbytes for p in plan)) as tmp:
         writer = ShardedSafetensorsWriter(tmp, plan, max_shard_bytes)
         try:
             with Progress(writer.total_bytes, "drop-mtp") as bar:
@@ -107,10 +107,11 @@ def _drop_mcore(src: Path, out: Path) -> Path:
         if k.startswith(MODEL_KEY_PREFIXES) and not k.startswith(MTP_KEY_PREFIXES) and "._extra_state/" in k
     ]
     reader.validate(keys, tuple(objects))
-    with staged_dir(out) as tmp, reader:
+    size = sum(reader.entry(k).nbytes for k in keys)
+    with staged_dir(out, needed_bytes=size + tree_bytes(step / TOKENIZER_DIR)) as tmp, reader:
         writer = TorchDistWriter(tmp)
         try:
-            with Progress(sum(reader.entry(k).nbytes for k in keys), "drop-mtp") as bar:
+            with Progress(size, "drop-mtp") as bar:
                 for key in keys:
                     entry = reader.entry(key)
                     if not reader.is_finite(key):

@@ -44,7 +44,6 @@ from megatron_mtp.convert.hf_source import GENERATION_CONFIG, generation_config,
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import PlannedTensor, ShardedSafetensorsWriter
 from megatron_mtp.convert.shapes import check_shape, expected_shape
-from megatron_mtp.convert.staging import check_output_free, staged_dir
 from megatron_mtp.convert.tokenizer_files import copy_tokenizer, special_token_ids
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3.hf_config import TOKEN_ID_KEYS, carry_source_fields, to_hf_config
@@ -56,6 +55,7 @@ from megatron_mtp.models.deepseek_v3.hf_mapping import (
     nextn_name,
     param_table,
 )
+from megatron_mtp.output import check_output_free, staged_dir, tree_bytes
 
 MtpMode = Literal["separate", "inline", "none"]
 MtpLayout = Literal["hf", "nextn"]
@@ -310,7 +310,8 @@ def export_to_hf(
     configs = hf_configs(cfg, vocab, mtp, mtp_layout, dtype, tokenizer_ids, source_config(step))
     gen = generation_config(tokenizer_ids, {k: configs["main"].get(k) for k in TOKEN_ID_KEYS},
                             source_generation_config(step))
-    with staged_dir(out_dir) as tmp, reader:
+    size = sum(p.nbytes for plan in plans.values() for p in plan) + tree_bytes(step / TOKENIZER_DIR)
+    with staged_dir(out_dir, needed_bytes=size) as tmp, reader:
         dirs = {"main": tmp / "main", "mtp": tmp / "mtp"} if mtp == "separate" else {"main": tmp}
         writers = {d: ShardedSafetensorsWriter(dirs[d], plans[d], max_shard_bytes) for d in plans}
         total = sum(w.total_bytes for w in writers.values())
