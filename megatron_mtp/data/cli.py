@@ -71,23 +71,18 @@ def run_preprocess(args: argparse.Namespace) -> int:
 
 def run_tokenizer_train(args: argparse.Namespace) -> int:
     import os
-    import shutil
-    import tempfile
 
     from megatron_mtp.data.jsonl import iter_texts, open_input
     from megatron_mtp.data.tokenizer import train_bpe
+    from megatron_mtp.output import staged_dir
 
     for path in args.input:
         open_input(path)[1].close()
     if os.path.isfile(args.output):
         raise UserError(f"tokenizer output '{args.output}' is a file; pass a directory")
-    if os.path.isdir(args.output) and os.listdir(args.output):  # the rule of every writing command
-        raise UserError(f"output '{args.output}' already exists; remove it or choose a new directory")
-    parent = os.path.dirname(os.path.abspath(args.output))
-    os.makedirs(parent, exist_ok=True)
-    # Train into a temporary directory beside the output, then move it into place.
-    tmp = tempfile.mkdtemp(prefix=".tokenizer-", dir=parent)
-    try:
+    # Train into a temporary directory beside the output, then rename it into place (an empty
+    # directory there is replaced; anything else is refused, as by every writing command).
+    with staged_dir(args.output, may_exist_empty=True, make_parents=True) as tmp:
         seen = {"bytes": 0}
 
         def texts():
@@ -99,11 +94,6 @@ def run_tokenizer_train(args: argparse.Namespace) -> int:
         if not seen["bytes"]:
             raise UserError(f"the tokenizer training input ({', '.join(args.input)}) holds no text; "
                             "a tokenizer learned from nothing would only know the 256 bytes")
-        os.makedirs(args.output, exist_ok=True)
-        for name in sorted(os.listdir(tmp)):
-            os.replace(os.path.join(tmp, name), os.path.join(args.output, name))
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     print(
         f"wrote a byte-level BPE tokenizer ({tok.vocab_size} tokens, EOD id {tok.eod_id}, BOS id {tok.bos_id}) "
         f"to {args.output}"

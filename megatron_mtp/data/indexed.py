@@ -1,9 +1,12 @@
 """Writing and checking megatron-core indexed datasets (PREFIX.bin + PREFIX.idx).
 
 Writing goes through megatron-core's own ``IndexedDatasetBuilder`` into temporary names
-(``PREFIX.bin.tmp-PID`` ...). `IndexedWriter.commit` renames them in a fixed order — metadata,
+(``PREFIX.bin.tmp-PID-RANDOM`` ...). `IndexedWriter.commit` renames them in a fixed order — metadata,
 then .bin, then .idx last, after removing any old .idx first — so the presence of PREFIX.idx
 means the pair is complete, and an interrupted run never leaves a dataset that looks valid.
+Writers publishing into one directory take turns (a lock on the directory), and a writer whose
+PREFIX.idx was replaced while it ran (another command wrote the same dataset) keeps that dataset
+and removes its own files.
 
 Beside the pair we write ``PREFIX.meta.json`` (tokenizer vocab size, EOD id, fingerprint, counts),
 which lets config validation catch a dataset tokenised with a different tokenizer.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import struct
 import warnings
 from dataclasses import dataclass
@@ -24,6 +28,7 @@ from typing import Any, Optional
 import numpy as np
 
 from megatron_mtp.errors import UserError
+from megatron_mtp.output import check_not_replaced, directory_lock, file_identity
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 META_SUFFIX = ".meta.json"
@@ -54,15 +59,17 @@ class IndexedWriter:
                 f"output prefix '{prefix}' is a directory; "
                 f"pass a path prefix such as '{os.path.join(prefix, 'corpus')}'"
             )
-        parent = os.path.dirname(os.path.abspath(prefix))
-        os.makedirs(parent, exist_ok=True)
-        tag = f".tmp-{os.getpid()}"
+        self._parent = os.path.dirname(os.path.abspath(prefix))
+        os.makedirs(self._parent, exist_ok=True)
+        self._seen = file_identity(prefix + ".idx")  # what a re-run replaces; anything else is another writer's
+        tag = f".tmp-{os.getpid()}-{secrets.token_hex(4)}"
         self._tmp = {ext: f"{prefix}{ext}{tag}" for ext in (".bin", ".idx", META_SUFFIX)}
         module = _indexed_dataset_module()
         self.dtype = module.DType.optimal_dtype(vocab_size)
         self._builder = module.IndexedDatasetBuilder(self._tmp[".bin"], dtype=self.dtype)
         self.documents = 0
         self.tokens = 0
+        self._aborted_bytes = 0
         self._done = False
 
     def add(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
@@ -81,11 +88,21 @@ class IndexedWriter:
                 "dtype": np.dtype(self.dtype).name, **meta}
         with open(self._tmp[META_SUFFIX], "w", encoding="utf-8") as fh:
             json.dump(meta, fh, indent=2)
-        if os.path.exists(self.prefix + ".idx"):
-            os.unlink(self.prefix + ".idx")
-        for ext in (META_SUFFIX, ".bin", ".idx"):
-            os.replace(self._tmp[ext], self.prefix + ext)
+        with directory_lock(self._parent):
+            check_not_replaced(self.prefix + ".idx", self._seen, self.prefix, "dataset")
+            if os.path.exists(self.prefix + ".idx"):
+                os.unlink(self.prefix + ".idx")
+            for ext in (META_SUFFIX, ".bin", ".idx"):
+                os.replace(self._tmp[ext], self.prefix + ext)
         self._done = True
+
+    @property
+    def bytes_written(self) -> int:
+        """Bytes of the .bin so far (after a failure: what it had put on disk before `abort`)."""
+        try:
+            return os.path.getsize(self._tmp[".bin"])
+        except OSError:
+            return self._aborted_bytes
 
     def abort(self) -> None:
         """Close and delete the temporary files (safe to call more than once)."""
@@ -95,9 +112,12 @@ class IndexedWriter:
             self._builder.data_file.close()
         except Exception:
             pass
+        self._aborted_bytes = self.bytes_written
         for path in self._tmp.values():
-            if os.path.exists(path):
+            try:
                 os.unlink(path)
+            except OSError:
+                pass
         self._done = True
 
     def __enter__(self) -> "IndexedWriter":

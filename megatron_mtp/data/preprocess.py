@@ -27,6 +27,7 @@ from megatron_mtp.data.indexed import IndexedWriter
 from megatron_mtp.data.jsonl import BadLine, Chunk, iter_chunks, open_input
 from megatron_mtp.data.tokenizer import Tokenizer, load_tokenizer
 from megatron_mtp.errors import UserError
+from megatron_mtp.output import write_failures
 
 MAX_BAD_EXAMPLES = 5
 
@@ -207,8 +208,12 @@ def preprocess(
             )
 
     runner = None
+    writer = None
+    prefix = os.path.abspath(output_prefix)
     try:
-        with _single_threaded_tokenizers(), IndexedWriter(output_prefix, tok.vocab_size) as writer:
+        with write_failures(prefix, "dataset", written=[prefix],
+                            needed_bytes=lambda: writer.bytes_written if writer else None), \
+                _single_threaded_tokenizers(), IndexedWriter(output_prefix, tok.vocab_size) as writer:
             runner = _InProcess(initargs) if workers == 1 else _Pool(workers, initargs)
             bar = _progress_bar(inputs, progress)
             start = time.perf_counter()
