@@ -71,3 +71,22 @@ def test_a_run_directory_without_checkpoints_is_the_same_sentence_everywhere(tmp
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert f"'{tmp_path}' holds no checkpoint; pass a run directory" in proc.stderr, (argv[0], proc.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "config.yaml"]
+
+
+def test_an_incomplete_step_given_directly_is_one_sentence_everywhere(trained_run, tmp_path):
+    """A step_N that lost a shard file (its metadata.json is there) is refused by name before anything loads."""
+    from tests.convert.conftest import TRAIN_OVERRIDES
+
+    step, _ = _spellings(trained_run)
+    shard = sorted(step.glob("*.distcp"))[-1]
+    copy = tmp_path / "checkpoints" / step.name
+    shutil.copytree(step, copy, ignore=lambda folder, names: [shard.name] if folder == str(step) else [])
+    for argv in (["eval", str(copy)], ["convert", "to-hf", str(copy), str(tmp_path / "o")],
+                 ["drop-mtp", str(copy), str(tmp_path / "d")], ["generate", str(copy), "--prompt", "x"],
+                 ["train", "configs/tiny_cpu.yaml", "--run-dir", str(tmp_path / "new"), "--max-steps", "1",
+                  *TRAIN_OVERRIDES, f"checkpoint.load={copy}", "checkpoint.load_optimizer=false"]):
+        proc = run(["-m", "megatron_mtp", *argv], timeout=300, check=False)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, (argv[0], proc.stderr[-3000:])
+        assert f"checkpoint {copy} is incomplete ({shard.name} missing); pass another checkpoint" in proc.stderr
+    assert not (tmp_path / "o").exists() and not (tmp_path / "d").exists()
+    assert not list((tmp_path / "new").rglob("step_*"))  # train refused before its first step

@@ -105,6 +105,23 @@ def test_run_without_or_with_a_dangling_latest_resumes_from_the_newest_complete_
     third = train(run, steps=4, overrides=("checkpoint.save_interval=1", "checkpoint.keep_last=0"))
     assert "names 'step_0000099', which is not a complete checkpoint" in third.stdout and "at step 3" in third.stdout
 
+    # latest names a step that lost a shard file (not metadata.json): eval and resume use step 3 and say why
+    step = run / "checkpoints" / "step_0000004"
+    shard = sorted(step.glob("*.distcp"))[-1]
+    shard.unlink()
+    direct = _eval(step)
+    assert direct.returncode == 2
+    _one_sentence(direct.stderr, f"checkpoint {step} is incomplete ({shard.name} missing); pass another checkpoint")
+    note = f"names 'step_0000004', which is incomplete ({shard.name} missing); using the newest complete " \
+           "checkpoint step_0000003"
+    evaluated = _eval(run, "--json", "--steps", "1")
+    assert evaluated.returncode == 0 and note in evaluated.stderr, evaluated.stderr[-3000:]
+    assert json.loads(evaluated.stdout.strip().splitlines()[-1])["checkpoint"] == str(run / "checkpoints" /
+                                                                                      "step_0000003")
+    fourth = train(run, steps=5, overrides=("checkpoint.save_interval=1", "checkpoint.keep_last=0"))
+    assert note in fourth.stdout and "at step 3" in fourth.stdout
+    assert _state(run)["step"] == 5 and shard.is_file()  # step 4 saved again, whole
+
 
 def _popen(run: Path, steps: int, small: list, *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "megatron_mtp", "train", str(ROOT / "configs" / "tiny_cpu.yaml"), "--run-dir",

@@ -99,10 +99,16 @@ def test_damaged_checkpoint_is_one_clear_error(run, tmp_path):
     shutil.copytree(run / "checkpoints", copy / "checkpoints")
     step = copy / "checkpoints" / (copy / "checkpoints" / "latest").read_text().strip()
     shard = sorted(step.glob("*.distcp"))[0]
+    size = shard.stat().st_size
     with open(shard, "r+b") as fh:
         fh.truncate(1000)
-    truncated = _eval(copy)
-    assert truncated.returncode == 2 and "is truncated" in truncated.stderr and "Traceback" not in truncated.stderr
+    truncated = _eval(copy)  # the run's only checkpoint: nothing to fall back to
+    assert truncated.returncode == 2 and "Traceback" not in truncated.stderr
+    assert f"names '{step.name}', which is incomplete ({shard.name} truncated (1000 of {size} bytes)), and no " \
+           "other complete checkpoint" in truncated.stderr, truncated.stderr[-3000:]
+    direct = _eval(step)
+    assert direct.returncode == 2 and "Traceback" not in direct.stderr and len(direct.stderr.strip().splitlines()) == 1
+    assert f"checkpoint {step} is incomplete ({shard.name} truncated (1000 of {size} bytes))" in direct.stderr
     shard.unlink()
-    missing = _eval(copy)
-    assert missing.returncode == 2 and "is missing" in missing.stderr and "Traceback" not in missing.stderr
+    missing = _eval(step)
+    assert missing.returncode == 2 and f"({shard.name} missing)" in missing.stderr and "Traceback" not in missing.stderr
