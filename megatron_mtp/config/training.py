@@ -81,7 +81,8 @@ class TrainingConfig:
     global_batch_size: int = 16
     """Samples per optimizer step across all data-parallel ranks (micro-batches are accumulated)."""
     seed: int = 1234
-    """Seed for initialisation, data order and dropout."""
+    """Seed for initialisation, data order and dropout. The initial weights depend on it and not on
+    the parallel layout (models/initialization.py)."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Compute precision (parameters are kept in fp32 for the optimizer in bf16/fp16)."""
     fp8: Optional[Literal["delayed", "tensorwise", "blockwise", "mxfp8"]] = None

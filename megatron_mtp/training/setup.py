@@ -16,6 +16,7 @@ import torch
 from megatron_mtp.config import Config
 from megatron_mtp.models.deepseek_v3.model import build_model
 from megatron_mtp.models.deepseek_v3.transformer_config import build_transformer_config
+from megatron_mtp.models.initialization import initialize_layout_invariant
 from megatron_mtp.platform import Platform
 from megatron_mtp.platform.features import Features, resolve_features
 from megatron_mtp.platform.optimizers import use_fused_torch_adam, use_optimizers
@@ -142,6 +143,7 @@ def build_components(cfg: Config, platform: Platform, vocab_size: int, with_opti
             post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
             vp_stage=vp,
         )
+        initialize_layout_invariant(model, cfg.training.seed, tconfig.init_method_std, tconfig.num_layers)
         if not platform.is_cpu:
             model = model.cuda()
         if cfg.training.precision != "fp32":

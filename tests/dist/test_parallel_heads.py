@@ -40,16 +40,13 @@ def test_gradient_equals_hand_computed_objective(extra, script):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, train, metrics):
     root = tmp_path_factory.mktemp("heads")
-    seed_run = root / "seed"
-    train(seed_run, steps=1, overrides=HEADS)
     single = root / "single"
-    train(single, steps=STEPS, overrides=(*HEADS, *EVAL, f"checkpoint.load={seed_run}",
-                                          "checkpoint.load_optimizer=false"))
-    return root, seed_run, metrics(single)
+    train(single, steps=STEPS, overrides=(*HEADS, *EVAL))  # every layout starts from the same weights
+    return root, metrics(single)
 
 
 def test_heads_log_per_depth_loss_acceptance_and_accuracy(reference):
-    _, _, single = reference
+    _, single = reference
     keys = {k for r in single for k in r}
     for k in (1, 2):
         assert {f"train/mtp_loss_{k}", f"train/mtp_acceptance_{k}", f"train/mtp_accuracy_{k}", f"valid/mtp_loss_{k}",
@@ -61,15 +58,14 @@ def test_heads_log_per_depth_loss_acceptance_and_accuracy(reference):
 @pytest.mark.parametrize("nproc,layout", [(2, ("parallel.pipeline=2",)),
                                           (4, ("parallel.tensor=2", "parallel.expert=2"))], ids=["pp2", "tp2_ep2"])
 def test_layout_matches_single_process(reference, nproc, layout, train, metrics):
-    root, seed_run, single = reference
+    root, single = reference
     run = root / "_".join(o.split("=")[0].split(".")[1] + o.split("=")[1] for o in layout)
-    train(run, nproc=nproc, steps=STEPS, overrides=(*HEADS, *EVAL, *layout, f"checkpoint.load={seed_run}",
-                                                    "checkpoint.load_optimizer=false"))
+    train(run, nproc=nproc, steps=STEPS, overrides=(*HEADS, *EVAL, *layout))
     compare_scalars(metrics(run), single, layout, TOLERANCE)
 
 
 def test_checkpoint_of_tp2_ep2_gives_equal_head_logits_at_one_process(reference, tmp_path, train, probe_logits):
-    root, _, _ = reference
+    root, _ = reference
     run = root / "tensor2_expert2"
     if not (run / "checkpoints" / "latest").exists():  # running this test alone
         train(run, nproc=4, steps=1, overrides=(*HEADS, "parallel.tensor=2", "parallel.expert=2"))
@@ -106,20 +102,16 @@ def test_resume_equals_uninterrupted(tmp_path, train, metrics):
 def test_head_by_head_backward_trains_like_all_heads_at_once(reference, train, metrics, recompute):
     """Gloeckle's order changes when gradients are taken, not what they are (here at PP2); with
     selective recompute the decoder recomputes and the heads, freed in the forward already, do not."""
-    root, seed_run, single = reference
+    root, single = reference
     run = root / f"head_by_head_pp2{len(recompute)}"
     train(run, nproc=2, steps=STEPS, overrides=(*HEADS, *EVAL, "mtp.head_by_head_backward=true", "parallel.pipeline=2",
-                                                f"checkpoint.load={seed_run}", "checkpoint.load_optimizer=false",
                                                 *recompute))
     compare_scalars(metrics(run), single, "head_by_head", TOLERANCE)
 
 
 def test_interleaved_pipeline_with_heads_alone_in_the_last_chunk(tmp_path, train, metrics):
     """PP2 × VPP2, the heads and the loss alone in the last virtual chunk, trains like one process."""
-    four = (*HEADS, "model.num_layers=4")
-    seed_run = tmp_path / "seed"
-    train(seed_run, steps=1, overrides=four)
-    start = (*four, *EVAL, f"checkpoint.load={seed_run}", "checkpoint.load_optimizer=false")
+    start = (*HEADS, "model.num_layers=4", *EVAL)
     single, vpp = tmp_path / "single", tmp_path / "vpp"
     train(single, steps=STEPS, overrides=start)
     proc = train(vpp, nproc=2, steps=STEPS, overrides=(*start, "parallel.pipeline=2",

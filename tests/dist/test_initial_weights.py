@@ -1,0 +1,72 @@
+"""From scratch, the same seed builds bitwise the same model at every parallel layout.
+
+Each layout's ranks dump their parameter shards by checkpoint key (tests/dist/scripts/
+initial_weights.py); the shards are put back together into whole tensors and compared with the
+one-process model's, bit for bit. That the losses then agree is checked in test_train_layouts.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.dist.conftest import ROOT
+
+pytestmark = pytest.mark.dist
+
+CONFIG = ROOT / "configs" / "tiny_cpu.yaml"
+FOUR = ("model.num_layers=4",)
+LAYOUTS = {
+    "tp2": (2, ("parallel.tensor=2",)),
+    "pp2": (2, ("parallel.pipeline=2",)),
+    "pp2_vpp2": (2, ("parallel.pipeline=2", "parallel.virtual_pipeline=2")),
+    "ep2": (2, ("parallel.expert=2",)),
+    "tp2_etp1_ep2": (2, ("parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1")),
+    "tp2_pp2_ep2": (8, ("parallel.tensor=2", "parallel.pipeline=2", "parallel.expert=2")),
+}
+
+
+def whole_tensors(out, nproc: int) -> dict:
+    """(key, prepended index) → the whole tensor, from every rank's shards; unfilled elements stay NaN."""
+    whole = {}
+    for rank in range(nproc):
+        for key, index, shape, offset, data in torch.load(out / f"rank-{rank}.pt"):
+            full = whole.setdefault((key, index), torch.full(shape, math.nan))
+            full[tuple(slice(o, o + s) for o, s in zip(offset, data.shape))] = data
+    return whole
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory, script):
+    out = tmp_path_factory.mktemp("init") / "single"
+    proc = script("initial_weights.py", CONFIG, out, *FOUR)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return whole_tensors(out, 1)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_initial_weights_are_the_same_at_every_layout(single, name, tmp_path, script):
+    nproc, overrides = LAYOUTS[name]
+    proc = script("initial_weights.py", CONFIG, tmp_path, *FOUR, *overrides, nproc=nproc)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = whole_tensors(tmp_path, nproc)
+    assert got.keys() == single.keys()
+    for ident, want in single.items():
+        assert not got[ident].isnan().any(), f"{name}: part of {ident} is held by no rank"
+        assert torch.equal(got[ident], want), f"{name}: {ident} differs from the one-process model"
+
+
+def test_initial_weights_keep_megatron_core_distributions(single):
+    """Routed experts differ from each other, and each tensor has the σ megatron-core would use:
+    init_method_std, or init_method_std/√(2·layers) for the projections into the residual stream."""
+    experts = [t for (key, index), t in single.items() if key.endswith("experts.experts.linear_fc2.weight")]
+    assert len(experts) >= 8 and not torch.equal(experts[0], experts[1])
+    std, layers = 0.02, 4
+    for (key, _), t in single.items():
+        if (t == t.reshape(-1)[0]).all():
+            continue  # norm weights: ones, as megatron-core sets them
+        want = std / math.sqrt(2 * layers) if key.endswith(("linear_proj.weight", "linear_fc2.weight")) else std
+        assert abs(t.std().item() / want - 1) < 0.15, (key, t.std().item(), want)
+        assert abs(t.mean().item()) < 4 * want / math.sqrt(t.numel()) + 1e-6, key
