@@ -1,12 +1,17 @@
-"""The top-level packages form layers: each imports only the layers below it, so there are no cycles.
+"""The top-level packages form layers: each imports only the layers below it, so there are no cycles;
+inside each package the modules import one another without cycles too.
 
-Imports inside functions count too (they are how a command avoids loading torch early, but they
-are dependencies all the same).
+Every way the code names a module of its own counts: `import megatron_mtp.x`, `from megatron_mtp.x
+import y`, `from megatron_mtp import x`, relative imports, and module paths in strings (the
+`importlib.import_module` table of cli.py, `python -m megatron_mtp....` command lines). Imports
+inside functions count too (they are how a command avoids loading torch early, but they are
+dependencies all the same).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -14,6 +19,33 @@ PACKAGE = Path(__file__).resolve().parents[2] / "megatron_mtp"
 # lowest first; a package may import any package before it and none after it
 LAYERS = ["errors", "output", "rms_norm", "strict_json", "config", "platform", "models", "plan", "data", "checkpoint",
           "launch", "training", "convert", "inference", "cli", "__main__"]
+_MODULE_STRING = re.compile(r"^megatron_mtp(\.[A-Za-z_]\w*)+$")
+
+
+def module_name(file: Path) -> str:
+    parts = list(file.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(file: Path, source: str) -> list[str]:
+    """Every megatron_mtp module `file` names, as dotted paths (``megatron_mtp.a.b``; for ``from X
+    import y`` both X and X.y, since y may be a module)."""
+    package = module_name(file) if file.name == "__init__.py" else module_name(file).rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found += [module] + [f"{module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_STRING.match(node.value):
+            found.append(node.value)
+    return [m for m in found if m.split(".")[0] == "megatron_mtp"]
 
 
 def import_graph() -> dict[str, dict[str, str]]:
@@ -22,17 +54,21 @@ def import_graph() -> dict[str, dict[str, str]]:
     for file in sorted(PACKAGE.rglob("*.py")):
         parts = file.relative_to(PACKAGE).parts
         source = parts[0] if len(parts) > 1 else parts[0][:-3]
-        for node in ast.walk(ast.parse(file.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            else:
-                continue
-            for name in names:
-                pieces = name.split(".")
-                if pieces[0] == "megatron_mtp" and len(pieces) > 1 and pieces[1] != source:
-                    graph[source].setdefault(pieces[1], str(file.relative_to(PACKAGE)))
+        for name in imported_modules(file, file.read_text()):
+            pieces = name.split(".")
+            if len(pieces) > 1 and pieces[1] != source:
+                graph[source].setdefault(pieces[1], str(file.relative_to(PACKAGE)))
+    return graph
+
+
+def module_graph(package: Path) -> dict[str, dict[str, str]]:
+    """Inside one package: module -> {module of the same package it imports: the importing file}."""
+    modules = {module_name(f): f for f in package.rglob("*.py")}
+    graph: dict[str, dict[str, str]] = defaultdict(dict)
+    for name, file in modules.items():
+        for target in imported_modules(file, file.read_text()):
+            if target in modules and target != name and not name.startswith(target + "."):
+                graph[name].setdefault(target, str(file.relative_to(PACKAGE)))
     return graph
 
 
@@ -76,5 +112,30 @@ def test_every_package_imports_only_lower_layers():
     assert not upward, upward
 
 
+def test_no_import_cycle_between_modules_inside_a_package():
+    cycles = []
+    for package in sorted(p for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()):
+        cycle = find_cycle(module_graph(package))
+        if cycle:
+            cycles.append(" -> ".join(cycle))
+    assert not cycles, cycles
+    assert "megatron_mtp.training.setup" in module_graph(PACKAGE / "training")["megatron_mtp.training.trainer"]
+
+
 def test_the_checks_see_a_cycle():
     assert find_cycle({"a": {"b": "x"}, "b": {"c": "y"}, "c": {"a": "z"}}) == ["a", "b", "c", "a"]
+
+
+def test_every_spelling_of_an_import_is_seen():
+    file = PACKAGE / "training" / "example.py"  # never written: only its place in the package matters
+    source = "\n".join([
+        "from megatron_mtp import strict_json",
+        "from . import checkpoint_saver",
+        "from ..data import tokenizer",
+        "def f():",
+        "    import importlib",
+        "    importlib.import_module('megatron_mtp.convert.cli')",
+    ])
+    found = set(imported_modules(file, source))
+    assert {"megatron_mtp.strict_json", "megatron_mtp.training.checkpoint_saver", "megatron_mtp.data.tokenizer",
+            "megatron_mtp.convert.cli"} <= found, found
