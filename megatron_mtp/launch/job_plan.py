@@ -1,6 +1,6 @@
 """What `megatron-mtp submit` will ask Slurm for, checked before anything reaches the queue.
 
-``SubmitRequest`` is the user's input (typed, from the command line); ``build_plan`` validates it
+``SubmitRequest`` (submit_request.py) is the user's input, typed, from the command line; ``build_plan`` validates it
 against the run config and returns a ``JobPlan`` holding everything the job script needs. Every
 problem raises ``UserError`` with one sentence, so no queue slot is wasted on a job that would fail
 at start-up. Nothing is written here: see submit.py for the run directory.
@@ -13,16 +13,17 @@ import os
 import re
 import shutil
 import sys
-from dataclasses import dataclass, field
-from typing import Literal, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 from megatron_mtp.config import Config, load_config
 from megatron_mtp.config.validate import validate
 from megatron_mtp.errors import UserError
 from megatron_mtp.launch.container_mounts import Mount, container_path, parse_mounts
 from megatron_mtp.launch.slurm_time import format_seconds, parse_slurm_time
+from megatron_mtp.launch.submit_request import SubmitRequest
 
-ResumeMode = Literal["requeue", "chain", "none"]
+__all__ = ["JobPlan", "SubmitRequest", "build_plan", "check_memory"]
 
 # Variables the job script itself sets for rendezvous; --env must not fight them.
 RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -34,69 +35,24 @@ _SAFE_WORD = re.compile(r"^[A-Za-z0-9_.,:@%+=/-]+$")
 
 
 @dataclass
-class SubmitRequest:
-    """The user's submission, as given on the command line."""
-
-    config: str
-    overrides: list[str] = field(default_factory=list)
-    run_dir: Optional[str] = None
-    nodes: int = 1
-    gpus_per_node: Optional[int] = None
-    cpu: bool = False
-    tasks_per_node: Optional[int] = None
-    cpus_per_task: Optional[int] = None
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    time: Optional[str] = None
-    job_name: Optional[str] = None
-    dependency: Optional[str] = None
-    container_image: Optional[str] = None
-    container_mounts: list[str] = field(default_factory=list)
-    env: list[str] = field(default_factory=list)
-    signal_before: int = 300
-    resume: ResumeMode = "requeue"
-    chain: int = 1
-    max_restarts: int = 50
-    python: Optional[str] = None
-    sbatch_args: list[str] = field(default_factory=list)
-    workdir: Optional[str] = None
-    gpu: Optional[str] = None
-    """GPU the memory plan checks against (megatron-mtp plan --gpu; default an 80 GB H100)."""
-    force: bool = False
-    """Submit even when the memory plan predicts a rank over the GPU's memory."""
-
-
-@dataclass
 class JobPlan:
-    """A validated submission: everything the sbatch script is rendered from."""
+    """A validated submission: everything the sbatch script is rendered from. The request's own
+    fields (partition, time, resume, ...) are read through it; the plan holds what it resolves."""
 
+    request: SubmitRequest
     config: Config
     """The resolved config the job trains with (paths as the job sees them)."""
     run_dir: str
     """Absolute run directory on the submit host."""
     job_run_dir: str
     """The run directory as the job sees it (differs from run_dir only inside a container)."""
-    nodes: int
     tasks_per_node: int
     gpus_per_node: Optional[int]
-    cpus_per_task: Optional[int]
-    partition: Optional[str]
-    account: Optional[str]
-    qos: Optional[str]
-    time: Optional[str]
     time_seconds: Optional[int]
     job_name: str
-    dependency: Optional[str]
-    container_image: Optional[str]
     container_mounts: list[Mount]
     env: dict[str, str]
-    signal_before: int
-    resume: ResumeMode
-    chain: int
-    max_restarts: int
     python: str
-    sbatch_args: list[str]
     workdir: str
     """Submit-host working directory (the job starts there, so relative paths keep meaning)."""
     job_workdir: str
@@ -104,6 +60,12 @@ class JobPlan:
     """The checkpoint the job will resume from (RUN_DIR/checkpoints/<latest>), None for a fresh run."""
     memory: Optional[str] = None
     """The memory plan's one-line verdict (GPU jobs)."""
+
+    def __getattr__(self, name: str):
+        # only called for names the plan does not hold: the request's fields
+        if name.startswith("__") or name == "request":
+            raise AttributeError(name)
+        return getattr(self.request, name)
 
     @property
     def world_size(self) -> int:
@@ -160,29 +122,17 @@ def build_plan(request: SubmitRequest) -> JobPlan:
         python = _check_python(request.python or sys.executable)
 
     return JobPlan(
+        request=request,
         config=job_cfg,
         run_dir=run_dir,
         job_run_dir=job_run_dir,
-        nodes=request.nodes,
         tasks_per_node=tasks_per_node,
         gpus_per_node=gpus_per_node,
-        cpus_per_task=request.cpus_per_task,
-        partition=request.partition,
-        account=request.account,
-        qos=request.qos,
-        time=request.time,
         time_seconds=time_seconds,
         job_name=request.job_name or f"mtp-{cfg.name}",
-        dependency=request.dependency,
-        container_image=request.container_image,
         container_mounts=mounts,
         env=env,
-        signal_before=request.signal_before,
-        resume=request.resume,
-        chain=request.chain,
-        max_restarts=request.max_restarts,
         python=python,
-        sbatch_args=list(request.sbatch_args),
         workdir=workdir,
         job_workdir=job_workdir,
         resume_from=resume_from,
