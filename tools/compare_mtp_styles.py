@@ -180,8 +180,8 @@ def memory_probe(overrides: list[str], repeats: int = 8) -> dict:
     from megatron_mtp.config import load_config
     from megatron_mtp.config.vocab import padded_vocab_size
     from megatron_mtp.platform import setup
+    from megatron_mtp.training.components import build_components, unwrap
     from megatron_mtp.training.distributed import destroy, init_distributed
-    from megatron_mtp.training.setup import build_components, unwrap
 
     cfg = load_config(str(CONFIG), ["model.vocab_size=4096", *overrides])
     plat = setup("cpu")

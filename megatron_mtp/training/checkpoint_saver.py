@@ -35,10 +35,10 @@ import torch
 from megatron_mtp.checkpoint.info import train_state_record, write_checkpoint_info
 from megatron_mtp.checkpoint.run_dir import CHECKPOINTS_DIR, LATEST, complete_steps, step_dir_name
 from megatron_mtp.errors import RunError
+from megatron_mtp.output import describe_failure, free_bytes, size_text
 from megatron_mtp.platform import all_reduce_sum
-from megatron_mtp.training.checkpointing import sharded_state_dict
-from megatron_mtp.training.save_failures import describe_failure, free_bytes, size_text
-from megatron_mtp.training.setup import TrainState
+from megatron_mtp.training.checkpoint_state import sharded_state_dict
+from megatron_mtp.training.components import TrainState
 
 
 def _write_failures() -> tuple:

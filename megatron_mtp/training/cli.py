@@ -74,13 +74,13 @@ def run_train(args) -> int:
     if args.nproc_per_node and in_job and int(os.environ["WORLD_SIZE"]) % args.nproc_per_node:
         raise UserError("--nproc-per-node does not match the job this process was launched in")
     run_dir = Path(args.run_dir or Path("runs") / cfg.name)
-    from megatron_mtp.training.run import train_main
+    from megatron_mtp.training.commands import train_main
 
     return train_main(cfg, run_dir)
 
 
 def run_eval(args) -> int:
-    from megatron_mtp.training.run import eval_main
+    from megatron_mtp.training.commands import eval_main
 
     return eval_main(args.checkpoint, list(args.overrides), as_json=args.json, text_file=args.text_file,
                      steps=args.steps)

@@ -12,7 +12,7 @@ import torch
 
 from megatron_mtp.training.batches import MicroBatchIterator
 from megatron_mtp.training.forward_step import make_forward_step
-from megatron_mtp.training.hooks import attach_metrics
+from megatron_mtp.training.metric_hooks import attach_metrics
 from megatron_mtp.training.metrics import MTPMetrics
 from megatron_mtp.training.sums import NamedSums
 

@@ -17,14 +17,13 @@ from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, find_checkpoint, reso
 from megatron_mtp.config import Config
 from megatron_mtp.config.validate import validate
 from megatron_mtp.config.vocab import padded_vocab_size
-from megatron_mtp.errors import RunError
 from megatron_mtp.platform import Platform
 from megatron_mtp.platform import setup as setup_platform
-from megatron_mtp.training import checkpointing as ckpt_io
+from megatron_mtp.training import checkpoint_state as ckpt_io
+from megatron_mtp.training.components import Components, TrainState, build_components
 from megatron_mtp.training.distributed import Ranks, env_world, init_distributed
-from megatron_mtp.training.finite import first_nonfinite_parameter
-from megatron_mtp.training.run_directory import claim_run_dir
-from megatron_mtp.training.setup import Components, TrainState, build_components
+from megatron_mtp.training.finite_weights import refuse_nonfinite_loaded_weights
+from megatron_mtp.training.run_dir_claim import claim_run_dir
 
 
 @dataclass
@@ -49,14 +48,6 @@ def _with_vocab(cfg: Config, tokenizer) -> Config:
     if cfg.model.vocab_size is not None:  # check_data_config checks that the tokenizer fits
         return cfg
     return cfg.replace(model=dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
-
-
-def refuse_nonfinite(components, ckpt: Path) -> None:
-    """A checkpoint whose weights hold NaN or Inf is one sentence, on every rank."""
-    bad = first_nonfinite_parameter(components.model)
-    if bad is not None:
-        raise RunError(f"checkpoint {ckpt} holds non-finite values (NaN or Inf) in '{bad}'; use an earlier "
-                       "checkpoint of the run")
 
 
 def _refuse_a_resume_that_changes_meaning(cfg: Config, run_dir: Path) -> None:
@@ -96,7 +87,7 @@ def open_training(cfg: Config, run_dir: Path) -> Session:
         loaded_from = src.path
         notes += [src.note] if src.note else []
     if loaded_from is not None:
-        refuse_nonfinite(components, loaded_from)
+        refuse_nonfinite_loaded_weights(components, loaded_from)
 
     t = cfg.training
     train_samples = t.max_steps * t.global_batch_size
@@ -119,6 +110,6 @@ def open_checkpoint_for_eval(ckpt: Path, cfg: Config) -> Session:
     ranks = init_distributed(cfg, platform)
     components = build_components(cfg, platform, padded_vocab_size(cfg.model.vocab_size, cfg), with_optimizer=False)
     ckpt_io.load_checkpoint(ckpt, components, ranks, load_optimizer=False)
-    refuse_nonfinite(components, ckpt)
+    refuse_nonfinite_loaded_weights(components, ckpt)
     return Session(cfg, platform, ranks, components, TrainState(), None, None,
                    str(tok_dir) if tokenizer else None, tokenizer, ckpt)

@@ -15,15 +15,15 @@ import time
 from pathlib import Path
 
 from megatron_mtp.errors import EXIT_FINISHED, EXIT_RESUME, RunError, UserError
-from megatron_mtp.training import checkpointing
+from megatron_mtp.training import checkpoint_state
 from megatron_mtp.training.batches import MicroBatchIterator, chunk_iterators
 from megatron_mtp.training.checkpoint_saver import CheckpointSaver
+from megatron_mtp.training.components import TrainState
 from megatron_mtp.training.forward_step import make_forward_step, micro_batch_mean
-from megatron_mtp.training.hooks import attach_metrics
 from megatron_mtp.training.interval import IntervalStats
-from megatron_mtp.training.logging_utils import RunLogger, format_step_line
+from megatron_mtp.training.metric_hooks import attach_metrics
+from megatron_mtp.training.run_logger import RunLogger, format_step_line
 from megatron_mtp.training.schedules import mtp_lambda
-from megatron_mtp.training.setup import TrainState
 from megatron_mtp.training.step_guard import (
     LossSpikeDetector,
     StepOutcome,
@@ -230,7 +230,7 @@ class Trainer:
         if target is None:
             raise RunError(f"{what}, and no checkpoint was saved before step {start} to roll back to; the run stops")
         position = state.consumed_samples
-        loaded = checkpointing.load_checkpoint(target, self.components, self.ranks, load_optimizer=True,
+        loaded = checkpoint_state.load_checkpoint(target, self.components, self.ranks, load_optimizer=True,
                                                fully_parallel=self.cfg.checkpoint.fully_parallel_load)
         skipped = position - loaded.consumed_samples
         state.step, state.consumed_tokens = loaded.step, loaded.consumed_tokens

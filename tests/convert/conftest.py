@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from tests.convert.helpers import megatron_cli, run
+
+FORWARD_LOGITS = Path(__file__).resolve().parents[1] / "dist" / "scripts" / "forward_logits.py"
 
 # Group routing with topk/group_topk = 2 is what the HF DeepSeek format can express (see hf_config.py).
 TRAIN_OVERRIDES = [
@@ -31,8 +35,8 @@ def tokens(tmp_path_factory):
 
 
 def megatron_forward(ckpt, tokens_path, out_path, *overrides) -> dict:
-    """Logits of megatron-core's own forward (megatron_mtp.training.forward) on a warm rank."""
-    run(["-m", "megatron_mtp.training.forward", str(ckpt), str(tokens_path), str(out_path), *overrides])
+    """Logits of megatron-core's own forward (tests/dist/scripts/forward_logits.py) on a warm rank."""
+    run([str(FORWARD_LOGITS), str(ckpt), str(tokens_path), str(out_path), *overrides])
     return torch.load(out_path)
 
 

@@ -43,11 +43,11 @@ def metrics(run_dir: Path) -> list[dict]:
 
 
 def probe_logits(ckpt: Path, tokens_file: Path, out: Path, nproc: int = 1, overrides: tuple = ()) -> dict:
-    """Full logits of a checkpoint at a layout (megatron_mtp.training.forward)."""
+    """Full logits of a checkpoint at a layout (scripts/forward_logits.py)."""
     import torch
 
-    proc = POOL.run(["-m", "megatron_mtp.training.forward", str(ckpt), str(tokens_file), str(out), *overrides],
-                    nproc=nproc, timeout=600)
+    argv = [str(Path(__file__).parent / "scripts" / "forward_logits.py"), str(ckpt), str(tokens_file), str(out)]
+    proc = POOL.run([*argv, *overrides], nproc=nproc, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]
     return torch.load(out)
 

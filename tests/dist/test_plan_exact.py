@@ -2,7 +2,7 @@
 communication and saved activations within 10%.
 
 Each layout runs tests/dist/scripts/plan_check.py on real ranks (gloo, the tiny
-model built by training.setup.build_components, two training steps on random tokens) and compares
+model built by training.components.build_components, two training steps on random tokens) and compares
 every rank with the plan of the same config for the CPU target.
 """
 

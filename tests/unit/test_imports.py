@@ -27,9 +27,10 @@ def module_name(file: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported_modules(file: Path, source: str) -> list[str]:
+def imported_modules(file: Path, source: str, exact: bool = False) -> list[str]:
     """Every megatron_mtp module `file` names, as dotted paths (``megatron_mtp.a.b``; for ``from X
-    import y`` both X and X.y, since y may be a module)."""
+    import y`` both X and X.y, since y may be a module; `exact`: X alone, the names that must be
+    modules)."""
     package = module_name(file) if file.name == "__init__.py" else module_name(file).rpartition(".")[0]
     found = []
     for node in ast.walk(ast.parse(source)):
@@ -40,7 +41,7 @@ def imported_modules(file: Path, source: str) -> list[str]:
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
-            found += [module] + [f"{module}.{alias.name}" for alias in node.names]
+            found += [module] + ([] if exact else [f"{module}.{alias.name}" for alias in node.names])
         elif isinstance(node, ast.Import):
             found += [alias.name for alias in node.names]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_STRING.match(node.value):
@@ -119,7 +120,41 @@ def test_no_import_cycle_between_modules_inside_a_package():
         if cycle:
             cycles.append(" -> ".join(cycle))
     assert not cycles, cycles
-    assert "megatron_mtp.training.setup" in module_graph(PACKAGE / "training")["megatron_mtp.training.trainer"]
+    assert "megatron_mtp.training.components" in module_graph(PACKAGE / "training")["megatron_mtp.training.trainer"]
+
+
+def test_every_module_named_exists():
+    """A stale module path (a renamed file still named in a string or an import) fails here, not in a
+    subprocess at run time; the tests and tools are read too."""
+    root = PACKAGE.parent
+    missing = []
+    for file in sorted([*PACKAGE.rglob("*.py"), *(root / "tests").rglob("*.py"), *(root / "tools").rglob("*.py")]):
+        for name in imported_modules(file, file.read_text(), exact=True) if file.is_relative_to(PACKAGE) else \
+                _named_from_outside(file.read_text()):
+            if not (_is_module(root, name) or _is_module_file(root, name.rpartition(".")[0])):  # or its attribute
+                missing.append(f"{file.relative_to(root)}: {name}")
+    assert not missing, missing
+
+
+def _is_module(root: Path, name: str) -> bool:
+    path = root.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _is_module_file(root: Path, name: str) -> bool:
+    return root.joinpath(*name.split(".")).with_suffix(".py").is_file()
+
+
+def _named_from_outside(source: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_STRING.match(node.value):
+            found.append(node.value)
+    return [m for m in found if m.split(".")[0] == "megatron_mtp"]
 
 
 def test_the_checks_see_a_cycle():

@@ -104,7 +104,7 @@ def test_gpu_mapping_onto_transformer_config():
 
 
 def test_data_parallel_and_optimizer_mapping():
-    from megatron_mtp.training.setup import ddp_config, optimizer_config_kwargs
+    from megatron_mtp.training.components import ddp_config, optimizer_config_kwargs
 
     cfg = load_config(str(ROOT / "configs" / "deepseek_v3_671b.yaml"), ["training.grad_reduce_dtype=bf16",
                                                                          "parallel.bucket_size=1000000"])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
 
-from megatron_mtp.training.save_failures import describe_failure
+from megatron_mtp.output import describe_failure
 
 
 def _wrapped(exc: Exception) -> CheckpointException:

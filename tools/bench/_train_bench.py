@@ -121,8 +121,8 @@ def single_process_trainer(cfg, components, run_dir):
     """A Trainer over already-built components in a one-process job (no data, no checkpoint)."""
     from types import SimpleNamespace
 
+    from megatron_mtp.training.components import TrainState
     from megatron_mtp.training.distributed import Ranks
-    from megatron_mtp.training.setup import TrainState
     from megatron_mtp.training.trainer import Trainer
 
     session = SimpleNamespace(cfg=cfg, ranks=Ranks(0, 1, 1, 1, 1, 1, 0, 0, 0, 0), components=components,
@@ -144,8 +144,8 @@ def trainer_step(cfg, platform, vocab: int, data_set, run_dir: Path):
     from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
 
     from megatron_mtp.training.batches import MicroBatchIterator
+    from megatron_mtp.training.components import TrainState, build_components
     from megatron_mtp.training.forward_step import make_forward_step
-    from megatron_mtp.training.setup import TrainState, build_components
 
     trainer = single_process_trainer(cfg, build_components(cfg, platform, vocab), run_dir)
     data = MicroBatchIterator(data_set, 0, cfg.training.micro_batch_size, 0, 1, device=platform.device)

@@ -63,7 +63,7 @@ def _megatron_variants(args) -> dict:
     from _train_bench import single_process_setup
 
     from megatron_mtp.platform.optimizers import use_fused_torch_adam
-    from megatron_mtp.training.setup import build_components
+    from megatron_mtp.training.components import build_components
 
     cfg, platform, vocab = single_process_setup(args)
     built = {}

@@ -55,7 +55,7 @@ def recomputed_flops_per_token(cfg, modules: set[str], full: bool) -> float:
 def saved_bytes(trainer, batch) -> int:
     import torch
 
-    from megatron_mtp.training.setup import unwrap
+    from megatron_mtp.training.components import unwrap
 
     gpt = unwrap(trainer.components.model[0])
     params = {p.untyped_storage().data_ptr() for p in gpt.parameters()}

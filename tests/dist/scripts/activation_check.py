@@ -40,8 +40,8 @@ def measure(config: str, case: dict) -> dict:
     from megatron_mtp.config import load_config
     from megatron_mtp.plan.memory import resolve_vocab
     from megatron_mtp.platform import setup
+    from megatron_mtp.training.components import build_components, unwrap
     from megatron_mtp.training.distributed import destroy, init_distributed
-    from megatron_mtp.training.setup import build_components, unwrap
 
     # megatron-core's loss trackers are process-global and sized by the first model that fills them
     get_moe_layer_wise_logging_tracker().clear()

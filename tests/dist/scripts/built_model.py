@@ -19,8 +19,8 @@ def main(config: str, out: str, overrides: list[str]) -> None:
     from megatron_mtp.models.deepseek_v3.model import build_model
     from megatron_mtp.models.deepseek_v3.transformer_config import build_transformer_config
     from megatron_mtp.platform import setup
+    from megatron_mtp.training.components import build_components
     from megatron_mtp.training.distributed import destroy, init_distributed
-    from megatron_mtp.training.setup import build_components
 
     cfg = load_config(config, ["model.vocab_size=256", *overrides])
     plat = setup("cpu")

@@ -17,8 +17,8 @@ def main(config: str, out: str, overrides: list[str]) -> None:
 
     from megatron_mtp.config import load_config
     from megatron_mtp.platform import setup
+    from megatron_mtp.training.components import build_components, unwrap
     from megatron_mtp.training.distributed import destroy, init_distributed
-    from megatron_mtp.training.setup import build_components, unwrap
 
     cfg = load_config(config, ["model.vocab_size=256", *overrides])
     plat = setup("cpu")

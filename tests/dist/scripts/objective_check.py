@@ -19,8 +19,8 @@ def main():
     from megatron_mtp.config import load_config
     from megatron_mtp.config.vocab import padded_vocab_size
     from megatron_mtp.platform import setup
+    from megatron_mtp.training.components import build_components, unwrap
     from megatron_mtp.training.distributed import destroy, init_distributed
-    from megatron_mtp.training.setup import build_components, unwrap
 
     depth = int(sys.argv[1])
     cfg = load_config(sys.argv[2], ["model.vocab_size=200", "model.aux_loss_coeff=0", f"mtp.num_layers={depth}",

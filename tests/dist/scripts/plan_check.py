@@ -1,7 +1,7 @@
 """What a real rank holds and sends, for comparison with `megatron-mtp plan` (tests/dist/test_plan_exact.py).
 
 Launched through torch.distributed.run: builds the components exactly as training does
-(training.setup.build_components), then runs two training steps on random tokens through
+(training.components.build_components), then runs two training steps on random tokens through
 megatron-core's schedule (the second is measured) and writes PLANCHECK_DIR/rank-N.json (or prints
 `PLANCHECK {json}` lines) with
   state      bytes of the parameter storages, of the gradient buffers (main_grad) and of the
@@ -218,9 +218,9 @@ def main():
     from megatron_mtp.config.validate import validate
     from megatron_mtp.plan.memory import resolve_vocab
     from megatron_mtp.platform import setup
+    from megatron_mtp.training.components import build_components
     from megatron_mtp.training.distributed import destroy, env_world, init_distributed
     from megatron_mtp.training.forward_step import make_forward_step
-    from megatron_mtp.training.setup import build_components
 
     cfg = load_config(sys.argv[1], sys.argv[2:])
     _, world = env_world()

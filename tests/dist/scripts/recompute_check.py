@@ -19,8 +19,8 @@ def main():
     from megatron_mtp.config import load_config
     from megatron_mtp.config.vocab import padded_vocab_size
     from megatron_mtp.platform import setup
+    from megatron_mtp.training.components import build_components, unwrap
     from megatron_mtp.training.distributed import destroy, init_distributed
-    from megatron_mtp.training.setup import build_components, unwrap
 
     base = ["model.vocab_size=200", "mtp.num_layers=2", "model.num_layers=3", "training.seq_length=16"]
     cfg = load_config(sys.argv[1], base)

@@ -1,7 +1,7 @@
 """Full-vocabulary logits of the main model and every MTP depth, at any parallel layout.
 
-Used by tests and by the converter's checks to compare megatron-core's forward with exported
-models. Runs one forward-only pass through megatron-core's schedule (so PP works), captures the
+Used by the tests to compare megatron-core's forward at one layout with another and with exported
+models (usage in main()). Runs one forward-only pass through megatron-core's schedule (so PP works), captures the
 output layer's D+1 calls on the last stage, gathers vocab shards over TP, and returns them on the
 last stage's TP/DP rank 0 (None elsewhere).
 """
@@ -20,8 +20,8 @@ def forward_logits(session, tokens: torch.Tensor) -> Optional[dict]:
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
     from megatron_mtp.training.batches import chunk_iterators
+    from megatron_mtp.training.components import unwrap
     from megatron_mtp.training.forward_step import make_forward_step
-    from megatron_mtp.training.setup import unwrap
 
     model = session.components.model
     gpt = unwrap(model[-1])  # the chunk with the output layer
@@ -65,7 +65,7 @@ def forward_logits(session, tokens: torch.Tensor) -> Optional[dict]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """`python -m megatron_mtp.training.forward CKPT TOKENS.pt OUT.pt [key=value ...]` (any launcher).
+    """`forward_logits.py CKPT TOKENS.pt OUT.pt [key=value ...]` (any launcher).
 
     Loads CKPT at the layout given by the overrides (default TP1/PP1/EP1), runs forward_logits on
     the [b, s] LongTensor saved in TOKENS.pt and writes {"logits", "mtp_logits"} to OUT.pt.
@@ -73,8 +73,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     import sys
 
     from megatron_mtp.checkpoint.run_dir import resolve_checkpoint
+    from megatron_mtp.training.commands import _eval_config
     from megatron_mtp.training.distributed import destroy
-    from megatron_mtp.training.run import _eval_config
     from megatron_mtp.training.session import open_checkpoint_for_eval
 
     args = list(sys.argv[1:] if argv is None else argv)

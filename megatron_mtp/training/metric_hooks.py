@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from megatron_mtp.training.components import unwrap
 from megatron_mtp.training.metrics import ExpertLoad, MTPMetrics
-from megatron_mtp.training.setup import unwrap
 
 
 def attach_metrics(model_chunks: list, cfg, ranks) -> tuple[MTPMetrics | None, ExpertLoad]:

@@ -21,7 +21,7 @@ import torch
 
 from megatron_mtp.checkpoint.info import check_optimizer_compatible, read_train_state
 from megatron_mtp.errors import UserError
-from megatron_mtp.training.setup import Components, TrainState, unwrap
+from megatron_mtp.training.components import Components, TrainState, unwrap
 
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
 
