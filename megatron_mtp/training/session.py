@@ -50,12 +50,15 @@ def _with_vocab(cfg: Config, tokenizer) -> Config:
     return cfg.replace(model=dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
 
 
-def _refuse_a_resume_that_changes_meaning(cfg: Config, run_dir: Path) -> None:
-    """Before any process group starts: the run's own checkpoint must mean what this config means
-    (checkpoint/resume_rules.py). checkpoint.start_fresh moves that checkpoint aside instead."""
+def _check_start_point(cfg: Config, run_dir: Path) -> None:
+    """Before any process group starts or anything is written: the run's own checkpoint must mean what
+    this config means (checkpoint/resume_rules.py; checkpoint.start_fresh moves it aside instead), and
+    a checkpoint.load for a new run must name a complete checkpoint."""
     own = None if cfg.checkpoint.start_fresh else find_checkpoint(run_dir)
     if own is not None:
         refuse_meaning_changes(read_config(own.path), cfg, own.path, run_dir)
+    elif cfg.checkpoint.load:
+        resolve_checkpoint(cfg.checkpoint.load, what="checkpoint.load")
 
 
 def open_training(cfg: Config, run_dir: Path) -> Session:
@@ -66,7 +69,7 @@ def open_training(cfg: Config, run_dir: Path) -> Session:
     resolved = resolve_data(cfg)
     cfg = _with_vocab(cfg, resolved.tokenizer)
     check_data_config(cfg, resolved)
-    _refuse_a_resume_that_changes_meaning(cfg, run_dir)
+    _check_start_point(cfg, run_dir)
     platform = setup_platform(cfg.training.device, cfg.parallel.backend, cfg.training.fp8)
     ranks = init_distributed(cfg, platform)
     lock, notes = claim_run_dir(run_dir, cfg.checkpoint.start_fresh, ranks)
