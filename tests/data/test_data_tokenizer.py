@@ -76,3 +76,19 @@ def test_load_errors(tmp_path, setup, message):
 def test_train_rejects_tiny_vocab(tmp_path):
     with pytest.raises(UserError, match="at least 258"):
         train_bpe(iter(["abc"]), 100, tmp_path)
+
+
+def test_saved_tokenizer_files_are_readable_by_others(tokenizer, tmp_path):
+    """Files are written atomically through a temp file, and get the usual permissions (umask), not
+    the temp file's owner-only mode, so a team shares a tokenizer like any file."""
+    import os
+    import stat
+
+    mask = os.umask(0o022)
+    try:
+        out = tokenizer.save(tmp_path / "tok")
+    finally:
+        os.umask(mask)
+    files = [p for p in out.iterdir() if p.is_file()]
+    assert files and all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in files), [
+        (p.name, oct(p.stat().st_mode)) for p in files]
