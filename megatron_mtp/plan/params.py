@@ -22,6 +22,9 @@ from typing import Optional
 from megatron_mtp.config.parallel_sizes import ParallelSizes
 from megatron_mtp.config.pipeline_layout import Stage
 from megatron_mtp.config.root import Config
+from megatron_mtp.models.deepseek_v3.hf_mapping import HEAD_NORM, Rule, layer_rules, mtp_own_rules
+from megatron_mtp.models.deepseek_v3.hf_mapping import is_moe_layer as _is_moe_layer
+from megatron_mtp.models.deepseek_v3.hf_mapping import mtp_is_moe as _mtp_is_moe
 
 
 @dataclass(frozen=True)
@@ -35,58 +38,66 @@ class Param:
     shared_embedding: bool = False
 
 
+def _local(cfg: Config, sizes: ParallelSizes, rule: Rule, te: bool) -> int:
+    """Elements of one tensor (one expert's, for routed experts) on one rank: the family's global
+    size, divided by the tensor-parallel ranks that split it."""
+    split = rule.split == "tp" or (rule.split == "local" and not te)
+    return rule.numel(cfg.model) // ((sizes.etp if rule.experts else sizes.tp) if split else 1)
+
+
+def _param(cfg: Config, sizes: ParallelSizes, prefix: str, rule: Rule, te: bool, name: str = "") -> Param:
+    module = rule.mcore.rsplit(".", 2)[-2]
+    linear = module.startswith("linear_") or module == "eh_proj"  # a TE linear weight (FP8 under training.fp8)
+    return Param(prefix + (name or rule.mcore), _local(cfg, sizes, rule, te), linear=linear and rule.role == "weight",
+                 expert=rule.experts and sizes.ep > 1)
+
+
+# The order megatron-core registers a layer's modules in, per spec (names from the family's table).
+_ATTENTION_ORDER = {
+    True: ("input_layernorm.weight", "self_attention.linear_proj.weight",
+           "self_attention.linear_q_down_proj.weight", "self_attention.linear_q_up_proj.layer_norm_weight",
+           "self_attention.linear_q_up_proj.weight", "self_attention.linear_q_proj.weight",
+           "self_attention.linear_kv_down_proj.weight", "self_attention.linear_kv_up_proj.layer_norm_weight",
+           "self_attention.linear_kv_up_proj.weight"),
+    False: ("input_layernorm.weight", "self_attention.linear_proj.weight",
+            "self_attention.linear_q_down_proj.weight", "self_attention.linear_q_up_proj.weight",
+            "self_attention.linear_q_proj.weight", "self_attention.linear_kv_down_proj.weight",
+            "self_attention.linear_kv_up_proj.weight", "self_attention.q_layernorm.weight",
+            "self_attention.kv_layernorm.weight"),
+}
+_DENSE_ORDER = {True: ("mlp.linear_fc1.layer_norm_weight", "mlp.linear_fc1.weight", "mlp.linear_fc2.weight"),
+                False: ("pre_mlp_layernorm.weight", "mlp.linear_fc1.weight", "mlp.linear_fc2.weight")}
+_EXPERT_FC1, _EXPERT_FC2 = "mlp.experts.experts.linear_fc1.weight", "mlp.experts.experts.linear_fc2.weight"
+
+
 def _layer(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: bool) -> list[Param]:
-    m = cfg.model
-    h, n, tp, etp = m.hidden_size, m.num_attention_heads, sizes.tp, sizes.etp
-    qk = m.qk_head_dim + m.qk_pos_emb_head_dim
-    # TE builds the down-projections duplicated on every TP rank; the local spec splits them by TP
-    down = 1 if te else tp
-    a = f"{prefix}self_attention."
-    lin = lambda name, numel, **kw: Param(name, numel, linear=True, **kw)  # noqa: E731
-    out = [Param(f"{prefix}input_layernorm.weight", h), lin(f"{a}linear_proj.weight", h * n * m.v_head_dim // tp)]
-    if m.q_lora_rank:
-        out += [lin(f"{a}linear_q_down_proj.weight", m.q_lora_rank // down * h)]
-        q_up = lin(f"{a}linear_q_up_proj.weight", n * qk // tp * m.q_lora_rank)
-        out += [Param(f"{a}linear_q_up_proj.layer_norm_weight", m.q_lora_rank), q_up] if te else [q_up]
-    else:
-        out += [lin(f"{a}linear_q_proj.weight", n * qk // tp * h)]
-    kv_up = lin(f"{a}linear_kv_up_proj.weight", n * (m.qk_head_dim + m.v_head_dim) // tp * m.kv_lora_rank)
-    out += [lin(f"{a}linear_kv_down_proj.weight", (m.kv_lora_rank + m.qk_pos_emb_head_dim) // down * h)]
-    out += [Param(f"{a}linear_kv_up_proj.layer_norm_weight", m.kv_lora_rank), kv_up] if te else [kv_up]
-    if not te:
-        out += [Param(f"{a}q_layernorm.weight", m.q_lora_rank)] if m.q_lora_rank else []
-        out += [Param(f"{a}kv_layernorm.weight", m.kv_lora_rank)]
+    rules = {r.mcore: r for r in layer_rules(cfg.model, moe, "te" if te else "local") if r.role != "buffer"}
+    one = lambda name: [_param(cfg, sizes, prefix, rules[name], te)] if name in rules else []  # noqa: E731
+    out = [p for name in _ATTENTION_ORDER[te] for p in one(name)]
     if not moe:
-        f = m.ffn_hidden_size // tp
-        norm = f"{prefix}mlp.linear_fc1.layer_norm_weight" if te else f"{prefix}pre_mlp_layernorm.weight"
-        return out + [Param(norm, h), lin(f"{prefix}mlp.linear_fc1.weight", 2 * f * h),
-                      lin(f"{prefix}mlp.linear_fc2.weight", h * f)]
-    out += [Param(f"{prefix}pre_mlp_layernorm.weight", h), Param(f"{prefix}mlp.router.weight", m.num_experts * h)]
-    fe, local = m.moe_ffn_hidden_size // etp, m.num_experts // sizes.ep
-    ep = sizes.ep > 1
-    e = f"{prefix}mlp.experts."
+        return out + [p for name in _DENSE_ORDER[te] for p in one(name)]
+    out += one("pre_mlp_layernorm.weight") + one("mlp.router.weight")
+    local = range(cfg.model.num_experts // sizes.ep)
+    fc1, fc2 = rules[_EXPERT_FC1], rules[_EXPERT_FC2]
     if te:  # TEGroupedMLP: all fc1 weights, then all fc2 weights
-        out += [lin(f"{e}linear_fc1.weight{i}", 2 * fe * h, expert=ep) for i in range(local)]
-        out += [lin(f"{e}linear_fc2.weight{i}", h * fe, expert=ep) for i in range(local)]
+        out += [_param(cfg, sizes, prefix, fc1, te, f"mlp.experts.linear_fc1.weight{i}") for i in local]
+        out += [_param(cfg, sizes, prefix, fc2, te, f"mlp.experts.linear_fc2.weight{i}") for i in local]
     else:  # SequentialMLP: fc1 and fc2 of each expert in turn
-        for i in range(local):
-            out += [lin(f"{e}local_experts.{i}.linear_fc1.weight", 2 * fe * h, expert=ep),
-                    lin(f"{e}local_experts.{i}.linear_fc2.weight", h * fe, expert=ep)]
-    if m.num_shared_experts:
-        fs = m.num_shared_experts * m.moe_ffn_hidden_size // tp
-        out += [lin(f"{prefix}mlp.shared_experts.linear_fc1.weight", 2 * fs * h),
-                lin(f"{prefix}mlp.shared_experts.linear_fc2.weight", h * fs)]
+        for i in local:
+            out += [_param(cfg, sizes, prefix, fc1, te, f"mlp.experts.local_experts.{i}.linear_fc1.weight"),
+                    _param(cfg, sizes, prefix, fc2, te, f"mlp.experts.local_experts.{i}.linear_fc2.weight")]
+    if cfg.model.num_shared_experts:
+        out += one("mlp.shared_experts.linear_fc1.weight") + one("mlp.shared_experts.linear_fc2.weight")
     return out
 
 
 def is_moe_layer(cfg: Config, layer: int) -> bool:
-    m = cfg.model
-    return bool(m.num_experts) and layer >= m.first_k_dense
+    return _is_moe_layer(cfg.model, layer)
 
 
 def mtp_is_moe(cfg: Config) -> bool:
     """MTP layers are built like the model's last decoder layer."""
-    return is_moe_layer(cfg, cfg.model.num_layers - 1)
+    return _mtp_is_moe(cfg.model)
 
 
 def sequential_mtp(cfg: Config) -> bool:
@@ -124,10 +135,8 @@ def chunk_params(cfg: Config, sizes: ParallelSizes, stage: Stage, padded_vocab: 
     if sequential:
         for i in range(stage.mtp_layers):
             p = f"mtp.layers.{i}."
-            out += [Param(f"{p}enorm.weight", h), Param(f"{p}hnorm.weight", h),
-                    Param(f"{p}eh_proj.weight", h // sizes.tp * 2 * h, linear=True)]
-            out += _layer(cfg, sizes, f"{p}transformer_layer.", mtp_is_moe(cfg), te)
-            out.append(Param(f"{p}final_layernorm.weight", h))
+            own = [_param(cfg, sizes, p, rule, te) for rule in mtp_own_rules()]  # enorm, hnorm, eh_proj, norm
+            out += own[:-1] + _layer(cfg, sizes, f"{p}transformer_layer.", mtp_is_moe(cfg), te) + own[-1:]
     if last and not (m.tie_embeddings and with_embedding):  # tied: the embedding's weight
         out.append(Param("output_layer.weight", vocab_rows * h, shared_embedding=m.tie_embeddings and sizes.pp > 1))
     if not sequential:  # the heads are registered after GPTModel's own modules
@@ -141,7 +150,7 @@ def parallel_head_params(cfg: Config, sizes: ParallelSizes, heads: int, te: bool
     for i in range(heads):
         p = f"mtp_heads.layers.{i}."
         out += _layer(cfg, sizes, f"{p}transformer_layer.", mtp_is_moe(cfg), te)
-        out.append(Param(f"{p}final_layernorm.weight", cfg.model.hidden_size))
+        out.append(_param(cfg, sizes, p, HEAD_NORM, te))
     return out
 
 

@@ -1,7 +1,10 @@
-"""THE name-mapping table between megatron-core sharded keys and Hugging Face DeepSeek-V3 names.
+"""THE tensor table of the DeepSeek-V3 family: megatron-core sharded keys, Hugging Face names,
+global shapes, tensor-parallel splits, and which layers hold what.
 
-Both conversion directions (convert/to_hf.py, convert/from_hf.py) and drop-mtp use this table and
-nothing else, so a new tensor is added in one place.
+Both conversion directions (convert/to_hf.py, convert/from_hf.py), drop-mtp, the converter's shape
+checks (convert/shapes.py), plan's per-rank parameter sizes (plan/params.py) and the analytic
+parameter and FLOP counts (size.py) use this table and nothing else, so a new tensor is added in
+one place; whether a layer is MoE is decided here too (``is_moe_layer``, ``mtp_is_moe``).
 
 Keys are the *global* sharded-checkpoint keys (torch_dist ``.metadata``), which do not depend on the
 training layout: decoder layers carry their global index in the key (``decoder.layers.N.``), routed
@@ -22,8 +25,9 @@ layer norms) and ``heads.{i}.norm.weight`` (the head's final norm); they share t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Iterator, Literal, Optional
+from typing import Callable, Iterator, Literal, Optional
 
 from megatron_mtp.config.model import ModelConfig
 
@@ -31,15 +35,31 @@ Part = Literal["main", "mtp"]
 Spec = Literal["local", "te"]
 
 
+Shape = Callable[[ModelConfig], tuple]
+Split = Literal["tp", "none", "local"]
+Role = Literal["weight", "norm", "block_norm", "buffer"]
+
+
 @dataclass(frozen=True)
 class Rule:
-    """One tensor of a decoder layer, relative to the layer prefixes."""
+    """One tensor of a decoder layer, relative to the layer prefixes: its names, its global shape
+    (per expert for routed experts), how tensor parallelism splits it and what it is."""
 
     mcore: str
     hf: tuple[str, ...]
+    shape: Shape
+    split: Split = "tp"
+    """"tp": split over the TP ranks (ETP for routed experts); "none": whole on every rank;
+    "local": split only by the local spec (Transformer Engine keeps MLA's down-projections whole)."""
+    role: Role = "weight"
+    """"block_norm": the norm that opens the attention or MLP block; "norm": any other norm weight;
+    "buffer": not a parameter (no gradient, no optimizer state)."""
     experts: bool = False
     spec: Optional[Spec] = None  # None: same name in both specs
     keep_fp32: bool = False
+
+    def numel(self, model: ModelConfig) -> int:
+        return math.prod(self.shape(model))
 
 
 @dataclass(frozen=True)
@@ -63,47 +83,69 @@ class Param:
         return [name.format(e=e) for e in range(self.num_experts) for name in self.hf]
 
 
+def _qk(m: ModelConfig) -> int:
+    return m.qk_head_dim + m.qk_pos_emb_head_dim
+
+
+def _h(m: ModelConfig) -> tuple:
+    return (m.hidden_size,)
+
+
 _ATTENTION = (
-    Rule("input_layernorm.weight", ("input_layernorm.weight",)),
-    Rule("self_attention.linear_q_down_proj.weight", ("self_attn.q_a_proj.weight",)),
-    Rule("self_attention.q_layernorm.weight", ("self_attn.q_a_layernorm.weight",), spec="local"),
-    Rule("self_attention.linear_q_up_proj.layer_norm_weight", ("self_attn.q_a_layernorm.weight",), spec="te"),
-    Rule("self_attention.linear_q_up_proj.weight", ("self_attn.q_b_proj.weight",)),
-    Rule("self_attention.linear_q_proj.weight", ("self_attn.q_proj.weight",)),
-    Rule("self_attention.linear_kv_down_proj.weight", ("self_attn.kv_a_proj_with_mqa.weight",)),
-    Rule("self_attention.kv_layernorm.weight", ("self_attn.kv_a_layernorm.weight",), spec="local"),
-    Rule("self_attention.linear_kv_up_proj.layer_norm_weight", ("self_attn.kv_a_layernorm.weight",), spec="te"),
-    Rule("self_attention.linear_kv_up_proj.weight", ("self_attn.kv_b_proj.weight",)),
-    Rule("self_attention.linear_proj.weight", ("self_attn.o_proj.weight",)),
+    Rule("input_layernorm.weight", ("input_layernorm.weight",), _h, "none", "block_norm"),
+    Rule("self_attention.linear_q_down_proj.weight", ("self_attn.q_a_proj.weight",),
+         lambda m: (m.q_lora_rank, m.hidden_size), "local"),
+    Rule("self_attention.q_layernorm.weight", ("self_attn.q_a_layernorm.weight",),
+         lambda m: (m.q_lora_rank,), "none", "norm", spec="local"),
+    Rule("self_attention.linear_q_up_proj.layer_norm_weight", ("self_attn.q_a_layernorm.weight",),
+         lambda m: (m.q_lora_rank,), "none", "norm", spec="te"),
+    Rule("self_attention.linear_q_up_proj.weight", ("self_attn.q_b_proj.weight",),
+         lambda m: (m.num_attention_heads * _qk(m), m.q_lora_rank)),
+    Rule("self_attention.linear_q_proj.weight", ("self_attn.q_proj.weight",),
+         lambda m: (m.num_attention_heads * _qk(m), m.hidden_size)),
+    Rule("self_attention.linear_kv_down_proj.weight", ("self_attn.kv_a_proj_with_mqa.weight",),
+         lambda m: (m.kv_lora_rank + m.qk_pos_emb_head_dim, m.hidden_size), "local"),
+    Rule("self_attention.kv_layernorm.weight", ("self_attn.kv_a_layernorm.weight",),
+         lambda m: (m.kv_lora_rank,), "none", "norm", spec="local"),
+    Rule("self_attention.linear_kv_up_proj.layer_norm_weight", ("self_attn.kv_a_layernorm.weight",),
+         lambda m: (m.kv_lora_rank,), "none", "norm", spec="te"),
+    Rule("self_attention.linear_kv_up_proj.weight", ("self_attn.kv_b_proj.weight",),
+         lambda m: (m.num_attention_heads * (m.qk_head_dim + m.v_head_dim), m.kv_lora_rank)),
+    Rule("self_attention.linear_proj.weight", ("self_attn.o_proj.weight",),
+         lambda m: (m.hidden_size, m.num_attention_heads * m.v_head_dim)),
 )
 _DENSE_MLP = (
-    Rule("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",), spec="local"),
-    Rule("mlp.linear_fc1.layer_norm_weight", ("post_attention_layernorm.weight",), spec="te"),
-    Rule("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
-    Rule("mlp.linear_fc2.weight", ("mlp.down_proj.weight",)),
+    Rule("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",), _h, "none", "block_norm", spec="local"),
+    Rule("mlp.linear_fc1.layer_norm_weight", ("post_attention_layernorm.weight",), _h, "none", "block_norm",
+         spec="te"),
+    Rule("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+         lambda m: (2 * m.ffn_hidden_size, m.hidden_size)),
+    Rule("mlp.linear_fc2.weight", ("mlp.down_proj.weight",), lambda m: (m.hidden_size, m.ffn_hidden_size)),
 )
 _MOE_MLP = (
-    Rule("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",)),
-    Rule("mlp.router.weight", ("mlp.gate.weight",)),
-    Rule("mlp.router.expert_bias", ("mlp.gate.e_score_correction_bias",), keep_fp32=True),
-    Rule(
-        "mlp.experts.experts.linear_fc1.weight",
-        ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight"),
-        experts=True,
-    ),
-    Rule("mlp.experts.experts.linear_fc2.weight", ("mlp.experts.{e}.down_proj.weight",), experts=True),
-    Rule(
-        "mlp.shared_experts.linear_fc1.weight",
-        ("mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight"),
-    ),
-    Rule("mlp.shared_experts.linear_fc2.weight", ("mlp.shared_experts.down_proj.weight",)),
+    Rule("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",), _h, "none", "block_norm"),
+    Rule("mlp.router.weight", ("mlp.gate.weight",), lambda m: (m.num_experts, m.hidden_size), "none"),
+    Rule("mlp.router.expert_bias", ("mlp.gate.e_score_correction_bias",), lambda m: (m.num_experts,), "none",
+         "buffer", keep_fp32=True),
+    Rule("mlp.experts.experts.linear_fc1.weight",
+         ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight"),
+         lambda m: (2 * m.moe_ffn_hidden_size, m.hidden_size), experts=True),
+    Rule("mlp.experts.experts.linear_fc2.weight", ("mlp.experts.{e}.down_proj.weight",),
+         lambda m: (m.hidden_size, m.moe_ffn_hidden_size), experts=True),
+    Rule("mlp.shared_experts.linear_fc1.weight",
+         ("mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight"),
+         lambda m: (2 * m.moe_ffn_hidden_size * m.num_shared_experts, m.hidden_size)),
+    Rule("mlp.shared_experts.linear_fc2.weight", ("mlp.shared_experts.down_proj.weight",),
+         lambda m: (m.hidden_size, m.moe_ffn_hidden_size * m.num_shared_experts)),
 )
 _MTP_OWN = (
-    Rule("enorm.weight", ("enorm.weight",)),
-    Rule("hnorm.weight", ("hnorm.weight",)),
-    Rule("eh_proj.weight", ("eh_proj.weight",)),
-    Rule("final_layernorm.weight", ("shared_head.norm.weight",)),
+    Rule("enorm.weight", ("enorm.weight",), _h, "none", "norm"),
+    Rule("hnorm.weight", ("hnorm.weight",), _h, "none", "norm"),
+    Rule("eh_proj.weight", ("eh_proj.weight",), lambda m: (m.hidden_size, 2 * m.hidden_size)),
+    Rule("final_layernorm.weight", ("shared_head.norm.weight",), _h, "none", "norm"),
 )
+HEAD_NORM = Rule("final_layernorm.weight", ("norm.weight",), _h, "none", "norm")
+"""A parallel MTP head's own final norm."""
 
 EMBEDDING = "embedding.word_embeddings.weight"
 FINAL_NORM = "decoder.final_layernorm.weight"
@@ -114,6 +156,41 @@ OUTPUT_LAYER = "output_layer.weight"
 MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.", "mtp.", "mtp_heads.")
 MTP_KEY_PREFIXES = ("mtp.", "mtp_heads.")
 """Keys of the sequential MTP block and of the parallel heads."""
+
+
+def is_moe_layer(model: ModelConfig, index: int) -> bool:
+    """Decoder layer ``index`` (0-based) has a routed MLP: every layer after the first ``first_k_dense``."""
+    return model.num_experts > 0 and index >= model.first_k_dense
+
+
+def mtp_is_moe(model: ModelConfig) -> bool:
+    """MTP layers and parallel heads are built like the last decoder layer (models/deepseek_v3/specs.py)."""
+    return is_moe_layer(model, model.num_layers - 1)
+
+
+def layer_rules(model: ModelConfig, moe: bool, spec: Optional[Spec]) -> list[Rule]:
+    """The tensors of one decoder layer (dense or MoE) of ``model``, in one spec's spelling (None: both)."""
+    return list(_layer_rules(moe, model.q_lora_rank is not None, spec, model.router_enable_expert_bias))
+
+
+def block_rules(model: ModelConfig, block: Literal["attention", "dense_mlp", "moe_mlp"],
+                spec: Optional[Spec]) -> list[Rule]:
+    """The tensors of one block of a decoder layer: its attention, or its dense or routed MLP."""
+    group = {"attention": _ATTENTION, "dense_mlp": _DENSE_MLP, "moe_mlp": _MOE_MLP}[block]
+    return [r for r in layer_rules(model, block == "moe_mlp", spec) if r in group]
+
+
+def mtp_own_rules() -> tuple[Rule, ...]:
+    """What a sequential MTP module holds besides its transformer layer."""
+    return _MTP_OWN
+
+
+def rule_for_key(key: str) -> Rule:
+    """The rule of a global megatron-core key (any layer, MTP module or head); KeyError if none."""
+    for rule in (*_ATTENTION, *_DENSE_MLP, *_MOE_MLP, *_MTP_OWN):
+        if key.endswith("." + rule.mcore):
+            return rule
+    raise KeyError(key)
 
 
 def mtp_hf_layer(model: ModelConfig, depth: int) -> int:
@@ -164,7 +241,7 @@ def hf_head_prefix(index: int) -> str:
 
 def head_is_moe(model: ModelConfig) -> bool:
     """A parallel head is built like the last decoder layer: MoE unless that layer is dense."""
-    return model.num_experts > 0 and model.first_k_dense < model.num_layers
+    return mtp_is_moe(model)
 
 
 def parallel_head_params(model: ModelConfig, num_heads: int, spec: Optional[Spec] = None) -> list[Param]:
@@ -173,7 +250,7 @@ def parallel_head_params(model: ModelConfig, num_heads: int, spec: Optional[Spec
     for i in range(num_heads):
         mp, hp = mcore_head_prefix(i), hf_head_prefix(i)
         table += _params_for_layer(mp + "transformer_layer.", hp, head_is_moe(model), model, "mtp", spec)
-        table.append(Param(mp + "final_layernorm.weight", (hp + "norm.weight",), "mtp"))
+        table.append(Param(mp + HEAD_NORM.mcore, (hp + HEAD_NORM.hf[0],), "mtp"))
     return table
 
 
@@ -187,11 +264,10 @@ def param_table(
     ``spec=None`` lists the local and TE spellings of fused norms side by side (for reading a
     checkpoint of either kind: keep the ones present); "local"/"te" lists exactly one model's keys.
     """
-    moe_model = model.num_experts > 0
     table = [Param(EMBEDDING, ("model.embed_tokens.weight",), "main")]
     for i in range(model.num_layers):
-        moe = moe_model and i >= model.first_k_dense
-        table += _params_for_layer(f"decoder.layers.{i}.", f"model.layers.{i}.", moe, model, "main", spec)
+        table += _params_for_layer(f"decoder.layers.{i}.", f"model.layers.{i}.", is_moe_layer(model, i), model,
+                                   "main", spec)
     table.append(Param(FINAL_NORM, ("model.norm.weight",), "main"))
     if not model.tie_embeddings:
         table.append(Param(OUTPUT_LAYER, ("lm_head.weight",), "main"))
@@ -204,7 +280,7 @@ def param_table(
             table.append(Param(EMBEDDING, (hp + "embed_tokens.weight",), "mtp", copy=True))
         for rule in _MTP_OWN:
             table.append(Param(mp + rule.mcore, (hp + rule.hf[0],), "mtp"))
-        table += _params_for_layer(mp + "transformer_layer.", hp, moe_model, model, "mtp", spec)
+        table += _params_for_layer(mp + "transformer_layer.", hp, mtp_is_moe(model), model, "mtp", spec)
         if mtp_copies:
             head = OUTPUT_LAYER if not model.tie_embeddings else EMBEDDING
             table.append(Param(head, (hp + "shared_head.head.weight",), "mtp", copy=True))

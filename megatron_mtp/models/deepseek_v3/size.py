@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron_mtp.config import Config
+from megatron_mtp.models.deepseek_v3.hf_mapping import HEAD_NORM, block_rules, is_moe_layer, mtp_is_moe, mtp_own_rules
 
 
 @dataclass(frozen=True)
@@ -23,33 +24,37 @@ class LayerSizes:
 
 
 def _layer_sizes(cfg: Config) -> LayerSizes:
+    """From the family's tensor table (hf_mapping.py) in the TE spelling; buffers are no parameters."""
     m = cfg.model
-    h, n = m.hidden_size, m.num_attention_heads
-    qk = m.qk_head_dim + m.qk_pos_emb_head_dim
-    if m.q_lora_rank:
-        q = h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * n * qk
-    else:
-        q = h * n * qk
-    kv_down = h * (m.kv_lora_rank + m.qk_pos_emb_head_dim) + m.kv_lora_rank  # projection + its norm
-    kv = kv_down + m.kv_lora_rank * n * (m.qk_head_dim + m.v_head_dim)
-    attention = q + kv + n * m.v_head_dim * h
-    expert = 3 * h * m.moe_ffn_hidden_size
-    shared = 3 * h * m.moe_ffn_hidden_size * m.num_shared_experts
-    router = m.num_experts * h
+
+    def total(rules, *, experts: bool = False, roles=("weight", "norm")) -> int:
+        return sum(r.numel(m) for r in rules if r.experts == experts and r.role in roles)
+
+    attention = block_rules(m, "attention", "te")
+    dense, moe = block_rules(m, "dense_mlp", "te"), block_rules(m, "moe_mlp", "te") if m.num_experts else []
+    expert = total(moe, experts=True)
+    around_experts = total(moe)  # router and shared experts
     return LayerSizes(
-        attention=attention,
-        dense_mlp=3 * h * m.ffn_hidden_size,
-        moe_total=router + m.num_experts * expert + shared,
-        moe_active=router + m.router_topk * expert + shared,
-        norms=2 * h,
+        attention=total(attention),
+        dense_mlp=total(dense),
+        moe_total=around_experts + m.num_experts * expert,
+        moe_active=around_experts + m.router_topk * expert,
+        norms=total(attention, roles=("block_norm",)) + total(dense, roles=("block_norm",)),
     )
+
+
+def _mtp_own(cfg: Config) -> int:
+    """What an MTP module or parallel head holds besides its transformer layer."""
+    if cfg.mtp.style == "parallel":
+        return HEAD_NORM.numel(cfg.model)
+    return sum(r.numel(cfg.model) for r in mtp_own_rules())
 
 
 def parameter_counts(cfg: Config, padded_vocab: int) -> dict[str, int]:
     """{'main': ..., 'mtp_unique': ..., 'main_active': ...} (MTP shares embedding and head)."""
     m = cfg.model
     s = _layer_sizes(cfg)
-    moe_layers = m.num_layers - m.first_k_dense if m.num_experts else 0
+    moe_layers = sum(is_moe_layer(m, i) for i in range(m.num_layers))
     dense_layers = m.num_layers - moe_layers
     per_layer_common = s.attention + s.norms
     mlp_total = dense_layers * s.dense_mlp + moe_layers * s.moe_total
@@ -57,11 +62,9 @@ def parameter_counts(cfg: Config, padded_vocab: int) -> dict[str, int]:
     embed = padded_vocab * m.hidden_size
     head = 0 if m.tie_embeddings else padded_vocab * m.hidden_size
     main = m.num_layers * per_layer_common + mlp_total + embed + head + m.hidden_size
-    mtp_mlp = s.moe_total if m.num_experts else s.dense_mlp
-    if cfg.mtp.style == "parallel":  # a head: one layer and its final norm (parallel_heads.py)
-        mtp_layer = per_layer_common + mtp_mlp + m.hidden_size
-    else:  # enorm, hnorm, eh_proj [h, 2h], final norm
-        mtp_layer = per_layer_common + mtp_mlp + 2 * m.hidden_size * m.hidden_size + 3 * m.hidden_size
+    mtp_mlp = s.moe_total if mtp_is_moe(m) else s.dense_mlp
+    # a head: one layer and its final norm (parallel_heads.py); a module: enorm, hnorm, eh_proj, final norm
+    mtp_layer = per_layer_common + mtp_mlp + _mtp_own(cfg)
     return {
         "main": main,
         "main_active": m.num_layers * per_layer_common + mlp_active + embed + head + m.hidden_size,
@@ -78,9 +81,9 @@ def training_flops_per_token(cfg: Config, padded_vocab: int, mtp_layers: int) ->
     qk = m.qk_head_dim + m.qk_pos_emb_head_dim
     # causal attention: QK^T and AV over (on average) half the sequence
     attn_scores = 2 * n * (qk + m.v_head_dim) * seq / 2
-    moe_layers = m.num_layers - m.first_k_dense if m.num_experts else 0
+    moe_layers = sum(is_moe_layer(m, i) for i in range(m.num_layers))
     dense_layers = m.num_layers - moe_layers
-    mlp_active = s.moe_active if m.num_experts else s.dense_mlp
+    mlp_active = s.moe_active if mtp_is_moe(m) else s.dense_mlp
     layer = lambda mlp: 2 * (s.attention + mlp) + attn_scores  # noqa: E731
     head = 2 * padded_vocab * m.hidden_size
     forward = dense_layers * layer(s.dense_mlp) + moe_layers * layer(s.moe_active) + head

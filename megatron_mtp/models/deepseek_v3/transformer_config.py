@@ -6,16 +6,14 @@ import torch
 import torch.nn.functional as F
 
 from megatron_mtp.config import Config, pipeline_layout
+from megatron_mtp.models.deepseek_v3.hf_mapping import is_moe_layer
 from megatron_mtp.platform import Platform
 from megatron_mtp.platform.features import Features, resolve_features
 
 
 def moe_layer_pattern(cfg: Config) -> list[int]:
-    """1 for MoE layers, 0 for dense ones (the first `first_k_dense`)."""
-    m = cfg.model
-    if m.num_experts == 0:
-        return [0] * m.num_layers
-    return [0 if i < m.first_k_dense else 1 for i in range(m.num_layers)]
+    """1 for MoE layers, 0 for dense ones (hf_mapping.is_moe_layer)."""
+    return [int(is_moe_layer(cfg.model, i)) for i in range(cfg.model.num_layers)]
 
 
 def sequence_parallel(cfg: Config) -> bool:
