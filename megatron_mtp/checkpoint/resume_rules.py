@@ -22,7 +22,7 @@ from megatron_mtp.errors import UserError
 
 MEANING = (
     # the shapes of the tensors and what the layers compute
-    "model.num_layers", "model.hidden_size", "model.ffn_hidden_size", "model.num_attention_heads",
+    "model.family", "model.num_layers", "model.hidden_size", "model.ffn_hidden_size", "model.num_attention_heads",
     "model.q_lora_rank", "model.kv_lora_rank", "model.qk_head_dim", "model.qk_pos_emb_head_dim", "model.v_head_dim",
     "model.rope_theta", "model.yarn", "model.norm_epsilon", "model.tie_embeddings",
     # the MoE layout and routing

@@ -28,6 +28,9 @@ class YarnConfig:
 
 @dataclass
 class ModelConfig:
+    family: Literal["deepseek_v3"] = "deepseek_v3"
+    """Model family (models/<family>/): its layers, tensor names and Hugging Face format. Recorded in
+    every checkpoint; a resume can't change it. models/README.md says how a family is added."""
     num_layers: int = 4
     """Number of main-model decoder layers (MTP layers are extra, see mtp.num_layers)."""
     hidden_size: int = 128

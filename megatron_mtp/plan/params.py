@@ -22,9 +22,7 @@ from typing import Optional
 from megatron_mtp.config.parallel_sizes import ParallelSizes
 from megatron_mtp.config.pipeline_layout import Stage
 from megatron_mtp.config.root import Config
-from megatron_mtp.models.deepseek_v3.hf_mapping import HEAD_NORM, Rule, layer_rules, mtp_own_rules
-from megatron_mtp.models.deepseek_v3.hf_mapping import is_moe_layer as _is_moe_layer
-from megatron_mtp.models.deepseek_v3.hf_mapping import mtp_is_moe as _mtp_is_moe
+from megatron_mtp.models.family import get_family
 
 
 @dataclass(frozen=True)
@@ -38,14 +36,14 @@ class Param:
     shared_embedding: bool = False
 
 
-def _local(cfg: Config, sizes: ParallelSizes, rule: Rule, te: bool) -> int:
+def _local(cfg: Config, sizes: ParallelSizes, rule, te: bool) -> int:
     """Elements of one tensor (one expert's, for routed experts) on one rank: the family's global
     size, divided by the tensor-parallel ranks that split it."""
     split = rule.split == "tp" or (rule.split == "local" and not te)
     return rule.numel(cfg.model) // ((sizes.etp if rule.experts else sizes.tp) if split else 1)
 
 
-def _param(cfg: Config, sizes: ParallelSizes, prefix: str, rule: Rule, te: bool, name: str = "") -> Param:
+def _param(cfg: Config, sizes: ParallelSizes, prefix: str, rule, te: bool, name: str = "") -> Param:
     module = rule.mcore.rsplit(".", 2)[-2]
     linear = module.startswith("linear_") or module == "eh_proj"  # a TE linear weight (FP8 under training.fp8)
     return Param(prefix + (name or rule.mcore), _local(cfg, sizes, rule, te), linear=linear and rule.role == "weight",
@@ -71,7 +69,8 @@ _EXPERT_FC1, _EXPERT_FC2 = "mlp.experts.experts.linear_fc1.weight", "mlp.experts
 
 
 def _layer(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: bool) -> list[Param]:
-    rules = {r.mcore: r for r in layer_rules(cfg.model, moe, "te" if te else "local") if r.role != "buffer"}
+    family = get_family(cfg.model.family)
+    rules = {r.mcore: r for r in family.layer_rules(cfg.model, moe, "te" if te else "local") if r.role != "buffer"}
     one = lambda name: [_param(cfg, sizes, prefix, rules[name], te)] if name in rules else []  # noqa: E731
     out = [p for name in _ATTENTION_ORDER[te] for p in one(name)]
     if not moe:
@@ -92,12 +91,12 @@ def _layer(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: bool) 
 
 
 def is_moe_layer(cfg: Config, layer: int) -> bool:
-    return _is_moe_layer(cfg.model, layer)
+    return get_family(cfg.model.family).is_moe_layer(cfg.model, layer)
 
 
 def mtp_is_moe(cfg: Config) -> bool:
     """MTP layers are built like the model's last decoder layer."""
-    return _mtp_is_moe(cfg.model)
+    return get_family(cfg.model.family).mtp_is_moe(cfg.model)
 
 
 def sequential_mtp(cfg: Config) -> bool:
@@ -135,7 +134,8 @@ def chunk_params(cfg: Config, sizes: ParallelSizes, stage: Stage, padded_vocab: 
     if sequential:
         for i in range(stage.mtp_layers):
             p = f"mtp.layers.{i}."
-            own = [_param(cfg, sizes, p, rule, te) for rule in mtp_own_rules()]  # enorm, hnorm, eh_proj, norm
+            # enorm, hnorm, eh_proj, then the layer, then the module's final norm
+            own = [_param(cfg, sizes, p, rule, te) for rule in get_family(m.family).mtp_own_rules()]
             out += own[:-1] + _layer(cfg, sizes, f"{p}transformer_layer.", mtp_is_moe(cfg), te) + own[-1:]
     if last and not (m.tie_embeddings and with_embedding):  # tied: the embedding's weight
         out.append(Param("output_layer.weight", vocab_rows * h, shared_embedding=m.tie_embeddings and sizes.pp > 1))
@@ -150,7 +150,7 @@ def parallel_head_params(cfg: Config, sizes: ParallelSizes, heads: int, te: bool
     for i in range(heads):
         p = f"mtp_heads.layers.{i}."
         out += _layer(cfg, sizes, f"{p}transformer_layer.", mtp_is_moe(cfg), te)
-        out.append(_param(cfg, sizes, p, HEAD_NORM, te))
+        out.append(_param(cfg, sizes, p, get_family(cfg.model.family).HEAD_NORM, te))
     return out
 
 

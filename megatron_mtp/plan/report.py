@@ -7,7 +7,7 @@ import os
 from typing import Optional
 
 from megatron_mtp.config import pipeline_layout
-from megatron_mtp.models.deepseek_v3.size import training_flops_per_token
+from megatron_mtp.models.family import get_family
 from megatron_mtp.plan import comm, schedule
 from megatron_mtp.plan.gpus import GIB
 from megatron_mtp.plan.memory import Plan, resolve_vocab, suggestions
@@ -51,7 +51,7 @@ def build(plan: Plan, mfu: Optional[float] = None, with_suggestions: bool = True
         })
     worst = plan.worst
     tokens = t.global_batch_size * t.seq_length
-    flops = training_flops_per_token(cfg, resolve_vocab(cfg), cfg.mtp.num_layers) * tokens
+    flops = get_family(cfg.model.family).training_flops_per_token(cfg, resolve_vocab(cfg), cfg.mtp.num_layers) * tokens
     out = {
         "config": cfg.name,
         "target": "cpu" if plan.target.platform.is_cpu else "gpu",

@@ -14,8 +14,7 @@ from typing import Any, Iterator
 import torch
 
 from megatron_mtp.config import Config
-from megatron_mtp.models.deepseek_v3.model import build_model
-from megatron_mtp.models.deepseek_v3.transformer_config import build_transformer_config
+from megatron_mtp.models.family import get_family
 from megatron_mtp.models.initialization import initialize_layout_invariant
 from megatron_mtp.platform import Platform
 from megatron_mtp.platform.features import Features, resolve_features
@@ -131,13 +130,14 @@ def build_components(cfg: Config, platform: Platform, vocab_size: int, with_opti
         from megatron_mtp.platform.tp_overlap import initialize_userbuffers
 
         initialize_userbuffers(cfg)
-    tconfig = build_transformer_config(cfg, platform, mtp_loss_scale=mtp_lambda(cfg, 0), features=features)
+    family = get_family(cfg.model.family)
+    tconfig = family.build_transformer_config(cfg, platform, mtp_loss_scale=mtp_lambda(cfg, 0), features=features)
     vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size()
     stages = [None] if vpp is None else list(range(vpp))
     ddp = ddp_config(cfg, features)
     chunks = []
     for vp in stages:
-        model = build_model(
+        model = family.build_model(
             cfg, tconfig, platform, vocab_size,
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
             post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),

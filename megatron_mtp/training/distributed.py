@@ -67,10 +67,10 @@ def init_distributed(cfg: Config, platform: Platform) -> Ranks:
             backend=platform.backend, rank=rank, world_size=world,
             timeout=datetime.timedelta(minutes=30),
         )
-    from megatron_mtp.models.deepseek_v3.transformer_config import megatron_layout
+    from megatron_mtp.models.family import get_family
 
     p = cfg.parallel
-    _, vpp = megatron_layout(cfg)
+    _, vpp = get_family(cfg.model.family).megatron_layout(cfg)
     etp = p.expert_tensor or p.tensor
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=p.tensor,

@@ -1,1 +1,30 @@
-"""DeepSeek-V3-style decoder (MLA + MoE) with a sequential MTP block, on megatron-core."""
+"""DeepSeek-V3 family (MLA attention, DeepSeek MoE, sequential MTP modules or parallel heads).
+
+The family interface of models/family.py, loaded lazily so that naming the family imports neither
+torch nor megatron-core until a piece is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {
+    "build_transformer_config": "transformer_config", "megatron_layout": "transformer_config",
+    "build_model": "model",
+    "param_table": "hf_mapping", "layer_rules": "hf_mapping", "block_rules": "hf_mapping",
+    "mtp_own_rules": "hf_mapping", "HEAD_NORM": "hf_mapping", "is_moe_layer": "hf_mapping",
+    "mtp_is_moe": "hf_mapping",
+    "parameter_counts": "size", "training_flops_per_token": "size",
+}
+HF_ARCHITECTURES = ("DeepseekV3ForCausalLM",)
+"""What our Hugging Face exports declare (and imports accept)."""
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*_WHERE, "HF_ARCHITECTURES"])
