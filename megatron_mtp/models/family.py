@@ -22,7 +22,8 @@ INTERFACE = (
     # the tensor table: names, global shapes, TP splits, which layers hold what
     "param_table", "layer_rules", "block_rules", "mtp_own_rules", "HEAD_NORM", "is_moe_layer", "mtp_is_moe",
     # analytic sizes
-    "parameter_counts", "training_flops_per_token",
+    "parameter_counts", "training_flops_per_token", "layer_sizes", "mtp_own_size",
+    "kv_cache_elements_per_token",
     # the Hugging Face format
     "HF_ARCHITECTURES",
 )

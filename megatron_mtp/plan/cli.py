@@ -25,7 +25,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="tokens the busiest expert-parallel rank receives over the balanced average (default 1)")
     parser.add_argument("--mfu", type=float, metavar="X", help="model FLOPs utilisation (0-1) for a time estimate")
     parser.add_argument("--json", action="store_true", help="print one strict JSON object instead of the table")
+    spec = parser.add_argument_group(
+        "speculative decoding", "--speculative predicts instead whether MTP drafts pay when serving this model "
+        "on --gpu, by batch size and draft length (design note and assumptions: plan/speculative.py)")
+    spec.add_argument("--speculative", action="store_true", help="print the speculative-decoding prediction")
+    spec.add_argument("--acceptance", default="0.85", metavar="A[,A2,...]",
+                      help="acceptance of the draft at depth 1, 2, ... (the last repeats; default 0.85, "
+                           "DeepSeek-V3's published second-token rate)")
+    spec.add_argument("--serve-tp", type=int, default=1, help="tensor-parallel GPUs of the serving layout")
+    spec.add_argument("--serve-ep", type=int, default=1, help="expert-parallel GPUs of the serving layout")
+    spec.add_argument("--weight-bytes", type=float, default=1.0, help="bytes per weight element (1: FP8, 2: bf16)")
+    spec.add_argument("--context", type=int, default=4096, help="tokens cached per sequence (default 4096)")
     parser.set_defaults(func=run_plan)
+
+
+def run_speculative(args: argparse.Namespace, cfg) -> int:
+    from megatron_mtp.errors import UserError
+    from megatron_mtp.plan.gpus import parse_gpu
+    from megatron_mtp.plan.memory import resolve_vocab
+    from megatron_mtp.plan.speculative import ServeLayout, format_table, predict
+
+    try:
+        acceptance = [float(a) for a in args.acceptance.split(",")]
+    except ValueError:
+        raise UserError(f"--acceptance '{args.acceptance}' must be rates separated by commas (e.g. 0.9,0.8)") from None
+    for flag, value in (("--serve-tp", args.serve_tp), ("--serve-ep", args.serve_ep), ("--context", args.context)):
+        if value < 1:
+            raise UserError(f"{flag} is {value}; it must be at least 1")
+    if not args.weight_bytes > 0:
+        raise UserError(f"--weight-bytes is {args.weight_bytes}; give the bytes of one weight (1 for FP8, 2 for bf16)")
+    serve = ServeLayout(tp=args.serve_tp, ep=args.serve_ep, weight_bytes=args.weight_bytes, context=args.context)
+    gpu = parse_gpu(args.gpu)
+    rows = predict(cfg, resolve_vocab(cfg), gpu, acceptance, serve)
+    if args.json:
+        from megatron_mtp import strict_json
+
+        print(strict_json.dumps([{**r.__dict__, "speedup": r.speedup} for r in rows]))
+    else:
+        print(format_table(cfg, gpu, acceptance, serve, rows))
+    return 0
 
 
 def world_size(cfg, nodes: int, gpus_per_node: int | None) -> int:
@@ -57,8 +95,10 @@ def run_plan(args: argparse.Namespace) -> int:
             raise UserError(f"'{item}' is neither an option nor a key.path=value override")
     if args.mfu is not None and not 0 < args.mfu <= 1:
         raise UserError(f"--mfu {args.mfu} must be a fraction between 0 and 1 (e.g. 0.4)")
-    gpu = parse_gpu(args.gpu)
     cfg = load_config(args.config, list(args.overrides))
+    if args.speculative:
+        return run_speculative(args, cfg)
+    gpu = parse_gpu(args.gpu)
     plan = make_plan(cfg, world_size(cfg, args.nodes, args.gpus_per_node), gpu, cpu=args.cpu,
                      imbalance=args.routing_imbalance)
     result = report.build(plan, mfu=args.mfu)

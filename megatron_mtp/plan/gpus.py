@@ -17,14 +17,16 @@ class Gpu:
     bf16_tflops: float = 0.0
     """Dense bf16 tensor-core peak (data sheet, SXM); 0: unknown (no time estimate)."""
     fp8_tflops: float = 0.0
+    hbm_bytes_per_s: float = 0.0
+    """Memory bandwidth (data sheet, SXM); 0: unknown (no decoding-speed prediction)."""
 
 
 # Names use the decimal GB of the data sheets; the capacity is what the device reports (nvidia-smi
 # total: H100 SXM 81,559 MiB, H200 143,771 MiB, B200 183,359 MiB).
 KNOWN = {
-    "h100": Gpu("H100 80 GB", 81559 * 1024**2, 989.0, 1979.0),
-    "h200": Gpu("H200 141 GB", 143771 * 1024**2, 989.0, 1979.0),
-    "b200": Gpu("B200 192 GB", 183359 * 1024**2, 2250.0, 4500.0),
+    "h100": Gpu("H100 80 GB", 81559 * 1024**2, 989.0, 1979.0, 3.35e12),
+    "h200": Gpu("H200 141 GB", 143771 * 1024**2, 989.0, 1979.0, 4.8e12),
+    "b200": Gpu("B200 192 GB", 183359 * 1024**2, 2250.0, 4500.0, 8.0e12),
 }
 DEFAULT = "h100"
 

@@ -21,6 +21,7 @@ class LayerSizes:
     moe_total: int  # router + all routed experts + shared experts
     moe_active: int  # router + top-k routed experts + shared experts
     norms: int
+    expert: int = 0  # one routed expert
 
 
 def _layer_sizes(cfg: Config) -> LayerSizes:
@@ -39,8 +40,25 @@ def _layer_sizes(cfg: Config) -> LayerSizes:
         dense_mlp=total(dense),
         moe_total=around_experts + m.num_experts * expert,
         moe_active=around_experts + m.router_topk * expert,
+        expert=expert,
         norms=total(attention, roles=("block_norm",)) + total(dense, roles=("block_norm",)),
     )
+
+
+def layer_sizes(cfg: Config) -> LayerSizes:
+    """Parameters of one decoder layer's blocks (MoE: around the experts, and per routed expert)."""
+    return _layer_sizes(cfg)
+
+
+def mtp_own_size(cfg: Config) -> int:
+    """What an MTP module or parallel head holds besides its transformer layer."""
+    return _mtp_own(cfg)
+
+
+def kv_cache_elements_per_token(cfg: Config) -> int:
+    """What one layer caches per token when decoding: MLA's compressed latent and the shared rotary
+    key (the absorbed form vLLM and SGLang serve DeepSeek-V3 with)."""
+    return cfg.model.kv_lora_rank + cfg.model.qk_pos_emb_head_dim
 
 
 def _mtp_own(cfg: Config) -> int:

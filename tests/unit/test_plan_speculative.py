@@ -1,0 +1,80 @@
+"""`plan --speculative`: the bytes a decoding forward reads, the experts it touches, the predicted gain."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_mtp.config import load_config
+from megatron_mtp.models.deepseek_v3.size import parameter_counts
+from megatron_mtp.plan.gpus import parse_gpu
+from megatron_mtp.plan.memory import resolve_vocab
+from megatron_mtp.plan.speculative import (
+    ServeLayout,
+    distinct_experts,
+    draft_step_bytes,
+    main_forward_bytes,
+    predict,
+    tokens_per_round,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+V3 = str(ROOT / "configs" / "deepseek_v3_671b.yaml")
+
+
+@pytest.mark.parametrize("experts,topk,tokens", [(256, 8, 1), (256, 8, 4), (256, 8, 16), (8, 2, 3), (64, 6, 40)])
+def test_distinct_experts_is_the_expected_count_of_uniform_topk_routing(experts, topk, tokens):
+    rng = random.Random(0)
+    trials = 4000
+    seen = sum(len({e for _ in range(tokens) for e in rng.sample(range(experts), topk)}) for _ in range(trials))
+    assert abs(seen / trials - distinct_experts(experts, topk, tokens)) < 0.02 * experts ** 0.5
+
+
+def test_a_forward_that_touches_every_expert_reads_every_weight_but_the_embedding():
+    """The bytes are the parameter bytes the family's counts give: the main model without its
+    embedding table (a forward reads only its tokens' rows), and the MTP module plus the head."""
+    cfg = load_config(V3)
+    vocab = resolve_vocab(cfg)
+    counts = parameter_counts(cfg, vocab)
+    serve = ServeLayout(weight_bytes=1.0)
+    main = main_forward_bytes(cfg, vocab, batch=1, tokens=1, serve=serve, experts_touched=cfg.model.num_experts)
+    assert main.dense + main.experts == counts["main"] - vocab * cfg.model.hidden_size
+    draft = draft_step_bytes(cfg, vocab, batch=10**6, serve=serve)
+    assert draft.dense + draft.experts == pytest.approx(counts["mtp_unique"] + vocab * cfg.model.hidden_size, rel=1e-9)
+    # split over the serving layout
+    split = main_forward_bytes(cfg, vocab, 1, 1, ServeLayout(tp=8, ep=8, weight_bytes=2.0), cfg.model.num_experts)
+    assert split.dense + split.experts == pytest.approx(2 * (main.dense + main.experts) / 8)
+    assert split.kv == pytest.approx(main.kv / 8) and main.kv == 4096 * 61 * (512 + 64) * 2  # bf16 MLA latents
+
+
+def test_tokens_per_round_follows_the_chain_of_acceptances():
+    a = 0.8
+    for k in (1, 2, 3):
+        assert tokens_per_round([a], k) == pytest.approx((1 - a ** (k + 1)) / (1 - a))  # Leviathan et al.
+    assert tokens_per_round([0.9, 0.5], 3) == pytest.approx(1 + 0.9 + 0.45 + 0.225)
+
+
+def test_moe_verification_touches_more_experts_and_the_gain_returns_with_the_batch():
+    cfg = load_config(V3)
+    rows = {(r.batch, r.drafts): r for r in predict(cfg, resolve_vocab(cfg), parse_gpu("h200"), [0.85],
+                                                     ServeLayout(tp=8, ep=8))}
+    assert rows[(1, 1)].verify_experts > rows[(1, 1)].plain_experts
+    assert rows[(256, 3)].speedup > rows[(4, 3)].speedup > 1.0
+    assert all(r.round_ms > r.plain_ms for r in rows.values())
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--acceptance", "x"], "--acceptance 'x' must be rates"),
+    (["--acceptance", "1.5"], "must be rates between 0 and 1"),
+    (["--serve-tp", "0"], "--serve-tp is 0"),
+    (["mtp.num_layers=0"], "needs a sequential MTP module"),
+    (["--gpu", "96"], "bandwidth of '96 GiB GPU' is unknown"),
+])
+def test_bad_input_is_one_sentence(args, words):
+    proc = subprocess.run([sys.executable, "-m", "megatron_mtp", "plan", V3, "--speculative", *args],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
