@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator, Literal, Optional
 
 import torch
 
-from megatron_mtp.checkpoint.finite import bytes_are_finite, refuse_nonfinite, tensor_is_finite
+from megatron_mtp.checkpoint.finite import bytes_are_finite, recorded_finite, refuse_nonfinite, tensor_is_finite
 from megatron_mtp.checkpoint.info import read_config
 from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, resolve_checkpoint
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
@@ -327,6 +327,7 @@ def export_to_hf(
     configs = hf_configs(cfg, vocab, mtp, mtp_layout, dtype, tokenizer_ids, source_config(step))
     gen = generation_config(tokenizer_ids, {k: configs["main"].get(k) for k in TOKEN_ID_KEYS},
                             source_generation_config(step))
+    scan = not recorded_finite(step)  # copied bytes need a read of their own unless the trainer checked them
     with staged_dir(out_dir) as tmp, reader:
         dirs = {"main": tmp / "main", "mtp": tmp / "mtp"} if mtp == "separate" else {"main": tmp}
         writers = {d: ShardedSafetensorsWriter(dirs[d], plans[d], max_shard_bytes) for d in plans}
@@ -338,7 +339,7 @@ def export_to_hf(
                     if direct is not None:  # same bytes: file-to-file copy, no decode
                         fh, ranges = direct
                         for (dest, name, _), (offset, nbytes) in zip(piece.outputs, ranges):
-                            if not bytes_are_finite(fh, offset, nbytes, reader.entry(piece.param.mcore).dtype):
+                            if scan and not bytes_are_finite(fh, offset, nbytes, reader.entry(piece.param.mcore).dtype):
                                 refuse_nonfinite(piece.param.mcore, f"checkpoint '{step}'")
                             writers[dest].copy_from(name, fh, offset, nbytes)
                             bar.advance(nbytes)
