@@ -14,10 +14,10 @@ Quantisation (DeepSeek's rule): per block, ``scale_inv = amax / 448`` (fp32) and
 e4m3 step at its magnitude: ``|error| <= scale_inv * 2**-4 * 2**floor(log2(|x| / scale_inv))``
 (``2**-10`` in the subnormal range), at most ``amax / 16``. An all-zero block gets scale 1.
 
-Re-export is lossless: a block that already is e4m3 values times one fp32 scale (an import of our
-own FP8 export) keeps that scale. ``amax / 448`` rounded to fp32 can be one ulp away from it (the
-import stored ``448 * scale`` rounded), so the two neighbouring scales are tried for the blocks where
-the first one does not give the block's values back exactly; either way the block's error is zero.
+Re-export is lossless. An import stores ``q * scale`` in fp32, so a block's largest value comes back as
+``fl(448 * scale)``, and ``fl(fl(448 * scale) / 448) == scale`` for every ``scale = fl(amax / 448)``
+(checked over every fp32 mantissa of several exponents); each ``fl(q * scale) / scale`` then rounds
+back to ``q``. So FP8 -> import -> FP8 gives the same bytes (tested), with no special case.
 """
 
 from __future__ import annotations
@@ -77,20 +77,6 @@ def _quantize(blocks: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (blocks / per).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
-def _reproduces(blocks: torch.Tensor, scale: torch.Tensor, which: torch.Tensor) -> torch.Tensor:
-    """Per block (of ``which``): whether quantising with ``scale`` and multiplying back (fp32, as the
-    importer does) gives the block exactly. Each block's first row is looked at first, so blocks of
-    ordinary weights are ruled out at 1/128 of the cost."""
-    def exact(part: torch.Tensor) -> torch.Tensor:
-        q = _quantize(part, scale).to(torch.float32)
-        return (q * scale[:, None, :, None] == part).all(dim=3).all(dim=1)
-
-    found = which & exact(blocks[:, :1])
-    if bool(found.any()):
-        found &= exact(blocks)
-    return found
-
-
 def quantize_blockwise(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(float8_e4m3fn weight, fp32 scale_inv per 128x128 block) of a finite 2-D weight."""
     if weight.dim() != 2:
@@ -99,17 +85,6 @@ def quantize_blockwise(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     blocks = _blocks(weight.to(torch.float32))
     amax = blocks.abs().amax(dim=3).amax(dim=1)
     scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
-    open_blocks = amax > 0
-    for direction in (math.inf, 0.0):  # lossless re-export (module docstring)
-        other = torch.nextafter(scale, torch.full_like(scale, direction))
-        # the block maximum maps to 448: only a scale that gives it back can give the block back
-        candidate = open_blocks & (other * E4M3_MAX == amax)
-        if not bool(candidate.any()):
-            continue
-        candidate &= ~_reproduces(blocks, scale, candidate)
-        hit = _reproduces(blocks, other, candidate)
-        scale = torch.where(hit, other, scale)
-        open_blocks &= ~hit
     q = _quantize(blocks, scale).view(scale.shape[0] * BLOCK, scale.shape[1] * BLOCK)
     return q[:rows, :cols].contiguous(), scale
 
