@@ -209,3 +209,71 @@ def test_the_trainers_finite_record_is_what_spares_the_scan(trained_run, tmp_pat
     assert not recorded_finite(tmp_path)
     (tmp_path / "train_state.json").write_text("{")
     assert not recorded_finite(tmp_path) and not recorded_finite(tmp_path / "absent")
+
+
+@pytest.fixture(scope="module")
+def aligned_checkpoint(trained_run, tmp_path_factory):
+    """The default model with a rotary head dim of 32, so that every FP8 weight's dimensions are multiples of
+    128 or fit one block (transformers' CPU dequantisation derives the block from the scale grid); random
+    weights, the trained run's tokenizer and train_state.json."""
+    import dataclasses
+    import shutil
+
+    from megatron_mtp.checkpoint.info import read_train_state, write_checkpoint_info
+    from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
+    from megatron_mtp.convert.shapes import expected_shape
+    from megatron_mtp.models.deepseek_v3.hf_mapping import extra_state_keys, param_table
+
+    step = resolve_checkpoint(trained_run).path
+    cfg = read_config(step)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, qk_pos_emb_head_dim=32))
+    vocab = TorchDistReader(step).entry(EMBEDDING).shape[0]
+    out = tmp_path_factory.mktemp("aligned") / "ckpt"
+    out.mkdir()
+    g = torch.Generator().manual_seed(7)
+    writer = TorchDistWriter(out)
+    for p in param_table(cfg.model, cfg.mtp.num_layers, spec="te", mtp_copies=False):
+        shape = expected_shape(p.mcore, cfg.model, vocab)
+        if p.mcore.endswith(("norm.weight", "layer_norm_weight")):
+            tensor = 1 + 0.1 * torch.randn(shape, generator=g)
+        elif p.mcore.endswith("expert_bias"):
+            tensor = 0.01 * torch.randn(shape, generator=g)
+        else:
+            tensor = 0.05 * torch.randn(shape, generator=g)
+        writer.write_tensor(p.mcore, tensor)
+        for key in extra_state_keys(p):
+            writer.write_object(key, [None])
+    writer.finish({})
+    shutil.copytree(step / "tokenizer", out / "tokenizer")
+    write_checkpoint_info(out, cfg, read_train_state(step))
+    return out
+
+
+def test_transformers_loads_the_fp8_export_and_its_loss_is_our_eval(aligned_checkpoint, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # transformers' FP8 loader needs it
+    import torch.nn.functional as F
+    from tokenizers import Tokenizer
+
+    from tests.convert.helpers import run
+
+    out = export_to_hf(aligned_checkpoint, tmp_path / "fp8", mtp="separate", dtype="fp8")
+    model, info = transformers.DeepseekV3ForCausalLM.from_pretrained(
+        out / "main", dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    ours = HFDir(out / "main")
+    params = dict(model.named_parameters())
+    assert all(torch.equal(params[n], ours.get(n).float()) for n in ours.names() if n in params)  # dequantised
+    text = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(40))
+    (tmp_path / "text.py").write_text(text)
+    proc = run(["-m", "megatron_mtp.cli", "eval", str(out), "training.seq_length=32", "--text-file",
+                str(tmp_path / "text.py"), "--json"], MEGATRON_MTP_CACHE=str(tmp_path / "cache"))
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    ids = Tokenizer.from_file(str(out / "main" / "tokenizer.json")).encode(text).ids
+    n = len(ids) // 32
+    windows = torch.tensor(ids[: n * 32]).view(n, 32)
+    with torch.no_grad():
+        logits = model(windows).logits
+    loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
+    assert result["tokens"] == n * 31 and len(result["mtp_loss"]) == 1
+    assert abs(result["lm_loss"] - loss.item()) < 1e-4
