@@ -3,19 +3,19 @@
 An HF directory (bf16, fp32 or DeepSeek's FP8 release format, main only, inline or ``main/`` +
 ``mtp/``) is imported once with ``convert.from_hf.import_from_hf`` (fp32: FP8 blocks dequantised
 exactly) into a cache folder keyed by its absolute path and the size and mtime of every file in it,
-so an edited or replaced export is imported again; the import goes to a temporary name and is
-renamed when complete. Anything else is returned unchanged for checkpoint.run_dir's rules.
+so an edited or replaced export is imported again; the import is staged beside its folder and renamed
+when complete (convert/staging.py). Anything else is returned unchanged for checkpoint.run_dir's rules.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import sys
 from pathlib import Path
 
 from megatron_mtp.data.default_corpus import default_cache_dir
+from megatron_mtp.errors import UserError
 
 CACHE_FOLDER = "hf_imports"
 
@@ -43,16 +43,10 @@ def checkpoint_of(path: str | os.PathLike) -> str:
     if (out / "config.yaml").is_file():
         return str(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     print(f"importing Hugging Face model {src} into {out}", file=sys.stderr)
     try:
-        import_from_hf(src, tmp)
-        if out.exists():  # another process finished first
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        import_from_hf(src, out)  # staged beside out and renamed when complete
+    except UserError:
+        if not (out / "config.yaml").is_file():  # not merely another process finishing first
+            raise
     return str(out)

@@ -276,4 +276,7 @@ def test_transformers_loads_the_fp8_export_and_its_loss_is_our_eval(aligned_chec
         logits = model(windows).logits
     loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
     assert result["tokens"] == n * 31 and len(result["mtp_loss"]) == 1
+    imported = __import__("pathlib").Path(result["checkpoint"])  # the cached import names its own tokenizer
+    assert imported.parent == tmp_path / "cache" / "hf_imports"
+    assert __import__("pathlib").Path(read_config(imported).data.tokenizer) == imported / "tokenizer"
     assert abs(result["lm_loss"] - loss.item()) < 1e-4
