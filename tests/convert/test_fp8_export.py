@@ -280,3 +280,23 @@ def test_transformers_loads_the_fp8_export_and_its_loss_is_our_eval(aligned_chec
     assert imported.parent == tmp_path / "cache" / "hf_imports"
     assert __import__("pathlib").Path(read_config(imported).data.tokenizer) == imported / "tokenizer"
     assert abs(result["lm_loss"] - loss.item()) < 1e-4
+
+
+def test_generate_drafts_from_an_fp8_export_and_refuses_other_quantisations(export_fp8, tmp_path):
+    import shutil
+
+    from megatron_mtp.errors import UserError
+    from megatron_mtp.inference.generate import load_generator
+
+    gen = load_generator(str(export_fp8))
+    assert gen.has_mtp
+    plain = gen.generate("def add(a, b):", max_new_tokens=8, ignore_eos=True)
+    drafted = gen.generate("def add(a, b):", max_new_tokens=8, ignore_eos=True, speculative_k=2)
+    assert drafted.tokens == plain.tokens and drafted.stats.rounds > 0
+    other = tmp_path / "awq"
+    shutil.copytree(export_fp8, other)
+    cfg = json.loads((other / "main" / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "awq", "bits": 4}
+    (other / "main" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match="is not DeepSeek's FP8 block format"):
+        load_generator(str(other))
