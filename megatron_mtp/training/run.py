@@ -87,12 +87,11 @@ def _eval_config(ckpt: Path, overrides: list[str]) -> Config:
 
 def eval_main(path: str, overrides: list[str], as_json: bool, text_file: str | None, steps: int | None) -> int:
     from megatron_mtp.checkpoint.run_dir import resolve_checkpoint
-    from megatron_mtp.convert.import_cache import checkpoint_of
     from megatron_mtp.training.distributed import destroy
     from megatron_mtp.training.evaluation import evaluate, evaluate_batches, session_metrics
     from megatron_mtp.training.session import open_checkpoint_for_eval
 
-    resolved = resolve_checkpoint(checkpoint_of(path))  # an HF export (FP8 included) is imported once
+    resolved = resolve_checkpoint(path)
     if resolved.note:
         print(f"megatron-mtp eval: note: {resolved.note}", file=sys.stderr)
     ckpt = resolved.path
