@@ -23,7 +23,7 @@ back to ``q``. So FP8 -> import -> FP8 gives the same bytes (tested), with no sp
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -94,3 +94,20 @@ def quantized(name: str, weight: torch.Tensor) -> Iterator[tuple[str, torch.Tens
     q, scale = quantize_blockwise(weight)
     yield name, q
     yield name + SCALE_SUFFIX, scale
+
+
+def cpu_dequant_note(planned_tensors: list) -> Optional[str]:
+    """The warning for an export that transformers would dequantise wrongly on a CPU, or None.
+
+    transformers 5.24 dequantises FP8 blocks on a CPU with a block size derived from the scale grid
+    (``rows // scale_rows``), which is the real 128 only where a dimension is a multiple of 128 or fits
+    one block (convert/README.md, "FP8 export")."""
+    for t in planned_tensors:
+        if t.dtype != torch.float8_e4m3fn:
+            continue
+        for size in t.shape:
+            if size > BLOCK and size % BLOCK:
+                return (f"transformers dequantises FP8 blocks on a CPU with a block size derived from the scale "
+                        f"grid, which is wrong for '{t.name}' ({size} is not a multiple of {BLOCK}); load this "
+                        "export in transformers on a GPU, or export it with --dtype bf16 for a CPU")
+    return None

@@ -322,6 +322,9 @@ def export_to_hf(
     torch_dtype = DTYPES[dtype]
     fp8 = dtype == "fp8"
     plans = _plans(pieces, torch_dtype, fp8)
+    note = fp8_export.cpu_dequant_note([t for plan in plans.values() for t in plan]) if fp8 else None
+    if note is not None and warn is not None:
+        warn(note)
     vocab = reader.entry(EMBEDDING).shape[0]
     tokenizer_ids = special_token_ids(step / TOKENIZER_DIR)
     configs = hf_configs(cfg, vocab, mtp, mtp_layout, dtype, tokenizer_ids, source_config(step))

@@ -147,6 +147,22 @@ def test_fp8_export_follows_the_release_rules(export_fp8, export_fp32):
         assert cfg["quantization_config"] == RELEASE_QUANT and cfg["torch_dtype"] == "bfloat16"
 
 
+def test_a_partial_block_that_transformers_would_misread_on_a_cpu_is_a_warning(trained_run, tmp_path):
+    from megatron_mtp.convert.fp8_export import cpu_dequant_note
+
+    warnings = []
+    export_to_hf(trained_run, tmp_path / "fp8", mtp="none", dtype="fp8", warn=warnings.append)
+    assert [w for w in warnings if "scale grid" in w] == [
+        "transformers dequantises FP8 blocks on a CPU with a block size derived from the scale grid, which is "
+        "wrong for 'model.layers.0.self_attn.q_b_proj.weight' (192 is not a multiple of 128); load this export in "
+        "transformers on a GPU, or export it with --dtype bf16 for a CPU"]
+    step = resolve_checkpoint(trained_run).path
+    aligned = __import__("dataclasses").replace(read_config(step), model=__import__("dataclasses").replace(
+        read_config(step).model, qk_pos_emb_head_dim=32))
+    plans = plan_export(aligned, 4096, "separate", "hf", "fp8")
+    assert cpu_dequant_note([t for plan in plans.values() for t in plan]) is None
+
+
 def test_every_layout_plans_the_fp8_tensors_of_the_separate_export(trained_run, export_fp8):
     step = resolve_checkpoint(trained_run).path
     cfg = read_config(step)
