@@ -316,3 +316,11 @@ def test_generate_drafts_from_an_fp8_export_and_refuses_other_quantisations(expo
     (other / "main" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UserError, match="is not DeepSeek's FP8 block format"):
         load_generator(str(other))
+
+
+def test_cli_to_hf_dtype_fp8_writes_what_the_api_writes(trained_run, tmp_path):
+    from tests.convert.helpers import megatron_cli
+
+    proc = megatron_cli("convert", "to-hf", str(trained_run), str(tmp_path / "cli"), "--mtp", "none", "--dtype", "fp8")
+    assert "scale grid" in proc.stderr  # the default model has partial blocks (warning above)
+    same_tree(tmp_path / "cli", export_to_hf(trained_run, tmp_path / "api", mtp="none", dtype="fp8"))
