@@ -324,3 +324,12 @@ def test_cli_to_hf_dtype_fp8_writes_what_the_api_writes(trained_run, tmp_path):
     proc = megatron_cli("convert", "to-hf", str(trained_run), str(tmp_path / "cli"), "--mtp", "none", "--dtype", "fp8")
     assert "scale grid" in proc.stderr  # the default model has partial blocks (warning above)
     same_tree(tmp_path / "cli", export_to_hf(trained_run, tmp_path / "api", mtp="none", dtype="fp8"))
+
+
+def test_bf16_to_fp8_to_import_to_fp8_is_bitwise(trained_run, tmp_path):
+    bf16 = import_from_hf(export_to_hf(trained_run, tmp_path / "bf16", dtype="bf16"), tmp_path / "ckpt_bf16",
+                          dtype="bf16")
+    assert TorchDistReader(bf16).entry("decoder.layers.0.self_attention.linear_proj.weight").dtype == torch.bfloat16
+    first = export_to_hf(bf16, tmp_path / "fp8", dtype="fp8")
+    again = export_to_hf(import_from_hf(first, tmp_path / "ckpt_fp8"), tmp_path / "fp8_again", dtype="fp8")
+    same_tree(again, first)
