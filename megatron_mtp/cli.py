@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        if args.command == "eval":  # an HF export (FP8 included) is imported once; convert sits above training
+            from megatron_mtp.convert.import_cache import checkpoint_of
+
+            args.checkpoint = checkpoint_of(args.checkpoint)
         result = args.func(args)
     except UserError as exc:
         if not isinstance(exc, RunError) or os.environ.get("RANK", "0") == "0":

@@ -1,12 +1,18 @@
 """Refusing non-finite weights while converting or loading: one sentence naming the tensor.
 
-Decoded tensors are checked with torch.isfinite. Bytes the converter copies file to file without
-decoding are checked in place: a float is NaN or Inf exactly when all its exponent bits are set,
-which one integer view of a memory map tests in bounded slices, without a decode or a copy.
+Decoded tensors are checked with torch.isfinite, in the read that decodes them. Bytes the converter
+copies file to file without decoding need a read of their own, so they are scanned only when the
+checkpoint does not say already: the trainer checks every weight with torch.isfinite before it saves
+and records ``weights_finite: true`` in train_state.json (``recorded_finite``); an imported or older
+checkpoint lacks the record and is scanned. The scan tests in place: a float is NaN or Inf exactly
+when all its exponent bits are set, which one integer view of a memory map tests in bounded slices,
+without a decode or a copy.
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
@@ -22,6 +28,14 @@ _EXPONENT = {
     torch.float64: (np.uint64, 0x7FF0000000000000),
 }
 _SLICE_BYTES = 64 << 20
+
+
+def recorded_finite(step_dir: Path) -> bool:
+    """Whether the checkpoint's train_state.json records that every weight was finite when it was saved."""
+    try:
+        return json.loads((Path(step_dir) / "train_state.json").read_text()).get("weights_finite") is True
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def tensor_is_finite(tensor: torch.Tensor) -> bool:

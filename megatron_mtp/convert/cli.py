@@ -24,8 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     to_hf.add_argument("--mtp-layout", choices=("hf", "nextn"), default=None,
                        help="naming of OUT/mtp: hf = layer num_hidden_layers+i with embed/head copies (default); "
                        "nextn = SGLang NextN (one MTP module)")
-    to_hf.add_argument("--dtype", choices=("bf16", "fp32"), default=None,
-                       help="weight dtype (default bf16; expert bias stays fp32)")
+    to_hf.add_argument("--dtype", choices=("bf16", "fp32", "fp8"), default=None,
+                       help="weight dtype (default bf16; expert bias stays fp32); fp8: DeepSeek-V3's release "
+                       "format, decoder-layer linears in float8_e4m3fn with 128x128 block scales, the rest bf16")
     to_hf.add_argument("--speculative", type=int, metavar="K",
                        help="draft tokens per step in the MTP serving commands (default: vLLM the MTP depth, "
                        "SGLang 3)")

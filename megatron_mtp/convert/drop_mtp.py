@@ -53,7 +53,7 @@ def _drop_hf(src: Path, out: Path, max_shard_bytes: int) -> Path:
         layers = main.config["num_hidden_layers"]
         if mtp_depth(main.config) or any(is_mtp_hf_name(n, layers) for n in main.names()):
             raise UserError(f"'{src / 'main'}' itself declares MTP layers; run drop-mtp on '{src / 'main'}'")
-        for name in main.names():  # the copy below moves bytes unread: check them first, as every export does
+        for name in main.weight_map:  # the copy below moves bytes unread (FP8 scales too): check them first
             if not tensor_is_finite(main.raw(name)):
                 refuse_nonfinite(name, f"'{src / 'main'}'")
         with staged_dir(out, needed_bytes=tree_bytes(src / "main")) as tmp:

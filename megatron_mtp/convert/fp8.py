@@ -44,3 +44,15 @@ def dequantize_blockwise(
         row_scale = scale[i].repeat_interleave(bc)[:cols]
         out[r0:r1] = (weight[r0:r1].to(torch.float32) * row_scale).to(out_dtype)
     return out
+
+
+def is_block_fp8(quantization_config: dict) -> bool:
+    """Whether a config.json's ``quantization_config`` is DeepSeek's FP8 block format, which
+    ``HFDir.get`` dequantises (e4m3 weights, one ``weight_scale_inv`` per block)."""
+    block = quantization_config.get("weight_block_size")
+    return (
+        quantization_config.get("quant_method") == "fp8"
+        and quantization_config.get("fmt", "e4m3") == "e4m3"
+        and isinstance(block, (list, tuple)) and len(block) == 2
+        and all(isinstance(b, int) and b > 0 for b in block)
+    )

@@ -74,7 +74,9 @@ FACTS = {
     "sglang": EngineFacts(
         name="sglang", title="SGLang", draft_layouts=("inline", "separate", "nextn"),
         one_layer_draft_layouts=("nextn",), max_depth=1, draft_hidden_sizes=range(512, 8192 + 1, 256),
-        draft_dtypes=("bf16",), loads_tied_head=True, preferred_layout="inline",
+        # fp8: the release format, whose compute dtype is bf16 (its NextN decoder layer takes the FP8
+        # quant config; eh_proj is a plain bf16 linear, as the export writes it)
+        draft_dtypes=("bf16", "fp8"), loads_tied_head=True, preferred_layout="inline",
     ),
     "transformers": EngineFacts(
         name="transformers", title="transformers", draft_layouts=("inline", "separate"),
@@ -199,7 +201,8 @@ def problems(engine: str, export: Export) -> list[Problem]:
             f"{e.hidden_size}; export with --mtp none, or serve the draft with vLLM (--for vllm)")
     if facts.draft_dtypes is not None and e.dtype not in facts.draft_dtypes:
         add("dtype", f"{name}'s fused eh-norm kernel runs the MTP draft in bf16 or fp16 only, and this export "
-            f"is {e.dtype}; serve it with --dtype bfloat16 (as SERVING.md does) or export with --dtype bf16", None)
+            f"is {e.dtype}; serve it with --dtype bfloat16 (as SERVING.md does) or export with --dtype bf16 or fp8",
+            None)
     k = e.speculative
     if engine == "vllm" and k is not None and k > e.depth and k % e.depth:
         add("draft-tokens", f"vLLM takes a number of draft tokens up to the MTP depth {e.depth} or a multiple "

@@ -34,12 +34,12 @@ from typing import Any, Callable, Iterator, Literal, Optional
 
 import torch
 
-from megatron_mtp.checkpoint.finite import bytes_are_finite, refuse_nonfinite, tensor_is_finite
+from megatron_mtp.checkpoint.finite import bytes_are_finite, recorded_finite, refuse_nonfinite, tensor_is_finite
 from megatron_mtp.checkpoint.info import read_config
 from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, resolve_checkpoint
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.config import Config
-from megatron_mtp.convert import serving
+from megatron_mtp.convert import fp8_export, serving
 from megatron_mtp.convert.hf_source import GENERATION_CONFIG, generation_config, source_config, source_generation_config
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import PlannedTensor, ShardedSafetensorsWriter
@@ -59,7 +59,8 @@ from megatron_mtp.output import check_output_free, staged_dir, tree_bytes
 
 MtpMode = Literal["separate", "inline", "none"]
 MtpLayout = Literal["hf", "nextn"]
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.bfloat16}
+"""Stored dtype per --dtype; with fp8 the decoder-layer linears become FP8 blocks (convert/fp8_export.py)."""
 
 
 @dataclass(frozen=True)
@@ -135,11 +136,14 @@ def plan_pieces(
     return pieces
 
 
-def _plans(pieces: list[Piece], dtype: torch.dtype) -> dict[str, list[PlannedTensor]]:
+def _plans(pieces: list[Piece], dtype: torch.dtype, fp8: bool = False) -> dict[str, list[PlannedTensor]]:
     plans: dict[str, list[PlannedTensor]] = {}
     for piece in pieces:
         for dest, name, shape in piece.outputs:
-            plans.setdefault(dest, []).append(PlannedTensor(name, shape, _out_dtype(piece.param, dtype)))
+            if fp8 and fp8_export.is_fp8_weight(name):
+                plans.setdefault(dest, []).extend(PlannedTensor(*t) for t in fp8_export.planned(name, shape))
+            else:
+                plans.setdefault(dest, []).append(PlannedTensor(name, shape, _out_dtype(piece.param, dtype)))
     return plans
 
 
@@ -150,7 +154,7 @@ def plan_export(cfg: Config, vocab: int, mode: MtpMode, mtp_layout: MtpLayout = 
     params = param_table(cfg.model, cfg.mtp.num_layers, spec="te", style=cfg.mtp.style)
     pieces = plan_pieces(params, lambda key: expected_shape(key, cfg.model, vocab), cfg.model.num_layers, mode,
                          mtp_layout)
-    return _plans(pieces, DTYPES[dtype])
+    return _plans(pieces, DTYPES[dtype], dtype == "fp8")
 
 
 def _split_outputs(dest: str, names: list[Optional[str]], shape: tuple[int, ...]):
@@ -164,9 +168,17 @@ def _out_dtype(param: Param, dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if param.keep_fp32 else dtype
 
 
-def _tensors_of(piece: Piece, tensor: torch.Tensor, dtype: torch.dtype) -> Iterator[tuple[str, str, torch.Tensor]]:
+def _tensors_of(piece: Piece, tensor: torch.Tensor, dtype: torch.dtype,
+                fp8: bool = False) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """(destination, name, tensor) of each output; with ``fp8`` the FP8 weights and their scales."""
     if piece.rows is not None:
         tensor = tensor[0]
+    if fp8 and any(fp8_export.is_fp8_weight(name) for _, name, _ in piece.outputs):
+        parts = tensor.chunk(len(piece.param.hf), dim=0)
+        for (dest, name, _), part in zip(piece.outputs, parts):
+            for out_name, out in fp8_export.quantized(name, part):
+                yield dest, out_name, out
+        return
     tensor = tensor.to(_out_dtype(piece.param, dtype))
     if len(piece.param.hf) == 2:
         parts = tensor.chunk(2, dim=0)
@@ -177,10 +189,12 @@ def _tensors_of(piece: Piece, tensor: torch.Tensor, dtype: torch.dtype) -> Itera
             yield dest, name, tensor
 
 
-def _direct_ranges(reader: TorchDistReader, piece: Piece, dtype: torch.dtype):
+def _direct_ranges(reader: TorchDistReader, piece: Piece, dtype: torch.dtype, fp8: bool = False):
     """(file, [(offset, nbytes) per output]) when the outputs are unchanged stored bytes."""
     entry = reader.entry(piece.param.mcore)
     if entry.dtype != _out_dtype(piece.param, dtype) or len(piece.outputs) != len(piece.param.hf):
+        return None
+    if fp8 and any(fp8_export.is_fp8_weight(name) for _, name, _ in piece.outputs):
         return None
     found = reader.byte_range(piece.param.mcore, piece.rows)
     if found is None:
@@ -200,10 +214,12 @@ def hf_configs(
     silently loads nothing); SGLang's NextN directory is its one-module form (``num_hidden_layers: 1``)."""
     depth = cfg.mtp.num_layers if mode != "none" else 0
     full = to_hf_config(cfg.model, cfg.mtp, vocab_size=vocab, num_nextn_predict_layers=depth,
-                        torch_dtype="bfloat16" if dtype == "bf16" else "float32",
+                        torch_dtype="float32" if dtype == "fp32" else "bfloat16",
                         bos_token_id=tokenizer_ids.get("bos_token_id"),
                         eos_token_id=tokenizer_ids.get("eos_token_id")).to_dict()
     full = carry_source_fields(full, source, tokenizer_ids)
+    if dtype == "fp8":
+        full = fp8_export.with_quantization(full)
     if mode in ("none", "inline"):
         return {"main": full}
     if cfg.mtp.style == "parallel":  # the heads' own format (convert/parallel_heads_export.py)
@@ -267,7 +283,7 @@ def export_to_hf(
     if mtp_layout not in (None, "hf", "nextn"):
         raise UserError(f"--mtp-layout must be hf or nextn, not '{mtp_layout}'")
     if dtype is not None and dtype not in DTYPES:
-        raise UserError(f"--dtype must be bf16 or fp32, not '{dtype}'")
+        raise UserError(f"--dtype must be bf16, fp32 or fp8, not '{dtype}'")
     serving.check_engine(serve_for)
     if speculative is not None and speculative < 1:
         raise UserError(f"--speculative must be a positive number of draft tokens, not {speculative}")
@@ -304,13 +320,18 @@ def export_to_hf(
     reader.validate(sorted({p.mcore for p in params}))
     pieces = plan_pieces(params, lambda key: reader.entry(key).shape, cfg.model.num_layers, mtp, mtp_layout)
     torch_dtype = DTYPES[dtype]
-    plans = _plans(pieces, torch_dtype)
+    fp8 = dtype == "fp8"
+    plans = _plans(pieces, torch_dtype, fp8)
+    note = fp8_export.cpu_dequant_note([t for plan in plans.values() for t in plan]) if fp8 else None
+    if note is not None and warn is not None:
+        warn(note)
     vocab = reader.entry(EMBEDDING).shape[0]
     tokenizer_ids = special_token_ids(step / TOKENIZER_DIR)
     configs = hf_configs(cfg, vocab, mtp, mtp_layout, dtype, tokenizer_ids, source_config(step))
     gen = generation_config(tokenizer_ids, {k: configs["main"].get(k) for k in TOKEN_ID_KEYS},
                             source_generation_config(step))
     size = sum(p.nbytes for plan in plans.values() for p in plan) + tree_bytes(step / TOKENIZER_DIR)
+    scan = not recorded_finite(step)  # copied bytes need a read of their own unless the trainer checked them
     with staged_dir(out_dir, needed_bytes=size) as tmp, reader:
         dirs = {"main": tmp / "main", "mtp": tmp / "mtp"} if mtp == "separate" else {"main": tmp}
         writers = {d: ShardedSafetensorsWriter(dirs[d], plans[d], max_shard_bytes) for d in plans}
@@ -318,11 +339,11 @@ def export_to_hf(
         try:
             with Progress(total, f"to-hf {step.name}") as bar:
                 for piece in pieces:
-                    direct = _direct_ranges(reader, piece, torch_dtype)
+                    direct = _direct_ranges(reader, piece, torch_dtype, fp8)
                     if direct is not None:  # same bytes: file-to-file copy, no decode
                         fh, ranges = direct
                         for (dest, name, _), (offset, nbytes) in zip(piece.outputs, ranges):
-                            if not bytes_are_finite(fh, offset, nbytes, reader.entry(piece.param.mcore).dtype):
+                            if scan and not bytes_are_finite(fh, offset, nbytes, reader.entry(piece.param.mcore).dtype):
                                 refuse_nonfinite(piece.param.mcore, f"checkpoint '{step}'")
                             writers[dest].copy_from(name, fh, offset, nbytes)
                             bar.advance(nbytes)
@@ -330,7 +351,7 @@ def export_to_hf(
                     tensor = reader.read(piece.param.mcore, piece.rows)
                     if not tensor_is_finite(tensor):
                         refuse_nonfinite(piece.param.mcore, f"checkpoint '{step}'")
-                    for dest, name, part in _tensors_of(piece, tensor, torch_dtype):
+                    for dest, name, part in _tensors_of(piece, tensor, torch_dtype, fp8):
                         writers[dest].write(name, part)
                         bar.advance(part.numel() * part.element_size())
             for writer in writers.values():

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from megatron_mtp.checkpoint.finite import refuse_nonfinite, tensor_is_finite
+from megatron_mtp.convert.fp8 import is_block_fp8
 from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.mtp_module import MTPModule
@@ -131,8 +132,10 @@ def decodable_config(raw: dict, where: Path) -> DeepseekV3HFConfig:
             f"{where}: model_type is {config.model_type!r}, expected 'deepseek_v3'; "
             "megatron-mtp generate only decodes DeepSeek-V3 exports."
         )
-    if config.quantization_config:
-        raise UserError(f"{where}: quantized (FP8) weights are not supported; dequantize to bf16/fp32 first.")
+    quant = config.quantization_config
+    if quant and not is_block_fp8(quant):
+        raise UserError(f"{where}: quantization_config {quant} is not DeepSeek's FP8 block format "
+                        "(quant_method fp8, fmt e4m3, weight_block_size [rows, cols]); export it in bf16 or fp8.")
     if config.scoring_func != "sigmoid":
         raise UserError(f"{where}: only scoring_func 'sigmoid' (DeepSeek-V3 routing) is supported.")
     if config.hidden_act != "silu":

@@ -21,7 +21,8 @@ def register(subparsers) -> None:
     p.set_defaults(func=run_train)
 
     e = subparsers.add_parser("eval", help="evaluate a checkpoint: LM loss, MTP loss and acceptance per depth")
-    e.add_argument("checkpoint", help="run directory, checkpoints/ directory or step_* directory")
+    e.add_argument("checkpoint", help="run directory, checkpoints/ directory, step_* directory, or a Hugging Face "
+                   "export (bf16, fp32 or fp8; imported once into a cache)")
     e.add_argument("overrides", nargs="*", metavar="key.path=value", help="dotted config overrides")
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.add_argument("--text-file", help="evaluate on this plain text file instead of the validation split")

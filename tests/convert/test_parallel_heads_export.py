@@ -122,3 +122,12 @@ def test_greedy_speculative_from_the_trained_export_equals_plain(heads_export):
     for k in (1, 2):
         spec = gen.generate("def add(a, b):\n    return", max_new_tokens=30, ignore_eos=True, speculative_k=k)
         assert spec.tokens == plain.tokens
+
+
+def test_fp8_heads_import_back_and_export_the_same_bytes(heads_run, tmp_path):
+    out = export_to_hf(heads_run, tmp_path / "fp8", dtype="fp8")
+    names = json.loads((out / "mtp" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert "heads.1.self_attn.q_b_proj.weight_scale_inv" in names and "heads.1.norm.weight_scale_inv" not in names
+    ckpt = import_from_hf(out, tmp_path / "ckpt")
+    assert TorchDistReader(ckpt).entry("mtp_heads.layers.1.final_layernorm.weight").shape[0] > 0
+    same_tree(export_to_hf(ckpt, tmp_path / "again", dtype="fp8"), out)

@@ -179,7 +179,9 @@ def test_damaged_train_state_is_one_sentence(tmp_path, train):
 
 
 def _poison(step_dir: Path, key: str) -> None:
-    """Overwrite the stored values of one tensor with NaN, in place."""
+    """Overwrite the stored values of one tensor with NaN, in place, and drop the trainer's
+    ``weights_finite`` record (which vouches for the weights it saved, and spares the export a scan):
+    the checkpoint now reads like one saved before the record existed."""
     import torch
 
     from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
@@ -190,6 +192,9 @@ def _poison(step_dir: Path, key: str) -> None:
     with open(fh.name, "r+b") as out:
         out.seek(offset)
         out.write(torch.full((nbytes // dtype.itemsize,), float("nan"), dtype=dtype).numpy().tobytes())
+    state = json.loads((step_dir / "train_state.json").read_text())
+    del state["weights_finite"]
+    (step_dir / "train_state.json").write_text(json.dumps(state))
 
 
 def test_non_finite_weights_are_refused_by_eval_convert_and_generate(tmp_path, train):

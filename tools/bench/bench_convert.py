@@ -6,9 +6,13 @@ config; the large one has ~4x the layers (so ~4x the bytes) and the same largest
 
 For each: ``cp -r`` of the checkpoint (page cache warm for both), then ``export_to_hf --dtype fp32
 --mtp inline`` (the same number of bytes out as in) in a fresh subprocess that reports its peak
-RSS (times include the final sync, as does cp's); the bf16 export (decode + cast, half the bytes
-out) is timed too, for information. Prints throughput ratio (cp time / convert time, target >= 0.5)
-and RSS large/small (target <= 1.2) and absolute (target <= 2 GB + largest tensor).
+RSS (times include the final sync, as does cp's). The checkpoints carry the trainer's
+``weights_finite: true`` record, so the copied bytes are not scanned a second time; the same fp32
+export of a checkpoint without the record (an import, an older checkpoint: scanned) is timed beside
+it. The bf16 export (decode + cast, half the bytes out) and the fp8 export (decode + block
+quantisation, DeepSeek's release format) are timed too, with their output sizes. Prints throughput
+ratio (cp time / convert time, target >= 0.5), RSS large/small (target <= 1.2) and absolute
+(target <= 2 GB + largest tensor), and fp8/bf16 time and size.
 
     python tools/bench/bench_convert.py [--workdir DIR] [--small-layers 2] [--hidden 1024]
 """
@@ -69,7 +73,7 @@ def write_checkpoint(cfg: Config, out: Path) -> int:
         total += torch.Size(shape).numel() * 4
     writer.finish({})
     (out / "config.yaml").write_text(cfg.to_yaml())
-    (out / "train_state.json").write_text(json.dumps({"step": 0, "has_optimizer": False}))
+    (out / "train_state.json").write_text(json.dumps({"step": 0, "has_optimizer": False, "weights_finite": True}))
     return total
 
 
@@ -82,8 +86,10 @@ base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
 export_to_hf(sys.argv[1], sys.argv[2], mtp="inline", dtype=sys.argv[3])
 os.sync()
-print(json.dumps({"seconds": time.perf_counter() - t, "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                  "base_kb": base}))
+seconds = time.perf_counter() - t
+size = sum(f.stat().st_size for f in __import__("pathlib").Path(sys.argv[2]).glob("*.safetensors"))
+print(json.dumps({"seconds": seconds, "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                  "base_kb": base, "bytes": size}))
 """
 
 
@@ -94,15 +100,21 @@ def measure(ckpt: Path, work: Path) -> dict:
     cp_seconds = time.perf_counter() - t
     shutil.rmtree(work / "cp")
     env = dict(os.environ, OMP_NUM_THREADS="1", MEGATRON_MTP_NO_PROGRESS="1", PYTHONPATH=str(REPO))
+    state = ckpt / "train_state.json"
+    recorded = state.read_text()
     results = {}
-    for dtype in ("fp32", "bf16"):
+    for label, dtype in (("fp32", "fp32"), ("scanned", "fp32"), ("bf16", "bf16"), ("fp8", "fp8")):
+        state.write_text(recorded if label != "scanned" else json.dumps({"step": 0, "has_optimizer": False}))
         proc = subprocess.run([sys.executable, "-c", _CHILD, str(ckpt), str(work / "hf"), dtype], env=env,
                               check=True, capture_output=True, text=True)
-        results[dtype] = json.loads(proc.stdout.strip().splitlines()[-1])
+        results[label] = json.loads(proc.stdout.strip().splitlines()[-1])
         subprocess.run(["sync"], check=True)
         shutil.rmtree(work / "hf")
-    result = dict(results["fp32"], cp_seconds=cp_seconds, bf16_seconds=results["bf16"]["seconds"])
-    result["peak_kb"] = max(results["fp32"]["peak_kb"], results["bf16"]["peak_kb"])
+    state.write_text(recorded)
+    result = dict(results["fp32"], cp_seconds=cp_seconds, scanned_seconds=results["scanned"]["seconds"],
+                  bf16_seconds=results["bf16"]["seconds"], fp8_seconds=results["fp8"]["seconds"],
+                  bf16_bytes=results["bf16"]["bytes"], fp8_bytes=results["fp8"]["bytes"])
+    result["peak_kb"] = max(r["peak_kb"] for r in results.values())
     return result
 
 
@@ -133,15 +145,18 @@ def main() -> int:
             rows.append((cfg, nbytes, largest, r))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{'model':<10}{'layers':>7}{'GB':>7}{'cp s':>8}{'to-hf s':>9}{'cp/to-hf':>10}{'bf16 s':>8}"
-          f"{'peak RSS MB':>13}{'largest MB':>12}")
+    print(f"{'model':<10}{'layers':>7}{'GB':>7}{'cp s':>8}{'to-hf s':>9}{'cp/to-hf':>10}{'scanned s':>11}"
+          f"{'bf16 s':>8}{'fp8 s':>7}{'peak RSS MB':>13}{'largest MB':>12}")
     for cfg, nbytes, largest, r in rows:
         print(f"{cfg.name:<10}{cfg.model.num_layers:>7}{nbytes / 1e9:>7.2f}{r['cp_seconds']:>8.2f}{r['seconds']:>9.2f}"
-              f"{r['cp_seconds'] / r['seconds']:>10.2f}{r['bf16_seconds']:>8.2f}{r['peak_kb'] / 1024:>13.0f}"
-              f"{largest / 2**20:>12.0f}")
+              f"{r['cp_seconds'] / r['seconds']:>10.2f}{r['scanned_seconds']:>11.2f}{r['bf16_seconds']:>8.2f}"
+              f"{r['fp8_seconds']:>7.2f}{r['peak_kb'] / 1024:>13.0f}{largest / 2**20:>12.0f}")
     (_, b_small, _, r_small), (_, b_large, largest, r_large) = rows
     print(f"size ratio large/small: {b_large / b_small:.2f}")
-    print(f"throughput vs cp (large): {r_large['cp_seconds'] / r_large['seconds']:.2f} (target >= 0.5)")
+    print(f"throughput vs cp (large): {r_large['cp_seconds'] / r_large['seconds']:.2f} (target >= 0.5); "
+          f"without the weights_finite record (scanned): {r_large['cp_seconds'] / r_large['scanned_seconds']:.2f}")
+    print(f"fp8 / bf16 export (large): time {r_large['fp8_seconds'] / r_large['bf16_seconds']:.2f}, "
+          f"size {r_large['fp8_bytes'] / r_large['bf16_bytes']:.3f}")
     print(f"peak RSS large/small: {r_large['peak_kb'] / r_small['peak_kb']:.2f} (target <= 1.2)")
     limit_mb = 2048 + largest / 2**20
     print(f"peak RSS large: {r_large['peak_kb'] / 1024:.0f} MB (target <= 2 GB + largest tensor = {limit_mb:.0f} MB)")
