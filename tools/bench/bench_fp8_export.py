@@ -120,7 +120,8 @@ def quality(work: Path, dirs: dict) -> dict:
         proc = _cli(["eval", str(ckpt), "--json", "--steps", "16", *EVAL_OVERRIDES])
         result[dtype] = json.loads(proc.stdout.strip().splitlines()[-1])
         out = work / f"logits_{dtype}.pt"
-        subprocess.run([sys.executable, "-m", "megatron_mtp.training.forward", str(ckpt), str(tokens), str(out)],
+        subprocess.run([sys.executable, str(ROOT / "tests" / "dist" / "scripts" / "forward_logits.py"), str(ckpt),
+                        str(tokens), str(out)],
                        cwd=ROOT, env=_env(), check=True, capture_output=True)
         logits[dtype] = torch.load(out)
         shutil.rmtree(ckpt)
