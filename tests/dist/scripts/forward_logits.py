@@ -1,9 +1,9 @@
 """Full-vocabulary logits of the main model and every MTP depth, at any parallel layout.
 
 Used by the tests and tools/bench/bench_fp8_export.py to compare megatron-core's forward at one
-layout with another and with exported models (usage in main()). Runs one forward-only pass through megatron-core's schedule (so PP works), captures the
-output layer's D+1 calls on the last stage, gathers vocab shards over TP, and returns them on the
-last stage's TP/DP rank 0 (None elsewhere).
+layout with another and with exported models (usage in main()). Runs one forward-only pass through
+megatron-core's schedule (so PP works), captures the output layer's D+1 calls on the last stage,
+gathers vocab shards over TP, and returns them on the last stage's TP/DP rank 0 (None elsewhere).
 """
 
 from __future__ import annotations
