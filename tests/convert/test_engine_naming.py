@@ -29,7 +29,7 @@ from megatron_mtp.convert.to_hf import hf_configs, plan_export, serving_export
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
 VARIANTS = {  # the default model, changed where an engine has a limit
-    "one_layer": ["model.num_layers=1"],
+    "one_layer": ["model.num_layers=1", "model.first_k_dense=0"],
     "two_mtp_modules": ["mtp.num_layers=2"],
     "dense": ["model.num_experts=0", "model.router_num_groups=null", "model.router_group_topk=null"],
     "tied": ["model.tie_embeddings=true"],

@@ -86,3 +86,13 @@ def test_unrepresentable_model_fields_are_errors():
     with pytest.raises(UserError, match="router_enable_expert_bias"):
         to_hf_config(ModelConfig(router_enable_expert_bias=False, router_group_topk=1), MTPConfig(),
                      vocab_size=64, num_nextn_predict_layers=0)
+
+
+def test_a_dense_mtp_layer_beside_routed_experts_is_one_sentence():
+    """All decoder layers dense: megatron-core builds the MTP layer dense too (like the last decoder
+    layer), which the HF format, MoE from first_k_dense_replace on, can't say; without MTP it can."""
+    model = ModelConfig(num_layers=1, first_k_dense=1, router_group_topk=1)
+    with pytest.raises(UserError, match="MTP layers are dense"):
+        to_hf_config(model, MTPConfig(num_layers=1), vocab_size=64, num_nextn_predict_layers=1)
+    assert to_hf_config(model, MTPConfig(num_layers=1), vocab_size=64,
+                        num_nextn_predict_layers=0).first_k_dense_replace == 1

@@ -21,6 +21,7 @@ from typing import Any, Mapping, Optional
 from megatron_mtp.config.model import ModelConfig, MTPConfig, YarnConfig
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3.hf_config_json import READ_KEYS, DeepseekV3HFConfig, YarnScaling, parse_hf_config
+from megatron_mtp.models.deepseek_v3.hf_mapping import mtp_is_moe
 
 # Keys any HF config may carry that say nothing about the architecture (the view does not read them).
 _IGNORED_HF_KEYS = frozenset(
@@ -86,6 +87,13 @@ def to_hf_config(
         )
     _check_group_routing(model, "model config")
     moe = model.num_experts > 0
+    if moe and num_nextn_predict_layers and not mtp_is_moe(model):
+        raise UserError(
+            f"this model's MTP layers are dense (they are built like the last decoder layer, and all "
+            f"model.num_layers={model.num_layers} decoder layers are dense with model.first_k_dense="
+            f"{model.first_k_dense}), but the Hugging Face DeepSeek-V3 format makes every layer from "
+            "first_k_dense_replace on MoE, MTP layers included; export with --mtp none, or train with "
+            "model.first_k_dense below model.num_layers (or model.num_experts=0 for a dense model)")
     if moe and model.router_score_function == "sigmoid" and not model.router_enable_expert_bias:
         raise UserError(
             "model.router_enable_expert_bias=false with sigmoid routing cannot be written in the Hugging Face "
