@@ -21,6 +21,7 @@ import torch
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.draft import Drafter, MTPDrafter
+from megatron_mtp.inference.expert_counts import ExpertCounts
 from megatron_mtp.inference.sampling import SamplingParams, draw, probabilities
 from megatron_mtp.inference.stats import GenerationStats
 from megatron_mtp.inference.target import TargetModel
@@ -178,6 +179,8 @@ class _Generation:
         self.g, self.params, self.k, self.drafter, self.out = g, params, k, drafter, out
         self.rng = torch.Generator().manual_seed(int(seed))
         self.stats = GenerationStats(speculative_k=k)
+        self.experts = ExpertCounts()
+        self.experts.attach(g.target, drafter if k else None)
 
     def _pick(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         if self.params.greedy:
@@ -215,7 +218,8 @@ class _Generation:
             budget = self.out.max_new - len(self.out.tokens)
             k = min(self.k, budget - 1)
             if k <= 0:  # plain step (also the last step of a speculative run)
-                logits, _ = self._target([seq[-1]], last_only=True)
+                with self.experts.phase("plain"):
+                    logits, _ = self._target([seq[-1]], last_only=True)
                 token = self._pick(logits[-1])[0]
                 seq.append(token)
                 done = self.out.push(token)
@@ -224,6 +228,8 @@ class _Generation:
         stats.wall_time_s = time.perf_counter() - start
         stats.new_tokens = len(self.out.tokens)
         stats.finish_reason = self.out.finish_reason
+        if self.experts.num_experts:
+            stats.experts = self.experts.summary(stats.new_tokens, target.dtype.itemsize)
         return GenerationResult(text=self.out.text(), tokens=list(self.out.tokens), stats=stats)
 
     def _speculative_round(self, seq: list[int], k: int) -> bool:
@@ -231,13 +237,16 @@ class _Generation:
         assert drafter is not None
         n = len(seq)
         t0 = time.perf_counter()
-        drafts, dists = drafter.propose(seq, k, self._pick)
+        with self.experts.phase("draft"):
+            drafts, dists = drafter.propose(seq, k, self._pick)
         self.stats.draft_time_s += time.perf_counter() - t0
         self.stats.draft_steps += k
-        logits, hidden = self._target([seq[-1]] + drafts)
+        with self.experts.phase("verify"):
+            logits, hidden = self._target([seq[-1]] + drafts)
         n_accepted, extra = verify(logits, drafts, dists, self.params, self.rng)
         self.g.target.truncate_cache(n + n_accepted)
-        drafter.observe_target(hidden[: n_accepted + 1], n - 1)
+        with self.experts.phase("draft"):  # the MTP layer over the verified positions
+            drafter.observe_target(hidden[: n_accepted + 1], n - 1)
         new_tokens = drafts[:n_accepted] + [extra]
         seq.extend(new_tokens)
         drafter.rollback(len(seq))

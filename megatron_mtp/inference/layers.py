@@ -241,6 +241,11 @@ class MoE(nn.Module):
         self.gate = Router(config)
         self.experts = StackedExperts(self.num_experts, config.hidden_size, config.moe_intermediate_size)
         self.shared_experts = GatedMLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts)
+        self.expert_recorder = None  # called with (tokens, distinct experts) per forward (expert_counts.py)
+
+    def expert_params(self) -> int:
+        """Parameters of one routed expert."""
+        return sum(p[0].numel() for p in self.experts.parameters())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -248,6 +253,8 @@ class MoE(nn.Module):
         idx, weights = self.gate(flat)
         rows = idx.tolist()
         hit = {expert for row in rows for expert in row}
+        if self.expert_recorder is not None:
+            self.expert_recorder(len(rows), len(hit))
         if len(hit) >= self.DENSE_EXPERT_FRACTION * self.num_experts:
             routed = self._all_experts(flat, idx, weights)
         else:

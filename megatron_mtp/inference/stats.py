@@ -25,6 +25,7 @@ class GenerationStats:
     round_tokens: int = 0  # tokens the rounds produced (accepted + 1 each), before EOS/length cuts
     reached: list[int] = field(default_factory=list)  # per draft position: rounds that judged it
     accepted: list[int] = field(default_factory=list)  # per draft position: rounds that accepted it
+    experts: dict = field(default_factory=dict)  # routed experts touched per forward kind (expert_counts.py)
 
     def record_round(self, k: int, n_accepted: int) -> None:
         if len(self.reached) < k:
@@ -88,4 +89,11 @@ class GenerationStats:
                 f"acceptance {self.acceptance_rate:.3f}, per position [{per_pos}]",
                 f"draft/target time ratio: {self.draft_target_time_ratio:.3f}",
             ]
+        if self.experts:
+            e = self.experts
+            kinds = ", ".join(f"{name} {e[name]['tokens']:.1f} tokens → {e[name]['distinct_experts']:.2f} "
+                              f"(uniform {e[name]['uniform_expectation']:.2f})" for name in ("plain", "verify", "draft")
+                              if name in e)
+            lines.append(f"routed experts per MoE layer and forward, of {e['num_experts']} (top-{e['topk']}): {kinds}; "
+                         f"expert weights read per new token: {e['expert_bytes_per_token'] / 2**20:.2f} MiB")
         return lines
