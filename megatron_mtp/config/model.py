@@ -105,6 +105,10 @@ class MTPConfig:
     """sequential: DeepSeek-V3's chained modules (depth k also reads the embedding of token t+k);
     parallel: Gloeckle et al.'s independent heads, one decoder layer each on the trunk's last hidden
     state, sharing the output layer (models/deepseek_v3/parallel_heads.py)."""
+    init: Literal["random", "copy_last_layer"] = "random"
+    """MTP modules a checkpoint.load (weights only) does not hold, e.g. of a model imported without
+    MTP: drawn at random like a new run's, or their transformer layer copied from the checkpoint's
+    last decoder layer (their norms and eh_proj are new either way)."""
     head_by_head_backward: bool = False
     """Style parallel: forward and backward one head at a time through the detached trunk output
     (Gloeckle et al.'s memory-saving order), so one head's activations and logits are alive at a time."""

@@ -76,7 +76,7 @@ def _load_strategy(ckpt: Path, fully_parallel: bool):
 
 
 def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: bool,
-                    fully_parallel: bool = True) -> TrainState:
+                    fully_parallel: bool = True, cfg=None) -> TrainState:
     """Load weights (any layout) and, when asked, optimizer/scheduler/progress/RNG."""
     from megatron.core import dist_checkpointing
 
@@ -94,9 +94,17 @@ def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: b
         sd.pop("train_state")
     elif saved.get("world_size") != ranks.world_size:
         sd.pop("rng_state")  # per-rank RNG streams only make sense at the same world size
+    new_mtp, copies = (_new_mtp_modules(ckpt, cfg, components, sd) if cfg is not None and not load_optimizer
+                       else (set(), {}))
     loaded = dist_checkpointing.load(sd, str(ckpt), sharded_strategy=_load_strategy(ckpt, fully_parallel))
+    copied = dist_checkpointing.load(copies, str(ckpt)) if copies else {}  # every rank: the config decides
     for key, chunk in zip(_model_keys(components), components.model):
-        unwrap(chunk).load_state_dict(loaded[key], strict=True)
+        result = unwrap(chunk).load_state_dict({**loaded[key], **copied.get(key, {})}, strict=not new_mtp)
+        if new_mtp:
+            unexpected = list(result.unexpected_keys)
+            missing = [k for k in result.missing_keys if not k.startswith(tuple(new_mtp))]
+            if unexpected or missing:
+                raise RuntimeError(f"loading {ckpt}: unexpected {unexpected[:3]}, missing {missing[:3]}")
     if not load_optimizer:
         return TrainState()
     components.optimizer.load_state_dict(loaded["optimizer"])
@@ -104,6 +112,35 @@ def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: b
     if "rng_state" in loaded:
         _set_rng_state(loaded["rng_state"])
     return TrainState(**{k: int(v) for k, v in loaded["train_state"].items()})
+
+
+def _new_mtp_modules(ckpt: Path, cfg, components: Components, sd: dict) -> tuple[set[str], dict]:
+    """Sequential MTP modules this run has and the checkpoint lacks (a weights-only load of a model
+    trained or imported with fewer). Their entries leave the state dict to load, so they keep their
+    initial weights; with mtp.init=copy_last_layer their transformer layer's entries come back as a
+    second state dict whose keys name the checkpoint's last decoder layer (same keys below the layer
+    prefix; read in a load of its own, since one load can't read a tensor twice on a rank).
+    Returns (their module prefixes, that second state dict)."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    from megatron_mtp.checkpoint.info import read_config
+
+    saved = read_config(ckpt)
+    if cfg.mtp.style != "sequential" or saved.mtp.style != "sequential" or cfg.mtp.num_layers <= saved.mtp.num_layers:
+        return set(), {}
+    prefixes = {f"mtp.layers.{d}." for d in range(saved.mtp.num_layers, cfg.mtp.num_layers)}
+    last = f"decoder.layers.{cfg.model.num_layers - 1}."
+    copies: dict = {}
+    for key in _model_keys(components):
+        chunk, copies[key] = sd[key], {}
+        for name in [n for n in chunk if n.startswith(tuple(prefixes))]:
+            entry = chunk.pop(name)
+            layer = next(p for p in prefixes if name.startswith(p)) + "transformer_layer."
+            if (cfg.mtp.init == "copy_last_layer" and isinstance(entry, (ShardedTensor, ShardedTensorFactory))
+                    and entry.key.startswith(layer)):
+                entry.key = last + entry.key[len(layer):]
+                copies[key][name] = entry
+    return prefixes, (copies if cfg.mtp.init == "copy_last_layer" else {})
 
 
 def _check_shard_files(ckpt: Path) -> None:

@@ -86,7 +86,7 @@ def open_training(cfg: Config, run_dir: Path) -> Session:
     elif cfg.checkpoint.load:
         src = resolve_checkpoint(cfg.checkpoint.load, what="checkpoint.load")
         state = ckpt_io.load_checkpoint(src.path, components, ranks, load_optimizer=cfg.checkpoint.load_optimizer,
-                                        fully_parallel=fully_parallel)
+                                        fully_parallel=fully_parallel, cfg=cfg)
         loaded_from = src.path
         notes += [src.note] if src.note else []
     if loaded_from is not None:
