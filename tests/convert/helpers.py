@@ -57,3 +57,15 @@ def launched_cli(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
         raise AssertionError(f"megatron-mtp {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
                              f"{proc.stderr[-5000:]}")
     return proc
+
+
+def hf_tensors(*dirs: Path) -> dict:
+    """Every tensor of the safetensors files in `dirs` (an HF export's main/ and mtp/, say), by name."""
+    from safetensors import safe_open
+
+    out = {}
+    for d in dirs:
+        for f in sorted(d.glob("*.safetensors")):
+            with safe_open(str(f), "pt") as h:
+                out.update({k: h.get_tensor(k) for k in h.keys()})
+    return out

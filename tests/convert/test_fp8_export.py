@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-from safetensors import safe_open
 
 from megatron_mtp.checkpoint.finite import recorded_finite
 from megatron_mtp.checkpoint.info import read_config
@@ -22,7 +21,7 @@ from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.convert.to_hf import export_to_hf, plan_export
 from megatron_mtp.models.deepseek_v3.hf_mapping import EMBEDDING
-from tests.convert.helpers import same_tree
+from tests.convert.helpers import hf_tensors, same_tree
 
 pytestmark = pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="torch without float8")
 
@@ -112,18 +111,11 @@ def export_fp8(trained_run, tmp_path_factory):
     return export_to_hf(trained_run, tmp_path_factory.mktemp("fp8") / "fp8", mtp="separate", dtype="fp8")
 
 
-def _tensors(*dirs) -> dict[str, torch.Tensor]:
-    out = {}
-    for d in dirs:
-        for f in sorted(d.glob("*.safetensors")):
-            with safe_open(str(f), "pt") as h:
-                out.update({k: h.get_tensor(k) for k in h.keys()})
-    return out
 
 
 def test_fp8_export_follows_the_release_rules(export_fp8, export_fp32):
-    got = _tensors(export_fp8 / "main", export_fp8 / "mtp")
-    full = _tensors(export_fp32 / "main", export_fp32 / "mtp")
+    got = hf_tensors(export_fp8 / "main", export_fp8 / "mtp")
+    full = hf_tensors(export_fp32 / "main", export_fp32 / "mtp")
     assert set(got) == set(full) | {n + "_scale_inv" for n in full if n.endswith(FP8_SUFFIXES)}
     for name, ref in full.items():
         t = got[name]
@@ -204,14 +196,14 @@ def test_fp8_import_is_the_dequantised_values_and_reexport_is_bitwise(export_fp8
 
 def test_inline_for_vllm_and_drop_mtp_keep_the_fp8_format(trained_run, export_fp8, tmp_path):
     inline = export_to_hf(trained_run, tmp_path / "inline", dtype="fp8", serve_for="vllm")
-    got = _tensors(inline)
-    separate = _tensors(export_fp8 / "main", export_fp8 / "mtp")
+    got = hf_tensors(inline)
+    separate = hf_tensors(export_fp8 / "main", export_fp8 / "mtp")
     assert got.keys() == separate.keys()
     assert all(torch.equal(got[k].view(torch.uint8), separate[k].view(torch.uint8)) for k in got)
     assert json.loads((inline / "config.json").read_text())["quantization_config"] == RELEASE_QUANT
     dropped = drop_mtp(inline, tmp_path / "dropped")
-    main = _tensors(export_fp8 / "main")
-    after = _tensors(dropped)
+    main = hf_tensors(export_fp8 / "main")
+    after = hf_tensors(dropped)
     assert after.keys() == main.keys()
     assert all(torch.equal(after[k].view(torch.uint8), main[k].view(torch.uint8)) for k in main)
     cfg = json.loads((dropped / "config.json").read_text())

@@ -12,7 +12,7 @@ from megatron_mtp.convert.drop_mtp import drop_mtp
 from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.to_hf import export_to_hf
 from tests.convert.conftest import megatron_forward
-from tests.convert.helpers import same_tree
+from tests.convert.helpers import hf_tensors, same_tree
 from tests.convert.mtp_reference import mtp_logits
 
 transformers = pytest.importorskip("transformers")
@@ -59,17 +59,7 @@ def test_mtp_export_reproduces_megatron_mtp_logits(export_fp32, megatron_logits,
 def test_inline_equals_main_plus_mtp(trained_run, export_fp32, tmp_path):
     inline = export_to_hf(trained_run, tmp_path / "inline", mtp="inline", dtype="fp32", max_shard_bytes=1 << 20)
     assert len(list(inline.glob("*.safetensors"))) > 3  # several shards, one index
-    from safetensors import safe_open
-
-    def tensors(*dirs):
-        out = {}
-        for d in dirs:
-            for f in sorted(d.glob("*.safetensors")):
-                with safe_open(str(f), "pt") as h:
-                    out.update({k: h.get_tensor(k) for k in h.keys()})
-        return out
-
-    a, b = tensors(inline), tensors(export_fp32 / "main", export_fp32 / "mtp")
+    a, b = hf_tensors(inline), hf_tensors(export_fp32 / "main", export_fp32 / "mtp")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert json.loads((inline / "config.json").read_text())["num_nextn_predict_layers"] == 1
     model, info = _hf_model(inline)  # transformers ignores the MTP layer of the release layout
