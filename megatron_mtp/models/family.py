@@ -20,7 +20,8 @@ INTERFACE = (
     # training: megatron-core's TransformerConfig and GPTModel for one pipeline stage
     "build_transformer_config", "build_model", "megatron_layout",
     # the tensor table: names, global shapes, TP splits, which layers hold what
-    "param_table", "layer_rules", "block_rules", "mtp_own_rules", "HEAD_NORM", "is_moe_layer", "mtp_is_moe",
+    "param_table", "layer_rules", "block_rules", "mtp_own_rules", "HEAD_NORM", "is_moe_layer",
+    "moe_layer_count", "mtp_is_moe",
     # analytic sizes
     "parameter_counts", "training_flops_per_token", "layer_sizes", "mtp_own_size",
     "kv_cache_elements_per_token",

@@ -72,20 +72,14 @@ def _attention_flops(cfg: Config, serve: ServeLayout) -> float:
     return 2 * m.num_attention_heads * (2 * m.kv_lora_rank + m.qk_pos_emb_head_dim) * serve.context
 
 
-def _moe_layers(cfg: Config) -> int:
-    family = get_family(cfg.model.family)
-    return sum(family.is_moe_layer(cfg.model, i) for i in range(cfg.model.num_layers))
-
-
 def main_forward_bytes(cfg: Config, padded_vocab: int, batch: int, tokens: int, serve: ServeLayout,
                        experts_touched: float | None = None) -> ForwardBytes:
     """Bytes one GPU reads in a main-model forward of `tokens` tokens over `batch` sequences."""
     family, m = get_family(cfg.model.family), cfg.model
     s = family.layer_sizes(cfg)
-    moe = _moe_layers(cfg)
+    moe = family.moe_layer_count(m)
     dense_layers = m.num_layers - moe
-    around_experts = s.moe_total - m.num_experts * s.expert
-    dense = (m.num_layers * (s.attention + s.norms) + dense_layers * s.dense_mlp + moe * around_experts
+    dense = (m.num_layers * (s.attention + s.norms) + dense_layers * s.dense_mlp + moe * s.around_experts
              + m.hidden_size + padded_vocab * m.hidden_size)  # final norm, output head
     touched = distinct_experts(m.num_experts, m.router_topk, tokens) if experts_touched is None else experts_touched
     kv = batch * serve.context * m.num_layers * family.kv_cache_elements_per_token(cfg) * serve.kv_bytes
@@ -101,7 +95,7 @@ def draft_step_bytes(cfg: Config, padded_vocab: int, batch: int, serve: ServeLay
     family, m = get_family(cfg.model.family), cfg.model
     s = family.layer_sizes(cfg)
     moe = family.mtp_is_moe(m)
-    mlp = (s.moe_total - m.num_experts * s.expert) if moe else s.dense_mlp
+    mlp = s.around_experts if moe else s.dense_mlp
     dense = s.attention + s.norms + mlp + family.mtp_own_size(cfg) + padded_vocab * m.hidden_size
     touched = distinct_experts(m.num_experts, m.router_topk, batch) if moe else 0.0
     kv = batch * serve.context * family.kv_cache_elements_per_token(cfg) * serve.kv_bytes

@@ -29,9 +29,9 @@ MODES = {
 
 def recomputed_flops_per_token(cfg, modules: set[str], full: bool) -> float:
     """Forward FLOPs per token that the mode runs again in backward (decoder and MTP layers)."""
-    from megatron_mtp.models.deepseek_v3.size import _layer_sizes
+    from megatron_mtp.models.deepseek_v3.size import layer_sizes
 
-    m, s = cfg.model, _layer_sizes(cfg)
+    m, s = cfg.model, layer_sizes(cfg)
     seq, n = cfg.training.seq_length, m.num_attention_heads
     qk = m.qk_head_dim + m.qk_pos_emb_head_dim
     up = (m.q_lora_rank or 0) * n * qk + m.kv_lora_rank * n * (m.qk_head_dim + m.v_head_dim)

@@ -13,7 +13,7 @@ _WHERE = {
     "build_model": "model",
     "param_table": "hf_mapping", "layer_rules": "hf_mapping", "block_rules": "hf_mapping",
     "mtp_own_rules": "hf_mapping", "HEAD_NORM": "hf_mapping", "is_moe_layer": "hf_mapping",
-    "mtp_is_moe": "hf_mapping",
+    "moe_layer_count": "hf_mapping", "mtp_is_moe": "hf_mapping",
     "parameter_counts": "size", "training_flops_per_token": "size", "layer_sizes": "size",
     "mtp_own_size": "size", "kv_cache_elements_per_token": "size",
 }

@@ -163,6 +163,11 @@ def is_moe_layer(model: ModelConfig, index: int) -> bool:
     return model.num_experts > 0 and index >= model.first_k_dense
 
 
+def moe_layer_count(model: ModelConfig) -> int:
+    """How many decoder layers are MoE."""
+    return sum(is_moe_layer(model, i) for i in range(model.num_layers))
+
+
 def mtp_is_moe(model: ModelConfig) -> bool:
     """MTP layers and parallel heads are built like the last decoder layer (models/deepseek_v3/specs.py)."""
     return is_moe_layer(model, model.num_layers - 1)

@@ -11,7 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron_mtp.config import Config
-from megatron_mtp.models.deepseek_v3.hf_mapping import HEAD_NORM, block_rules, is_moe_layer, mtp_is_moe, mtp_own_rules
+from megatron_mtp.models.deepseek_v3.hf_mapping import (
+    HEAD_NORM,
+    block_rules,
+    moe_layer_count,
+    mtp_is_moe,
+    mtp_own_rules,
+)
 
 
 @dataclass(frozen=True)
@@ -22,10 +28,12 @@ class LayerSizes:
     moe_active: int  # router + top-k routed experts + shared experts
     norms: int
     expert: int = 0  # one routed expert
+    around_experts: int = 0  # router + shared experts: what a MoE layer's MLP reads whatever the routing
 
 
-def _layer_sizes(cfg: Config) -> LayerSizes:
-    """From the family's tensor table (hf_mapping.py) in the TE spelling; buffers are no parameters."""
+def layer_sizes(cfg: Config) -> LayerSizes:
+    """Parameters of one decoder layer's blocks, from the family's tensor table (hf_mapping.py) in the
+    TE spelling; buffers are no parameters."""
     m = cfg.model
 
     def total(rules, *, experts: bool = False, roles=("weight", "norm")) -> int:
@@ -34,25 +42,16 @@ def _layer_sizes(cfg: Config) -> LayerSizes:
     attention = block_rules(m, "attention", "te")
     dense, moe = block_rules(m, "dense_mlp", "te"), block_rules(m, "moe_mlp", "te") if m.num_experts else []
     expert = total(moe, experts=True)
-    around_experts = total(moe)  # router and shared experts
+    around_experts = total(moe)
     return LayerSizes(
         attention=total(attention),
         dense_mlp=total(dense),
         moe_total=around_experts + m.num_experts * expert,
         moe_active=around_experts + m.router_topk * expert,
         expert=expert,
+        around_experts=around_experts,
         norms=total(attention, roles=("block_norm",)) + total(dense, roles=("block_norm",)),
     )
-
-
-def layer_sizes(cfg: Config) -> LayerSizes:
-    """Parameters of one decoder layer's blocks (MoE: around the experts, and per routed expert)."""
-    return _layer_sizes(cfg)
-
-
-def mtp_own_size(cfg: Config) -> int:
-    """What an MTP module or parallel head holds besides its transformer layer."""
-    return _mtp_own(cfg)
 
 
 def kv_cache_elements_per_token(cfg: Config) -> int:
@@ -61,7 +60,7 @@ def kv_cache_elements_per_token(cfg: Config) -> int:
     return cfg.model.kv_lora_rank + cfg.model.qk_pos_emb_head_dim
 
 
-def _mtp_own(cfg: Config) -> int:
+def mtp_own_size(cfg: Config) -> int:
     """What an MTP module or parallel head holds besides its transformer layer."""
     if cfg.mtp.style == "parallel":
         return HEAD_NORM.numel(cfg.model)
@@ -71,8 +70,8 @@ def _mtp_own(cfg: Config) -> int:
 def parameter_counts(cfg: Config, padded_vocab: int) -> dict[str, int]:
     """{'main': ..., 'mtp_unique': ..., 'main_active': ...} (MTP shares embedding and head)."""
     m = cfg.model
-    s = _layer_sizes(cfg)
-    moe_layers = sum(is_moe_layer(m, i) for i in range(m.num_layers))
+    s = layer_sizes(cfg)
+    moe_layers = moe_layer_count(m)
     dense_layers = m.num_layers - moe_layers
     per_layer_common = s.attention + s.norms
     mlp_total = dense_layers * s.dense_mlp + moe_layers * s.moe_total
@@ -82,7 +81,7 @@ def parameter_counts(cfg: Config, padded_vocab: int) -> dict[str, int]:
     main = m.num_layers * per_layer_common + mlp_total + embed + head + m.hidden_size
     mtp_mlp = s.moe_total if mtp_is_moe(m) else s.dense_mlp
     # a head: one layer and its final norm (parallel_heads.py); a module: enorm, hnorm, eh_proj, final norm
-    mtp_layer = per_layer_common + mtp_mlp + _mtp_own(cfg)
+    mtp_layer = per_layer_common + mtp_mlp + mtp_own_size(cfg)
     return {
         "main": main,
         "main_active": m.num_layers * per_layer_common + mlp_active + embed + head + m.hidden_size,
@@ -93,13 +92,13 @@ def parameter_counts(cfg: Config, padded_vocab: int) -> dict[str, int]:
 def training_flops_per_token(cfg: Config, padded_vocab: int, mtp_layers: int) -> float:
     """Forward+backward FLOPs per token (3 × forward), matmuls and attention scores."""
     m = cfg.model
-    s = _layer_sizes(cfg)
+    s = layer_sizes(cfg)
     seq = cfg.training.seq_length
     n = m.num_attention_heads
     qk = m.qk_head_dim + m.qk_pos_emb_head_dim
     # causal attention: QK^T and AV over (on average) half the sequence
     attn_scores = 2 * n * (qk + m.v_head_dim) * seq / 2
-    moe_layers = sum(is_moe_layer(m, i) for i in range(m.num_layers))
+    moe_layers = moe_layer_count(m)
     dense_layers = m.num_layers - moe_layers
     mlp_active = s.moe_active if mtp_is_moe(m) else s.dense_mlp
     layer = lambda mlp: 2 * (s.attention + mlp) + attn_scores  # noqa: E731
