@@ -40,7 +40,7 @@ from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3.hf_config import from_hf_config
 from megatron_mtp.models.deepseek_v3.hf_config_json import mtp_depth, parse_hf_config
 from megatron_mtp.models.deepseek_v3.hf_mapping import Param, extra_state_keys, is_mtp_hf_name, param_table
-from megatron_mtp.output import staged_dir
+from megatron_mtp.output import staged_dir, tree_bytes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -184,7 +184,7 @@ def import_from_hf(
         check_shape(key, shape, model_cfg, vocab, f"'{hf_dir}'")
     total = sum(math.prod(s) for s in shapes.values()) * torch_dtype.itemsize
     out_dir = Path(out_dir)
-    tokenizer_bytes = sum((main.path / n).stat().st_size for n in TOKENIZER_FILES if (main.path / n).is_file())
+    tokenizer_bytes = sum(tree_bytes(main.path / n) for n in TOKENIZER_FILES)
     with staged_dir(out_dir, needed_bytes=total + tokenizer_bytes) as tmp:
         writer = TorchDistWriter(tmp)
         try:

@@ -4,7 +4,7 @@ An HF directory (bf16, fp32 or DeepSeek's FP8 release format, main only, inline 
 ``mtp/``) is imported once with ``convert.from_hf.import_from_hf`` (fp32: FP8 blocks dequantised
 exactly) into a cache folder keyed by its absolute path and the size and mtime of every file in it,
 so an edited or replaced export is imported again; the import is staged beside its folder and renamed
-when complete (convert/staging.py). Anything else is returned unchanged for checkpoint.run_dir's rules.
+when complete (megatron_mtp/output.py). Anything else is returned unchanged for checkpoint.run_dir's rules.
 """
 
 from __future__ import annotations

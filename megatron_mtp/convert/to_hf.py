@@ -168,12 +168,17 @@ def _out_dtype(param: Param, dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if param.keep_fp32 else dtype
 
 
+def _has_fp8(piece: Piece) -> bool:
+    """Whether an output of ``piece`` is stored in FP8 (an --dtype fp8 export quantises it)."""
+    return any(fp8_export.is_fp8_weight(name) for _, name, _ in piece.outputs)
+
+
 def _tensors_of(piece: Piece, tensor: torch.Tensor, dtype: torch.dtype,
                 fp8: bool = False) -> Iterator[tuple[str, str, torch.Tensor]]:
     """(destination, name, tensor) of each output; with ``fp8`` the FP8 weights and their scales."""
     if piece.rows is not None:
         tensor = tensor[0]
-    if fp8 and any(fp8_export.is_fp8_weight(name) for _, name, _ in piece.outputs):
+    if fp8 and _has_fp8(piece):
         parts = tensor.chunk(len(piece.param.hf), dim=0)
         for (dest, name, _), part in zip(piece.outputs, parts):
             for out_name, out in fp8_export.quantized(name, part):
@@ -194,7 +199,7 @@ def _direct_ranges(reader: TorchDistReader, piece: Piece, dtype: torch.dtype, fp
     entry = reader.entry(piece.param.mcore)
     if entry.dtype != _out_dtype(piece.param, dtype) or len(piece.outputs) != len(piece.param.hf):
         return None
-    if fp8 and any(fp8_export.is_fp8_weight(name) for _, name, _ in piece.outputs):
+    if fp8 and _has_fp8(piece):
         return None
     found = reader.byte_range(piece.param.mcore, piece.rows)
     if found is None:

@@ -15,12 +15,9 @@ from typing import Any, Iterator
 
 from torch import nn
 
+from megatron_mtp.plan.speculative import distinct_experts as uniform_distinct
+
 PHASES = ("plain", "verify", "draft")
-
-
-def uniform_distinct(num_experts: int, topk: int, tokens: int) -> float:
-    """Expected distinct experts of `tokens` tokens under uniform top-k routing."""
-    return num_experts * (1.0 - (1.0 - topk / num_experts) ** tokens) if num_experts else 0.0
 
 
 def _roots(obj: Any) -> Iterator[nn.Module]:
