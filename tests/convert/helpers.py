@@ -4,10 +4,13 @@ quiet environments."""
 from __future__ import annotations
 
 import filecmp
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import torch
 
 from tests.workers.pool import POOL
 
@@ -69,3 +72,19 @@ def hf_tensors(*dirs: Path) -> dict:
             with safe_open(str(f), "pt") as h:
                 out.update({k: h.get_tensor(k) for k in h.keys()})
     return out
+
+
+def reference_fp8_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek's rule, block by block: scale = amax / 448, value = round-to-nearest e4m3 of x / scale
+    (an all-zero block: scale 1). The reference the FP8 export is checked against, and the maker of
+    release-format inputs for the import tests."""
+    rows, cols = w.shape
+    scale = torch.empty(math.ceil(rows / 128), math.ceil(cols / 128))
+    q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
+    for i in range(scale.shape[0]):
+        for j in range(scale.shape[1]):
+            block = w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128].float()
+            amax = block.abs().max()
+            scale[i, j] = amax / 448.0 if amax > 0 else 1.0
+            q[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = (block / scale[i, j]).to(torch.float8_e4m3fn)
+    return q, scale

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import shutil
 
 import pytest
@@ -17,7 +16,7 @@ from megatron_mtp.convert.fp8 import dequantize_blockwise
 from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.to_hf import export_to_hf
 from megatron_mtp.errors import UserError
-from tests.convert.helpers import run
+from tests.convert.helpers import reference_fp8_quantize, run
 
 
 def _no_output(parent, name) -> None:
@@ -116,18 +115,6 @@ def test_cli_prints_one_line_error(tmp_path):
     assert proc.stderr.strip().startswith("megatron-mtp convert: error:") and "Traceback" not in proc.stderr
 
 
-def _quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, cols = weight.shape
-    scale = torch.empty(math.ceil(rows / 128), math.ceil(cols / 128))
-    q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
-    for i in range(scale.shape[0]):
-        for j in range(scale.shape[1]):
-            block = weight[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]
-            scale[i, j] = block.abs().max().clamp(min=1e-12) / 448.0
-            q[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = (block / scale[i, j]).to(torch.float8_e4m3fn)
-    return q, scale
-
-
 @pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="torch without float8")
 def test_fp8_release_format_imports_dequantised(export_fp32, tmp_path):
     src = export_fp32 / "main"
@@ -137,7 +124,7 @@ def test_fp8_release_format_imports_dequantised(export_fp32, tmp_path):
     for file in sorted(src.glob("*.safetensors")):
         for name, t in load_file(str(file)).items():
             if name.endswith("proj.weight") and t.dim() == 2 and "eh_proj" not in name:
-                q, s = _quantize(t)
+                q, s = reference_fp8_quantize(t)
                 tensors[name], tensors[name + "_scale_inv"] = q, s
                 expected[name] = dequantize_blockwise(q, s)
             else:

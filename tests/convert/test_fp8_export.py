@@ -21,7 +21,7 @@ from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.convert.to_hf import export_to_hf, plan_export
 from megatron_mtp.models.deepseek_v3.hf_mapping import EMBEDDING
-from tests.convert.helpers import hf_tensors, same_tree
+from tests.convert.helpers import hf_tensors, reference_fp8_quantize, same_tree
 
 pytestmark = pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="torch without float8")
 
@@ -30,20 +30,6 @@ pytestmark = pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="tor
 FP8_SUFFIXES = ("q_a_proj.weight", "q_b_proj.weight", "kv_a_proj_with_mqa.weight", "kv_b_proj.weight",
                 "o_proj.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight")
 RELEASE_QUANT = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128]}
-
-
-def _reference_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """DeepSeek's rule, block by block: scale = amax / 448, value = round-to-nearest e4m3 of x / scale."""
-    rows, cols = w.shape
-    scale = torch.empty(math.ceil(rows / 128), math.ceil(cols / 128))
-    q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
-    for i in range(scale.shape[0]):
-        for j in range(scale.shape[1]):
-            block = w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128].float()
-            amax = block.abs().max()
-            scale[i, j] = amax / 448.0 if amax > 0 else 1.0
-            q[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = (block / scale[i, j]).to(torch.float8_e4m3fn)
-    return q, scale
 
 
 def _half_step(y: torch.Tensor) -> torch.Tensor:
@@ -76,7 +62,7 @@ def _varied(shape, seed):
 def test_quantisation_is_deepseeks_rule_within_the_bound_of_each_block(shape, dtype):
     w = _varied(shape, sum(shape)).to(dtype)
     q, scale = quantize_blockwise(w)
-    ref_q, ref_scale = _reference_quantize(w)
+    ref_q, ref_scale = reference_fp8_quantize(w)
     assert q.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32
     assert scale.shape == (math.ceil(shape[0] / 128), math.ceil(shape[1] / 128))
     assert torch.equal(scale, ref_scale)
