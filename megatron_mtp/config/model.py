@@ -28,9 +28,11 @@ class YarnConfig:
 
 @dataclass
 class ModelConfig:
-    family: Literal["deepseek_v3"] = "deepseek_v3"
-    """Model family (models/<family>/): its layers, tensor names and Hugging Face format. Recorded in
-    every checkpoint; a resume can't change it. models/README.md says how a family is added."""
+    family: Literal["deepseek_v3", "glm4_moe"] = "deepseek_v3"
+    """Model family (models/<family>/): its layers, tensor names and Hugging Face format. deepseek_v3:
+    MLA attention (the MLA fields below); glm4_moe: GLM-4.5's grouped-query attention (the GQA fields
+    below; the MLA fields are ignored). Both share the MoE and MTP fields. Recorded in every
+    checkpoint; a resume can't change it. models/README.md says how a family is added."""
     num_layers: int = 4
     """Number of main-model decoder layers (MTP layers are extra, see mtp.num_layers)."""
     hidden_size: int = 128
@@ -45,7 +47,20 @@ class ModelConfig:
     """Pad the embedding/output rows to a multiple of this times tensor parallel size."""
     max_position_embeddings: int = 4096
     """Largest position the model is meant to serve (recorded in exported configs)."""
-    # --- MLA
+    # --- grouped-query attention (family glm4_moe; refused with deepseek_v3)
+    num_query_groups: Optional[int] = None
+    """Key/value heads (HF num_key_value_heads); each serves num_attention_heads / num_query_groups
+    query heads. null: as many as attention heads."""
+    head_dim: Optional[int] = None
+    """Width of each query/key/value head (HF head_dim). null: hidden_size / num_attention_heads."""
+    rotary_percent: Optional[float] = None
+    """Share of each head's dimensions that RoPE rotates: the first head_dim x this, rotate-half
+    style (HF partial_rotary_factor). null: 0.5, GLM-4.5's."""
+    qk_layernorm: bool = False
+    """An RMSNorm of width head_dim on each query and key head before RoPE (HF use_qk_norm)."""
+    add_qkv_bias: bool = False
+    """A bias on the query, key and value projections, never on the output one (HF attention_bias)."""
+    # --- MLA (family deepseek_v3; ignored by glm4_moe)
     q_lora_rank: Optional[int] = 64
     """Rank of the query down-projection (null: full-rank queries, as in DeepSeek-V2-Lite)."""
     kv_lora_rank: int = 32

@@ -23,6 +23,7 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> ParallelSizes:
                     "training.micro_batch_size", "training.global_batch_size"])
     if cfg.mtp.num_layers < 0:
         raise UserError(f"mtp.num_layers is {cfg.mtp.num_layers}; it must be 0 (no MTP) or a positive depth")
+    _attention(cfg)
     sizes = _parallel(cfg, world_size)
     _moe(cfg)
     _mtp_and_numbers(cfg)
@@ -81,6 +82,38 @@ def _parallel(cfg: Config, world_size: Optional[int]) -> ParallelSizes:
     if p.token_dispatcher == "flex" and p.tensor * p.expert == 1:
         raise UserError("parallel.token_dispatcher=flex needs parallel.tensor × parallel.expert > 1; use alltoall")
     return sizes
+
+
+_GQA_FIELDS = {"num_query_groups": None, "head_dim": None, "rotary_percent": None, "qk_layernorm": False,
+               "add_qkv_bias": False}
+
+
+def _attention(cfg: Config) -> None:
+    """The grouped-query fields belong to glm4_moe: set with deepseek_v3 (MLA) they are refused; the
+    MLA fields are ignored by glm4_moe (their defaults are DeepSeek's, so they can't tell "set")."""
+    m, tp = cfg.model, cfg.parallel.tensor
+    if m.family != "glm4_moe":
+        for name, default in _GQA_FIELDS.items():
+            if getattr(m, name) != default:
+                raise UserError(f"model.{name} is a grouped-query attention field and model.family={m.family} "
+                                "uses MLA; remove it or set model.family=glm4_moe")
+        return
+    groups = m.num_query_groups or m.num_attention_heads
+    if groups < 1 or m.num_attention_heads % groups:
+        raise UserError(f"model.num_query_groups={m.num_query_groups} must be positive and divide "
+                        f"model.num_attention_heads={m.num_attention_heads}")
+    if groups % tp:
+        raise UserError(f"model.num_query_groups={groups} is not divisible by parallel.tensor={tp}; every "
+                        "tensor-parallel rank must hold whole key/value groups")
+    head_dim = m.head_dim or m.hidden_size // m.num_attention_heads
+    if head_dim < 1 or (m.head_dim is None and m.hidden_size % m.num_attention_heads):
+        raise UserError(f"model.head_dim is null and model.hidden_size={m.hidden_size} is not divisible by "
+                        f"model.num_attention_heads={m.num_attention_heads}; set model.head_dim")
+    share = 0.5 if m.rotary_percent is None else m.rotary_percent
+    rotated = head_dim * share
+    if not 0.0 < share <= 1.0 or rotated != int(rotated) or int(rotated) % 2:
+        raise UserError(f"model.rotary_percent={m.rotary_percent} must be in (0, 1] and rotate an even number "
+                        f"of the head's {head_dim} dimensions")
 
 
 def _moe(cfg: Config) -> None:
@@ -157,6 +190,9 @@ def _mtp_and_numbers(cfg: Config) -> None:
 def _mtp_style(cfg: Config) -> None:
     """Options that only one MTP style has (models/deepseek_v3/parallel_heads.py)."""
     mtp = cfg.mtp
+    if mtp.style == "parallel" and cfg.model.family != "deepseek_v3":
+        raise UserError(f"mtp.style=parallel is built for model.family=deepseek_v3 only, not {cfg.model.family}; "
+                        "use mtp.style=sequential (GLM-4.5's own MTP layout)")
     if mtp.head_by_head_backward and mtp.style != "parallel":
         raise UserError("mtp.head_by_head_backward needs mtp.style=parallel (sequential modules chain their "
                         "hidden states, so their losses cannot be back-propagated one at a time)")

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.deepseek_v3.hf_config import TOKEN_ID_KEYS, merge_token_id
+from megatron_mtp.models.hf_common import TOKEN_ID_KEYS, merge_token_id
 
 SOURCE_DIR = "hf_source"
 GENERATION_CONFIG = "generation_config.json"

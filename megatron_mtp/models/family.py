@@ -1,9 +1,10 @@
 """A run's model family: one folder under models/ with one interface (models/README.md).
 
 ``model.family`` picks it; it is recorded in every checkpoint's config.yaml and a resume can't
-change it (checkpoint/resume_rules.py). The trainer, ``plan`` and the analytic sizes reach the
-family's model build, tensor table and layer kinds through ``get_family`` (the converter and the
-inference decoder still import the DeepSeek-V3 folder directly: the one family today).
+change it (checkpoint/resume_rules.py). The trainer, ``plan``, the analytic sizes and the converter
+reach the family's model build, tensor table, layer kinds and Hugging Face config through
+``get_family`` (a Hugging Face directory's family through ``family_of_hf_config``, by its
+``model_type``). The inference decoder still reads DeepSeek-V3 configs only.
 """
 
 from __future__ import annotations
@@ -13,20 +14,20 @@ from types import ModuleType
 
 from megatron_mtp.errors import UserError
 
-FAMILIES = ("deepseek_v3",)
+FAMILIES = ("deepseek_v3", "glm4_moe")
 """Folders under models/ that implement INTERFACE (and the values model.family accepts)."""
 
 INTERFACE = (
     # training: megatron-core's TransformerConfig and GPTModel for one pipeline stage
     "build_transformer_config", "build_model", "megatron_layout",
     # the tensor table: names, global shapes, TP splits, which layers hold what
-    "param_table", "layer_rules", "block_rules", "mtp_own_rules", "HEAD_NORM", "is_moe_layer",
-    "moe_layer_count", "mtp_is_moe",
+    "TABLE", "param_table", "layer_rules", "block_rules", "mtp_own_rules", "HEAD_NORM", "is_moe_layer",
+    "moe_layer_count", "mtp_is_moe", "ATTENTION_ORDER",
     # analytic sizes
     "parameter_counts", "training_flops_per_token", "layer_sizes", "mtp_own_size",
-    "kv_cache_elements_per_token",
-    # the Hugging Face format
-    "HF_ARCHITECTURES",
+    "kv_cache_elements_per_token", "decode_attention_flops",
+    # the Hugging Face format: config.json both ways, what an export carries back of an imported one
+    "HF_ARCHITECTURES", "HF_MODEL_TYPES", "to_hf_config", "from_hf_config", "carry_source_fields",
 )
 
 
@@ -39,3 +40,14 @@ def get_family(name: str) -> ModuleType:
     if missing:
         raise RuntimeError(f"models/{name}/__init__.py does not provide {', '.join(missing)} (see models/README.md)")
     return module
+
+
+def family_of_hf_config(raw) -> ModuleType:
+    """The family that reads a Hugging Face config.json dict, by its ``model_type``; DeepSeek-V3's
+    reader for any other (it names what it cannot read)."""
+    model_type = raw.get("model_type") if hasattr(raw, "get") else None
+    for name in FAMILIES:
+        family = get_family(name)
+        if model_type in family.HF_MODEL_TYPES:
+            return family
+    return get_family("deepseek_v3")

@@ -44,25 +44,14 @@ def _local(cfg: Config, sizes: ParallelSizes, rule, te: bool) -> int:
 
 
 def _param(cfg: Config, sizes: ParallelSizes, prefix: str, rule, te: bool, name: str = "") -> Param:
-    module = rule.mcore.rsplit(".", 2)[-2]
+    module, leaf = rule.mcore.rsplit(".", 2)[-2:]
     linear = module.startswith("linear_") or module == "eh_proj"  # a TE linear weight (FP8 under training.fp8)
-    return Param(prefix + (name or rule.mcore), _local(cfg, sizes, rule, te), linear=linear and rule.role == "weight",
+    return Param(prefix + (name or rule.mcore), _local(cfg, sizes, rule, te),
+                 linear=linear and rule.role == "weight" and leaf == "weight",
                  expert=rule.experts and sizes.ep > 1)
 
 
-# The order megatron-core registers a layer's modules in, per spec (names from the family's table).
-_ATTENTION_ORDER = {
-    True: ("input_layernorm.weight", "self_attention.linear_proj.weight",
-           "self_attention.linear_q_down_proj.weight", "self_attention.linear_q_up_proj.layer_norm_weight",
-           "self_attention.linear_q_up_proj.weight", "self_attention.linear_q_proj.weight",
-           "self_attention.linear_kv_down_proj.weight", "self_attention.linear_kv_up_proj.layer_norm_weight",
-           "self_attention.linear_kv_up_proj.weight"),
-    False: ("input_layernorm.weight", "self_attention.linear_proj.weight",
-            "self_attention.linear_q_down_proj.weight", "self_attention.linear_q_up_proj.weight",
-            "self_attention.linear_q_proj.weight", "self_attention.linear_kv_down_proj.weight",
-            "self_attention.linear_kv_up_proj.weight", "self_attention.q_layernorm.weight",
-            "self_attention.kv_layernorm.weight"),
-}
+# The order megatron-core registers a layer's MLP modules in, per spec (the attention's: the family's).
 _DENSE_ORDER = {True: ("mlp.linear_fc1.layer_norm_weight", "mlp.linear_fc1.weight", "mlp.linear_fc2.weight"),
                 False: ("pre_mlp_layernorm.weight", "mlp.linear_fc1.weight", "mlp.linear_fc2.weight")}
 _EXPERT_FC1, _EXPERT_FC2 = "mlp.experts.experts.linear_fc1.weight", "mlp.experts.experts.linear_fc2.weight"
@@ -72,7 +61,7 @@ def _layer(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: bool) 
     family = get_family(cfg.model.family)
     rules = {r.mcore: r for r in family.layer_rules(cfg.model, moe, "te" if te else "local") if r.role != "buffer"}
     one = lambda name: [_param(cfg, sizes, prefix, rules[name], te)] if name in rules else []  # noqa: E731
-    out = [p for name in _ATTENTION_ORDER[te] for p in one(name)]
+    out = [p for name in family.ATTENTION_ORDER[te] for p in one(name)]
     if not moe:
         return out + [p for name in _DENSE_ORDER[te] for p in one(name)]
     out += one("pre_mlp_layernorm.weight") + one("mlp.router.weight")

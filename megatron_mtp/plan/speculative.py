@@ -66,10 +66,8 @@ class ServeLayout:
 
 
 def _attention_flops(cfg: Config, serve: ServeLayout) -> float:
-    """One token's attention scores and values over the cache, in one layer (MLA: per head, over the
-    latent plus the rotary part, as the absorbed form computes it)."""
-    m = cfg.model
-    return 2 * m.num_attention_heads * (2 * m.kv_lora_rank + m.qk_pos_emb_head_dim) * serve.context
+    """One token's attention scores and values over the cache, in one layer (the family's attention)."""
+    return get_family(cfg.model.family).decode_attention_flops(cfg, serve.context)
 
 
 def main_forward_bytes(cfg: Config, padded_vocab: int, batch: int, tokens: int, serve: ServeLayout,

@@ -4,7 +4,9 @@
   like TE's norms, so that megatron-core's finalize_model_grads all-reduces its gradient over TP
   when sequence parallelism is on (megatron's WrappedTorchNorm refuses sequence parallelism).
 - `CoreAttention`: causal scaled-dot-product attention that accepts MLA's separate key and value
-  head dims (megatron's local DotProductAttention sizes its output by kv_channels only).
+  head dims (megatron's local DotProductAttention sizes its output by kv_channels only) and
+  grouped-query attention's fewer key/value heads (each serves consecutive query heads, as in
+  megatron-core's DotProductAttention and transformers' repeat_kv).
 Both take megatron-core's constructor arguments, so specs can swap them for TE modules.
 """
 
@@ -40,7 +42,7 @@ class RMSNorm(nn.Module):
 
 
 class CoreAttention(MegatronModule):
-    """softmax(q kᵀ · scale + causal mask) v over [s, b, h, d] tensors (MLA-aware)."""
+    """softmax(q kᵀ · scale + causal mask) v over [s, b, h, d] tensors (MLA- and GQA-aware)."""
 
     def __init__(
         self,
@@ -65,6 +67,9 @@ class CoreAttention(MegatronModule):
                 packed_seq_params=None, **_):
         # [s, b, h, d] -> [b, h, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        if k.shape[1] != q.shape[1]:  # grouped-query: key/value head g serves query heads g*r .. g*r+r-1
+            repeat = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         if attention_mask is not None:
             mask = ~attention_mask  # megatron: True = masked out; SDPA: True = attend
             out = torch.nn.functional.scaled_dot_product_attention(

@@ -11,14 +11,17 @@ import importlib
 _WHERE = {
     "build_transformer_config": "transformer_config", "megatron_layout": "transformer_config",
     "build_model": "model",
-    "param_table": "hf_mapping", "layer_rules": "hf_mapping", "block_rules": "hf_mapping",
+    "TABLE": "hf_mapping", "param_table": "hf_mapping", "layer_rules": "hf_mapping", "block_rules": "hf_mapping",
     "mtp_own_rules": "hf_mapping", "HEAD_NORM": "hf_mapping", "is_moe_layer": "hf_mapping",
-    "moe_layer_count": "hf_mapping", "mtp_is_moe": "hf_mapping",
+    "moe_layer_count": "hf_mapping", "mtp_is_moe": "hf_mapping", "ATTENTION_ORDER": "hf_mapping",
     "parameter_counts": "size", "training_flops_per_token": "size", "layer_sizes": "size",
-    "mtp_own_size": "size", "kv_cache_elements_per_token": "size",
+    "mtp_own_size": "size", "kv_cache_elements_per_token": "size", "decode_attention_flops": "size",
+    "to_hf_config": "hf_config", "from_hf_config": "hf_config", "carry_source_fields": "hf_config",
 }
 HF_ARCHITECTURES = ("DeepseekV3ForCausalLM",)
 """What our Hugging Face exports declare (and imports accept)."""
+HF_MODEL_TYPES = ("deepseek_v3", "deepseek_v2")
+"""config.json ``model_type`` values this family reads."""
 
 
 def __getattr__(name: str):
@@ -28,4 +31,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted([*_WHERE, "HF_ARCHITECTURES"])
+    return sorted([*_WHERE, "HF_ARCHITECTURES", "HF_MODEL_TYPES"])

@@ -14,7 +14,6 @@ Both agree only when topk/group_topk is 2 (sigmoid) or 1 (softmax), so other set
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Mapping, Optional
 
@@ -22,6 +21,8 @@ from megatron_mtp.config.model import ModelConfig, MTPConfig, YarnConfig
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3.hf_config_json import READ_KEYS, DeepseekV3HFConfig, YarnScaling, parse_hf_config
 from megatron_mtp.models.deepseek_v3.hf_mapping import mtp_is_moe
+from megatron_mtp.models.hf_common import TOKEN_ID_KEYS, check_group_routing, merge_token_id  # noqa: F401
+from megatron_mtp.models.hf_common import carry_source_fields as _carry
 
 # Keys any HF config may carry that say nothing about the architecture (the view does not read them).
 _IGNORED_HF_KEYS = frozenset(
@@ -51,23 +52,6 @@ NOT_CARRIED = {
     "architectures": "exports are DeepseekV3ForCausalLM (SGLang's NextN directory: DeepseekV3ForCausalLMNextN)",
     "model_type": "exports are deepseek_v3",
 }
-TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
-
-
-def _check_group_routing(cfg: ModelConfig, where: str) -> None:
-    groups = cfg.router_num_groups or 1
-    if groups <= 1 or cfg.num_experts == 0:
-        return
-    group_topk = cfg.router_group_topk or 1
-    per_group = cfg.router_topk // group_topk
-    wanted = 2 if cfg.router_score_function == "sigmoid" else 1
-    if per_group != wanted:
-        raise UserError(
-            f"{where}: router_topk/router_group_topk = {cfg.router_topk}/{group_topk} makes megatron-core "
-            f"score each expert group by its top-{per_group} experts while the Hugging Face DeepSeek "
-            f"format scores it by its top-{wanted}; choose router_topk = {wanted} x router_group_topk "
-            "or disable groups (router_num_groups: null)"
-        )
 
 
 def to_hf_config(
@@ -85,7 +69,7 @@ def to_hf_config(
         raise UserError(
             f"asked for {num_nextn_predict_layers} MTP layers but the config has mtp.num_layers={mtp.num_layers}"
         )
-    _check_group_routing(model, "model config")
+    check_group_routing(model, "model config")
     moe = model.num_experts > 0
     if moe and num_nextn_predict_layers and not mtp_is_moe(model):
         raise UserError(
@@ -231,60 +215,13 @@ def from_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> tuple[
         tie_embeddings=hf.tie_word_embeddings,
     )
     if experts:
-        _check_group_routing(model, where)
+        check_group_routing(model, where)
     return model, MTPConfig(num_layers=hf.num_nextn_predict_layers), hf.vocab_size
 
 
-def _architecture(raw: Mapping[str, Any]) -> Optional[tuple[ModelConfig, int]]:
-    """The model a config.json describes (fields that only training reads zeroed); None if unreadable."""
-    try:
-        model, _, vocab = from_hf_config(raw)
-    except UserError:
-        return None
-    return dataclasses.replace(model, make_vocab_size_divisible_by=1, aux_loss_coeff=0.0), vocab
 
 
-def carry_source_fields(
-    written: Mapping[str, Any], source: Optional[Mapping[str, Any]], tokenizer_ids: Mapping[str, Optional[int]]
-) -> dict[str, Any]:
-    """``written`` (the config.json of an export) with what still holds of ``source``, the config.json
-    the checkpoint was imported from.
-
-    When both describe the same model, every source value is kept whose substitution still reads as
-    that model (``head_dim``, ``pad_token_id``, ``n_group`` of a greedy router, a release spelling of
-    ``rope_scaling``, ...), except the ``NOT_CARRIED`` fields and a null in place of a value we write
-    (transformers' strict config class refuses nulls for its integer fields). Special token ids: the
-    tokenizer's id wins over a different stored one; a stored EOS list holding it stays a list.
-    """
-    out = dict(written)
-    ours = _architecture(written)
-    if source is not None and ours is not None and _architecture(source) == ours:
-        for key, value in source.items():
-            if key in NOT_CARRIED or key in TOKEN_ID_KEYS or out.get(key, _MISSING) == value:
-                continue
-            if value is None and out.get(key) is not None:
-                continue
-            if _architecture({**out, key: value}) == ours:
-                out[key] = value
-    else:
-        source = None
-    ids = {key: merge_token_id(tokenizer_ids.get(key), source.get(key) if source else None) for key in TOKEN_ID_KEYS}
-    ordered: dict[str, Any] = {}
-    for key, value in out.items():
-        if key == "bos_token_id":  # the three ids together, where the release has bos/eos
-            ordered.update((k, v) for k, v in ids.items() if v is not None or k in written or k in (source or {}))
-        elif key not in TOKEN_ID_KEYS:
-            ordered[key] = value
-    return ordered
-
-
-def merge_token_id(tokenizer_id: Optional[int], stored: Any) -> Any:
-    """The special token id to write: the tokenizer's, unless it names none or a stored list holds it."""
-    if tokenizer_id is None:
-        return stored
-    if isinstance(stored, list) and tokenizer_id in stored:
-        return stored
-    return tokenizer_id
-
-
-_MISSING = object()
+def carry_source_fields(written: Mapping[str, Any], source: Optional[Mapping[str, Any]],
+                        tokenizer_ids: Mapping[str, Optional[int]]) -> dict[str, Any]:
+    """``written`` with what still holds of ``source`` (models/hf_common.py), read as DeepSeek-V3."""
+    return _carry(written, source, tokenizer_ids, from_hf_config, NOT_CARRIED)

@@ -1,24 +1,33 @@
-"""megatron-core ModuleSpecs for the DeepSeek-V3 decoder block and its MTP block.
+"""megatron-core ModuleSpecs of a decoder block and its MTP block, for any family (its attention
+comes from megatron-core's TransformerConfig: MLA or grouped-query).
 
 With Transformer Engine we use megatron-core's TE specs unchanged. Without it we start from
 megatron-core's local specs and swap in two platform modules (see platform/local_modules.py):
-an RMSNorm that supports sequence parallelism and an MLA-aware core attention.
+an RMSNorm that supports sequence parallelism and a core attention that takes MLA's head dims and
+grouped-query key/value heads.
 
-Checkpoint names are the same for both. TE fuses the MLA q/kv norms into the following up-projection
-and a dense layer's pre-MLP norm into fc1 (`...layer_norm_weight`); the local layers keep separate
-norm modules, so their sharded keys are renamed to the TE spelling (TransformerLayer's
-`sharded_state_dict_keys_map`). A checkpoint written on CPU therefore loads into a TE model and
-the other way round, and the HF mapping table needs one spelling.
+Checkpoint names are the same for both. TE fuses some norms into the following linear layer
+(`...layer_norm_weight`): MLA's q/kv norms into the up-projections, GQA's input norm into linear_qkv,
+a dense layer's pre-MLP norm into fc1. The local layers keep separate norm modules, so their sharded
+keys are renamed to the TE spelling (TransformerLayer's `sharded_state_dict_keys_map`, which this
+module sets whole: megatron-core's own local GQA map would also rename a MoE layer's pre-MLP norm,
+which TE keeps separate). A family names its attention renames (``KeysAsTe``). A checkpoint
+written on CPU therefore loads into a TE model and the other way round, and the tensor table needs
+one spelling.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping
 
 from megatron_mtp.platform import Platform
 
+KeysAsTe = Mapping[str, str]
+"""A family's local -> TE sharded-key prefixes of its attention block, relative to the layer."""
 
-def _swap_local_modules(spec):
+
+def _swap_local_modules(spec, keys_as_te: KeysAsTe):
     """Return a copy of a spec tree with megatron's local norm/attention replaced by ours."""
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.spec_utils import ModuleSpec
@@ -45,7 +54,7 @@ def _swap_local_modules(spec):
                 module=swap.get(node.module, node.module),
                 submodules=walk(node.submodules) if node.submodules is not None else None,
             )
-            return _with_te_checkpoint_names(node) if node.module is TransformerLayer else node
+            return _with_te_checkpoint_names(node, keys_as_te) if node.module is TransformerLayer else node
         if isinstance(node, list):
             return [walk(n) for n in node]
         if dataclasses.is_dataclass(node) and not isinstance(node, type):
@@ -57,38 +66,32 @@ def _swap_local_modules(spec):
     return walk(spec)
 
 
-# local sharded-key prefix -> TE spelling, per layer (relative to the layer's prefix)
-_MLA_KEYS_AS_TE = {
-    "self_attention.q_layernorm.": "self_attention.linear_q_up_proj.layer_norm_",
-    "self_attention.kv_layernorm.": "self_attention.linear_kv_up_proj.layer_norm_",
-}
 _DENSE_MLP_KEYS_AS_TE = {"pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
 
 
-def _with_te_checkpoint_names(layer_spec):
+def _with_te_checkpoint_names(layer_spec, keys_as_te: KeysAsTe):
     """A local TransformerLayer spec whose checkpoint keys use TE's fused-norm names."""
     from megatron.core.transformer.mlp import MLP
 
     sub = layer_spec.submodules
-    keys = dict(_MLA_KEYS_AS_TE)
+    keys = dict(keys_as_te)
     mlp = sub.mlp
     if getattr(mlp, "module", None) is MLP:  # dense layer: TE fuses its pre-MLP norm into fc1
         keys.update(_DENSE_MLP_KEYS_AS_TE)
-    keys.update(sub.sharded_state_dict_keys_map or {})
     return dataclasses.replace(layer_spec, submodules=dataclasses.replace(sub, sharded_state_dict_keys_map=keys))
 
 
-def decoder_block_spec(config, platform: Platform, vp_stage=None, pp_rank=None):
+def decoder_block_spec(config, platform: Platform, keys_as_te: KeysAsTe, vp_stage=None, pp_rank=None):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
     spec = get_gpt_decoder_block_spec(
         config, use_transformer_engine=platform.use_te, normalization="RMSNorm",
         vp_stage=vp_stage, pp_rank=pp_rank,
     )
-    return spec if platform.use_te else _swap_local_modules(spec)
+    return spec if platform.use_te else _swap_local_modules(spec, keys_as_te)
 
 
-def mtp_block_spec(config, platform: Platform, vp_stage=None, pp_rank=None):
+def mtp_block_spec(config, platform: Platform, keys_as_te: KeysAsTe, vp_stage=None, pp_rank=None):
     """MTP block for this pipeline stage (None on stages without MTP layers).
 
     Each MTP layer is built like the model's last decoder layer. megatron-core would take that spec
@@ -105,13 +108,13 @@ def mtp_block_spec(config, platform: Platform, vp_stage=None, pp_rank=None):
     )
     if spec is None or platform.use_te:
         return spec
-    return _swap_local_modules(spec)
+    return _swap_local_modules(spec, keys_as_te)
 
 
-def parallel_head_layer_spec(config, platform: Platform):
+def parallel_head_layer_spec(config, platform: Platform, keys_as_te: KeysAsTe):
     """The layer spec of a parallel MTP head (models/deepseek_v3/parallel_heads.py): the model's last
     decoder layer, as mtp_block_spec builds each sequential MTP layer."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
 
     last_layer = get_gpt_decoder_layer_specs(config, platform.use_te, "RMSNorm")[-1]
-    return last_layer if platform.use_te else _swap_local_modules(last_layer)
+    return last_layer if platform.use_te else _swap_local_modules(last_layer, keys_as_te)

@@ -1,0 +1,215 @@
+"""Our model config <-> Hugging Face GLM-4.5 config.json (``Glm4MoeForCausalLM``), both ways, never lossy.
+
+``to_hf_config`` writes the release's spelling (``rope_theta`` and ``partial_rotary_factor`` at the
+top level, ``head_dim``, ``use_qk_norm``, ``attention_bias``, MTP depth as ``num_nextn_predict_layers``);
+``from_hf_config`` also reads transformers 5's ``rope_parameters`` and ``num_mtp_layers``. A field whose
+value our model cannot reproduce is a ``UserError`` naming it (../shared notes: glm4-moe-hf-format).
+
+GLM's router is always sigmoid with ``e_score_correction_bias`` and scores an expert group by the
+sum of its top-2 experts, as DeepSeek-V3's (models/hf_common.py ``check_group_routing``); every layer
+from ``first_k_dense_replace`` on is MoE.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from megatron_mtp.config.model import ModelConfig, MTPConfig
+from megatron_mtp.errors import UserError
+from megatron_mtp.models.glm4_moe.hf_mapping import head_dim, query_groups, rotary_percent
+from megatron_mtp.models.hf_common import carry_source_fields as _carry
+from megatron_mtp.models.hf_common import check_group_routing
+from megatron_mtp.models.tensor_table import mtp_is_moe
+
+NOT_CARRIED = {
+    "transformers_version": "it records who wrote the source file",
+    "_name_or_path": "it records where the source was loaded from",
+    "name_or_path": "it records where the source was loaded from",
+    "torch_dtype": "the export's --dtype decides",
+    "dtype": "the export's --dtype decides (written as torch_dtype)",
+    "rope_parameters": "transformers' spelling of rope_theta + partial_rotary_factor, which are written instead",
+    "num_mtp_layers": "transformers' spelling of num_nextn_predict_layers",
+    "num_nextn_predict_layers": "the export layout decides",
+    "architectures": "exports are Glm4MoeForCausalLM",
+    "model_type": "exports are glm4_moe",
+}
+_IGNORED = frozenset({
+    "transformers_version", "use_cache", "pad_token_id", "_name_or_path", "name_or_path", "output_router_logits",
+    "router_aux_loss_coef", "return_dict", "output_hidden_states", "output_attentions", "torchscript", "id2label",
+    "label2id", "problem_type", "tokenizer_class", "chunk_size_feed_forward", "is_encoder_decoder",
+    "tf_legacy_loss", "use_bfloat16", "torch_dtype", "dtype", "bos_token_id", "eos_token_id", "architectures",
+    "model_type",
+})
+_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+_READ = {
+    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "initializer_range", "rms_norm_eps",
+    "tie_word_embeddings", "rope_parameters", "rope_theta", "partial_rotary_factor", "rope_scaling",
+    "attention_bias", "attention_dropout", "moe_intermediate_size", "num_experts_per_tok", "n_shared_experts",
+    "n_routed_experts", "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace", "norm_topk_prob",
+    "use_qk_norm", "num_nextn_predict_layers", "num_mtp_layers", *_REQUIRED,
+}
+
+
+@dataclass(frozen=True)
+class Glm4MoeHFConfig:
+    """A config.json of the GLM-4.5 format (``values``, in the release's key order)."""
+
+    values: dict
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.values)
+
+
+def to_hf_config(model: ModelConfig, mtp: MTPConfig, *, vocab_size: int, num_nextn_predict_layers: int,
+                 torch_dtype: str = "bfloat16", bos_token_id: Optional[int] = None,
+                 eos_token_id: Optional[int] = None) -> Glm4MoeHFConfig:
+    """The HF config of a model with this architecture (vocab from the weights)."""
+    if num_nextn_predict_layers > mtp.num_layers:
+        raise UserError(
+            f"asked for {num_nextn_predict_layers} MTP layers but the config has mtp.num_layers={mtp.num_layers}"
+        )
+    check_group_routing(model, "model config")
+    moe = model.num_experts > 0
+    if moe and num_nextn_predict_layers and not mtp_is_moe(model):
+        raise UserError(
+            f"this model's MTP layers are dense (built like the last decoder layer, and all model.num_layers="
+            f"{model.num_layers} decoder layers are dense), but the Hugging Face GLM-4.5 format makes every layer "
+            "from first_k_dense_replace on MoE, MTP layers included; export with --mtp none")
+    if moe and (model.router_score_function != "sigmoid" or not model.router_enable_expert_bias):
+        raise UserError(
+            "the Hugging Face GLM-4.5 format routes with sigmoid scores and e_score_correction_bias; train with "
+            "model.router_score_function=sigmoid and model.router_enable_expert_bias=true")
+    groups = model.router_num_groups or 1
+    values = {
+        "architectures": ["Glm4MoeForCausalLM"],
+        "model_type": "glm4_moe",
+        "vocab_size": int(vocab_size),
+        "hidden_size": model.hidden_size,
+        "intermediate_size": model.ffn_hidden_size,
+        "moe_intermediate_size": model.moe_ffn_hidden_size,
+        "num_hidden_layers": model.num_layers,
+        "num_nextn_predict_layers": int(num_nextn_predict_layers),
+        "num_attention_heads": model.num_attention_heads,
+        "num_key_value_heads": query_groups(model),
+        "head_dim": head_dim(model),
+        "partial_rotary_factor": rotary_percent(model),
+        "attention_bias": model.add_qkv_bias,
+        "attention_dropout": 0.0,
+        "use_qk_norm": model.qk_layernorm,
+        "n_shared_experts": model.num_shared_experts if moe else 0,
+        "n_routed_experts": model.num_experts if moe else 0,
+        "num_experts_per_tok": model.router_topk if moe else 1,
+        "first_k_dense_replace": model.first_k_dense if moe else model.num_layers,
+        "n_group": groups,
+        "topk_group": (model.router_group_topk or 1) if groups > 1 else 1,
+        "routed_scaling_factor": model.router_topk_scaling_factor,
+        "norm_topk_prob": model.router_norm_topk_prob,
+        "hidden_act": "silu",
+        "rms_norm_eps": model.norm_epsilon,
+        "rope_theta": model.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": model.max_position_embeddings,
+        "initializer_range": model.init_method_std,
+        "tie_word_embeddings": model.tie_embeddings,
+        "bos_token_id": bos_token_id,
+        "eos_token_id": eos_token_id,
+        "torch_dtype": torch_dtype,
+        "use_cache": True,
+    }
+    return Glm4MoeHFConfig(values)
+
+
+def _get(raw: Mapping[str, Any], key: str, kind, default: Any, where: str) -> Any:
+    value = raw.get(key)
+    if value is None:
+        return default
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: field '{key}' has a malformed value {value!r}") from None
+
+
+def _rope(raw: Mapping[str, Any], where: str) -> tuple[float, float]:
+    """(rope_theta, partial_rotary_factor), from the top level or transformers' rope_parameters."""
+    params = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or {}
+    if not isinstance(params, Mapping) or not isinstance(scaling, Mapping):
+        raise UserError(f"{where}: the rope settings must be a mapping")
+    kind = scaling.get("rope_type", scaling.get("type")) or params.get("rope_type") or "default"
+    if kind != "default":
+        raise UserError(f"{where}: rope scaling type '{kind}' cannot be represented (only plain RoPE)")
+    theta = _get(raw, "rope_theta", float, None, where) or _get(params, "rope_theta", float, 10000.0, where)
+    factor = _get(raw, "partial_rotary_factor", float, None, where)
+    if factor is None:
+        factor = _get(params, "partial_rotary_factor", float, 0.5, where)  # transformers' default
+    return theta, factor
+
+
+def from_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> tuple[ModelConfig, MTPConfig, int]:
+    """(model section, mtp section, vocab size) for an HF GLM-4.5 config.json dict."""
+    if not isinstance(raw, Mapping):
+        raise UserError(f"{where} must hold a JSON object")
+    archs = list(raw.get("architectures") or ())
+    if archs and "Glm4MoeForCausalLM" not in archs:
+        raise UserError(f"{where}: architectures {archs} is not Glm4MoeForCausalLM")
+    for key in _REQUIRED:
+        if raw.get(key) is None:
+            raise UserError(f"{where} has no '{key}'; it is required for a GLM-4.5 model")
+    for key in raw:
+        if key not in _READ and key not in _IGNORED:
+            raise UserError(f"{where}: field '{key}' is not understood by the converter; it cannot be represented")
+    if _get(raw, "hidden_act", str, "silu", where) != "silu":
+        raise UserError(f"{where}: 'hidden_act' = {raw['hidden_act']!r} cannot be represented (only SwiGLU MLPs)")
+    if _get(raw, "attention_dropout", float, 0.0, where) != 0.0:
+        raise UserError(f"{where}: 'attention_dropout' = {raw['attention_dropout']!r} cannot be represented")
+    theta, factor = _rope(raw, where)
+    heads = _get(raw, "num_attention_heads", int, None, where)
+    hidden = _get(raw, "hidden_size", int, None, where)
+    vocab = _get(raw, "vocab_size", int, None, where)
+    experts = _get(raw, "n_routed_experts", int, 128, where)
+    groups = _get(raw, "n_group", int, 1, where)
+    num_layers = _get(raw, "num_hidden_layers", int, None, where)
+    spelling = "num_nextn_predict_layers" if "num_nextn_predict_layers" in raw else "num_mtp_layers"
+    depth = _get(raw, spelling, int, 0, where)
+    dim = _get(raw, "head_dim", int, None, where)
+    model = ModelConfig(
+        family="glm4_moe",
+        num_layers=num_layers,
+        hidden_size=hidden,
+        ffn_hidden_size=_get(raw, "intermediate_size", int, None, where),
+        num_attention_heads=heads,
+        num_query_groups=_get(raw, "num_key_value_heads", int, heads, where),
+        head_dim=None if dim is None or (hidden % heads == 0 and dim == hidden // heads) else dim,
+        rotary_percent=factor,
+        qk_layernorm=_get(raw, "use_qk_norm", bool, False, where),
+        add_qkv_bias=_get(raw, "attention_bias", bool, False, where),
+        vocab_size=vocab,
+        make_vocab_size_divisible_by=math.gcd(vocab, 128),
+        max_position_embeddings=_get(raw, "max_position_embeddings", int, 131072, where),
+        rope_theta=theta,
+        num_experts=experts,
+        first_k_dense=min(_get(raw, "first_k_dense_replace", int, 1, where), num_layers) if experts else 0,
+        moe_ffn_hidden_size=_get(raw, "moe_intermediate_size", int, 1408, where),
+        num_shared_experts=_get(raw, "n_shared_experts", int, 1, where) if experts else 0,
+        router_topk=_get(raw, "num_experts_per_tok", int, 8, where) if experts else 1,
+        router_num_groups=groups if groups > 1 else None,
+        router_group_topk=_get(raw, "topk_group", int, 1, where) if groups > 1 else None,
+        router_score_function="sigmoid",
+        router_topk_scaling_factor=_get(raw, "routed_scaling_factor", float, 1.0, where),
+        router_norm_topk_prob=_get(raw, "norm_topk_prob", bool, True, where),
+        router_enable_expert_bias=True,
+        norm_epsilon=_get(raw, "rms_norm_eps", float, 1e-5, where),
+        init_method_std=_get(raw, "initializer_range", float, 0.02, where),
+        tie_embeddings=_get(raw, "tie_word_embeddings", bool, False, where),
+    )
+    if experts:
+        check_group_routing(model, where)
+    return model, MTPConfig(num_layers=depth), vocab
+
+
+def carry_source_fields(written: Mapping[str, Any], source: Optional[Mapping[str, Any]],
+                        tokenizer_ids: Mapping[str, Optional[int]]) -> dict[str, Any]:
+    """``written`` with what still holds of ``source`` (models/hf_common.py), read as GLM-4.5."""
+    return _carry(written, source, tokenizer_ids, from_hf_config, NOT_CARRIED)

@@ -1,0 +1,36 @@
+"""Analytic parameter counts and training FLOPs of the GLM-4.5 model (models/sizes.py over the
+grouped-query tensor table)."""
+
+from __future__ import annotations
+
+from megatron_mtp.config import Config
+from megatron_mtp.models import sizes
+from megatron_mtp.models.glm4_moe.hf_mapping import TABLE, head_dim, query_groups
+from megatron_mtp.models.sizes import LayerSizes, mtp_own_size  # noqa: F401  (the family interface)
+
+
+def layer_sizes(cfg: Config) -> LayerSizes:
+    """Parameters of one decoder layer's blocks (models/sizes.py)."""
+    return sizes.layer_sizes(cfg, TABLE)
+
+
+def parameter_counts(cfg: Config, padded_vocab: int) -> dict[str, int]:
+    """{'main': ..., 'mtp_unique': ..., 'main_active': ...} (MTP shares embedding and head)."""
+    return sizes.parameter_counts(cfg, padded_vocab, TABLE)
+
+
+def training_flops_per_token(cfg: Config, padded_vocab: int, mtp_layers: int) -> float:
+    """Forward+backward FLOPs per token (models/sizes.py): every query head scores over head_dim and
+    reads values of head_dim."""
+    width = 2 * cfg.model.num_attention_heads * head_dim(cfg.model)
+    return sizes.training_flops_per_token(cfg, padded_vocab, mtp_layers, TABLE, width)
+
+
+def kv_cache_elements_per_token(cfg: Config) -> int:
+    """What one layer caches per token when decoding: a key and a value per key/value group."""
+    return 2 * query_groups(cfg.model) * head_dim(cfg.model)
+
+
+def decode_attention_flops(cfg: Config, context: int) -> float:
+    """One decoded token's attention scores and values over ``context`` cached tokens, in one layer."""
+    return 2 * cfg.model.num_attention_heads * 2 * head_dim(cfg.model) * context

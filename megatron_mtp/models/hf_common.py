@@ -1,0 +1,86 @@
+"""What the families' Hugging Face configs share: the routing-group check, the special token ids, and
+what an export carries back of the config.json a checkpoint was imported from."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, Optional
+
+from megatron_mtp.config.model import ModelConfig, MTPConfig
+from megatron_mtp.errors import UserError
+
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+Reader = Callable[[Mapping[str, Any]], tuple[ModelConfig, MTPConfig, int]]
+"""A family's from_hf_config."""
+
+
+def check_group_routing(cfg: ModelConfig, where: str) -> None:
+    groups = cfg.router_num_groups or 1
+    if groups <= 1 or cfg.num_experts == 0:
+        return
+    group_topk = cfg.router_group_topk or 1
+    per_group = cfg.router_topk // group_topk
+    wanted = 2 if cfg.router_score_function == "sigmoid" else 1
+    if per_group != wanted:
+        raise UserError(
+            f"{where}: router_topk/router_group_topk = {cfg.router_topk}/{group_topk} makes megatron-core "
+            f"score each expert group by its top-{per_group} experts while the Hugging Face "
+            f"format scores it by its top-{wanted}; choose router_topk = {wanted} x router_group_topk "
+            "or disable groups (router_num_groups: null)"
+        )
+
+
+def _architecture(raw: Mapping[str, Any], read: Reader) -> Optional[tuple[ModelConfig, int]]:
+    """The model a config.json describes (fields that only training reads zeroed); None if unreadable."""
+    try:
+        model, _, vocab = read(raw)
+    except UserError:
+        return None
+    return dataclasses.replace(model, make_vocab_size_divisible_by=1, aux_loss_coeff=0.0), vocab
+
+
+def carry_source_fields(
+    written: Mapping[str, Any], source: Optional[Mapping[str, Any]], tokenizer_ids: Mapping[str, Optional[int]],
+    read: Reader, not_carried: Mapping[str, str],
+) -> dict[str, Any]:
+    """``written`` (the config.json of an export) with what still holds of ``source``, the config.json
+    the checkpoint was imported from, both read by the family's ``read`` (its from_hf_config).
+
+    When both describe the same model, every source value is kept whose substitution still reads as
+    that model (``head_dim``, ``pad_token_id``, ``n_group`` of a greedy router, a release spelling of
+    ``rope_scaling``, ...), except the family's ``not_carried`` fields and a null in place of a value we write
+    (transformers' strict config class refuses nulls for its integer fields). Special token ids: the
+    tokenizer's id wins over a different stored one; a stored EOS list holding it stays a list.
+    """
+    out = dict(written)
+    ours = _architecture(written, read)
+    if source is not None and ours is not None and _architecture(source, read) == ours:
+        for key, value in source.items():
+            if key in not_carried or key in TOKEN_ID_KEYS or out.get(key, _MISSING) == value:
+                continue
+            if value is None and out.get(key) is not None:
+                continue
+            if _architecture({**out, key: value}, read) == ours:
+                out[key] = value
+    else:
+        source = None
+    ids = {key: merge_token_id(tokenizer_ids.get(key), source.get(key) if source else None) for key in TOKEN_ID_KEYS}
+    ordered: dict[str, Any] = {}
+    for key, value in out.items():
+        if key == "bos_token_id":  # the three ids together, where the release has bos/eos
+            ordered.update((k, v) for k, v in ids.items() if v is not None or k in written or k in (source or {}))
+        elif key not in TOKEN_ID_KEYS:
+            ordered[key] = value
+    return ordered
+
+
+def merge_token_id(tokenizer_id: Optional[int], stored: Any) -> Any:
+    """The special token id to write: the tokenizer's, unless it names none or a stored list holds it."""
+    if tokenizer_id is None:
+        return stored
+    if isinstance(stored, list) and tokenizer_id in stored:
+        return stored
+    return tokenizer_id
+
+
+_MISSING = object()

@@ -1,0 +1,41 @@
+"""The megatron-core GPTModel of one pipeline stage, for any family: the family gives its attention's
+local -> TE checkpoint renames and its position embedding (models/megatron_specs.py)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from megatron_mtp.config import Config
+from megatron_mtp.models.megatron_specs import KeysAsTe, decoder_block_spec, mtp_block_spec
+from megatron_mtp.platform import Platform
+
+
+def build_gpt_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_process: bool,
+                    post_process: bool, vp_stage=None, *, keys_as_te: KeysAsTe, position_embedding_type: str,
+                    rotary_percent: float = 1.0, heads: Optional[tuple[type, dict[str, Any]]] = None):
+    """GPTModel for the current pipeline stage; `config` is the family's TransformerConfig. `heads`:
+    (model class, its extra arguments) that replace the MTP block (parallel MTP heads)."""
+    from megatron.core.models.gpt import GPTModel
+
+    block = decoder_block_spec(config, platform, keys_as_te, vp_stage=vp_stage)
+    if heads is not None:
+        model_class, extra, mtp = heads[0], dict(heads[1], head_norm_spec=block.layer_norm), None
+    else:
+        model_class, extra = GPTModel, {}
+        mtp = mtp_block_spec(config, platform, keys_as_te, vp_stage=vp_stage)
+    return model_class(
+        config=config,
+        transformer_layer_spec=block,
+        vocab_size=vocab_size,
+        max_sequence_length=cfg.training.seq_length,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=cfg.model.tie_embeddings,
+        position_embedding_type=position_embedding_type,
+        rotary_percent=rotary_percent,
+        rotary_base=int(cfg.model.rope_theta),
+        mtp_block_spec=mtp,
+        vp_stage=vp_stage,
+        **extra,
+    )
