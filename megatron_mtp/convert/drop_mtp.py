@@ -29,8 +29,8 @@ from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.safetensors_io import INDEX_NAME, HFDir, PlannedTensor, ShardedSafetensorsWriter
 from megatron_mtp.convert.serving import SERVING_FILE
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.deepseek_v3.hf_config_json import mtp_depth
-from megatron_mtp.models.deepseek_v3.hf_mapping import MODEL_KEY_PREFIXES, MTP_KEY_PREFIXES, is_mtp_hf_name
+from megatron_mtp.models.hf_common import mtp_depth
+from megatron_mtp.models.tensor_table import MODEL_KEY_PREFIXES, MTP_KEY_PREFIXES, is_mtp_hf_name
 from megatron_mtp.output import staged_dir, tree_bytes
 
 _HF_WEIGHT_SUFFIXES = (".safetensors", ".bin")

@@ -1,4 +1,5 @@
-"""Hugging Face DeepSeek-V3/V2 directory -> megatron-mtp torch_dist checkpoint (layout-free).
+"""Hugging Face DeepSeek-V3/V2 or GLM-4.5 directory -> megatron-mtp torch_dist checkpoint (layout-free).
+The family is config.json's ``model_type`` (models/family.py ``family_of_hf_config``).
 
 Inputs: one HF directory (main only, or the release layout with MTP layers inline), a separate
 export (``DIR/main`` + ``DIR/mtp``), or ``mtp_dir`` given explicitly (release or SGLang NextN
@@ -37,9 +38,10 @@ from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.convert.shapes import check_shape
 from megatron_mtp.convert.tokenizer_files import TOKENIZER_FILES
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.deepseek_v3.hf_config import from_hf_config
-from megatron_mtp.models.deepseek_v3.hf_config_json import mtp_depth, parse_hf_config
-from megatron_mtp.models.deepseek_v3.hf_mapping import Param, extra_state_keys, is_mtp_hf_name, param_table
+from megatron_mtp.models.deepseek_v3.hf_config_json import parse_hf_config
+from megatron_mtp.models.family import family_of_hf_config
+from megatron_mtp.models.hf_common import mtp_depth
+from megatron_mtp.models.tensor_table import Param, extra_state_keys, is_mtp_hf_name
 from megatron_mtp.output import staged_dir, tree_bytes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -53,7 +55,7 @@ class _Sources:
         self.where: dict[str, tuple[str, str]] = {n: ("main", n) for n in main.names()}
         if mtp is not None:
             self.dirs["mtp"] = mtp
-            nextn = "DeepseekV3ForCausalLMNextN" in (mtp.config.get("architectures") or [])
+            nextn = any(str(a).endswith("NextN") for a in mtp.config.get("architectures") or [])
             for name in mtp.names():
                 release = name
                 if nextn and name.startswith("model.layers."):
@@ -104,10 +106,15 @@ def _vocab_multiple(vocab: int, tp: int) -> int:
 def _shape_of(param: Param, src: _Sources) -> tuple[int, ...]:
     names = [n.format(e=0) for n in param.hf]
     shapes = [src.shape(n) for n in names]
-    if len(shapes) == 2:
-        if shapes[0] != shapes[1]:
+    if len(shapes) > 1:
+        if param.qkv is None and shapes[0] != shapes[1]:
             raise UserError(f"'{names[0]}' {shapes[0]} and '{names[1]}' {shapes[1]} must have the same shape")
-        rows = (shapes[0][0] * 2, *shapes[0][1:])
+        if any(s[1:] != shapes[0][1:] for s in shapes):
+            raise UserError(f"{', '.join(names)} must have the same shape past their first dimension, not {shapes}")
+        rows = (sum(s[0] for s in shapes), *shapes[0][1:])
+        if param.part_rows(rows[0]) != [s[0] for s in shapes]:
+            raise UserError(f"{', '.join(names)} have {[s[0] for s in shapes]} rows, which the config.json's heads "
+                            "do not imply (config/weights mismatch)")
     else:
         rows = shapes[0]
     return (param.num_experts, *rows) if param.num_experts else tuple(rows)
@@ -120,7 +127,7 @@ def _assemble(param: Param, src: _Sources, dtype: torch.dtype, expert: Optional[
         if not tensor_is_finite(part):
             refuse_nonfinite(name, "the Hugging Face model")
     parts = [part.to(torch.float32 if param.keep_fp32 else dtype) for part in parts]
-    tensor = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+    tensor = param.join(parts)
     return tensor.unsqueeze(0) if expert is not None else tensor
 
 
@@ -134,7 +141,7 @@ def import_from_hf(
     with_mtp: bool = True,
     dtype: str = "fp32",
 ) -> Path:
-    """Convert an HF DeepSeek-V3/V2 model into a megatron-mtp checkpoint directory ``out_dir``."""
+    """Convert an HF DeepSeek-V3/V2 or GLM-4.5 model into a megatron-mtp checkpoint directory ``out_dir``."""
     if dtype not in DTYPES:
         raise UserError(f"--dtype must be fp32 or bf16, not '{dtype}'")
     for flag, value in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
@@ -144,7 +151,9 @@ def import_from_hf(
     if not hf_dir.is_dir():
         raise UserError(f"Hugging Face directory '{hf_dir}' does not exist")
     main, mtp = _open_inputs(hf_dir, Path(mtp_dir) if mtp_dir is not None else None)
-    model_cfg, _, vocab = from_hf_config(main.config, str(main.path / "config.json"))
+    family = family_of_hf_config(main.config)
+    model_cfg, _, vocab = family.from_hf_config(main.config, str(main.path / "config.json"))
+    param_table = family.param_table
     depth = _mtp_depth(main, mtp, with_mtp)
     style = "parallel" if mtp is not None and is_heads_config(mtp.config) else "sequential"
     if style == "parallel" and not with_mtp:

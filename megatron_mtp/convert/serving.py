@@ -21,7 +21,8 @@ the planned export of every shipped config.
   main model needs the NextN layout); its fused eh-norm kernel needs bf16/fp16 and a hidden size
   that is a multiple of 256 in 512..8192, and fails at the first draft step otherwise.
 - transformers 5.x drafts with ``generate(..., use_mtp=True)`` (batch size 1) from the main model's
-  directory; it knows MTP layers only at the literal layer 61, so other shapes name theirs.
+  directory; it knows MTP layers only at literal layer indices (DeepSeek-V3: 61; GLM-4.5: 92 and 46,
+  the 355B's and the Air's), so other shapes name theirs.
 - Every engine builds the MTP block as a MoE layer: a dense model cannot have a draft.
 """
 
@@ -41,6 +42,9 @@ nextn: OUT/main + OUT/mtp in SGLang's NextN naming; none: OUT holds the main mod
 SERVING_FILE = "SERVING.md"
 SGLANG_DEFAULT_STEPS = 3
 """SGLang's own choice for DeepSeek MTP: 3 chained steps, top-1, 4 draft tokens."""
+TRANSFORMERS_MTP_LAYERS = {"deepseek_v3": (61,), "glm4_moe": (92, 46)}
+"""The layer indices transformers 5.24's model class of each family knows as MTP layers (its
+``_keys_to_ignore_on_load_unexpected``): a release's one MTP module."""
 FLASH_MLA_HEAD_SIZE = 576
 """The only MLA head size (kv_lora_rank + qk_rope_head_dim) vLLM's FlashAttention MLA backend takes."""
 
@@ -99,12 +103,22 @@ class Export:
     hidden_size: int
     moe: bool
     tied: bool
-    mla_head_size: int
+    mla_head_size: Optional[int]
+    """MLA's cached width per token (None: not MLA)."""
     speculative: Optional[int] = None
     """Draft tokens per step asked for with --speculative (None: each engine's default)."""
+    family: str = "deepseek_v3"
+    """The model family (models/<family>/)."""
+    architecture: str = "DeepseekV3ForCausalLM"
+    """What config.json's architectures says."""
     parallel_heads: bool = False
     """The MTP part is parallel heads (mtp.style parallel, convert/parallel_heads_export.py), which no
     engine loads."""
+
+    @property
+    def transformers_finds_mtp(self) -> bool:
+        """Whether transformers finds this export's MTP layers without being told where they are."""
+        return self.depth == 1 and self.num_layers in TRANSFORMERS_MTP_LAYERS.get(self.family, ())
 
     @property
     def main_dir(self) -> Path:
@@ -263,7 +277,7 @@ def render_sglang(e: Export, draft: bool) -> str:
 
 
 def mtp_ignore_patterns(e: Export) -> list[str]:
-    """The pattern list transformers needs to find this export's MTP layers (it knows only layer 61)."""
+    """The pattern list transformers needs to find this export's MTP layers (TRANSFORMERS_MTP_LAYERS)."""
     return [rf"model\.layers\.{e.num_layers + d}\." for d in range(e.depth)]
 
 
@@ -289,7 +303,7 @@ def transformers_mtp_code(e: Export) -> str:
             f"model.config.num_mtp_layers = {e.depth}  # main/config.json says 0: it holds no MTP layer",
             f"model.config.name_or_path = {json.dumps(str(e.mtp_dir))}  # where transformers reads MTP weights",
         ]
-    if not (e.num_layers == 61 and e.depth == 1):
+    if not e.transformers_finds_mtp:
         patterns = ", ".join(f'r"{p}"' for p in mtp_ignore_patterns(e))
         lines.append(f"model._keys_to_ignore_on_load_unexpected = [{patterns}]  # the MTP layers")
     lines += [
@@ -331,7 +345,7 @@ def _section_vllm(e: Export, blocked: list[Problem]) -> list[str]:
             out += ["vLLM builds the draft from the target's config.json, and main/config.json says "
                     "`num_nextn_predict_layers: 0` (main/ holds no MTP layer), hence `--hf-overrides`.", ""]
     out.append("Add `--tensor-parallel-size N` to spread the model over N GPUs.")
-    if e.mla_head_size != FLASH_MLA_HEAD_SIZE:
+    if e.mla_head_size is not None and e.mla_head_size != FLASH_MLA_HEAD_SIZE:
         out.append(f"This model's MLA head size is {e.mla_head_size}; vLLM's FlashAttention MLA kernel takes only "
                    f"{FLASH_MLA_HEAD_SIZE}: if vLLM picks it and refuses, add `--attention-backend TRITON_MLA`.")
     return out + [""]
@@ -352,15 +366,16 @@ def _section_sglang(e: Export, blocked: list[Problem]) -> list[str]:
 
 def _section_transformers(e: Export, blocked: list[Problem]) -> list[str]:
     out = ["## transformers (5.x)", "", "Main model:", "", *_block(transformers_code(e), "python")]
-    if e.layout == "inline" and not (e.num_layers == 61 and e.depth == 1):
+    known = " and ".join(str(n) for n in TRANSFORMERS_MTP_LAYERS.get(e.family, ()))
+    if e.layout == "inline" and not e.transformers_finds_mtp:
         out += [f"transformers reports the MTP layers (`model.layers.{e.num_layers}.*`...) as unexpected keys "
-                "when it loads the main model: it skips only the literal layer 61. The model is complete.", ""]
+                f"when it loads the main model: it skips only the literal layer {known}. The model is complete.", ""]
     if e.depth and not any(p.blocks == "draft" for p in blocked):
         out += ["With the MTP draft, continue with the lines below. `generate(..., use_mtp=True)` is assisted "
                 f"decoding with the model's own MTP layers: one draft token per MTP module ({e.depth} per step "
                 "here), batch size 1 only, greedy or sampling, and the MTP weights are read from disk again on "
-                "every call. transformers looks for MTP layers only at the literal layer 61 (DeepSeek-V3: 61 "
-                "layers, one module), so the code names this export's.", "",
+                f"every call. transformers looks for MTP layers only at the literal layer {known} (the "
+                "releases' one module), so the code names this export's.", "",
                 *_block(transformers_mtp_code(e), "python"),
                 "Do not put `use_mtp` into generation_config.json: every `generate` call would become batch-1 "
                 "assisted decoding.", ""]

@@ -2,7 +2,7 @@
 
 Both directions compare what they read against these shapes before writing anything, so a
 config that does not describe the weights is one clear error instead of a broken output. The
-shapes come from the family's tensor table (models/deepseek_v3/hf_mapping.py); routed experts get
+shapes come from the model family's tensor table (models/<family>/hf_mapping.py); routed experts get
 their leading global-expert axis here, as the checkpoint stores them.
 """
 
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from megatron_mtp.config.model import ModelConfig
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.deepseek_v3.hf_mapping import EMBEDDING, OUTPUT_LAYER, rule_for_key
+from megatron_mtp.models.family import get_family
+from megatron_mtp.models.tensor_table import EMBEDDING, OUTPUT_LAYER
 
 
 def expected_shape(key: str, model: ModelConfig, vocab: int) -> tuple[int, ...]:
     if key in (EMBEDDING, OUTPUT_LAYER):
         return (vocab, model.hidden_size)
-    rule = rule_for_key(key)
+    rule = get_family(model.family).TABLE.rule_for_key(key)
     shape = tuple(rule.shape(model))
     return (model.num_experts, *shape) if rule.experts else shape
 

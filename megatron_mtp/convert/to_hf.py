@@ -1,4 +1,5 @@
-"""megatron-core torch_dist checkpoint -> Hugging Face DeepSeek-V3 directory (main, MTP, or both).
+"""megatron-core torch_dist checkpoint -> Hugging Face directory of its family (DeepSeek-V3 or
+GLM-4.5; main, MTP, or both). The checkpoint's ``model.family`` gives the tensor table and config.json.
 
 Layouts (``mtp``):
   separate  OUT/main = standard HF model (num_nextn_predict_layers 0, tokenizer);
@@ -46,15 +47,9 @@ from megatron_mtp.convert.safetensors_io import PlannedTensor, ShardedSafetensor
 from megatron_mtp.convert.shapes import check_shape, expected_shape
 from megatron_mtp.convert.tokenizer_files import copy_tokenizer, special_token_ids
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.deepseek_v3.hf_config import TOKEN_ID_KEYS, carry_source_fields, to_hf_config
-from megatron_mtp.models.deepseek_v3.hf_mapping import (
-    EMBEDDING,
-    MODEL_KEY_PREFIXES,
-    MTP_KEY_PREFIXES,
-    Param,
-    nextn_name,
-    param_table,
-)
+from megatron_mtp.models.family import get_family
+from megatron_mtp.models.hf_common import TOKEN_ID_KEYS
+from megatron_mtp.models.tensor_table import EMBEDDING, MODEL_KEY_PREFIXES, MTP_KEY_PREFIXES, Param, nextn_name
 from megatron_mtp.output import check_output_free, staged_dir, tree_bytes
 
 MtpMode = Literal["separate", "inline", "none"]
@@ -74,6 +69,7 @@ class Piece:
 
 def select_params(reader: TorchDistReader, cfg: Config, step: Path) -> list[Param]:
     """The table rows present in the checkpoint; every model tensor must be claimed by one."""
+    param_table = get_family(cfg.model.family).param_table
     table = [p for p in param_table(cfg.model, cfg.mtp.num_layers, style=cfg.mtp.style) if p.mcore in reader]
     claimed = {p.mcore for p in table}
     for key in reader.keys():
@@ -127,12 +123,12 @@ def plan_pieces(
             inner = shape[1:]
             for e in range(p.num_experts):
                 names = [rename(n.format(e=e)) for n in p.hf]
-                pieces.append(Piece(p, (e, e + 1), _split_outputs(dest, names, inner)))
+                pieces.append(Piece(p, (e, e + 1), _split_outputs(dest, names, inner, p)))
         else:
             names = [rename(n) for n in p.hf]
             if all(n is None for n in names):
                 continue
-            pieces.append(Piece(p, None, _split_outputs(dest, names, shape)))
+            pieces.append(Piece(p, None, _split_outputs(dest, names, shape, p)))
     return pieces
 
 
@@ -151,17 +147,17 @@ def plan_export(cfg: Config, vocab: int, mode: MtpMode, mtp_layout: MtpLayout = 
                 dtype: str = "bf16") -> dict[str, list[PlannedTensor]]:
     """The tensors ("main"/"mtp" part -> planned tensors) an export of a checkpoint with this config
     writes, from the config alone (the export of a real checkpoint plans the same from its metadata)."""
-    params = param_table(cfg.model, cfg.mtp.num_layers, spec="te", style=cfg.mtp.style)
+    params = get_family(cfg.model.family).param_table(cfg.model, cfg.mtp.num_layers, spec="te", style=cfg.mtp.style)
     pieces = plan_pieces(params, lambda key: expected_shape(key, cfg.model, vocab), cfg.model.num_layers, mode,
                          mtp_layout)
     return _plans(pieces, DTYPES[dtype], dtype == "fp8")
 
 
-def _split_outputs(dest: str, names: list[Optional[str]], shape: tuple[int, ...]):
+def _split_outputs(dest: str, names: list[Optional[str]], shape: tuple[int, ...], param: Param):
     if len(names) == 1:
         return ((dest, names[0], tuple(shape)),) if names[0] is not None else ()
-    half = (shape[0] // 2, *shape[1:])
-    return tuple((dest, n, half) for n in names if n is not None)
+    rows = param.part_rows(shape[0])
+    return tuple((dest, n, (r, *shape[1:])) for n, r in zip(names, rows) if n is not None)
 
 
 def _out_dtype(param: Param, dtype: torch.dtype) -> torch.dtype:
@@ -179,16 +175,15 @@ def _tensors_of(piece: Piece, tensor: torch.Tensor, dtype: torch.dtype,
     if piece.rows is not None:
         tensor = tensor[0]
     if fp8 and _has_fp8(piece):
-        parts = tensor.chunk(len(piece.param.hf), dim=0)
+        parts = piece.param.split(tensor)
         for (dest, name, _), part in zip(piece.outputs, parts):
             for out_name, out in fp8_export.quantized(name, part):
                 yield dest, out_name, out
         return
     tensor = tensor.to(_out_dtype(piece.param, dtype))
-    if len(piece.param.hf) == 2:
-        parts = tensor.chunk(2, dim=0)
-        for (dest, name, _), part in zip(piece.outputs, parts):
-            yield dest, name, part
+    if len(piece.param.hf) > 1:
+        for (dest, name, _), part in zip(piece.outputs, piece.param.split(tensor)):
+            yield dest, name, part.contiguous()
     else:
         for dest, name, _ in piece.outputs:
             yield dest, name, tensor
@@ -198,6 +193,8 @@ def _direct_ranges(reader: TorchDistReader, piece: Piece, dtype: torch.dtype, fp
     """(file, [(offset, nbytes) per output]) when the outputs are unchanged stored bytes."""
     entry = reader.entry(piece.param.mcore)
     if entry.dtype != _out_dtype(piece.param, dtype) or len(piece.outputs) != len(piece.param.hf):
+        return None
+    if piece.param.qkv is not None:  # q, k and v rows interleave per group: not contiguous ranges
         return None
     if fp8 and _has_fp8(piece):
         return None
@@ -218,11 +215,12 @@ def hf_configs(
     it holds no MTP layer, and an engine told otherwise would look for its draft there (SGLang
     silently loads nothing); SGLang's NextN directory is its one-module form (``num_hidden_layers: 1``)."""
     depth = cfg.mtp.num_layers if mode != "none" else 0
-    full = to_hf_config(cfg.model, cfg.mtp, vocab_size=vocab, num_nextn_predict_layers=depth,
+    family = get_family(cfg.model.family)
+    full = family.to_hf_config(cfg.model, cfg.mtp, vocab_size=vocab, num_nextn_predict_layers=depth,
                         torch_dtype="float32" if dtype == "fp32" else "bfloat16",
                         bos_token_id=tokenizer_ids.get("bos_token_id"),
                         eos_token_id=tokenizer_ids.get("eos_token_id")).to_dict()
-    full = carry_source_fields(full, source, tokenizer_ids)
+    full = family.carry_source_fields(full, source, tokenizer_ids)
     if dtype == "fp8":
         full = fp8_export.with_quantization(full)
     if mode in ("none", "inline"):
@@ -234,19 +232,21 @@ def hf_configs(
         return {"main": main, "mtp": heads_config(main, depth)}
     mtp = full
     if mtp_layout == "nextn":
-        mtp = dict(full, architectures=["DeepseekV3ForCausalLMNextN"], num_hidden_layers=depth)
+        mtp = dict(full, architectures=[family.HF_ARCHITECTURES[0] + "NextN"], num_hidden_layers=depth)
     return {"main": dict(full, num_nextn_predict_layers=0), "mtp": mtp}
 
 
 def serving_export(cfg: Config, out: Path, mode: MtpMode, mtp_layout: MtpLayout, dtype: str,
                    speculative: Optional[int] = None) -> serving.Export:
     """What serving needs to know about this export (convert/serving.py)."""
-    m = cfg.model
+    m, family = cfg.model, get_family(cfg.model.family)
     return serving.Export(
         out=out, layout=serving.layout_name(mode, mtp_layout), dtype=dtype, num_layers=m.num_layers,
         depth=cfg.mtp.num_layers if mode != "none" else 0, hidden_size=m.hidden_size, moe=m.num_experts > 0,
-        tied=m.tie_embeddings, mla_head_size=m.kv_lora_rank + m.qk_pos_emb_head_dim, speculative=speculative,
-        parallel_heads=cfg.mtp.style == "parallel",
+        tied=m.tie_embeddings, speculative=speculative, parallel_heads=cfg.mtp.style == "parallel",
+        family=cfg.model.family, architecture=family.HF_ARCHITECTURES[0],
+        # MLA caches one latent + rotary key per token: the "head size" of vLLM's MLA kernels
+        mla_head_size=family.kv_cache_elements_per_token(cfg) if family.ATTENTION == "mla" else None,
     )
 
 

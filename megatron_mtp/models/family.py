@@ -27,7 +27,7 @@ INTERFACE = (
     "parameter_counts", "training_flops_per_token", "layer_sizes", "mtp_own_size",
     "kv_cache_elements_per_token", "decode_attention_flops",
     # the Hugging Face format: config.json both ways, what an export carries back of an imported one
-    "HF_ARCHITECTURES", "HF_MODEL_TYPES", "to_hf_config", "from_hf_config", "carry_source_fields",
+    "ATTENTION", "HF_ARCHITECTURES", "HF_MODEL_TYPES", "to_hf_config", "from_hf_config", "carry_source_fields",
 )
 
 

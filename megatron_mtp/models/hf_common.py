@@ -10,6 +10,20 @@ from megatron_mtp.config.model import ModelConfig, MTPConfig
 from megatron_mtp.errors import UserError
 
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def mtp_depth(raw: Mapping[str, Any], where: str = "config.json") -> int:
+    """MTP depth an HF config declares: ``num_nextn_predict_layers`` (or ``num_mtp_layers``), else 0."""
+    spelling = "num_nextn_predict_layers" if "num_nextn_predict_layers" in raw else "num_mtp_layers"
+    value = raw.get(spelling)
+    if value is None:
+        return 0
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: field '{spelling}' has a malformed value {value!r}") from None
+
+
 Reader = Callable[[Mapping[str, Any]], tuple[ModelConfig, MTPConfig, int]]
 """A family's from_hf_config."""
 

@@ -2,7 +2,8 @@
 
 For depth d: tokens shift left by one more position (the last filled with 0, as megatron-core's
 roll does), ``h = eh_proj(cat([enorm(embed(tokens)), hnorm(prev_hidden)]))`` -- embedding FIRST --
-then one DeepSeek-V3 decoder layer (transformers' implementation, weights loaded by hand), then
+then one decoder layer of the export's family (transformers' DeepSeek-V3 or GLM-4.5 implementation,
+weights loaded by hand), then
 ``shared_head.norm`` and ``shared_head.head``. ``prev_hidden`` starts as the main model's output
 after its final norm and is then the previous depth's normalised output.
 """
@@ -45,12 +46,23 @@ def _layer_state(weights: dict[str, torch.Tensor], prefix: str, experts: int) ->
     return state
 
 
-@torch.no_grad()
-def mtp_logits(main_dir: Path, mtp_dir: Path, tokens: torch.Tensor) -> list[torch.Tensor]:
+def _classes(model_type: str):
+    """transformers' causal-LM and decoder-layer classes of a family."""
+    if model_type == "glm4_moe":
+        from transformers import Glm4MoeForCausalLM
+        from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeDecoderLayer
+
+        return Glm4MoeForCausalLM, Glm4MoeDecoderLayer
     from transformers import DeepseekV3ForCausalLM
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
 
-    model = DeepseekV3ForCausalLM.from_pretrained(main_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    return DeepseekV3ForCausalLM, DeepseekV3DecoderLayer
+
+
+@torch.no_grad()
+def mtp_logits(main_dir: Path, mtp_dir: Path, tokens: torch.Tensor) -> list[torch.Tensor]:
+    model_class, layer_class = _classes(json.loads((main_dir / "config.json").read_text())["model_type"])
+    model = model_class.from_pretrained(main_dir, dtype=torch.float32, attn_implementation="eager").eval()
     cfg = model.config
     mtp_cfg = json.loads((mtp_dir / "config.json").read_text())
     L, D = mtp_cfg["num_hidden_layers"], mtp_cfg["num_nextn_predict_layers"]
@@ -69,7 +81,7 @@ def mtp_logits(main_dir: Path, mtp_dir: Path, tokens: torch.Tensor) -> list[torc
         x = torch.cat([_rms(emb, weights[p + "enorm.weight"], cfg.rms_norm_eps),
                        _rms(hidden, weights[p + "hnorm.weight"], cfg.rms_norm_eps)], dim=-1)
         x = x @ weights[p + "eh_proj.weight"].T
-        layer = DeepseekV3DecoderLayer(cfg, layer_idx=L + d).eval()
+        layer = layer_class(cfg, layer_idx=L + d).eval()
         layer.load_state_dict(_layer_state(weights, p, cfg.n_routed_experts or 0), strict=True)
         x = layer(x, attention_mask=mask, position_ids=positions,
                   position_embeddings=model.model.rotary_emb(x, positions))

@@ -18,6 +18,8 @@ _WHERE = {
     "mtp_own_size": "size", "kv_cache_elements_per_token": "size", "decode_attention_flops": "size",
     "to_hf_config": "hf_config", "from_hf_config": "hf_config", "carry_source_fields": "hf_config",
 }
+ATTENTION = "mla"
+"""The attention kind: "mla" (multi-head latent) or "gqa" (grouped-query)."""
 HF_ARCHITECTURES = ("DeepseekV3ForCausalLM",)
 """What our Hugging Face exports declare (and imports accept)."""
 HF_MODEL_TYPES = ("deepseek_v3", "deepseek_v2")
@@ -31,4 +33,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted([*_WHERE, "HF_ARCHITECTURES", "HF_MODEL_TYPES"])
+    return sorted([*_WHERE, "ATTENTION", "HF_ARCHITECTURES", "HF_MODEL_TYPES"])

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Union
 
 from megatron_mtp.errors import UserError
+from megatron_mtp.models.hf_common import mtp_depth
 
 EosIds = Union[int, tuple[int, ...], None]
 
@@ -170,10 +171,6 @@ def _scalar_kind(annotation: str) -> Optional[Callable[[Any], Any]]:
     return _SCALARS.get(inner)
 
 
-def mtp_depth(raw: Mapping[str, Any], where: str = "config.json") -> int:
-    """MTP depth an HF config declares: ``num_nextn_predict_layers`` (or ``num_mtp_layers``), else 0."""
-    spelling = "num_nextn_predict_layers" if "num_nextn_predict_layers" in raw else "num_mtp_layers"
-    return _value(raw, spelling, int, 0, where)
 
 
 def _rope(raw: Mapping[str, Any], max_positions: int, where: str) -> tuple[float, Optional[YarnScaling]]:

@@ -19,6 +19,8 @@ _WHERE = {
     "mtp_own_size": "size", "kv_cache_elements_per_token": "size", "decode_attention_flops": "size",
     "to_hf_config": "hf_config", "from_hf_config": "hf_config", "carry_source_fields": "hf_config",
 }
+ATTENTION = "gqa"
+"""The attention kind: "mla" (multi-head latent) or "gqa" (grouped-query)."""
 HF_ARCHITECTURES = ("Glm4MoeForCausalLM",)
 """What our Hugging Face exports declare (and imports accept)."""
 HF_MODEL_TYPES = ("glm4_moe",)
@@ -32,4 +34,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted([*_WHERE, "HF_ARCHITECTURES", "HF_MODEL_TYPES"])
+    return sorted([*_WHERE, "ATTENTION", "HF_ARCHITECTURES", "HF_MODEL_TYPES"])
