@@ -28,6 +28,7 @@ the planned export of every shipped config.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from dataclasses import dataclass
@@ -88,6 +89,19 @@ FACTS = {
         draft_dtypes=None, loads_tied_head=True, preferred_layout="inline",
     ),
 }
+
+
+FAMILY_FACTS = {
+    # SGLang's GLM-4.5 NextN module (glm4_moe_nextn.py) runs plain RMSNorms and an nn.Linear eh_proj:
+    # none of the fused eh-norm kernel's hidden-size and dtype limits of its DeepSeek-V3 one
+    "glm4_moe": {"sglang": dict(draft_hidden_sizes=None, draft_dtypes=None)},
+}
+"""Where an engine's facts differ for a model family (read from its loader for that family)."""
+
+
+def facts_for(engine: str, family: str) -> EngineFacts:
+    """``engine``'s facts for a model of ``family``."""
+    return dataclasses.replace(FACTS[engine], **FAMILY_FACTS.get(family, {}).get(engine, {}))
 
 
 @dataclass(frozen=True)
@@ -181,7 +195,7 @@ def layout_name(mtp: str, mtp_layout: str) -> str:
 
 def problems(engine: str, export: Export) -> list[Problem]:
     """Everything ``engine`` cannot load or run in ``export``, one sentence each."""
-    facts, e = FACTS[engine], export
+    facts, e = facts_for(engine, export.family), export
     name = facts.title
     found = []
 
@@ -189,7 +203,7 @@ def problems(engine: str, export: Export) -> list[Problem]:
         found.append(Problem(engine, fact, sentence, blocks))
 
     if e.tied and not facts.loads_tied_head:
-        add("tied-head", f"{name}'s DeepSeek model always loads lm_head.weight, and this model ties its output "
+        add("tied-head", f"{name}'s {e.architecture} always loads lm_head.weight, and this model ties its output "
             "head to the embedding, so the export has none", "model")
     if e.depth == 0:
         return found

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from megatron_mtp.config.root import Config
+from megatron_mtp.models.family import get_family
 
 FP32 = 4
 
@@ -96,6 +97,10 @@ class Dims:
     """Bytes of an activation element (2 in bf16/fp16, 4 in fp32)."""
     imbalance: float = 1.0
     """Tokens routed to this rank's experts over the balanced average."""
+    kv_heads: Optional[int] = None
+    """Grouped-query attention (family glm4_moe): key/value heads on this rank; None: MLA."""
+    qk_norm: bool = False
+    """Grouped-query attention: per-head q/k RMSNorms."""
 
     @property
     def tokens(self) -> int:
@@ -116,9 +121,15 @@ def dims_of(cfg: Config, padded_vocab: int, imbalance: float = 1.0, seq: int | N
             batch: int | None = None) -> Dims:
     m, p = cfg.model, cfg.parallel
     tp, etp = p.tensor, p.expert_tensor or p.tensor
+    attention = dict(qk_dim=m.qk_head_dim + m.qk_pos_emb_head_dim, v_dim=m.v_head_dim, rope_dim=m.qk_pos_emb_head_dim,
+                     q_lora=m.q_lora_rank, kv_lora=m.kv_lora_rank)
+    if get_family(m.family).ATTENTION == "gqa":
+        head = m.head_dim or m.hidden_size // m.num_attention_heads
+        share = 0.5 if m.rotary_percent is None else m.rotary_percent
+        attention = dict(qk_dim=head, v_dim=head, rope_dim=int(head * share), q_lora=None, kv_lora=0,
+                         kv_heads=(m.num_query_groups or m.num_attention_heads) // tp, qk_norm=m.qk_layernorm)
     return Dims(seq=seq or cfg.training.seq_length, batch=batch or cfg.training.micro_batch_size,
-                hidden=m.hidden_size, heads=m.num_attention_heads // tp, qk_dim=m.qk_head_dim + m.qk_pos_emb_head_dim,
-                v_dim=m.v_head_dim, rope_dim=m.qk_pos_emb_head_dim, q_lora=m.q_lora_rank, kv_lora=m.kv_lora_rank,
+                hidden=m.hidden_size, heads=m.num_attention_heads // tp, **attention,
                 ffn=m.ffn_hidden_size // tp, expert_ffn=m.moe_ffn_hidden_size // etp,
                 shared_ffn=m.num_shared_experts * m.moe_ffn_hidden_size // tp, experts=m.num_experts,
                 topk=m.router_topk, groups=m.router_num_groups or 1, vocab=padded_vocab // tp, tp=tp, etp=etp,
@@ -160,7 +171,9 @@ def _linear_input(d: Dims, k: Kernels, te_linear: bool = True) -> int:
 
 
 def attention(d: Dims, k: Kernels, modules: frozenset) -> Saved:
-    """MLA self-attention with its input norm."""
+    """MLA self-attention with its input norm (grouped-query: ``gqa_attention``)."""
+    if d.kv_heads is not None:
+        return gqa_attention(d, k, modules)
     out, n, a = Saved(), d.local, d.act_bytes
     _norm(out, "input_norm", d.hidden, n, d, k)
     out.add("input_norm.output", d.hidden * n * _linear_input(d, k))  # q/kv down-projection input
@@ -195,6 +208,39 @@ def attention(d: Dims, k: Kernels, modules: frozenset) -> Saved:
         out.drop("qkv.")
         if k.rope == "torch":
             out.items["rope.tables"] = d.seq * d.rope_dim * FP32  # the checkpoint keeps the fp32 rotary table
+    if "layernorm" in modules:
+        out.drop("input_norm.")
+        out.add("input_norm.input", d.hidden * n * a)
+    return out
+
+
+def gqa_attention(d: Dims, k: Kernels, modules: frozenset) -> Saved:
+    """Grouped-query self-attention with its input norm (fused into linear_qkv under TE), optional
+    per-head q/k norms and partial RoPE. An estimate from the module structure: unlike MLA's, it is
+    not yet checked against a measured rank (tests/dist/test_plan_activations.py)."""
+    out, n, a, t = Saved(), d.local, d.act_bytes, d.tokens
+    _norm(out, "input_norm", d.hidden, n, d, k)
+    out.add("input_norm.output", d.hidden * n * _linear_input(d, k))  # linear_qkv's input
+    q, kv = t * d.heads * d.qk_dim * a, t * d.kv_heads * d.qk_dim * a
+    if d.qk_norm:
+        _norm(out, "q_norm", d.qk_dim, t * d.heads, d, k)
+        _norm(out, "k_norm", d.qk_dim, t * d.kv_heads, d, k)
+    if k.rope == "torch":
+        out.add("rope.tables", 4 * d.seq * d.rope_dim * a)
+    out.add("qkv.q", q)
+    out.add("qkv.k", kv)
+    out.add("qkv.v", kv)
+    if k.attention == "flash":
+        out.add("attn.lse", t * d.heads * FP32)
+    elif "core_attn" not in modules:  # math SDPA over key/value heads repeated to the query heads, in fp32
+        scale = FP32 / a
+        out.add("attn.q_scaled", q * scale)
+        out.add("attn.k_copy", q * scale)
+        out.add("attn.v_copy", q * scale)
+        out.add("attn.probs", d.batch * d.heads * d.seq * d.seq * FP32)
+    out.add("attn.output", t * d.heads * d.v_dim * a)
+    if k.fp8:
+        out.add("attn.output_fp8", t * d.heads * d.v_dim)
     if "layernorm" in modules:
         out.drop("input_norm.")
         out.add("input_norm.input", d.hidden * n * a)

@@ -37,11 +37,13 @@ def _column(width: float, tokens: int) -> tuple[float, float]:
 
 
 def _attention_tp(cfg: Config, d: Dims, te: bool) -> tuple[float, float]:
-    """(all-gather, reduce-scatter) elements of one MLA block, forward and backward."""
+    """(all-gather, reduce-scatter) elements of one attention block, forward and backward."""
     m, t = cfg.model, d.tokens
     h, q, kv, r = m.hidden_size, m.q_lora_rank, m.kv_lora_rank, m.qk_pos_emb_head_dim
     parts = []
-    if te:  # duplicated down-projections; the up-projections gather the compressed latents
+    if d.kv_heads is not None:  # grouped-query: one column-parallel linear_qkv
+        parts.append(_column(h, t))
+    elif te:  # duplicated down-projections; the up-projections gather the compressed latents
         parts += [_column(q or h, t), _column(kv, t), (t * r, t * r)]  # + k_pos_emb gather and its backward
     else:  # column-parallel down-projections: their outputs are gathered, then re-split by sequence
         if q:

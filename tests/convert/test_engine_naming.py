@@ -66,17 +66,24 @@ class Load:
 
 
 def decoder_layer(c: dict, moe: bool, bias: Optional[bool] = None) -> set[str]:
-    """Checkpoint names of one DeepSeek decoder layer, relative to its prefix."""
-    names = {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.kv_a_proj_with_mqa.weight",
-             "self_attn.kv_a_layernorm.weight", "self_attn.kv_b_proj.weight", "self_attn.o_proj.weight"}
-    if c["q_lora_rank"] is not None:
+    """Checkpoint names of one DeepSeek-V3 or GLM-4.5 decoder layer, relative to its prefix."""
+    names = {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.o_proj.weight"}
+    if c["model_type"] == "glm4_moe":  # q/k/v with an optional bias and per-head q/k norms
+        names |= {f"self_attn.{p}_proj.{w}" for p in "qkv" for w in ("weight", "bias")[:1 + c["attention_bias"]]}
+        names |= {"self_attn.q_norm.weight", "self_attn.k_norm.weight"} if c["use_qk_norm"] else set()
+    else:
+        names |= {"self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_a_layernorm.weight",
+                  "self_attn.kv_b_proj.weight"}
+    if c["model_type"] == "glm4_moe":
+        pass  # its attention is above
+    elif c["q_lora_rank"] is not None:
         names |= {"self_attn.q_a_proj.weight", "self_attn.q_a_layernorm.weight", "self_attn.q_b_proj.weight"}
     else:
         names.add("self_attn.q_proj.weight")
     if not moe:
         return names | {f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
     names.add("mlp.gate.weight")
-    if bias if bias is not None else c["topk_method"] == "noaux_tc":
+    if bias if bias is not None else c.get("topk_method", "noaux_tc") == "noaux_tc":  # GLM: always
         names.add("mlp.gate.e_score_correction_bias")
     experts = range(c["n_routed_experts"] or 0)
     names |= {f"mlp.experts.{e}.{p}_proj.weight" for e in experts for p in ("gate", "up", "down")}
@@ -99,7 +106,7 @@ def layer_index(name: str) -> Optional[int]:
 
 def sparse(c: dict, i: int) -> bool:
     """vLLM and SGLang: MoE if there are routed experts, from first_k_dense_replace on, every moe_layer_freq."""
-    return c["n_routed_experts"] is not None and i >= c["first_k_dense_replace"] and i % c["moe_layer_freq"] == 0
+    return c["n_routed_experts"] is not None and i >= c["first_k_dense_replace"] and i % c.get("moe_layer_freq", 1) == 0
 
 
 def vllm_target(c: dict, names: set[str]) -> Load:
@@ -171,11 +178,17 @@ def sglang_draft(c: dict, names: set[str]) -> Load:
     return Load(missing=want - got, unknown=unknown)
 
 
+def known_mtp_patterns(c: dict) -> list[str]:
+    """transformers 5.24's _keys_to_ignore_on_load_unexpected: DeepSeek-V3's layer 61, GLM-4.5's 92 and 46."""
+    return [r"model\.layers\.92.*", r"model\.layers\.46.*"] if c["model_type"] == "glm4_moe" else [
+        r"model\.layers\.61.*"]
+
+
 def transformers_target(c: dict, names: set[str]) -> Load:
-    """MoE from first_k_dense_replace on; names matching the literal model.layers.61 are ignored,
+    """MoE from first_k_dense_replace on; names matching the literal known MTP layers are ignored,
     other extra names are reported unexpected (a warning; `unknown` here)."""
     want = main_model(c, lambda c, i: i >= c["first_k_dense_replace"], head=not c["tie_word_embeddings"])
-    extra = {n for n in names - want if not re.search(r"model\.layers\.61.*", n)}
+    extra = {n for n in names - want if not any(re.search(p, n) for p in known_mtp_patterns(c))}
     mtp_layers = {n for n in extra if (layer_index(n) or 0) >= c["num_hidden_layers"]}
     return Load(missing=want - names, unknown=extra - mtp_layers, reported=mtp_layers)
 
@@ -228,7 +241,8 @@ def sglang_served(e: serving.Export, files: dict[Path, tuple[dict, set]]) -> tup
     assert int(opts["--speculative-num-draft-tokens"]) == int(opts["--speculative-num-steps"]) + 1
     draft_config, draft_names = files[Path(opts.get("--speculative-draft-model-path", target_dir))]
     arch = draft_config["architectures"][0]  # SGLang maps the target's name to its NextN class
-    assert arch in ("DeepseekV3ForCausalLM", "DeepseekV3ForCausalLMNextN")
+    assert arch in ("DeepseekV3ForCausalLM", "DeepseekV3ForCausalLMNextN", "Glm4MoeForCausalLM",
+                    "Glm4MoeForCausalLMNextN")
     return loads, sglang_draft(draft_config, draft_names)
 
 
@@ -246,7 +260,7 @@ def transformers_served(e: serving.Export, files: dict[Path, tuple[dict, set]]) 
     source = target_dir
     if m := re.search(r"model\.config\.name_or_path = (\".*?\")", mtp):
         source = Path(json.loads(m.group(1)))
-    patterns = [r"model\.layers\.61.*"]
+    patterns = known_mtp_patterns(config)
     if m := re.search(r"model\._keys_to_ignore_on_load_unexpected = (\[.*?\])", mtp):
         patterns = ast.literal_eval(m.group(1))
     assert "use_mtp=True" in mtp
@@ -289,7 +303,7 @@ def test_engines_load_what_serving_says_they_load(case, layout):
         assert target.ok == (not blocked), (engine, target, facts)
         # only the inline layout has MTP layers beside the main model (SERVING.md says so)
         assert bool(target.reported) == (layout == "inline" and engine == "transformers"
-                                          and export.num_layers != 61), target.reported
+                                          and not export.transformers_finds_mtp), target.reported
         if draft is None:
             continue
         naming = {f for f, p in facts.items() if p.blocks == "draft" and f in NAMING_FACTS}

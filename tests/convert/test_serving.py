@@ -123,6 +123,20 @@ def test_what_each_engine_takes():
     assert serving.problems("transformers", _export(tied=True, depth=2, layout="separate")) == []
 
 
+def test_glm_facts_differ_where_its_loaders_do():
+    """SGLang's GLM-4.5 NextN module has no fused eh-norm kernel (no hidden-size or dtype limit);
+    transformers finds a GLM-4.5 MTP layer at 92 or 46, not 61; vLLM's MLA note is not for GLM."""
+    glm = dict(family="glm4_moe", architecture="Glm4MoeForCausalLM", mla_head_size=None)
+    assert serving.problems("sglang", _export(hidden_size=128, dtype="fp32", **glm)) == []
+    assert [p.fact for p in serving.problems("sglang", _export(hidden_size=128, depth=2, **glm))] == ["depth"]
+    assert _export(num_layers=92, **glm).transformers_finds_mtp and _export(num_layers=46, **glm).transformers_finds_mtp
+    assert not _export(num_layers=61, **glm).transformers_finds_mtp and _export(num_layers=61).transformers_finds_mtp
+    text = serving.serving_text(_export(num_layers=4, hidden_size=128, **glm), [])
+    assert "model._keys_to_ignore_on_load_unexpected" in text and "TRITON_MLA" not in text
+    tied = serving.problems("vllm", _export(tied=True, **glm))
+    assert [p.fact for p in tied] == ["tied-head"] and "Glm4MoeForCausalLM" in tied[0].sentence
+
+
 @pytest.mark.parametrize(
     "engine, given, has_mtp, layers, picked",
     [

@@ -23,6 +23,7 @@ from tests.workers.pool import POOL
 pytestmark = pytest.mark.dist
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "tiny_cpu.yaml")
+GLM = str(ROOT / "configs" / "glm4_moe_tiny_cpu.yaml")
 BASE = ["model.vocab_size=1000", "model.num_layers=2", "training.seq_length=64", "training.micro_batch_size=2",
         "training.global_batch_size=8"]
 LAYOUTS = {
@@ -45,12 +46,15 @@ LAYOUTS = {
     "tp2_ep2_parallel_heads": (2, ["parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1",
                                    "mtp.style=parallel", "mtp.num_layers=2", "training.precision=bf16"]),
     "dp2_head_by_head": (2, ["mtp.style=parallel", "mtp.num_layers=2", "mtp.head_by_head_backward=true"]),
+    # GLM-4.5's grouped-query attention: linear_qkv (with its bias) split over TP by key/value groups,
+    # per-head q/k norms whose gradients TP sums
+    "glm_tp2_ep2": (2, ["parallel.tensor=2", "parallel.expert=2"], GLM),
 }
 MODELED = ("tp", "ep", "etp", "dp", "edp", "pp", "embedding")
 
 
-def run(nproc: int, overrides: list[str], out: Path) -> list[dict]:
-    proc = POOL.run([str(Path(__file__).parent / "scripts" / "plan_check.py"), CONFIG, *BASE, *overrides], nproc=nproc,
+def run(nproc: int, overrides: list[str], out: Path, config: str = CONFIG) -> list[dict]:
+    proc = POOL.run([str(Path(__file__).parent / "scripts" / "plan_check.py"), config, *BASE, *overrides], nproc=nproc,
                     timeout=900, env={"PLANCHECK_DIR": str(out)}, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-6000:]
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(nproc)]
@@ -66,11 +70,11 @@ def replay_max_per_chunk(pp: int, rank: int, chunks: int, micro: int) -> list[in
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_plan_matches_real_ranks(name, tmp_path):
-    nproc, overrides = LAYOUTS[name]
-    cfg = load_config(CONFIG, BASE + overrides)
+    nproc, overrides, config = (*LAYOUTS[name], CONFIG)[:3]
+    cfg = load_config(config, BASE + overrides)
     plan = make_plan(cfg, nproc, parse_gpu("h100"), cpu=True)
     vocab = resolve_vocab(cfg)
-    for rec in run(nproc, overrides, tmp_path):
+    for rec in run(nproc, overrides, tmp_path, config):
         where = f"{name} rank {rec['rank']}"
         pp = rec["pp_rank"]
         want = state_bytes(cfg, plan.sizes, pp, plan.target, vocab, rec["dp_rank"], rec["edp_rank"])
