@@ -22,9 +22,9 @@ SMALL = [
 
 
 def train(run_dir: Path, nproc: int = 1, steps: int = 3, overrides: tuple = (), check: bool = True,
-          timeout: int = 600) -> subprocess.CompletedProcess:
-    """`megatron-mtp train configs/tiny_cpu.yaml` on `nproc` ranks."""
-    cmd = ["-m", "megatron_mtp", "train", str(ROOT / "configs" / "tiny_cpu.yaml"),
+          timeout: int = 600, config: str = "tiny_cpu") -> subprocess.CompletedProcess:
+    """`megatron-mtp train configs/CONFIG.yaml` (tiny_cpu unless told) on `nproc` ranks."""
+    cmd = ["-m", "megatron_mtp", "train", str(ROOT / "configs" / f"{config}.yaml"),
            "--run-dir", str(run_dir), "--max-steps", str(steps), *SMALL, *overrides]
     proc = POOL.run(cmd, nproc=nproc, timeout=timeout)
     if check and proc.returncode != 0:

@@ -48,7 +48,7 @@ LAYOUTS = {
     "dp2_head_by_head": (2, ["mtp.style=parallel", "mtp.num_layers=2", "mtp.head_by_head_backward=true"]),
     # GLM-4.5's grouped-query attention: linear_qkv (with its bias) split over TP by key/value groups,
     # per-head q/k norms whose gradients TP sums
-    "glm_tp2_ep2": (2, ["parallel.tensor=2", "parallel.expert=2"], GLM),
+    "glm_tp2_ep2": (2, ["parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1"], GLM),
 }
 MODELED = ("tp", "ep", "etp", "dp", "edp", "pp", "embedding")
 
