@@ -227,12 +227,13 @@ def gqa_attention(d: Dims, k: Kernels, modules: frozenset) -> Saved:
         _norm(out, "k_norm", d.qk_dim, t * d.kv_heads, d, k)
     if k.rope == "torch":
         out.add("rope.tables", 4 * d.seq * d.rope_dim * a)
-    out.add("qkv.q", q)
-    out.add("qkv.k", kv)
-    out.add("qkv.v", kv)
-    if k.attention == "flash":
-        out.add("attn.lse", t * d.heads * FP32)
-    elif "core_attn" not in modules:  # math SDPA over key/value heads repeated to the query heads, in fp32
+    if k.attention == "flash" or "core_attn" in modules:  # flash takes the key/value heads as they are
+        out.add("qkv.q", q)
+        out.add("qkv.k", kv)
+        out.add("qkv.v", kv)
+        if "core_attn" not in modules:
+            out.add("attn.lse", t * d.heads * FP32)
+    else:  # math SDPA in fp32 over the key/value heads repeated to the query heads (platform/local_modules.py)
         scale = FP32 / a
         out.add("attn.q_scaled", q * scale)
         out.add("attn.k_copy", q * scale)
