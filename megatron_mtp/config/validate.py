@@ -207,6 +207,9 @@ def _recompute(cfg: Config, sizes: ParallelSizes) -> None:
         unknown = [name for name in r.modules if name not in RECOMPUTE_MODULES]
         if unknown or not r.modules:
             raise UserError(f"recompute.modules {r.modules} must list some of {', '.join(RECOMPUTE_MODULES)}")
+        if "mla_up_proj" in r.modules and cfg.model.family != "deepseek_v3":
+            raise UserError(f"recompute.modules mla_up_proj recomputes MLA's up-projections and model.family="
+                            f"{cfg.model.family} has no MLA; remove it")
         if "moe_act" in r.modules and cfg.kernels.grouped_gemm is False:
             raise UserError("recompute.modules moe_act needs the experts' grouped GEMM; remove moe_act or set "
                             "kernels.grouped_gemm to auto/true (GPU with Transformer Engine)")

@@ -31,6 +31,7 @@ from megatron_mtp.config.root import Config
 from megatron_mtp.config.validate import validate
 from megatron_mtp.config.vocab import padded_vocab_size
 from megatron_mtp.errors import UserError
+from megatron_mtp.models.family import get_family
 from megatron_mtp.plan import activations as act
 from megatron_mtp.plan import schedule
 from megatron_mtp.plan.gpus import GIB, Gpu
@@ -391,7 +392,9 @@ def suggestions(plan: Plan, world: int) -> list[tuple[str, float]]:
     cfg, p, r, o = plan.cfg, plan.cfg.parallel, plan.cfg.recompute, plan.cfg.optimizer
     candidates = []
     selective = set(r.modules) if r.granularity == "selective" else set()
-    for extra in (["mla_up_proj", "mlp"], ["mla_up_proj", "mlp", "moe", "layernorm"]):
+    # MLA's up-projections only where the family's attention is MLA
+    mla = ["mla_up_proj"] if get_family(cfg.model.family).ATTENTION == "mla" else []
+    for extra in ([*mla, "mlp"], [*mla, "mlp", "moe", "layernorm"]):
         if not set(extra) <= selective and r.granularity != "full":
             mods = ",".join(sorted(selective | set(extra)))
             candidates.append(["recompute.granularity=selective", f"recompute.modules=[{mods}]"])
