@@ -22,6 +22,7 @@ back to ``q``. So FP8 -> import -> FP8 gives the same bytes (tested), with no sp
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Iterator, Optional
 
@@ -36,17 +37,28 @@ QUANTIZATION_CONFIG = {
     "weight_block_size": [BLOCK, BLOCK],
 }
 SCALE_SUFFIX = "_scale_inv"
-# the decoder-layer linears the release stores in FP8 (every other tensor stays bf16/fp32)
-_FP8_LINEARS = (
-    "self_attn.q_a_proj.weight", "self_attn.q_b_proj.weight", "self_attn.q_proj.weight",
-    "self_attn.kv_a_proj_with_mqa.weight", "self_attn.kv_b_proj.weight", "self_attn.o_proj.weight",
-    "gate_proj.weight", "up_proj.weight", "down_proj.weight",
-)
+
+
+@functools.lru_cache(maxsize=None)
+def fp8_linears() -> tuple[str, ...]:
+    """Name endings of the decoder-layer linear weights the release stores in FP8, from every family's
+    tensor table: the weights of megatron-core ``linear_*`` modules of the attention and MLP blocks
+    (not their biases or fused norms, not the router, not the MTP module's ``eh_proj``)."""
+    from megatron_mtp.models.family import FAMILIES, get_family
+    from megatron_mtp.models.tensor_table import DENSE_MLP, MOE_MLP
+
+    out: set[str] = set()
+    for name in FAMILIES:
+        for rule in (*get_family(name).TABLE.attention, *DENSE_MLP, *MOE_MLP):
+            module, leaf = rule.mcore.rsplit(".", 2)[-2:]
+            if module.startswith("linear_") and leaf == "weight" and rule.role == "weight":
+                out.update(h.rsplit("{e}.", 1)[-1] for h in rule.hf)
+    return tuple(sorted(out))
 
 
 def is_fp8_weight(hf_name: str) -> bool:
     """Whether the release stores this tensor in FP8 (``mlp.gate.weight``, the router, is not a match)."""
-    return hf_name.endswith(_FP8_LINEARS)
+    return hf_name.endswith(fp8_linears())
 
 
 def scale_shape(shape: tuple[int, ...]) -> tuple[int, int]:

@@ -55,14 +55,15 @@ def train_main(cfg: Config, run_dir: Path) -> int:
 
 def _note_if_not_exportable(cfg: Config) -> None:
     """Say at the start, not after days of training, if `convert to-hf` will refuse this model."""
-    from megatron_mtp.models.deepseek_v3.hf_config import to_hf_config
+    from megatron_mtp.models.family import get_family
 
+    family = get_family(cfg.model.family)
     try:
-        to_hf_config(cfg.model, cfg.mtp, vocab_size=cfg.model.vocab_size or 1,
-                     num_nextn_predict_layers=cfg.mtp.num_layers)
+        family.to_hf_config(cfg.model, cfg.mtp, vocab_size=cfg.model.vocab_size or 1,
+                            num_nextn_predict_layers=cfg.mtp.num_layers)
     except UserError as exc:
-        print(f"megatron-mtp train: note: this model cannot be exported to the Hugging Face DeepSeek-V3 "
-              f"format as configured ({exc})", flush=True)
+        print(f"megatron-mtp train: note: this model cannot be exported to the Hugging Face "
+              f"{family.HF_ARCHITECTURES[0]} format as configured ({exc})", flush=True)
 
 
 def _eval_config(ckpt: Path, overrides: list[str]) -> Config:
