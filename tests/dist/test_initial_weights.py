@@ -70,3 +70,30 @@ def test_initial_weights_keep_megatron_core_distributions(single):
         want = std / math.sqrt(2 * layers) if key.endswith(("linear_proj.weight", "linear_fc2.weight")) else std
         assert abs(t.std().item() / want - 1) < 0.15, (key, t.std().item(), want)
         assert abs(t.mean().item()) < 4 * want / math.sqrt(t.numel()) + 1e-6, key
+
+
+GLM = ROOT / "configs" / "glm4_moe_tiny_cpu.yaml"
+GLM_LAYOUTS = {"tp2_etp1_ep2": LAYOUTS["tp2_etp1_ep2"], "pp2_vpp2": LAYOUTS["pp2_vpp2"]}
+
+
+@pytest.fixture(scope="module")
+def glm_single(tmp_path_factory, script):
+    out = tmp_path_factory.mktemp("init") / "glm_single"
+    proc = script("initial_weights.py", GLM, out, *FOUR)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return whole_tensors(out, 1)
+
+
+@pytest.mark.parametrize("name", list(GLM_LAYOUTS))
+def test_glm_initial_weights_are_the_same_at_every_layout(glm_single, name, tmp_path, script):
+    """GLM-4.5's linear_qkv (rows grouped per key/value head, split over TP by groups), its bias and
+    q/k norms included."""
+    nproc, overrides = GLM_LAYOUTS[name]
+    proc = script("initial_weights.py", GLM, tmp_path, *FOUR, *overrides, nproc=nproc)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    got = whole_tensors(tmp_path, nproc)
+    assert got.keys() == glm_single.keys()
+    assert any(key.endswith("linear_qkv.bias") for key, _ in got)
+    for ident, want in glm_single.items():
+        assert not got[ident].isnan().any(), f"{name}: part of {ident} is held by no rank"
+        assert torch.equal(got[ident], want), f"{name}: {ident} differs from the one-process model"

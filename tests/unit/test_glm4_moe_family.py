@@ -1,0 +1,109 @@
+"""GLM-4.5 (model.family glm4_moe): its config fields, their checks, its tensor table and config.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from megatron_mtp.config import load_config
+from megatron_mtp.errors import UserError
+from megatron_mtp.models.family import family_of_hf_config, get_family
+from megatron_mtp.models.glm4_moe.hf_config import carry_source_fields, from_hf_config, to_hf_config
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "configs" / "glm4_moe_tiny_cpu.yaml")
+NO_IDS = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
+
+
+@pytest.mark.parametrize("override, words", [
+    (("model.num_query_groups=3",), "must be positive and divide model.num_attention_heads=4"),
+    (("parallel.tensor=4", "parallel.expert_tensor=1", "parallel.world_size=4"), "not divisible by parallel.tensor=4"),
+    (("model.rotary_percent=0.3",), "rotate an even number"),
+    (("model.head_dim=null", "model.hidden_size=130"), "set model.head_dim"),
+    (("recompute.granularity=selective", "recompute.modules=[mla_up_proj]"), "has no MLA"),
+    (("mtp.style=parallel",), "deepseek_v3 only"),
+])
+def test_bad_glm_settings_are_one_sentence(override, words):
+    from megatron_mtp.config.validate import validate
+
+    with pytest.raises(UserError, match=words) as err:
+        validate(load_config(TINY, list(override)))
+    assert str(err.value).count(". ") == 0
+
+
+def test_gqa_fields_are_refused_for_mla():
+    from megatron_mtp.config.validate import validate
+
+    validate(load_config(None))
+    for field in ("model.num_query_groups=2", "model.head_dim=64", "model.qk_layernorm=true",
+                  "model.add_qkv_bias=true", "model.rotary_percent=0.5"):
+        with pytest.raises(UserError, match="model.family=deepseek_v3 uses MLA"):
+            validate(load_config(None, [field]))
+
+
+def test_tensor_table_fuses_qkv_per_group_both_ways():
+    cfg = load_config(TINY)
+    table = get_family("glm4_moe").param_table(cfg.model, 1, spec="te")
+    qkv = next(p for p in table if p.mcore == "decoder.layers.0.self_attention.linear_qkv.weight")
+    assert qkv.qkv == (2, 2, 48) and qkv.part_rows(384) == [192, 96, 96]
+    # megatron-core's rows: [group 0: q heads 0 and 1, k head 0, v head 0; group 1: q 2 and 3, k 1, v 1]
+    rows = torch.arange(8).repeat_interleave(48)[:, None].float()
+    q, k, v = qkv.split(rows)
+    assert q[::48, 0].tolist() == [0, 1, 4, 5] and k[::48, 0].tolist() == [2, 6] and v[::48, 0].tolist() == [3, 7]
+    assert torch.equal(qkv.join([q, k, v]), rows)
+    names = {n for p in table for n in p.hf_names()}
+    assert {"model.layers.4.self_attn.q_proj.bias", "model.layers.4.self_attn.k_norm.weight",
+            "model.layers.4.eh_proj.weight", "model.layers.3.mlp.gate.e_score_correction_bias"} <= names
+    plain = load_config(TINY, ["model.qk_layernorm=false", "model.add_qkv_bias=false"])
+    names = {n for p in get_family("glm4_moe").param_table(plain.model, 0) for n in p.hf_names()}
+    assert not any(n.endswith(("_proj.bias", "q_norm.weight")) for n in names)
+
+
+def test_config_json_both_ways_and_its_family():
+    cfg = load_config(TINY)
+    written = to_hf_config(cfg.model, cfg.mtp, vocab_size=4096, num_nextn_predict_layers=1).to_dict()
+    assert family_of_hf_config(written) is get_family("glm4_moe")
+    assert family_of_hf_config({"model_type": "deepseek_v3"}) is get_family("deepseek_v3")
+    model, mtp, vocab = from_hf_config(written)
+    assert (vocab, mtp.num_layers) == (4096, 1)
+    for field in ("family", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "head_dim",
+                  "rotary_percent", "qk_layernorm", "add_qkv_bias", "num_experts", "first_k_dense", "router_topk",
+                  "router_num_groups", "router_group_topk", "router_topk_scaling_factor", "norm_epsilon"):
+        assert getattr(model, field) == getattr(cfg.model, field), field
+    # transformers 5's spelling reads the same
+    modern = {k: v for k, v in written.items() if k not in ("rope_theta", "partial_rotary_factor", "rope_scaling",
+                                                             "num_nextn_predict_layers")}
+    modern.update(rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+                  num_mtp_layers=1)
+    assert from_hf_config(modern)[:2] == (model, mtp)
+    # what an imported file said and still holds is written back; a different model's is not
+    source = dict(written, pad_token_id=7, rope_parameters=modern["rope_parameters"])
+    assert carry_source_fields(written, source, NO_IDS)["pad_token_id"] == 7
+    assert "pad_token_id" not in carry_source_fields(written, dict(source, hidden_size=64), NO_IDS)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling type 'yarn'"),
+    ({"sliding_window": 4096}, "'sliding_window' is not understood"),
+    ({"architectures": ["LlamaForCausalLM"]}, "is not Glm4MoeForCausalLM"),
+    ({"n_group": 2, "topk_group": 1, "num_experts_per_tok": 3}, "router_topk/router_group_topk"),
+])
+def test_what_glm_config_json_cannot_represent_is_refused(change, words):
+    cfg = load_config(TINY)
+    written = to_hf_config(cfg.model, cfg.mtp, vocab_size=4096, num_nextn_predict_layers=1).to_dict()
+    with pytest.raises(UserError, match=words):
+        from_hf_config({**written, **change})
+
+
+def test_glm_release_shapes_match_their_published_sizes():
+    """355B total / 32B active and 106B / 12B (the release's names: MTP layers aside, the active count
+    without the embedding and output layer)."""
+    for name, total, active in (("glm4_5", 355e9, 32e9), ("glm4_5_air", 106e9, 12e9)):
+        cfg = load_config(str(ROOT / "configs" / f"{name}.yaml"))
+        counts = get_family("glm4_moe").parameter_counts(cfg, 151552)
+        embeddings = 2 * 151552 * cfg.model.hidden_size
+        assert abs(counts["main"] / total - 1) < 0.02, (name, counts)
+        assert abs((counts["main_active"] - embeddings) / active - 1) < 0.02, (name, counts)
