@@ -31,6 +31,22 @@ INTERFACE = (
 )
 
 
+def lazy_members(package: str, where: dict[str, str], constants: tuple[str, ...]):
+    """(``__getattr__``, ``__dir__``) of a family package whose interface members live in its modules
+    (``where``: member -> module), imported when first used, so that naming a family imports neither
+    torch nor megatron-core."""
+
+    def getattr_(name: str):
+        if name in where:
+            return getattr(importlib.import_module(f"{package}.{where[name]}"), name)
+        raise AttributeError(name)
+
+    def dir_() -> list[str]:
+        return sorted([*where, *constants])
+
+    return getattr_, dir_
+
+
 def get_family(name: str) -> ModuleType:
     """The family package ``megatron_mtp.models.<name>``, checked to provide INTERFACE."""
     if name not in FAMILIES:

@@ -8,20 +8,41 @@ from typing import Any, Callable, Mapping, Optional
 
 from megatron_mtp.config.model import ModelConfig, MTPConfig
 from megatron_mtp.errors import UserError
+from megatron_mtp.models.tensor_table import mtp_is_moe
 
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def read_value(raw: Mapping[str, Any], key: str, kind: Callable[[Any], Any], default: Any, where: str) -> Any:
+    """``kind(raw[key])``, ``default`` when absent or null; a malformed value is a UserError naming it."""
+    value = raw.get(key)
+    if value is None:
+        return default
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: field '{key}' has a malformed value {value!r}") from None
 
 
 def mtp_depth(raw: Mapping[str, Any], where: str = "config.json") -> int:
     """MTP depth an HF config declares: ``num_nextn_predict_layers`` (or ``num_mtp_layers``), else 0."""
     spelling = "num_nextn_predict_layers" if "num_nextn_predict_layers" in raw else "num_mtp_layers"
-    value = raw.get(spelling)
-    if value is None:
-        return 0
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise UserError(f"{where}: field '{spelling}' has a malformed value {value!r}") from None
+    return read_value(raw, spelling, int, 0, where)
+
+
+def check_mtp_export(model: ModelConfig, mtp: MTPConfig, depth: int, format_name: str) -> None:
+    """What every family's HF format needs of the MTP layers an export writes: no more than the config
+    has, and MoE ones (every engine builds the MTP layer as a MoE layer from first_k_dense_replace on)."""
+    if depth > mtp.num_layers:
+        raise UserError(f"asked for {depth} MTP layers but the config has mtp.num_layers={mtp.num_layers}")
+    check_group_routing(model, "model config")
+    if model.num_experts > 0 and depth and not mtp_is_moe(model):
+        raise UserError(
+            f"this model's MTP layers are dense (they are built like the last decoder layer, and all "
+            f"model.num_layers={model.num_layers} decoder layers are dense with model.first_k_dense="
+            f"{model.first_k_dense}), but the Hugging Face {format_name} format makes every layer from "
+            "first_k_dense_replace on MoE, MTP layers included; export with --mtp none, or train with "
+            "model.first_k_dense below model.num_layers (or model.num_experts=0 for a dense model)")
 
 
 Reader = Callable[[Mapping[str, Any]], tuple[ModelConfig, MTPConfig, int]]

@@ -6,7 +6,7 @@ torch nor megatron-core until a piece is used.
 
 from __future__ import annotations
 
-import importlib
+from megatron_mtp.models.family import lazy_members
 
 _WHERE = {
     "build_transformer_config": "transformer_config", "megatron_layout": "transformer_config",
@@ -26,11 +26,4 @@ HF_MODEL_TYPES = ("deepseek_v3", "deepseek_v2")
 """config.json ``model_type`` values this family reads."""
 
 
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    raise AttributeError(name)
-
-
-def __dir__() -> list[str]:
-    return sorted([*_WHERE, "ATTENTION", "HF_ARCHITECTURES", "HF_MODEL_TYPES"])
+__getattr__, __dir__ = lazy_members(__name__, _WHERE, ("ATTENTION", "HF_ARCHITECTURES", "HF_MODEL_TYPES"))

@@ -20,8 +20,7 @@ from typing import Any, Mapping, Optional
 from megatron_mtp.config.model import ModelConfig, MTPConfig, YarnConfig
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3.hf_config_json import READ_KEYS, DeepseekV3HFConfig, YarnScaling, parse_hf_config
-from megatron_mtp.models.deepseek_v3.hf_mapping import mtp_is_moe
-from megatron_mtp.models.hf_common import TOKEN_ID_KEYS, check_group_routing, merge_token_id  # noqa: F401
+from megatron_mtp.models.hf_common import TOKEN_ID_KEYS, check_group_routing, check_mtp_export, merge_token_id  # noqa: F401
 from megatron_mtp.models.hf_common import carry_source_fields as _carry
 
 # Keys any HF config may carry that say nothing about the architecture (the view does not read them).
@@ -65,19 +64,8 @@ def to_hf_config(
     eos_token_id: Optional[int] = None,
 ) -> DeepseekV3HFConfig:
     """The HF config of a model with this architecture (vocab from the weights)."""
-    if num_nextn_predict_layers > mtp.num_layers:
-        raise UserError(
-            f"asked for {num_nextn_predict_layers} MTP layers but the config has mtp.num_layers={mtp.num_layers}"
-        )
-    check_group_routing(model, "model config")
+    check_mtp_export(model, mtp, num_nextn_predict_layers, "DeepSeek-V3")
     moe = model.num_experts > 0
-    if moe and num_nextn_predict_layers and not mtp_is_moe(model):
-        raise UserError(
-            f"this model's MTP layers are dense (they are built like the last decoder layer, and all "
-            f"model.num_layers={model.num_layers} decoder layers are dense with model.first_k_dense="
-            f"{model.first_k_dense}), but the Hugging Face DeepSeek-V3 format makes every layer from "
-            "first_k_dense_replace on MoE, MTP layers included; export with --mtp none, or train with "
-            "model.first_k_dense below model.num_layers (or model.num_experts=0 for a dense model)")
     if moe and model.router_score_function == "sigmoid" and not model.router_enable_expert_bias:
         raise UserError(
             "model.router_enable_expert_bias=false with sigmoid routing cannot be written in the Hugging Face "

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.hf_common import mtp_depth
+from megatron_mtp.models.hf_common import read_value as _value
 
 EosIds = Union[int, tuple[int, ...], None]
 
@@ -154,16 +155,6 @@ _REQUIRED = tuple(f.name for f in _FIELDS if f.default is dataclasses.MISSING)
 _SCALARS: dict[str, Callable[[Any], Any]] = {"int": int, "float": float, "bool": bool, "str": str, "dict": dict}
 READ_KEYS = frozenset({f.name for f in _FIELDS} | {"rope_parameters", "num_mtp_layers", "dtype"})
 """Every config.json key the view reads."""
-
-
-def _value(raw: Mapping[str, Any], key: str, kind: Callable[[Any], Any], default: Any, where: str) -> Any:
-    value = raw.get(key)
-    if value is None:
-        return default
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise UserError(f"{where}: field '{key}' has a malformed value {value!r}") from None
 
 
 def _scalar_kind(annotation: str) -> Optional[Callable[[Any], Any]]:

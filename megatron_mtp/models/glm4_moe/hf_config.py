@@ -20,8 +20,7 @@ from megatron_mtp.config.model import ModelConfig, MTPConfig
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.glm4_moe.hf_mapping import head_dim, query_groups, rotary_percent
 from megatron_mtp.models.hf_common import carry_source_fields as _carry
-from megatron_mtp.models.hf_common import check_group_routing
-from megatron_mtp.models.tensor_table import mtp_is_moe
+from megatron_mtp.models.hf_common import check_group_routing, check_mtp_export, read_value
 
 NOT_CARRIED = {
     "transformers_version": "it records who wrote the source file",
@@ -66,17 +65,8 @@ def to_hf_config(model: ModelConfig, mtp: MTPConfig, *, vocab_size: int, num_nex
                  torch_dtype: str = "bfloat16", bos_token_id: Optional[int] = None,
                  eos_token_id: Optional[int] = None) -> Glm4MoeHFConfig:
     """The HF config of a model with this architecture (vocab from the weights)."""
-    if num_nextn_predict_layers > mtp.num_layers:
-        raise UserError(
-            f"asked for {num_nextn_predict_layers} MTP layers but the config has mtp.num_layers={mtp.num_layers}"
-        )
-    check_group_routing(model, "model config")
+    check_mtp_export(model, mtp, num_nextn_predict_layers, "GLM-4.5")
     moe = model.num_experts > 0
-    if moe and num_nextn_predict_layers and not mtp_is_moe(model):
-        raise UserError(
-            f"this model's MTP layers are dense (built like the last decoder layer, and all model.num_layers="
-            f"{model.num_layers} decoder layers are dense), but the Hugging Face GLM-4.5 format makes every layer "
-            "from first_k_dense_replace on MoE, MTP layers included; export with --mtp none")
     if moe and (model.router_score_function != "sigmoid" or not model.router_enable_expert_bias):
         raise UserError(
             "the Hugging Face GLM-4.5 format routes with sigmoid scores and e_score_correction_bias; train with "
@@ -121,16 +111,6 @@ def to_hf_config(model: ModelConfig, mtp: MTPConfig, *, vocab_size: int, num_nex
     return Glm4MoeHFConfig(values)
 
 
-def _get(raw: Mapping[str, Any], key: str, kind, default: Any, where: str) -> Any:
-    value = raw.get(key)
-    if value is None:
-        return default
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise UserError(f"{where}: field '{key}' has a malformed value {value!r}") from None
-
-
 def _rope(raw: Mapping[str, Any], where: str) -> tuple[float, float]:
     """(rope_theta, partial_rotary_factor), from the top level or transformers' rope_parameters."""
     params = raw.get("rope_parameters") or {}
@@ -140,10 +120,10 @@ def _rope(raw: Mapping[str, Any], where: str) -> tuple[float, float]:
     kind = scaling.get("rope_type", scaling.get("type")) or params.get("rope_type") or "default"
     if kind != "default":
         raise UserError(f"{where}: rope scaling type '{kind}' cannot be represented (only plain RoPE)")
-    theta = _get(raw, "rope_theta", float, None, where) or _get(params, "rope_theta", float, 10000.0, where)
-    factor = _get(raw, "partial_rotary_factor", float, None, where)
+    theta = read_value(raw, "rope_theta", float, None, where) or read_value(params, "rope_theta", float, 10000.0, where)
+    factor = read_value(raw, "partial_rotary_factor", float, None, where)
     if factor is None:
-        factor = _get(params, "partial_rotary_factor", float, 0.5, where)  # transformers' default
+        factor = read_value(params, "partial_rotary_factor", float, 0.5, where)  # transformers' default
     return theta, factor
 
 
@@ -160,49 +140,49 @@ def from_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> tuple[
     for key in raw:
         if key not in _READ and key not in _IGNORED:
             raise UserError(f"{where}: field '{key}' is not understood by the converter; it cannot be represented")
-    if _get(raw, "hidden_act", str, "silu", where) != "silu":
+    if read_value(raw, "hidden_act", str, "silu", where) != "silu":
         raise UserError(f"{where}: 'hidden_act' = {raw['hidden_act']!r} cannot be represented (only SwiGLU MLPs)")
-    if _get(raw, "attention_dropout", float, 0.0, where) != 0.0:
+    if read_value(raw, "attention_dropout", float, 0.0, where) != 0.0:
         raise UserError(f"{where}: 'attention_dropout' = {raw['attention_dropout']!r} cannot be represented")
     theta, factor = _rope(raw, where)
-    heads = _get(raw, "num_attention_heads", int, None, where)
-    hidden = _get(raw, "hidden_size", int, None, where)
-    vocab = _get(raw, "vocab_size", int, None, where)
-    experts = _get(raw, "n_routed_experts", int, 128, where)
-    groups = _get(raw, "n_group", int, 1, where)
-    num_layers = _get(raw, "num_hidden_layers", int, None, where)
+    heads = read_value(raw, "num_attention_heads", int, None, where)
+    hidden = read_value(raw, "hidden_size", int, None, where)
+    vocab = read_value(raw, "vocab_size", int, None, where)
+    experts = read_value(raw, "n_routed_experts", int, 128, where)
+    groups = read_value(raw, "n_group", int, 1, where)
+    num_layers = read_value(raw, "num_hidden_layers", int, None, where)
     spelling = "num_nextn_predict_layers" if "num_nextn_predict_layers" in raw else "num_mtp_layers"
-    depth = _get(raw, spelling, int, 0, where)
-    dim = _get(raw, "head_dim", int, None, where)
+    depth = read_value(raw, spelling, int, 0, where)
+    dim = read_value(raw, "head_dim", int, None, where)
     model = ModelConfig(
         family="glm4_moe",
         num_layers=num_layers,
         hidden_size=hidden,
-        ffn_hidden_size=_get(raw, "intermediate_size", int, None, where),
+        ffn_hidden_size=read_value(raw, "intermediate_size", int, None, where),
         num_attention_heads=heads,
-        num_query_groups=_get(raw, "num_key_value_heads", int, heads, where),
+        num_query_groups=read_value(raw, "num_key_value_heads", int, heads, where),
         head_dim=None if dim is None or (hidden % heads == 0 and dim == hidden // heads) else dim,
         rotary_percent=factor,
-        qk_layernorm=_get(raw, "use_qk_norm", bool, False, where),
-        add_qkv_bias=_get(raw, "attention_bias", bool, False, where),
+        qk_layernorm=read_value(raw, "use_qk_norm", bool, False, where),
+        add_qkv_bias=read_value(raw, "attention_bias", bool, False, where),
         vocab_size=vocab,
         make_vocab_size_divisible_by=math.gcd(vocab, 128),
-        max_position_embeddings=_get(raw, "max_position_embeddings", int, 131072, where),
+        max_position_embeddings=read_value(raw, "max_position_embeddings", int, 131072, where),
         rope_theta=theta,
         num_experts=experts,
-        first_k_dense=min(_get(raw, "first_k_dense_replace", int, 1, where), num_layers) if experts else 0,
-        moe_ffn_hidden_size=_get(raw, "moe_intermediate_size", int, 1408, where),
-        num_shared_experts=_get(raw, "n_shared_experts", int, 1, where) if experts else 0,
-        router_topk=_get(raw, "num_experts_per_tok", int, 8, where) if experts else 1,
+        first_k_dense=min(read_value(raw, "first_k_dense_replace", int, 1, where), num_layers) if experts else 0,
+        moe_ffn_hidden_size=read_value(raw, "moe_intermediate_size", int, 1408, where),
+        num_shared_experts=read_value(raw, "n_shared_experts", int, 1, where) if experts else 0,
+        router_topk=read_value(raw, "num_experts_per_tok", int, 8, where) if experts else 1,
         router_num_groups=groups if groups > 1 else None,
-        router_group_topk=_get(raw, "topk_group", int, 1, where) if groups > 1 else None,
+        router_group_topk=read_value(raw, "topk_group", int, 1, where) if groups > 1 else None,
         router_score_function="sigmoid",
-        router_topk_scaling_factor=_get(raw, "routed_scaling_factor", float, 1.0, where),
-        router_norm_topk_prob=_get(raw, "norm_topk_prob", bool, True, where),
+        router_topk_scaling_factor=read_value(raw, "routed_scaling_factor", float, 1.0, where),
+        router_norm_topk_prob=read_value(raw, "norm_topk_prob", bool, True, where),
         router_enable_expert_bias=True,
-        norm_epsilon=_get(raw, "rms_norm_eps", float, 1e-5, where),
-        init_method_std=_get(raw, "initializer_range", float, 0.02, where),
-        tie_embeddings=_get(raw, "tie_word_embeddings", bool, False, where),
+        norm_epsilon=read_value(raw, "rms_norm_eps", float, 1e-5, where),
+        init_method_std=read_value(raw, "initializer_range", float, 0.02, where),
+        tie_embeddings=read_value(raw, "tie_word_embeddings", bool, False, where),
     )
     if experts:
         check_group_routing(model, where)
