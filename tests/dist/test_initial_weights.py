@@ -40,22 +40,27 @@ def whole_tensors(out, nproc: int) -> dict:
 
 @pytest.fixture(scope="module")
 def single(tmp_path_factory, script):
-    out = tmp_path_factory.mktemp("init") / "single"
-    proc = script("initial_weights.py", CONFIG, out, *FOUR)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return whole_tensors(out, 1)
+    return built_at(CONFIG, (1, ()), tmp_path_factory.mktemp("init") / "single", script)
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
-def test_initial_weights_are_the_same_at_every_layout(single, name, tmp_path, script):
-    nproc, overrides = LAYOUTS[name]
-    proc = script("initial_weights.py", CONFIG, tmp_path, *FOUR, *overrides, nproc=nproc)
+def built_at(config, layout: tuple, out, script) -> dict:
+    """The whole tensors of the model `config` builds at `layout` (nproc, overrides)."""
+    nproc, overrides = layout
+    proc = script("initial_weights.py", config, out, *FOUR, *overrides, nproc=nproc)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    got = whole_tensors(tmp_path, nproc)
+    return whole_tensors(out, nproc)
+
+
+def assert_same_model(got: dict, single: dict, name: str) -> None:
     assert got.keys() == single.keys()
     for ident, want in single.items():
         assert not got[ident].isnan().any(), f"{name}: part of {ident} is held by no rank"
         assert torch.equal(got[ident], want), f"{name}: {ident} differs from the one-process model"
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_initial_weights_are_the_same_at_every_layout(single, name, tmp_path, script):
+    assert_same_model(built_at(CONFIG, LAYOUTS[name], tmp_path, script), single, name)
 
 
 def test_initial_weights_keep_megatron_core_distributions(single):
@@ -78,22 +83,13 @@ GLM_LAYOUTS = {"tp2_etp1_ep2": LAYOUTS["tp2_etp1_ep2"], "pp2_vpp2": LAYOUTS["pp2
 
 @pytest.fixture(scope="module")
 def glm_single(tmp_path_factory, script):
-    out = tmp_path_factory.mktemp("init") / "glm_single"
-    proc = script("initial_weights.py", GLM, out, *FOUR)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return whole_tensors(out, 1)
+    return built_at(GLM, (1, ()), tmp_path_factory.mktemp("init") / "glm_single", script)
 
 
 @pytest.mark.parametrize("name", list(GLM_LAYOUTS))
 def test_glm_initial_weights_are_the_same_at_every_layout(glm_single, name, tmp_path, script):
     """GLM-4.5's linear_qkv (rows grouped per key/value head, split over TP by groups), its bias and
     q/k norms included."""
-    nproc, overrides = GLM_LAYOUTS[name]
-    proc = script("initial_weights.py", GLM, tmp_path, *FOUR, *overrides, nproc=nproc)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    got = whole_tensors(tmp_path, nproc)
-    assert got.keys() == glm_single.keys()
+    got = built_at(GLM, GLM_LAYOUTS[name], tmp_path, script)
     assert any(key.endswith("linear_qkv.bias") for key, _ in got)
-    for ident, want in glm_single.items():
-        assert not got[ident].isnan().any(), f"{name}: part of {ident} is held by no rank"
-        assert torch.equal(got[ident], want), f"{name}: {ident} differs from the one-process model"
+    assert_same_model(got, glm_single, name)
