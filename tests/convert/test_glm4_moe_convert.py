@@ -124,3 +124,16 @@ def test_transformers_drafts_with_our_mtp_layer(glm_run, tmp_path):
     plain = model.generate(ids, max_new_tokens=16, do_sample=False)
     drafted = model.generate(ids, max_new_tokens=16, do_sample=False, use_mtp=True)
     assert torch.equal(plain, drafted)
+
+
+def test_fp8_export_quantises_q_k_v_and_round_trips(glm_run, tmp_path):
+    fp8 = export_to_hf(glm_run, tmp_path / "fp8", mtp="inline", dtype="fp8")
+    tensors = hf_tensors(fp8)
+    for proj in ("q", "k", "v", "o"):
+        assert tensors[f"model.layers.4.self_attn.{proj}_proj.weight"].dtype == torch.float8_e4m3fn, proj
+        assert f"model.layers.4.self_attn.{proj}_proj.weight_scale_inv" in tensors
+    assert tensors["model.layers.0.self_attn.q_proj.bias"].dtype == torch.bfloat16
+    assert tensors["model.layers.0.self_attn.q_norm.weight"].dtype == torch.bfloat16
+    assert tensors["model.layers.4.eh_proj.weight"].dtype == torch.bfloat16
+    ckpt = import_from_hf(fp8, tmp_path / "ckpt")
+    same_tree(export_to_hf(ckpt, tmp_path / "again", mtp="inline", dtype="fp8"), fp8)

@@ -23,6 +23,7 @@ from megatron_mtp.models.hf_common import carry_source_fields as _carry
 from megatron_mtp.models.hf_common import check_group_routing, check_mtp_export, read_value
 
 NOT_CARRIED = {
+    "quantization_config": "the weights are dequantized on import",
     "transformers_version": "it records who wrote the source file",
     "_name_or_path": "it records where the source was loaded from",
     "name_or_path": "it records where the source was loaded from",
@@ -39,7 +40,7 @@ _IGNORED = frozenset({
     "router_aux_loss_coef", "return_dict", "output_hidden_states", "output_attentions", "torchscript", "id2label",
     "label2id", "problem_type", "tokenizer_class", "chunk_size_feed_forward", "is_encoder_decoder",
     "tf_legacy_loss", "use_bfloat16", "torch_dtype", "dtype", "bos_token_id", "eos_token_id", "architectures",
-    "model_type",
+    "model_type", "quantization_config",
 })
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 _READ = {
