@@ -1,7 +1,9 @@
-"""Model architecture: a DeepSeek-V3-style decoder (MLA + MoE) with an MTP block.
+"""Model architecture: a DeepSeek-V3-style decoder (MLA or, family glm4_moe, grouped-query
+attention; DeepSeek MoE) with an MTP block.
 
 Names follow the DeepSeek-V3 paper / HF config where they differ from megatron-core, and the
-mapping to megatron-core's TransformerConfig lives in models/deepseek_v3/transformer_config.py.
+mapping to megatron-core's TransformerConfig lives in models/megatron_config.py and each family's
+transformer_config.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Memory and throughput controls that do not change the model's math: activation recomputation and
-fused kernels. Each maps onto a megatron-core TransformerConfig field (models/deepseek_v3/
-transformer_config.py); `auto` is decided by the platform layer (platform/features.py)."""
+fused kernels. Each maps onto a megatron-core TransformerConfig field (models/megatron_config.py);
+`auto` is decided by the platform layer (platform/features.py)."""
 
 from __future__ import annotations
 

@@ -210,7 +210,7 @@ class RankMemory:
     pipeline_outputs: float
     """Chunk outputs kept until their backward: none on GPU (megatron-core's deallocate_pipeline_outputs
     frees each once sent), all in-flight ones on CPU (where the trainer keeps them, see
-    models/deepseek_v3/transformer_config.py)."""
+    models/megatron_config.py)."""
     workspace: float
     in_flight: int
     per_chunk: tuple[int, ...]
