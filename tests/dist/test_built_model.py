@@ -71,3 +71,28 @@ def test_plan_parameter_inventory_is_the_built_model(built):
     (stage,) = pipeline_layout.stages(cfg.model.num_layers, 2, 1, None, None)
     planned = [[p.name, p.numel] for p in chunk_params(cfg, sizes, stage, 256, last=True, te=False)]
     assert built["sequential"]["chunk_params"] == planned
+
+
+GLM = str(ROOT / "configs" / "glm4_moe_tiny_cpu.yaml")
+
+
+def test_glm_table_and_counts_describe_the_built_model(tmp_path, script):
+    """GLM-4.5's table (TE spelling: the input norm fused into linear_qkv, which holds the bias; the
+    per-head q/k norms) is the checkpoint's keys, and its analytic counts the built parameters."""
+    from megatron_mtp.models.family import get_family
+
+    out = tmp_path / "glm.json"
+    proc = script("built_model.py", GLM, out, "mtp.num_layers=2", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    built = json.loads(out.read_text())
+    keys = {k for k in built["sharded_keys"] if not k.endswith("_extra_state")}
+    assert "decoder.layers.1.self_attention.linear_qkv.layer_norm_weight" in keys  # local spec, TE's name
+    assert "decoder.layers.1.pre_mlp_layernorm.weight" in keys  # a MoE layer's stays its own
+    cfg = load_config(GLM, ["model.vocab_size=256", "mtp.num_layers=2"])
+    family = get_family("glm4_moe")
+    table = {p.mcore for p in family.param_table(cfg.model, 2, spec="te", mtp_copies=False)}
+    assert keys == table | {k for k in keys if k.startswith("mtp.") and "embedding" in k}, sorted(keys ^ table)
+    counts = family.parameter_counts(cfg, 256)
+    params = built["params"]
+    assert counts["main"] == sum(c for n, c in params if not n.startswith("mtp."))
+    assert counts["mtp_unique"] == sum(c for n, c in params if n.startswith("mtp."))

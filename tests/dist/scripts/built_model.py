@@ -16,8 +16,7 @@ def main(config: str, out: str, overrides: list[str]) -> None:
     from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
 
     from megatron_mtp.config import load_config
-    from megatron_mtp.models.deepseek_v3.model import build_model
-    from megatron_mtp.models.deepseek_v3.transformer_config import build_transformer_config
+    from megatron_mtp.models.family import get_family
     from megatron_mtp.platform import setup
     from megatron_mtp.training.components import build_components
     from megatron_mtp.training.distributed import destroy, init_distributed
@@ -26,7 +25,8 @@ def main(config: str, out: str, overrides: list[str]) -> None:
     plat = setup("cpu")
     init_distributed(cfg, plat)
     try:
-        model = build_model(cfg, build_transformer_config(cfg, plat), plat, 256, True, True)
+        family = get_family(cfg.model.family)
+        model = family.build_model(cfg, family.build_transformer_config(cfg, plat), plat, 256, True, True)
         sd = model.sharded_state_dict(metadata=ensure_metadata_has_dp_cp_group({}))
         kinds = (ShardedTensor, ShardedTensorFactory)
         chunk = build_components(cfg, plat, 256, with_optimizer=False).model[0].module
