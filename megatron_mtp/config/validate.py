@@ -23,7 +23,7 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> ParallelSizes:
                     "training.micro_batch_size", "training.global_batch_size"])
     if cfg.mtp.num_layers < 0:
         raise UserError(f"mtp.num_layers is {cfg.mtp.num_layers}; it must be 0 (no MTP) or a positive depth")
-    _attention(cfg)
+    check_attention(cfg)
     sizes = _parallel(cfg, world_size)
     _moe(cfg)
     _mtp_and_numbers(cfg)
@@ -88,7 +88,7 @@ _GQA_FIELDS = {"num_query_groups": None, "head_dim": None, "rotary_percent": Non
                "add_qkv_bias": False}
 
 
-def _attention(cfg: Config) -> None:
+def check_attention(cfg: Config) -> None:
     """The grouped-query fields belong to glm4_moe: set with deepseek_v3 (MLA) they are refused; the
     MLA fields are ignored by glm4_moe (their defaults are DeepSeek's, so they can't tell "set")."""
     m, tp = cfg.model, cfg.parallel.tensor

@@ -31,6 +31,7 @@ from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
 from megatron_mtp.config import Config
 from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.config.parallel import ParallelConfig
+from megatron_mtp.config.validate import check_attention
 from megatron_mtp.convert.hf_source import record_source
 from megatron_mtp.convert.parallel_heads_export import is_heads_config, read_heads_config
 from megatron_mtp.convert.progress import Progress
@@ -187,6 +188,7 @@ def import_from_hf(
             f"model.embed_tokens.weight is {emb} but config.json says vocab {vocab} x hidden {model_cfg.hidden_size}"
         )
     model_cfg.make_vocab_size_divisible_by = _vocab_multiple(vocab, tp)
+    check_attention(Config(model=model_cfg, parallel=ParallelConfig(tensor=tp, pipeline=pp, expert=ep)))
     torch_dtype = DTYPES[dtype]
     shapes = {p.mcore: _shape_of(p, src) for p in params}
     for key, shape in shapes.items():

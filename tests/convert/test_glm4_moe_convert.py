@@ -13,6 +13,7 @@ from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.convert.drop_mtp import drop_mtp
 from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.to_hf import export_to_hf
+from megatron_mtp.errors import UserError
 from tests.convert.conftest import TRAIN_OVERRIDES, megatron_forward
 from tests.convert.helpers import hf_tensors, megatron_cli, same_tree
 from tests.convert.mtp_reference import mtp_logits
@@ -105,6 +106,9 @@ def test_transformers_built_model_imports_with_its_logits(tokens, tmp_path):
             layer.mlp.gate.e_score_correction_bias.copy_(torch.randn(8) * 0.1)
         reference = model(torch.load(tokens)).logits
     model.save_pretrained(tmp_path / "hf")
+    with pytest.raises(UserError, match="num_query_groups=2 is not divisible by parallel.tensor=4"):
+        import_from_hf(tmp_path / "hf", tmp_path / "tp4", tp=4)  # refused before anything is written
+    assert not (tmp_path / "tp4").exists()
     ckpt = import_from_hf(tmp_path / "hf", tmp_path / "ckpt")
     ours = megatron_forward(ckpt, tokens, tmp_path / "out.pt")
     assert ours["mtp_logits"] == []
