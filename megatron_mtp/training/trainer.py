@@ -81,7 +81,8 @@ class Trainer:
             return EXIT_FINISHED
         flag = _SignalFlag(cfg.checkpoint.exit_signals)
         fwd_bwd = get_forward_backward_func()
-        forward_step = make_forward_step(self.metrics)
+        frozen = cfg.mtp.freeze_base  # MTP-only steps: a forward-only schedule, the MTP backward in the loss
+        forward_step = make_forward_step(self.metrics, mtp_only_microbatches=self.num_micro if frozen else None)
         self.saver = CheckpointSaver(self.run_dir, cfg, self.components, self.ranks, self.session.tokenizer)
         data = self._data(state)
         gc_interval = cfg.training.manual_gc_interval
@@ -156,8 +157,10 @@ class Trainer:
         reported = fwd_bwd(
             forward_step_func=forward_step, data_iterator=data, model=components.model,
             num_microbatches=self.num_micro, seq_length=cfg.training.seq_length,
-            micro_batch_size=cfg.training.micro_batch_size, forward_only=False,
+            micro_batch_size=cfg.training.micro_batch_size, forward_only=cfg.mtp.freeze_base,
         )
+        if cfg.mtp.freeze_base:  # what the schedule does after its backward passes
+            components.config.finalize_model_grads_func(components.model)
         tracker = MTPLossLoggingHelper.tracker
         holds_loss = self.ranks.is_last_stage and self.ranks.tp_rank == 0 and bool(reported)
         lm_loss = sum(micro_batch_mean(r) for r in reported) / len(reported) if holds_loss else None

@@ -23,6 +23,12 @@ def build_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_pr
                      head_by_head_backward=cfg.mtp.head_by_head_backward)
     else:
         mtp = mtp_block_spec(config, platform, vp_stage=vp_stage)
+        if cfg.mtp.num_layers and (cfg.mtp.targets != "tokens" or cfg.mtp.freeze_base):
+            from megatron_mtp.models.deepseek_v3.mtp_objective import MTPObjectiveGPTModel
+
+            model_class = MTPObjectiveGPTModel
+            extra = dict(targets=cfg.mtp.targets, self_weight=cfg.mtp.self_weight,
+                         self_temperature=cfg.mtp.self_temperature, freeze_base=cfg.mtp.freeze_base)
     return model_class(
         config=config,
         transformer_layer_spec=block,
