@@ -6,7 +6,7 @@ p = softmax(t / T). Each of logsumexp(z), logsumexp(t / T) and Σ p_v z_v is a m
 vocabulary, so three small all-reduces over the tensor-parallel group (the max, then the sums of
 exponentials and of p·z) give every rank the full per-token value; no rank ever holds the whole
 vocabulary. The gradient with respect to the student's slice is q_v - p_v on that slice (the teacher
-is a constant), computed from the saved global logsumexp, so the backward needs no communication.
+is a constant), saved from the forward, so the backward needs no communication.
 """
 
 from __future__ import annotations
@@ -35,15 +35,15 @@ class _SoftCrossEntropy(torch.autograd.Function):
         lse_z = _logsumexp(z, group)
         p = torch.exp(t - _logsumexp(t, group))
         pz = _all_reduce((p * z).sum(dim=-1, keepdim=True), group, torch.distributed.ReduceOp.SUM)
-        ctx.save_for_backward(z, lse_z, p)
+        # one saved tensor, q - p; none of the inputs (megatron-core's CE later works in place on logits)
+        ctx.save_for_backward(torch.exp(z - lse_z) - p)
         ctx.student_dtype = student.dtype
         return (lse_z - pz).squeeze(-1)
 
     @staticmethod
     def backward(ctx, grad):
-        z, lse_z, p = ctx.saved_tensors
-        grad_z = (torch.exp(z - lse_z) - p) * grad.unsqueeze(-1)
-        return grad_z.to(ctx.student_dtype), None, None, None
+        (q_minus_p,) = ctx.saved_tensors
+        return (q_minus_p * grad.unsqueeze(-1)).to(ctx.student_dtype), None, None, None
 
 
 def vocab_parallel_soft_cross_entropy(student: torch.Tensor, teacher: torch.Tensor, temperature: float = 1.0,

@@ -76,9 +76,11 @@ class MTPObjectiveGPTModel(GPTModel):
                           for h in mtp_hidden]
         main_logits, _ = self.output_layer(main_hidden, weight=output_weight,
                                            runtime_gather_output=runtime_gather_output)
-        lm_loss = self.compute_language_model_loss(labels, main_logits)
         with torch.set_grad_enabled(grad_for_mtp or torch.is_grad_enabled()):
             terms = self._depth_terms(mtp_logits, main_logits, labels, loss_mask, packed_seq_params)
+        # after the terms: megatron-core's cross entropy overwrites the logits it is given (the teacher)
+        lm_loss = self.compute_language_model_loss(labels, main_logits)
+        with torch.set_grad_enabled(grad_for_mtp or torch.is_grad_enabled()):
             if self.freeze_base:
                 self.mtp_objective = sum(t.sum() for t in terms) if grad_for_mtp else None
                 return lm_loss.detach()
@@ -106,17 +108,15 @@ class MTPObjectiveGPTModel(GPTModel):
             mask, num_tokens = roll_tensor(mask, shifts=-1, dims=-1, cp_group=self.cp_group,
                                            packed_seq_params=packed_seq_params)
             loss = 0.0
-            if self.targets in ("tokens", "mix"):
-                loss = self.compute_language_model_loss(shifted_labels, logits)
-                if self.targets == "mix":
-                    loss = (1.0 - self.self_weight) * loss
-            if self.targets in ("self", "mix"):
+            if self.targets in ("self", "mix"):  # first: the token CE below works in place on the logits
                 # the main model's prediction at position i+k, [s, b, V/TP] -> [b, s] per-token CE
                 teacher, _ = roll_tensor(teacher, shifts=-1, dims=0, cp_group=self.cp_group,
                                          packed_seq_params=packed_seq_params)
                 soft = vocab_parallel_soft_cross_entropy(logits, teacher, self.self_temperature, tp_group)
-                soft = soft.transpose(0, 1)
-                loss = loss + (self.self_weight * soft if self.targets == "mix" else soft)
+                loss = soft.transpose(0, 1) * (self.self_weight if self.targets == "mix" else 1.0)
+            if self.targets in ("tokens", "mix"):
+                by_tokens = self.compute_language_model_loss(shifted_labels, logits)
+                loss = loss + (1.0 - self.self_weight if self.targets == "mix" else 1.0) * by_tokens
             loss = mask * loss
             if self.training:
                 MTPLossLoggingHelper.save_loss_to_tracker(
