@@ -1,0 +1,52 @@
+"""mtp.freeze_base and mtp.targets: what they need is refused in one sentence naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from megatron_mtp.config import load_config
+from megatron_mtp.config.validate import validate
+from megatron_mtp.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "configs" / "tiny_cpu.yaml")
+LOAD = "checkpoint.load=/some/run"
+
+
+def _validate(*overrides):
+    return validate(load_config(TINY, list(overrides)), 1)
+
+
+@pytest.mark.parametrize("overrides,needs", [
+    ((), "checkpoint.load"),
+    ((LOAD, "mtp.num_layers=0"), "mtp.num_layers > 0"),
+    ((LOAD, "mtp.style=parallel"), "mtp.style=sequential"),
+])
+def test_freeze_base_without_what_it_needs_is_one_sentence(overrides, needs):
+    with pytest.raises(UserError) as info:
+        _validate("mtp.freeze_base=true", *overrides)
+    text = str(info.value)
+    assert text.startswith("mtp.freeze_base") and needs in text and text.count(". ") == 0
+
+
+def test_freeze_base_with_a_model_to_load_is_fine():
+    _validate("mtp.freeze_base=true", LOAD, "mtp.targets=self")
+
+
+@pytest.mark.parametrize("overrides,field", [
+    (("mtp.targets=self", "mtp.num_layers=0"), "mtp.targets=self"),
+    (("mtp.targets=mix", "mtp.style=parallel"), "mtp.targets=mix"),
+    (("mtp.targets=mix", "mtp.self_weight=1.5"), "mtp.self_weight"),
+    (("mtp.targets=self", "mtp.self_temperature=0"), "mtp.self_weight"),
+])
+def test_targets_outside_their_range_are_one_sentence(overrides, field):
+    with pytest.raises(UserError) as info:
+        _validate(*overrides)
+    assert str(info.value).startswith(field) and str(info.value).count(". ") == 0
+
+
+def test_unknown_target_names_the_choices():
+    with pytest.raises(UserError, match="mtp.targets is .teacher.; it must be one of .tokens., .self., .mix."):
+        load_config(TINY, ["mtp.targets=teacher"])
