@@ -17,7 +17,7 @@ import pytest
 from megatron_mtp.config import load_config
 from megatron_mtp.plan import comm, schedule
 from megatron_mtp.plan.gpus import parse_gpu
-from megatron_mtp.plan.memory import make_plan, resolve_vocab, state_bytes
+from megatron_mtp.plan.memory import make_plan, model_stages, resolve_vocab, state_bytes
 from tests.workers.pool import POOL
 
 pytestmark = pytest.mark.dist
@@ -45,7 +45,13 @@ LAYOUTS = {
     "tp2_ep2_parallel_heads": (2, ["parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1",
                                    "mtp.style=parallel", "mtp.num_layers=2", "training.precision=bf16"]),
     "dp2_head_by_head": (2, ["mtp.style=parallel", "mtp.num_layers=2", "mtp.head_by_head_backward=true"]),
+    # MTP-only training: parameters for all, gradients/optimizer/activations of the MTP path alone (pipeline
+    # rank 0 of pp2 trains nothing)
+    "frozen_base": (1, ["mtp.freeze_base=true", "checkpoint.load=/a/model", "training.precision=bf16"]),
+    "pp2_ep2_frozen_base": (4, ["mtp.freeze_base=true", "checkpoint.load=/a/model", "parallel.pipeline=2",
+                                "parallel.expert=2"]),
 }
+FROZEN = {"frozen_base", "pp2_ep2_frozen_base"}
 MODELED = ("tp", "ep", "etp", "dp", "edp", "pp", "embedding")
 
 
@@ -77,6 +83,9 @@ def test_plan_matches_real_ranks(name, tmp_path):
         got = rec["state"]
         assert (got["params"], got["grads"], got["optimizer"]) == (want.params, want.grads, want.optimizer), where
         assert rec["num_micro"] == plan.num_micro
+        if name in FROZEN:
+            _check_frozen(plan, rec, where)
+            continue
         flight = rec["in_flight"]
         assert flight["peak"] == plan.ranks[pp].in_flight == schedule.max_in_flight(
             plan.sizes.pp, pp, plan.sizes.vpp, plan.num_micro), (where, flight)
@@ -95,3 +104,16 @@ def test_plan_matches_real_ranks(name, tmp_path):
             ratio = plan.ranks[pp].chunk_bytes[0] / rec["saved"]
             print(where, "saved activations", rec["saved"], round(ratio, 4))
             assert abs(ratio - 1) < 0.10, (where, rec["saved"], plan.ranks[pp].chunk_bytes)
+
+
+def _check_frozen(plan, rec, where):
+    """MTP-only training: state to the byte (above); no gradients where no MTP layer is; the saved
+    activations of the MTP path alone."""
+    pp = rec["pp_rank"]
+    holds_mtp = any(st.mtp_layers for st in model_stages(plan.cfg) if st.pp_rank == pp)
+    assert (rec["state"]["grads"] > 0) == holds_mtp, where
+    assert plan.ranks[pp].in_flight == int(holds_mtp), where
+    if rec["saved"] is not None:
+        ratio = plan.ranks[pp].chunk_bytes[0] / rec["saved"]
+        print(where, "saved activations", rec["saved"], round(ratio, 4))
+        assert abs(ratio - 1) < 0.10, (where, rec["saved"], plan.ranks[pp].chunk_bytes)

@@ -7,7 +7,8 @@ megatron-core's schedule (the second is measured) and writes PLANCHECK_DIR/rank-
   state      bytes of the parameter storages, of the gradient buffers (main_grad) and of the
              optimizer's own tensors (fp32 main shards, Adam moments, step counters), each storage once;
   comm       bytes handed to torch.distributed collectives during the step, by parallel group and op;
-  in_flight  the most forward passes alive at once (forward done, backward not yet), and per chunk;
+  in_flight  the most forward passes alive at once (forward done, backward not yet), and per chunk
+             (with mtp.freeze_base the schedule is forward-only and each backward runs in its forward);
   saved      with one pipeline stage: bytes one micro-batch forward saves for backward (saved_tensors_hooks).
 Usage: plan_check.py CONFIG [key=value ...]
 """
@@ -207,6 +208,8 @@ def saved_bytes_of_forward(model, batch):
                     loss_mask=batch["loss_mask"])
     total, _ = storage_bytes([t for t in (ref() for ref in kept) if t is not None])
     del out
+    if getattr(model.module, "mtp_objective", None) is not None:  # mtp.freeze_base keeps the MTP graph here
+        model.module.mtp_objective = None
     return total
 
 
@@ -255,9 +258,12 @@ def main():
         for chunk in comp.model:
             chunk.zero_grad_buffer()
         comp.optimizer.zero_grad()
-        fwd_bwd(forward_step_func=make_forward_step(None), data_iterator=data, model=comp.model,
-                num_microbatches=num_micro, seq_length=t.seq_length, micro_batch_size=t.micro_batch_size,
-                forward_only=False)
+        frozen = cfg.mtp.freeze_base  # the trainer's MTP-only step: forward-only schedule, MTP backward in the loss
+        fwd_bwd(forward_step_func=make_forward_step(None, mtp_only_microbatches=num_micro if frozen else None),
+                data_iterator=data, model=comp.model, num_microbatches=num_micro, seq_length=t.seq_length,
+                micro_batch_size=t.micro_batch_size, forward_only=frozen)
+        if frozen:
+            comp.config.finalize_model_grads_func(comp.model)
         comp.optimizer.step()
     counter.active = False
     state = model_state(comp)
