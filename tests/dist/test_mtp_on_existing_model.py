@@ -107,3 +107,18 @@ def test_mtp_only_losses_match_across_layouts_and_resume_exactly(mtp_only):
             assert abs(rows["eight"][step][key] - rows["one"][step][key]) < tolerance, (key, step)
         assert [rows["resumed"][s][key] for s in (1, 2, 3)] == [rows["one"][s][key] for s in (1, 2, 3)], key
     assert rows["one"][3]["train/mtp_loss_1"] < rows["one"][1]["train/mtp_loss_1"]
+
+
+def test_eval_compare_shows_the_loaded_model_beside_the_trained_mtp(mtp_only, base):
+    import json
+
+    from tests.workers.pool import POOL
+
+    runs, _ = mtp_only
+    proc = POOL.run(["-m", "megatron_mtp", "eval", str(runs["one"]), "--compare", str(base), "--steps", "1",
+                     "--json"], nproc=1, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trained, loaded = json.loads(proc.stdout.strip().splitlines()[-1])["checkpoints"]
+    assert trained["tokens"] == loaded["tokens"] > 0
+    assert trained["lm_loss"] == loaded["lm_loss"]  # the same main model, bit for bit
+    assert len(trained["mtp_acceptance"]) == 1 and loaded["mtp_acceptance"] == []  # the base had no MTP module
