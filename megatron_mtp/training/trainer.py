@@ -81,8 +81,7 @@ class Trainer:
             return EXIT_FINISHED
         flag = _SignalFlag(cfg.checkpoint.exit_signals)
         fwd_bwd = get_forward_backward_func()
-        frozen = cfg.mtp.freeze_base  # MTP-only steps: a forward-only schedule, the MTP backward in the loss
-        forward_step = make_forward_step(self.metrics, mtp_only_microbatches=self.num_micro if frozen else None)
+        forward_step = self.forward_step()
         self.saver = CheckpointSaver(self.run_dir, cfg, self.components, self.ranks, self.session.tokenizer)
         data = self._data(state)
         gc_interval = cfg.training.manual_gc_interval
@@ -129,6 +128,12 @@ class Trainer:
             if gc_interval:
                 gc.enable()
             self.log.close()
+
+    def forward_step(self):
+        """The forward step train_step's schedule calls (mtp.freeze_base: a forward-only schedule whose
+        loss function back-propagates the MTP objective)."""
+        frozen = self.cfg.mtp.freeze_base
+        return make_forward_step(self.metrics, mtp_only_microbatches=self.num_micro if frozen else None)
 
     def _data(self, state: TrainState):
         t, ranks = self.cfg.training, self.ranks
