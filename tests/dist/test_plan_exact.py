@@ -85,11 +85,11 @@ def test_plan_matches_real_ranks(name, tmp_path):
         assert rec["num_micro"] == plan.num_micro
         if name in FROZEN:
             _check_frozen(plan, rec, where)
-            continue
-        flight = rec["in_flight"]
-        assert flight["peak"] == plan.ranks[pp].in_flight == schedule.max_in_flight(
-            plan.sizes.pp, pp, plan.sizes.vpp, plan.num_micro), (where, flight)
-        assert flight["max_per_chunk"] == replay_max_per_chunk(plan.sizes.pp, pp, plan.sizes.vpp, plan.num_micro)
+        else:
+            flight = rec["in_flight"]
+            assert flight["peak"] == plan.ranks[pp].in_flight == schedule.max_in_flight(
+                plan.sizes.pp, pp, plan.sizes.vpp, plan.num_micro), (where, flight)
+            assert flight["max_per_chunk"] == replay_max_per_chunk(plan.sizes.pp, pp, plan.sizes.vpp, plan.num_micro)
         measured = collections.Counter()
         for key, nbytes in rec["comm"].items():
             measured[key.split(":")[0]] += nbytes
@@ -99,7 +99,7 @@ def test_plan_matches_real_ranks(name, tmp_path):
             print(where, kind, measured[kind], round(ratio, 4))
             assert abs(ratio - 1) < 0.10, (where, kind, predicted[kind], measured[kind])
         unmodeled = sum(v for k, v in measured.items() if k not in MODELED)
-        assert unmodeled < 0.01 * sum(measured.values()), (where, measured)
+        assert unmodeled <= 0.01 * sum(measured.values()), (where, measured)
         if rec["saved"] is not None:
             ratio = plan.ranks[pp].chunk_bytes[0] / rec["saved"]
             print(where, "saved activations", rec["saved"], round(ratio, 4))
@@ -107,13 +107,9 @@ def test_plan_matches_real_ranks(name, tmp_path):
 
 
 def _check_frozen(plan, rec, where):
-    """MTP-only training: state to the byte (above); no gradients where no MTP layer is; the saved
-    activations of the MTP path alone."""
+    """MTP-only training: no gradients where no MTP layer is, one micro-batch's MTP graph in flight (state,
+    communication and saved activations: as for every layout)."""
     pp = rec["pp_rank"]
     holds_mtp = any(st.mtp_layers for st in model_stages(plan.cfg) if st.pp_rank == pp)
     assert (rec["state"]["grads"] > 0) == holds_mtp, where
     assert plan.ranks[pp].in_flight == int(holds_mtp), where
-    if rec["saved"] is not None:
-        ratio = plan.ranks[pp].chunk_bytes[0] / rec["saved"]
-        print(where, "saved activations", rec["saved"], round(ratio, 4))
-        assert abs(ratio - 1) < 0.10, (where, rec["saved"], plan.ranks[pp].chunk_bytes)
