@@ -50,3 +50,16 @@ def test_targets_outside_their_range_are_one_sentence(overrides, field):
 def test_unknown_target_names_the_choices():
     with pytest.raises(UserError, match="mtp.targets is .teacher.; it must be one of .tokens., .self., .mix."):
         load_config(TINY, ["mtp.targets=teacher"])
+
+
+def test_resume_may_not_turn_freeze_base_on_or_off(tmp_path):
+    from megatron_mtp.checkpoint.resume_rules import refuse_meaning_changes
+
+    frozen = load_config(TINY, ["mtp.freeze_base=true", LOAD])
+    joint = load_config(TINY, [LOAD])
+    refuse_meaning_changes(frozen, frozen, tmp_path / "step_0000003", tmp_path)
+    for saved, now in ((frozen, joint), (joint, frozen)):
+        with pytest.raises(UserError) as info:
+            refuse_meaning_changes(saved, now, tmp_path / "step_0000003", tmp_path)
+        text = str(info.value)
+        assert "mtp.freeze_base is" in text and "checkpoint.load_optimizer=false" in text and text.count(". ") == 0
