@@ -163,6 +163,9 @@ def _mtp_style(cfg: Config) -> None:
     if mtp.targets != "tokens" and (mtp.num_layers == 0 or mtp.style != "sequential"):
         raise UserError(f"mtp.targets={mtp.targets} needs sequential MTP modules (mtp.num_layers > 0, "
                         "mtp.style=sequential); set mtp.targets=tokens")
+    if mtp.targets != "tokens" and cfg.parallel.moe_a2a_overlap:
+        raise UserError(f"mtp.targets={mtp.targets} needs parallel.moe_a2a_overlap=false (megatron-core's overlapped "
+                        "schedule computes the MTP losses in its own nodes, to the data tokens only)")
     if not 0.0 <= mtp.self_weight <= 1.0 or not mtp.self_temperature > 0:
         raise UserError(f"mtp.self_weight ({mtp.self_weight}) must be within 0..1 and mtp.self_temperature "
                         f"({mtp.self_temperature}) above 0")

@@ -16,7 +16,8 @@ LOAD = "checkpoint.load=/some/run"
 
 
 def _validate(*overrides):
-    return validate(load_config(TINY, list(overrides)), 1)
+    world = 4 if "parallel.expert=2" in overrides else 1
+    return validate(load_config(TINY, list(overrides)), world)
 
 
 @pytest.mark.parametrize("overrides,needs", [
@@ -40,6 +41,8 @@ def test_freeze_base_with_a_model_to_load_is_fine():
     (("mtp.targets=mix", "mtp.style=parallel"), "mtp.targets=mix"),
     (("mtp.targets=mix", "mtp.self_weight=1.5"), "mtp.self_weight"),
     (("mtp.targets=self", "mtp.self_temperature=0"), "mtp.self_weight"),
+    (("mtp.targets=self", "training.precision=bf16", "training.micro_batch_size=4", "parallel.expert=2",
+      "parallel.pipeline=2", "parallel.virtual_pipeline=2", "parallel.moe_a2a_overlap=true"), "mtp.targets=self"),
 ])
 def test_targets_outside_their_range_are_one_sentence(overrides, field):
     with pytest.raises(UserError) as info:
