@@ -113,3 +113,5 @@ def _check_frozen(plan, rec, where):
     holds_mtp = any(st.mtp_layers for st in model_stages(plan.cfg) if st.pp_rank == pp)
     assert (rec["state"]["grads"] > 0) == holds_mtp, where
     assert plan.ranks[pp].in_flight == int(holds_mtp), where
+    # a stage without an MTP layer runs no backward at all; the MTP stage one per micro-batch
+    assert rec["backward_calls"] == (plan.num_micro if holds_mtp else 0), (where, rec["backward_calls"])

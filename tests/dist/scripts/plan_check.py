@@ -9,6 +9,7 @@ megatron-core's schedule (the second is measured) and writes PLANCHECK_DIR/rank-
   comm       bytes handed to torch.distributed collectives during the step, by parallel group and op;
   in_flight  the most forward passes alive at once (forward done, backward not yet), and per chunk
              (with mtp.freeze_base the schedule is forward-only and each backward runs in its forward);
+  backward_calls  torch.autograd.backward calls of the measured step (the schedule's and the frozen-base loss's);
   saved      with one pipeline stage: bytes one micro-batch forward saves for backward (saved_tensors_hooks).
 Usage: plan_check.py CONFIG [key=value ...]
 """
@@ -250,6 +251,20 @@ def main():
     flight = InFlight(comp.model)
     flight.install()
     counter.install()
+    backward_calls, inside = [0], [False]  # backward passes this rank runs in the measured step
+    original_backward = torch.autograd.backward
+
+    def counted_backward(*args, **kwargs):  # re-entered once through the CPU platform's torch-function mode
+        if inside[0]:
+            return original_backward(*args, **kwargs)
+        backward_calls[0] += int(counter.active)
+        inside[0] = True
+        try:
+            return original_backward(*args, **kwargs)
+        finally:
+            inside[0] = False
+
+    patch(torch.autograd, "backward", counted_backward)
     fwd_bwd = get_forward_backward_func()
     for counted in (False, True):  # the second step is measured (with overlap_param_gather the first
         # step's parameter all-gather runs in the second step's forward)
@@ -273,6 +288,7 @@ def main():
         "edp_rank": parallel_state.get_expert_data_parallel_rank(),
         "num_micro": num_micro, "state": state, "comm": dict(counter.bytes), "saved": saved,
         "in_flight": {"peak": flight.peak, "per_chunk": flight.peak_per_chunk, "max_per_chunk": flight.max_per_chunk},
+        "backward_calls": backward_calls[0],
     }
     out = os.environ.get("PLANCHECK_DIR")
     if out:  # one file per rank: lines that ranks print at the same time can interleave
