@@ -8,7 +8,8 @@ text) and lets `keep_last` delete the good checkpoints. So before any process gr
 trainer compares these fields with the checkpoint's recorded config and refuses the resume in one
 sentence. Everything else may change on resume: the parallel layout (checkpoints reshard), the
 schedule and learning rate, intervals, recompute and the other memory and speed controls, the loss
-weights, the data blend, the router's bias update rate and the aux-loss coefficient.
+weights, the data blend, the router's bias update rate and the aux-loss coefficient. mtp.freeze_base
+may not change either: the optimizer state holds the MTP parameters alone, or every parameter.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ def meaning_changes(saved: Config, now: Config) -> list[str]:
 
 def refuse_meaning_changes(saved: Config, now: Config, step_dir: Path, run_dir: Path) -> None:
     """One sentence naming every changed field with both values, and the two ways out."""
+    if saved.mtp.freeze_base != now.mtp.freeze_base:  # the optimizer state covers other parameters
+        raise UserError(f"cannot resume {run_dir} from {step_dir.name}: mtp.freeze_base is {saved.mtp.freeze_base} "
+                        f"in the checkpoint and {now.mtp.freeze_base} now, and its optimizer state holds "
+                        f"{'the MTP parameters alone' if saved.mtp.freeze_base else 'every parameter'}; keep it to "
+                        f"resume, or start a new run from these weights with --run-dir NEW "
+                        f"checkpoint.load={step_dir} checkpoint.load_optimizer=false")
     changes = meaning_changes(saved, now)
     if changes:
         raise UserError(f"cannot resume {run_dir} from {step_dir.name}: {'; '.join(changes)}, which changes what "

@@ -126,6 +126,23 @@ class MTPConfig:
     """MTP modules a checkpoint.load (weights only) does not hold, e.g. of a model imported without
     MTP: drawn at random like a new run's, or their transformer layer copied from the checkpoint's
     last decoder layer (their norms and eh_proj are new either way)."""
+    freeze_base: bool = False
+    """Train only the MTP modules on a frozen main model (needs checkpoint.load and mtp.num_layers > 0,
+    style sequential): every other parameter, the shared embedding and output head included, gets no
+    gradient, no optimizer state and no place in the DDP buckets; the main model runs forward only
+    (no saved activations; pipeline stages without an MTP layer do no backward at all) and its weights,
+    router expert biases included, are saved exactly as loaded. Gradients are reduced once after the
+    last micro-batch (parallel.overlap_grad_reduce / overlap_param_gather do not apply: there is no
+    base backward to overlap with). training/README.md, "Frozen base"."""
+    targets: Literal["tokens", "self", "mix"] = "tokens"
+    """What MTP depth k at position i learns: tokens, the data token i+1+k (cross-entropy); self, the main
+    model's own next-token distribution at position i+k from the same forward (detached,
+    temperature-scaled by self_temperature; cross-entropy to it, i.e. KL plus the teacher's entropy),
+    which is what a greedy verifier accepts; mix, (1 - self_weight)·tokens + self_weight·self."""
+    self_weight: float = 0.5
+    """With targets=mix: the weight of the self-distillation term (0..1)."""
+    self_temperature: float = 1.0
+    """With targets self or mix: temperature T of the main model's distribution softmax(logits / T)."""
     head_by_head_backward: bool = False
     """Style parallel: forward and backward one head at a time through the detached trunk output
     (Gloeckle et al.'s memory-saving order), so one head's activations and logits are alive at a time."""

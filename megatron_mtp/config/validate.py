@@ -196,6 +196,23 @@ def _mtp_style(cfg: Config) -> None:
     if mtp.head_by_head_backward and mtp.style != "parallel":
         raise UserError("mtp.head_by_head_backward needs mtp.style=parallel (sequential modules chain their "
                         "hidden states, so their losses cannot be back-propagated one at a time)")
+    if mtp.targets != "tokens" and (mtp.num_layers == 0 or mtp.style != "sequential"):
+        raise UserError(f"mtp.targets={mtp.targets} needs sequential MTP modules (mtp.num_layers > 0, "
+                        "mtp.style=sequential); set mtp.targets=tokens")
+    if mtp.targets != "tokens" and cfg.parallel.moe_a2a_overlap:
+        raise UserError(f"mtp.targets={mtp.targets} needs parallel.moe_a2a_overlap=false (megatron-core's overlapped "
+                        "schedule computes the MTP losses in its own nodes, to the data tokens only)")
+    if not 0.0 <= mtp.self_weight <= 1.0 or not mtp.self_temperature > 0:
+        raise UserError(f"mtp.self_weight ({mtp.self_weight}) must be within 0..1 and mtp.self_temperature "
+                        f"({mtp.self_temperature}) above 0")
+    if mtp.freeze_base:
+        why = ("mtp.num_layers > 0" if mtp.num_layers == 0 else "mtp.style=sequential" if mtp.style != "sequential"
+               else "a model to start from (checkpoint.load)" if not cfg.checkpoint.load
+               else "parallel.moe_a2a_overlap=false (no base backward to overlap)" if cfg.parallel.moe_a2a_overlap
+               else None)
+        if why:
+            raise UserError(f"mtp.freeze_base trains only the MTP modules of an existing model and needs {why}; "
+                            "set it or drop mtp.freeze_base")
     if mtp.style == "parallel" and mtp.num_layers and cfg.parallel.moe_a2a_overlap:
         raise UserError("parallel.moe_a2a_overlap needs mtp.style=sequential (megatron-core's overlapped "
                         "schedule plan builds only the sequential MTP block)")

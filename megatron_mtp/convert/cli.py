@@ -18,9 +18,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     to_hf.add_argument("--for", dest="serve_for", metavar="vllm|sglang|transformers",
                        help="write the layout this engine loads with the fewest flags (--mtp inline, bf16) and "
                        "refuse what it cannot load or run; without it those facts are warnings")
-    to_hf.add_argument("--mtp", choices=("separate", "inline", "none"), default=None,
+    to_hf.add_argument("--mtp", choices=("separate", "inline", "none", "only"), default=None,
                        help="separate: OUT/main + OUT/mtp (default without --for); inline: release layout in OUT; "
-                       "none: main only in OUT")
+                       "none: main only in OUT; only: OUT is the MTP directory alone (a new draft for an "
+                       "unchanged base release; from-hf BASE OUT2 --mtp-dir OUT pairs them)")
     to_hf.add_argument("--mtp-layout", choices=("hf", "nextn"), default=None,
                        help="naming of OUT/mtp: hf = layer num_hidden_layers+i with embed/head copies (default); "
                        "nextn = SGLang NextN (one MTP module)")
@@ -60,6 +61,10 @@ def run_to_hf(args: argparse.Namespace) -> int:
                        max_shard_bytes=int(args.max_shard_size * (1 << 30)), serve_for=args.serve_for,
                        speculative=args.speculative, warn=lambda text: print(f"warning: {text}", file=sys.stderr))
     print(f"wrote {out}\n")
+    if args.mtp == "only":
+        print(f"MTP weights alone: pair them with the base model by `megatron-mtp convert from-hf BASE OUT2 "
+              f"--mtp-dir {out}`, or serve the base with this directory as its MTP draft")
+        return 0
     print((out / SERVING_FILE).read_text(), end="")
     return 0
 

@@ -49,7 +49,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class _Sources:
-    """HF tensor names -> (directory, name there), over a main dir and an optional MTP dir."""
+    """HF tensor names -> (directory, name there), over a main dir and an optional MTP dir (whose MTP
+    tensors replace any the main dir holds inline: a new draft paired with an unchanged release)."""
 
     def __init__(self, main: HFDir, mtp: Optional[HFDir], num_layers: int) -> None:
         self.dirs = {"main": main}
@@ -62,7 +63,7 @@ class _Sources:
                 if nextn and name.startswith("model.layers."):
                     _, _, index, rest = name.split(".", 3)
                     release = f"model.layers.{int(index) + num_layers}.{rest}"
-                self.where.setdefault(release, ("mtp", name))
+                self.where[release] = ("mtp", name)  # the MTP directory's draft wins over one inline in main
 
     def __contains__(self, name: str) -> bool:
         return name in self.where

@@ -9,6 +9,9 @@ Layouts (``mtp``):
             ``"nextn"`` is SGLang's NextN directory (layer d, copies dropped).
   inline    OUT = one directory in the official release layout (main and MTP layers together).
   none      OUT = main only.
+  only      OUT = the MTP directory of ``separate`` alone (its tensors, index and config.json): a new
+            draft (e.g. from mtp.freeze_base training) to ship next to an unchanged base release;
+            ``from-hf BASE OUT2 --mtp-dir OUT`` pairs them again.
 Parallel MTP heads (mtp.style parallel) have no HF format: separate only, OUT/mtp in their own format
 (convert/parallel_heads_export.py); inline, nextn and ``--for`` are refused in one sentence each.
 
@@ -52,7 +55,7 @@ from megatron_mtp.models.hf_common import TOKEN_ID_KEYS
 from megatron_mtp.models.tensor_table import EMBEDDING, MODEL_KEY_PREFIXES, MTP_KEY_PREFIXES, Param, nextn_name
 from megatron_mtp.output import check_output_free, staged_dir, tree_bytes
 
-MtpMode = Literal["separate", "inline", "none"]
+MtpMode = Literal["separate", "inline", "none", "only"]
 MtpLayout = Literal["hf", "nextn"]
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.bfloat16}
 """Stored dtype per --dtype; with fp8 the decoder-layer linears become FP8 blocks (convert/fp8_export.py)."""
@@ -283,8 +286,11 @@ def export_to_hf(
     ``speculative``: draft tokens per step in the MTP commands of SERVING.md. ``warn`` receives,
     before anything is written, each thing a serving engine cannot do with the export (without
     ``serve_for``; the CLI prints them; SERVING.md lists them either way)."""
-    if mtp not in (None, "separate", "inline", "none"):
-        raise UserError(f"--mtp must be separate, inline or none, not '{mtp}'")
+    if mtp not in (None, "separate", "inline", "none", "only"):
+        raise UserError(f"--mtp must be separate, inline, none or only, not '{mtp}'")
+    if mtp == "only" and serve_for is not None:
+        raise UserError("--mtp only writes the MTP directory without a model to serve; drop --for, or export "
+                        "the whole model with --for")
     if mtp_layout not in (None, "hf", "nextn"):
         raise UserError(f"--mtp-layout must be hf or nextn, not '{mtp_layout}'")
     if dtype is not None and dtype not in DTYPES:
@@ -300,15 +306,21 @@ def export_to_hf(
     cfg = read_config(step)
     reader = TorchDistReader(step)
     has_mtp = cfg.mtp.num_layers > 0 and any(k.startswith(MTP_KEY_PREFIXES) for k in reader.keys())
-    if has_mtp and cfg.mtp.style == "parallel" and mtp != "none":
+    if has_mtp and cfg.mtp.style == "parallel" and mtp not in ("none", "only"):
         from megatron_mtp.convert.parallel_heads_export import refuse_layout
 
         refuse_layout(serve_for, mtp or "separate", mtp_layout or "hf")
-    mtp, mtp_layout, dtype = serving.choose_layout(serve_for, mtp, mtp_layout, dtype, has_mtp, cfg.model.num_layers)
+    only = mtp == "only"  # the MTP directory of the separate layout, written as OUT itself
+    if only and cfg.mtp.style == "parallel":
+        raise UserError("--mtp only writes the Hugging Face directory of sequential MTP modules, and this "
+                        "checkpoint has parallel MTP heads; export with --mtp separate (OUT/mtp holds the heads)")
+    mtp, mtp_layout, dtype = serving.choose_layout(serve_for, "separate" if only else mtp, mtp_layout, dtype,
+                                                   has_mtp, cfg.model.num_layers)
     if mtp_layout == "nextn" and mtp != "separate":
-        raise UserError("--mtp-layout nextn only applies to --mtp separate")
+        raise UserError("--mtp-layout nextn only applies to --mtp separate or only")
     if mtp != "none" and not has_mtp:
-        raise UserError(f"checkpoint '{step}' has no MTP layers; export it with --mtp none")
+        raise UserError(f"checkpoint '{step}' has no MTP layers; export it with --mtp none" +
+                        ("" if not only else " (--mtp only writes MTP layers alone)"))
     if mtp_layout == "nextn" and cfg.mtp.num_layers > 1:
         raise UserError(
             f"--mtp-layout nextn writes SGLang's NextN directory, which holds one MTP module, and checkpoint "
@@ -319,11 +331,13 @@ def export_to_hf(
                         "--mtp none has no MTP module")
     out_dir = Path(out_dir)
     export = serving_export(cfg, out_dir.absolute(), mtp, mtp_layout, dtype, speculative)
-    found = check_serving(export, serve_for, warn)
+    found = [] if only else check_serving(export, serve_for, warn)
     params = select_params(reader, cfg, step)
     _check_shapes(reader, params, cfg, step)
     reader.validate(sorted({p.mcore for p in params}))
     pieces = plan_pieces(params, lambda key: reader.entry(key).shape, cfg.model.num_layers, mtp, mtp_layout)
+    if only:
+        pieces = [piece for piece in pieces if all(dest == "mtp" for dest, _, _ in piece.outputs)]
     torch_dtype = DTYPES[dtype]
     fp8 = dtype == "fp8"
     plans = _plans(pieces, torch_dtype, fp8)
@@ -335,10 +349,13 @@ def export_to_hf(
     configs = hf_configs(cfg, vocab, mtp, mtp_layout, dtype, tokenizer_ids, source_config(step))
     gen = generation_config(tokenizer_ids, {k: configs["main"].get(k) for k in TOKEN_ID_KEYS},
                             source_generation_config(step))
-    size = sum(p.nbytes for plan in plans.values() for p in plan) + tree_bytes(step / TOKENIZER_DIR)
+    if only:
+        configs = {"mtp": configs["mtp"]}
+    size = sum(p.nbytes for plan in plans.values() for p in plan) + (0 if only else tree_bytes(step / TOKENIZER_DIR))
     scan = not recorded_finite(step)  # copied bytes need a read of their own unless the trainer checked them
     with staged_dir(out_dir, needed_bytes=size) as tmp, reader:
-        dirs = {"main": tmp / "main", "mtp": tmp / "mtp"} if mtp == "separate" else {"main": tmp}
+        dirs = ({"mtp": tmp} if only else {"main": tmp / "main", "mtp": tmp / "mtp"} if mtp == "separate"
+                else {"main": tmp})
         writers = {d: ShardedSafetensorsWriter(dirs[d], plans[d], max_shard_bytes) for d in plans}
         total = sum(w.total_bytes for w in writers.values())
         try:
@@ -364,10 +381,12 @@ def export_to_hf(
         finally:
             for writer in writers.values():
                 writer.abort()
-        if not copy_tokenizer(step / TOKENIZER_DIR, dirs["main"]):
-            print(f"warning: checkpoint '{step}' has no tokenizer/ directory; the export has no tokenizer files")
         for dest, config in configs.items():
             (dirs[dest] / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        if only:  # the base release keeps its tokenizer and serving files
+            return out_dir
+        if not copy_tokenizer(step / TOKENIZER_DIR, dirs["main"]):
+            print(f"warning: checkpoint '{step}' has no tokenizer/ directory; the export has no tokenizer files")
         if gen is not None:
             (dirs["main"] / GENERATION_CONFIG).write_text(json.dumps(gen, indent=2) + "\n")
         (tmp / serving.SERVING_FILE).write_text(serving.serving_text(export, found))

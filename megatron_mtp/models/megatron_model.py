@@ -14,7 +14,9 @@ def build_gpt_model(cfg: Config, config, platform: Platform, vocab_size: int, pr
                     post_process: bool, vp_stage=None, *, keys_as_te: KeysAsTe, position_embedding_type: str,
                     rotary_percent: float = 1.0, heads: Optional[tuple[type, dict[str, Any]]] = None):
     """GPTModel for the current pipeline stage; `config` is the family's TransformerConfig. `heads`:
-    (model class, its extra arguments) that replace the MTP block (parallel MTP heads)."""
+    (model class, its extra arguments) that replace the MTP block (parallel MTP heads). With
+    mtp.targets other than tokens or mtp.freeze_base, the sequential MTP block trains through
+    models/mtp_objective.py."""
     from megatron.core.models.gpt import GPTModel
 
     block = decoder_block_spec(config, platform, keys_as_te, vp_stage=vp_stage)
@@ -23,6 +25,12 @@ def build_gpt_model(cfg: Config, config, platform: Platform, vocab_size: int, pr
     else:
         model_class, extra = GPTModel, {}
         mtp = mtp_block_spec(config, platform, keys_as_te, vp_stage=vp_stage)
+        if cfg.mtp.num_layers and (cfg.mtp.targets != "tokens" or cfg.mtp.freeze_base):
+            from megatron_mtp.models.mtp_objective import MTPObjectiveGPTModel
+
+            model_class = MTPObjectiveGPTModel
+            extra = dict(targets=cfg.mtp.targets, self_weight=cfg.mtp.self_weight,
+                         self_temperature=cfg.mtp.self_temperature, freeze_base=cfg.mtp.freeze_base)
     return model_class(
         config=config,
         transformer_layer_spec=block,

@@ -97,3 +97,16 @@ def training_flops_per_token(cfg: Config, padded_vocab: int, mtp_layers: int, ta
     eh_proj = 0 if cfg.mtp.style == "parallel" else 2 * 2 * m.hidden_size * m.hidden_size
     forward += mtp_layers * (layer(mlp_active) + eh_proj + head)
     return 3.0 * forward
+
+
+def mtp_only_flops_per_token(family, cfg: Config, padded_vocab: int, mtp_layers: int) -> float:
+    """FLOPs per token of an MTP-only step (mtp.freeze_base) of any family (its
+    ``training_flops_per_token``): the main model's forward, then each sequential MTP module forward
+    and backward; the frozen output head's backward takes only the input gradient (2 × its forward in
+    all) and eh_proj's only the weight gradient (its input is detached)."""
+    full = family.training_flops_per_token(cfg, padded_vocab, mtp_layers) / 3.0
+    base = family.training_flops_per_token(cfg, padded_vocab, 0) / 3.0
+    head = 2 * padded_vocab * cfg.model.hidden_size
+    eh_proj = 2 * 2 * cfg.model.hidden_size * cfg.model.hidden_size
+    mtp_forward = full - base  # per module: its layer, eh_proj and the head
+    return base + 3.0 * mtp_forward - mtp_layers * (head + eh_proj)

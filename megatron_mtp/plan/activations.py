@@ -363,10 +363,12 @@ def final_norm(d: Dims, k: Kernels) -> Saved:
     return out
 
 
-def output_and_loss(d: Dims, k: Kernels, mtp_layers: int) -> Saved:
-    """Output layer input and cross entropy of the main head and each MTP depth."""
-    out, calls = Saved(), 1 + mtp_layers
-    out.add("output_layer.input", calls * d.hidden * d.local * d.act_bytes)  # [main; mtp] hidden states
+def output_and_loss(d: Dims, k: Kernels, mtp_layers: int, main: bool = True) -> Saved:
+    """Output layer input and cross entropy of the main head (unless `main` is false: a frozen base,
+    whose frozen output layer saves no input) and each MTP depth."""
+    out, calls = Saved(), int(main) + mtp_layers
+    if main:  # a frozen output layer (no main: the base is frozen) keeps no input for a weight gradient
+        out.add("output_layer.input", calls * d.hidden * d.local * d.act_bytes)  # [main; mtp] hidden states
     logits = d.act_bytes if k.cross_entropy else FP32  # fused: the logits gradient; unfused: fp32 softmax
     out.add("cross_entropy.logits", calls * d.tokens * d.vocab * logits)
     out.add("cross_entropy.targets", calls * d.tokens * 9)

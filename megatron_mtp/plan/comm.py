@@ -18,6 +18,10 @@ tensor, a send's or receive's tensor. On a ring the wire traffic per rank is (n 
   pp   each micro-batch's activation sent forward and its gradient sent back, per chunk boundary;
   embedding  the all-reduce tying the MTP stage's embedding copy to the first stage's.
 Small bookkeeping reductions (loss averaging, token counts per expert) are not counted.
+With mtp.freeze_base the main model's layers run forward only: their ep/etp all-to-alls and gathers
+count once, pipeline activations go forward only, the frozen embedding is not tied by an all-reduce,
+and only MTP gradients are reduced (dp/edp from the MTP-only buffers, tp from the MTP norms and
+routers); the base layers' tp collectives are still counted with their backward (an upper bound).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from collections import Counter
 from megatron_mtp.config.root import Config
 from megatron_mtp.plan import memory
 from megatron_mtp.plan.activations import Dims, dims_of
-from megatron_mtp.plan.params import is_moe_layer, mtp_is_moe, sequential_mtp
+from megatron_mtp.plan.params import is_moe_layer, mtp_is_moe, sequential_mtp, trains
 
 
 def _column(width: float, tokens: int) -> tuple[float, float]:
@@ -71,10 +75,12 @@ def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
     micro = plan.num_micro
     out: Counter = Counter()
     tp, ep, etp = sizes.tp > 1, sizes.ep > 1, sizes.etp > 1
+    frozen = cfg.mtp.freeze_base  # the base runs forward only
     for s in mine:
-        layers = [is_moe_layer(cfg, i) for i in s.layers] + [mtp_is_moe(cfg)] * s.mtp_layers
+        layers = [(is_moe_layer(cfg, i), frozen) for i in s.layers] + [(mtp_is_moe(cfg), False)] * s.mtp_layers
         per_micro: Counter = Counter()
-        for moe in layers:
+        for moe, forward_only in layers:
+            passes = 1 if forward_only else 2
             if tp:
                 per_micro["tp"] += sum(_attention_tp(cfg, d, te)) * a
                 if not moe or m.num_shared_experts:
@@ -82,9 +88,9 @@ def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
             if moe:
                 routed = d.local * d.topk * d.imbalance
                 if ep:  # tokens and probabilities out and back, forward and backward
-                    per_micro["ep"] += 4 * routed * (h * a + 4)
+                    per_micro["ep"] += 2 * passes * routed * (h * a + 4)
                 if etp:  # tokens and probabilities gathered over expert TP, expert outputs reduce-scattered back
-                    per_micro["etp"] += 2 * sizes.etp * routed * (2 * h * a + 4)
+                    per_micro["etp"] += passes * sizes.etp * routed * (2 * h * a + 4)
         if tp:
             modules = s.mtp_layers if sequential_mtp(cfg) else 0  # parallel heads: no lookup, no eh_proj
             lookups = (1 if s.embedding else 0) + modules
@@ -96,7 +102,7 @@ def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
         if sizes.pp > 1:
             boundary = d.local * h * a
             first, last = s is stages[0], s is stages[-1]
-            per_micro["pp"] += (0 if last else 2 * boundary) + (0 if first else 2 * boundary)
+            per_micro["pp"] += ((0 if last else boundary) + (0 if first else boundary)) * (1 if frozen else 2)
         for kind, nbytes in per_micro.items():
             out[kind] += nbytes * micro
     grad_bytes = 4 if cfg.training.precision == "fp32" or cfg.training.grad_reduce_dtype == "fp32" else 2
@@ -116,8 +122,8 @@ def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
     if tp:  # sequence-parallel weight gradients (every norm and router weight) all-reduced over TP
         sp = sum(p.numel for s in mine for p in memory.chunk_params(cfg, sizes, s, memory.resolve_vocab(cfg),
                                                                      s is stages[-1], te)
-                 if p.name.endswith(("norm.weight", "layer_norm_weight", "router.weight")))
+                 if p.name.endswith(("norm.weight", "layer_norm_weight", "router.weight")) and trains(cfg, p))
         out["tp"] += sp * grad_bytes
-    if sizes.pp > 1 and sequential_mtp(cfg) and any(s.embedding or s.mtp_layers for s in mine):
+    if sizes.pp > 1 and sequential_mtp(cfg) and not frozen and any(s.embedding or s.mtp_layers for s in mine):
         out["embedding"] += d.vocab * h * grad_bytes
     return out

@@ -45,6 +45,7 @@ from megatron_mtp.plan.params import (
     mtp_is_moe,
     parallel_head_params,
     sequential_mtp,
+    trains,
 )
 from megatron_mtp.platform.detect import Platform
 from megatron_mtp.platform.features import Features, resolve_features
@@ -101,15 +102,23 @@ def _fp8_params(cfg: Config, tgt: Target) -> bool:
 
 
 def rank_buffers(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vocab: int) -> list[Buffer]:
+    """The DDP buffers of a rank: of the parameters that train (frozen ones stay outside DDP)."""
     stages = model_stages(cfg)
     out = []
     for st in stages:
         if st.pp_rank != pp_rank:
             continue
-        params = chunk_params(cfg, sizes, st, vocab, last=st is stages[-1], te=tgt.te)
+        params = [p for p in chunk_params(cfg, sizes, st, vocab, last=st is stages[-1], te=tgt.te) if trains(cfg, p)]
         out += chunk_buffers(params, sizes, ddp_bucket_size(cfg, sizes, pp_rank, st.vp_stage),
                              cfg.parallel.distributed_optimizer, _fp8_params(cfg, tgt))
     return out
+
+
+def frozen_params(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vocab: int) -> list:
+    """A rank's frozen parameters (mtp.freeze_base): plain tensors outside DDP, no gradient or optimizer state."""
+    stages = model_stages(cfg)
+    return [p for st in stages if st.pp_rank == pp_rank
+            for p in chunk_params(cfg, sizes, st, vocab, last=st is stages[-1], te=tgt.te) if not trains(cfg, p)]
 
 
 def state_bytes(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vocab: int,
@@ -121,6 +130,10 @@ def state_bytes(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vo
     moments = 2 * (2 if (o.precision_aware and o.moment_dtype == "bf16") else 4)
     buffers = rank_buffers(cfg, sizes, pp_rank, tgt, vocab)
     params = grads = optimizer = fp8 = 0
+    for p in frozen_params(cfg, sizes, pp_rank, tgt, vocab):  # FP8 parameters: 1 byte and a column-wise copy
+        fp8_param = _fp8_params(cfg, tgt) and p.linear
+        params += p.numel * (1 if fp8_param else p_bytes)
+        fp8 += p.numel if fp8_param else 0
     distributed = cfg.parallel.distributed_optimizer
     for b in buffers:
         unpadded = sum(e - s for s, e in b.params)
@@ -164,14 +177,15 @@ def chunk_activations(cfg: Config, stage: pipeline_layout.Stage, d: act.Dims, k:
     mtp.head_by_head_backward, the gradients of the heads' and output layer's parameters)."""
     r, mods = cfg.recompute, recompute_modules(cfg)
     out = act.Saved()
+    frozen = cfg.mtp.freeze_base  # the main model runs under no_grad: it saves nothing
 
     def merge(prefix: str, saved: act.Saved) -> None:
         for name, nbytes in saved.items.items():
             out.add(f"{prefix}{name}", nbytes)
 
-    if stage.embedding:
+    if stage.embedding and not frozen:
         merge("", act.embedding(d))
-    for j, layer in enumerate(stage.layers):
+    for j, layer in enumerate([] if frozen else stage.layers):
         moe = is_moe_layer(cfg, layer)
         kind = "moe" if moe else "dense"
         if r.granularity == "full" and (j < r.num_layers if r.method == "block" else True):
@@ -192,11 +206,11 @@ def chunk_activations(cfg: Config, stage: pipeline_layout.Stage, d: act.Dims, k:
             merge("mtp.", act.decoder_layer(d, k, mods, mtp_is_moe(cfg), grouped_gemm))
     if head_by_head and stage.mtp_layers:
         merge("mtp_heads.", act.head_by_head_held(d, head_grad_bytes))
-    if has_final_norm(cfg, stage, stage.loss):
+    if has_final_norm(cfg, stage, stage.loss) and not frozen:
         merge("", act.final_norm(d, k))
     if stage.loss:  # head by head: the heads' logits are freed in the forward
-        merge("", act.output_and_loss(d, k, 0 if head_by_head else cfg.mtp.num_layers))
-    if not stage.embedding and k.norm == "torch" and d.act_bytes != act.FP32:
+        merge("", act.output_and_loss(d, k, 0 if head_by_head else cfg.mtp.num_layers, main=not frozen))
+    if not stage.embedding and k.norm == "torch" and d.act_bytes != act.FP32 and not frozen:
         out.add("pipeline.input", d.hidden * d.local * d.act_bytes)  # held by the schedule, not by the norm
     return out
 
@@ -290,7 +304,9 @@ def make_plan(cfg: Config, world: int, gpu: Gpu, cpu: bool = False, imbalance: f
         per_chunk = [chunk_activations(cfg, s, d, tgt.kernels, grouped, head_grad_bytes(cfg, sizes, s, vocab, tgt.te)
                                        ).total for s in mine]
         pk = schedule.peak(sizes.pp, r, sizes.vpp, num_micro, per_chunk, cfg.parallel.moe_a2a_overlap)
-        kept = sizes.pp > 1 and tgt.platform.is_cpu
+        if cfg.mtp.freeze_base:  # forward-only schedule; each micro-batch's MTP graph is freed in its forward
+            pk = schedule.forward_only_peak(per_chunk)
+        kept = sizes.pp > 1 and tgt.platform.is_cpu and not cfg.mtp.freeze_base
         outputs = sum(n for n, s in zip(pk.per_chunk, mine) if not s.loss) * d.hidden * d.local * d.act_bytes
         ranks.append(RankMemory(
             pp_rank=r, state=state_bytes(cfg, sizes, r, tgt, vocab), activations=pk.bytes,
@@ -323,6 +339,8 @@ def _workspace(cfg: Config, mine, d: act.Dims, tgt: Target, grouped: bool) -> fl
         candidates.append(d.tokens * d.vocab * d.act_bytes)
     if moe_here:  # dispatched tokens: the all-to-all output and its gradient
         candidates.append(2 * d.routed * d.hidden * d.act_bytes)
+    if cfg.mtp.freeze_base and any(s.layers for s in mine):  # a frozen layer's no-grad forward, one at a time
+        candidates.append(act.decoder_layer(d, k, frozenset(), moe_here, grouped).total)
     if cfg.mtp.head_by_head_backward and any(s.mtp_layers for s in mine):  # one head's graph, then freed
         candidates.append(act.decoder_layer(d, k, frozenset(), mtp_is_moe(cfg), grouped).total +
                           act.output_and_loss(d, k, 0).total)
@@ -369,6 +387,10 @@ def assumptions(plan: Plan) -> list[str]:
         out.append(f"MTP: {cfg.mtp.num_layers} parallel heads on the loss stage, no embedding copy there" + (
             "; head by head: each head's graph freed in the forward, its parameter gradients (and the output "
             "layer's) held per micro-batch instead" if cfg.mtp.head_by_head_backward else ""))
+    if cfg.mtp.freeze_base:
+        out.append("mtp.freeze_base: only the MTP modules take gradients and optimizer state and sit in DDP "
+                   "buffers; the main model runs forward only (no saved activations), so each rank holds the "
+                   "MTP graph of one micro-batch at most")
     if cfg.parallel.token_dispatcher == "flex":
         out.append("token dispatcher flex: planned as alltoall (same tokens per rank; DeepEP's own buffers are in "
                    "the workspace allowance)")

@@ -234,8 +234,15 @@ def chunk_buffers(params: list[Param], sizes: ParallelSizes, bucket_size: Option
 
 def ddp_bucket_size(cfg: Config, sizes: ParallelSizes, pp_rank: int, vp_stage: int) -> Optional[int]:
     """Elements per bucket for a chunk (None: one bucket). Only the first chunk of pipeline rank 0
-    is bucketed, and only with overlap_grad_reduce (megatron-core's DDP defaults)."""
+    is bucketed, and only with overlap_grad_reduce (megatron-core's DDP defaults; mtp.freeze_base
+    turns the overlap off)."""
     p = cfg.parallel
-    if not p.overlap_grad_reduce or pp_rank > 0 or vp_stage > 0:
+    if not p.overlap_grad_reduce or cfg.mtp.freeze_base or pp_rank > 0 or vp_stage > 0:
         return None
     return p.bucket_size or max(40_000_000, 1_000_000 * sizes.dp)
+
+
+def trains(cfg: Config, param: Param) -> bool:
+    """Whether a parameter takes gradients: all of them, or with mtp.freeze_base the MTP modules' alone
+    (models/mtp_objective.py)."""
+    return not cfg.mtp.freeze_base or param.name.startswith("mtp.")

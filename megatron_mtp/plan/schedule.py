@@ -74,6 +74,15 @@ def peak(pp: int, rank: int, chunks: int, num_micro: int, weights: list[float] |
     return best
 
 
+def forward_only_peak(weights: list[float]) -> Peak:
+    """A forward-only schedule whose loss back-propagates each micro-batch at once (mtp.freeze_base):
+    at most one micro-batch's graph alive, on the heaviest chunk."""
+    if not any(weights):
+        return Peak(0, tuple(0 for _ in weights), 0.0)
+    heaviest = max(range(len(weights)), key=lambda i: weights[i])
+    return Peak(1, tuple(int(i == heaviest) for i in range(len(weights))), weights[heaviest])
+
+
 def max_in_flight(pp: int, rank: int, chunks: int, num_micro: int, a2a_overlap: bool = False) -> int:
     """The most forwards alive at once (closed form of the replay: warm-up + 1, at most all)."""
     return min(warmup(pp, rank, chunks, num_micro, a2a_overlap) + 1, num_micro * chunks)

@@ -28,6 +28,9 @@ def register(subparsers) -> None:
     e.add_argument("--text-file", help="evaluate on this plain text file instead of the validation split")
     e.add_argument("--steps", type=int, default=None,
                    help="global batches of the validation split (default: logging.eval_steps)")
+    e.add_argument("--compare", metavar="CHECKPOINT",
+                   help="also evaluate this checkpoint on the same tokens and print both side by side (e.g. an "
+                   "MTP-only run and the model it was loaded from: acceptance per depth before and after)")
     e.set_defaults(func=run_eval)
 
 
@@ -84,4 +87,4 @@ def run_eval(args) -> int:
     from megatron_mtp.training.commands import eval_main
 
     return eval_main(args.checkpoint, list(args.overrides), as_json=args.json, text_file=args.text_file,
-                     steps=args.steps)
+                     steps=args.steps, compare=args.compare)

@@ -86,9 +86,12 @@ def _eval_config(ckpt: Path, overrides: list[str]) -> Config:
     return from_dict(RootConfig, data)
 
 
-def eval_main(path: str, overrides: list[str], as_json: bool, text_file: str | None, steps: int | None) -> int:
+def _evaluate_checkpoint(path: str, overrides: list[str], text_file: str | None, steps: int | None) -> dict:
+    """One checkpoint's evaluation (megatron-core's parallel state is torn down after it; the world
+    process group stays for the next)."""
+    from megatron.core import parallel_state
+
     from megatron_mtp.checkpoint.run_dir import resolve_checkpoint
-    from megatron_mtp.training.distributed import destroy
     from megatron_mtp.training.evaluation import evaluate, evaluate_batches, session_metrics
     from megatron_mtp.training.session import open_checkpoint_for_eval
 
@@ -110,25 +113,60 @@ def eval_main(path: str, overrides: list[str], as_json: bool, text_file: str | N
             from megatron_mtp.data.datasets import build_datasets, resolve_data
 
             n = steps or cfg.logging.eval_steps
-            resolved = resolve_data(cfg)
-            _, session.valid_dataset = build_datasets(cfg, resolved, cfg.training.global_batch_size,
+            resolved_data = resolve_data(cfg)
+            _, session.valid_dataset = build_datasets(cfg, resolved_data, cfg.training.global_batch_size,
                                                       n * cfg.training.global_batch_size)
             if session.valid_dataset is None:
                 raise UserError("the checkpoint's data config has no validation split; pass --text-file or set "
                                 "data.split/data.valid_paths")
             result = evaluate(session, n, metrics)
-        if session.ranks.rank == 0:
-            result["checkpoint"] = str(ckpt)
+        result["checkpoint"] = str(ckpt)
+        return result
+    finally:
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+
+
+def eval_main(path: str, overrides: list[str], as_json: bool, text_file: str | None, steps: int | None,
+              compare: str | None = None) -> int:
+    """Evaluate a checkpoint; with `compare`, another one on the same tokens, side by side (e.g. an
+    MTP-only run and the model it started from: the acceptance per depth before and after)."""
+    import torch
+
+    from megatron_mtp.training.distributed import destroy
+
+    try:
+        paths = [path] + ([compare] if compare else [])
+        results = [_evaluate_checkpoint(p, overrides, text_file, steps) for p in paths]
+        if torch.distributed.get_rank() == 0:
             if as_json:
-                print(strict_json.dumps(result))
-            else:
+                print(strict_json.dumps(results[0] if not compare else {"checkpoints": results}))
+            elif not compare:
+                result, ckpt = results[0], results[0]["checkpoint"]
                 print(f"checkpoint {ckpt}")
                 print(f"tokens evaluated  {result['tokens']}")
                 ppl = math.exp(min(result["lm_loss"], 50))
                 print(f"lm_loss           {result['lm_loss']:.6f} (perplexity {ppl:.3f})")
                 for k, (loss, acc) in enumerate(zip(result["mtp_loss"], result["mtp_acceptance"]), start=1):
                     print(f"mtp depth {k}       loss {loss:.6f}  acceptance {acc:.4f}")
+            else:
+                print(_side_by_side(results))
         sys.stdout.flush()
         return 0
     finally:
         destroy()
+
+
+def _side_by_side(results: list[dict]) -> str:
+    """Two evaluations as one table: LM loss, then MTP loss and teacher-forced acceptance per depth
+    ('-' where a checkpoint has no MTP module at that depth)."""
+    depth = max(len(r["mtp_loss"]) for r in results)
+    lines = [f"{'':18}" + "".join(f"  {name:>22}" for name in ("checkpoint", "--compare")),
+             *(f"{'':18}  {r['checkpoint']}" for r in results),
+             f"{'tokens evaluated':18}" + "".join(f"  {r['tokens']:>22}" for r in results),
+             f"{'lm_loss':18}" + "".join(f"  {r['lm_loss']:>22.6f}" for r in results)]
+    for k in range(depth):
+        for key, label, fmt in (("mtp_loss", "loss", ".6f"), ("mtp_acceptance", "acceptance", ".4f")):
+            cells = [format(r[key][k], fmt) if k < len(r[key]) else "-" for r in results]
+            lines.append(f"{f'mtp {k + 1} {label}':18}" + "".join(f"  {c:>22}" for c in cells))
+    return "\n".join(lines)

@@ -75,11 +75,12 @@ def ddp_config(cfg: Config, features: Features):
     from megatron.core.distributed import DistributedDataParallelConfig
 
     p, t = cfg.parallel, cfg.training
+    overlap = not cfg.mtp.freeze_base  # frozen base: MTP gradients are reduced once, after the last micro-batch
     return DistributedDataParallelConfig(
         grad_reduce_in_fp32=t.grad_reduce_dtype == "fp32",
-        overlap_grad_reduce=p.overlap_grad_reduce,
-        overlap_param_gather=p.overlap_param_gather,
-        align_param_gather=p.overlap_param_gather,
+        overlap_grad_reduce=p.overlap_grad_reduce and overlap,
+        overlap_param_gather=p.overlap_param_gather and overlap,
+        align_param_gather=p.overlap_param_gather and overlap,
         bucket_size=p.bucket_size,
         use_distributed_optimizer=p.distributed_optimizer,
         fp8_param_gather=t.fp8_param_gather,
@@ -165,9 +166,26 @@ def build_components(cfg: Config, platform: Platform, vocab_size: int, with_opti
         scheduler = build_lr_scheduler(cfg, optimizer)
     # Performs the DP/EP grad all-reduce, the expert-bias update and the all-reduce of
     # sequence-parallel norm grads over TP; megatron-core schedules call it after backward.
-    tconfig.finalize_model_grads_func = finalize_model_grads
+    tconfig.finalize_model_grads_func = (_keeping_base_expert_bias(finalize_model_grads, chunks)
+                                         if cfg.mtp.freeze_base else finalize_model_grads)
     return Components(config=tconfig, model=chunks, optimizer=optimizer, scheduler=scheduler,
                       vocab_size=vocab_size, features=features)
+
+
+def _keeping_base_expert_bias(finalize, chunks: list):
+    """finalize_model_grads that leaves the frozen main model's router expert biases as loaded, bit for
+    bit (megatron-core updates every router's bias; a frozen base counts no tokens, so its update would
+    be +0, which still turns a -0.0 into +0.0). The MTP layers' routers keep their update."""
+    biases = [module.expert_bias for chunk in chunks for name, module in unwrap(chunk).named_modules()
+              if getattr(module, "expert_bias", None) is not None and not name.startswith("mtp.")]
+
+    def finalize_keeping(*args, **kwargs):
+        kept = [b.clone() for b in biases]
+        finalize(*args, **kwargs)
+        for bias, old in zip(biases, kept):
+            bias.copy_(old)
+
+    return finalize_keeping
 
 
 def _wire_schedule_hooks(tconfig, chunks: list, ddp) -> None:

@@ -27,11 +27,34 @@ def micro_batch_mean(reported: dict) -> float:
     return float(reported["lm_sum"]) / max(float(reported["lm_count"]), 1.0)
 
 
-def make_forward_step(metrics: Optional[MTPMetrics], device: Optional[str] = None):
+def _backward_mtp_only(model, num_microbatches: int, loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    """The loss function of a frozen-base step (mtp.freeze_base): the schedule runs forward-only, so
+    the MTP objective the model kept of this micro-batch is back-propagated here, scaled as
+    megatron-core's schedule scales a loss (1 / micro-batches, times the grad scale), with the MoE aux
+    losses of the MTP layers at that same scale; then the LM loss is reported as usual."""
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    from megatron_mtp.training.components import unwrap
+
+    inner = unwrap(model)
+    objective, inner.mtp_objective = inner.mtp_objective, None
+    if objective is not None:
+        config = inner.config
+        one = torch.ones(1, device=objective.device)
+        scale = (config.grad_scale_func(one) if config.grad_scale_func is not None else one) / num_microbatches
+        MoEAuxLossAutoScaler.set_loss_scale(scale)
+        torch.autograd.backward(objective * scale.squeeze())
+    return masked_lm_loss(loss_mask, output_tensor)
+
+
+def make_forward_step(metrics: Optional[MTPMetrics], device: Optional[str] = None,
+                      mtp_only_microbatches: Optional[int] = None):
     """forward_step(data_iterator, model[, return_schedule_plan]) for megatron-core's schedules.
 
     ``metrics``: told about each micro-batch's labels before the forward (its output-layer hook
-    then measures acceptance); ``device``: where to move batches that arrive elsewhere.
+    then measures acceptance); ``device``: where to move batches that arrive elsewhere;
+    ``mtp_only_microbatches``: a frozen-base training step of that many micro-batches, run by a
+    forward-only schedule (the loss function back-propagates the MTP objective itself).
     """
 
     def forward_step(data_iterator, model, return_schedule_plan: bool = False):
@@ -44,6 +67,8 @@ def make_forward_step(metrics: Optional[MTPMetrics], device: Optional[str] = Non
         kwargs = {"labels": batch["labels"], "loss_mask": batch["loss_mask"]}
         # the expert-parallel all-to-all overlap schedule asks for a plan of the forward instead
         output = model.build_schedule_plan(*args, **kwargs) if return_schedule_plan else model(*args, **kwargs)
+        if mtp_only_microbatches is not None:
+            return output, partial(_backward_mtp_only, model, mtp_only_microbatches, batch["loss_mask"])
         return output, partial(masked_lm_loss, batch["loss_mask"])
 
     return forward_step

@@ -81,7 +81,7 @@ class Trainer:
             return EXIT_FINISHED
         flag = _SignalFlag(cfg.checkpoint.exit_signals)
         fwd_bwd = get_forward_backward_func()
-        forward_step = make_forward_step(self.metrics)
+        forward_step = self.forward_step()
         self.saver = CheckpointSaver(self.run_dir, cfg, self.components, self.ranks, self.session.tokenizer)
         data = self._data(state)
         gc_interval = cfg.training.manual_gc_interval
@@ -129,6 +129,12 @@ class Trainer:
                 gc.enable()
             self.log.close()
 
+    def forward_step(self):
+        """The forward step train_step's schedule calls (mtp.freeze_base: a forward-only schedule whose
+        loss function back-propagates the MTP objective)."""
+        frozen = self.cfg.mtp.freeze_base
+        return make_forward_step(self.metrics, mtp_only_microbatches=self.num_micro if frozen else None)
+
     def _data(self, state: TrainState):
         t, ranks = self.cfg.training, self.ranks
         return chunk_iterators(lambda: MicroBatchIterator(self.session.train_dataset, state.consumed_samples,
@@ -156,8 +162,10 @@ class Trainer:
         reported = fwd_bwd(
             forward_step_func=forward_step, data_iterator=data, model=components.model,
             num_microbatches=self.num_micro, seq_length=cfg.training.seq_length,
-            micro_batch_size=cfg.training.micro_batch_size, forward_only=False,
+            micro_batch_size=cfg.training.micro_batch_size, forward_only=cfg.mtp.freeze_base,
         )
+        if cfg.mtp.freeze_base:  # what the schedule does after its backward passes
+            components.config.finalize_model_grads_func(components.model)
         tracker = MTPLossLoggingHelper.tracker
         holds_loss = self.ranks.is_last_stage and self.ranks.tp_rank == 0 and bool(reported)
         lm_loss = sum(micro_batch_mean(r) for r in reported) / len(reported) if holds_loss else None

@@ -1,5 +1,8 @@
 """A model trained (or imported) without MTP gets new MTP modules through checkpoint.load: drawn at
-random, or their transformer layer copied from the last decoder layer; the main weights load as saved."""
+random, or their transformer layer copied from the last decoder layer; the main weights load as saved.
+With mtp.freeze_base only those modules train: the main weights of every checkpoint are bitwise the
+loaded ones, at one process and at TP2×PP2×EP2, the optimizer holds the MTP parameters alone, and a
+resumed MTP-only run continues exactly."""
 
 from __future__ import annotations
 
@@ -17,9 +20,15 @@ def _latest(run):
     return run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
 
 
-def test_new_mtp_modules_on_a_model_without_mtp(tmp_path, train):
-    base = tmp_path / "base"
-    train(base, steps=1, overrides=("mtp.num_layers=0", *FROZEN, "checkpoint.save_interval=1"))
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, train):
+    """A model without MTP (its weights: a new run's; lr 0)."""
+    run = tmp_path_factory.mktemp("existing") / "base"
+    train(run, steps=1, overrides=("mtp.num_layers=0", *FROZEN, "checkpoint.save_interval=1"))
+    return run
+
+
+def test_new_mtp_modules_on_a_model_without_mtp(tmp_path, base, train):
     runs = {}
     for init in ("random", "copy_last_layer"):
         runs[init] = tmp_path / init
@@ -44,3 +53,72 @@ def test_new_mtp_modules_on_a_model_without_mtp(tmp_path, train):
             if "layernorm" not in key and "norm_weight" not in key:
                 assert not torch.equal(rnd.read(key), src.read(twin)), key  # random: its own weights
         assert torch.equal(cpy.read("mtp.layers.0.eh_proj.weight"), rnd.read("mtp.layers.0.eh_proj.weight"))
+
+
+MTP_ONLY = ("mtp.num_layers=1", "mtp.freeze_base=true", "checkpoint.load_optimizer=false", "checkpoint.save_interval=1",
+            "checkpoint.keep_last=3")
+TP2_PP2_EP2 = ("parallel.tensor=2", "parallel.pipeline=2", "parallel.expert=2")
+
+
+@pytest.fixture(scope="module")
+def mtp_only(base, train, metrics):
+    """MTP-only training on the model without MTP: 3 steps at one process; the same 2 steps at
+    TP2×PP2×EP2; and 2 steps then resumed to 3 at one process."""
+    root = base.parent
+    runs = {"one": root / "mtp_only_1", "eight": root / "mtp_only_8", "resumed": root / "mtp_only_resumed"}
+    load = f"checkpoint.load={base}"
+    train(runs["one"], steps=3, overrides=(*MTP_ONLY, load))
+    train(runs["eight"], nproc=8, steps=2, overrides=(*MTP_ONLY, load, *TP2_PP2_EP2))
+    train(runs["resumed"], steps=2, overrides=(*MTP_ONLY, load))
+    train(runs["resumed"], steps=3, overrides=(*MTP_ONLY, load))
+    return runs, {name: metrics(run) for name, run in runs.items()}
+
+
+def _steps(run):
+    return sorted((run / "checkpoints").glob("step_*"))
+
+
+@pytest.mark.parametrize("layout", ["one", "eight"])
+def test_mtp_only_training_keeps_the_base_bitwise(mtp_only, base, layout):
+    runs, _ = mtp_only
+    steps = _steps(runs[layout])
+    assert len(steps) == (3 if layout == "one" else 2)
+    with TorchDistReader(_latest(base)) as src:
+        main_keys = [k for k in src.keys() if not k.startswith("optimizer")]
+        assert any(k.endswith("expert_bias") for k in main_keys)  # router biases too
+        for step in steps:
+            with TorchDistReader(step) as got:
+                changed = [k for k in main_keys if not torch.equal(src.read(k), got.read(k))]
+                assert not changed, (step.name, changed[:5])
+        with TorchDistReader(steps[0]) as first, TorchDistReader(steps[-1]) as last:
+            mtp = [k for k in last.keys() if k.startswith("mtp.") and "layernorm" not in k]
+            assert mtp and any(not torch.equal(first.read(k), last.read(k)) for k in mtp)  # the MTP module learns
+            # the optimizer holds the MTP parameters alone
+            params = {k.split(".", 3)[3] for k in last.keys() if k.startswith("optimizer.state.")}
+            assert params and all(p.startswith("mtp.") for p in params), sorted(params)[:5]
+
+
+def test_mtp_only_losses_match_across_layouts_and_resume_exactly(mtp_only):
+    _, logs = mtp_only
+    rows = {name: {r["step"]: r for r in rows if "train/lm_loss" in r} for name, rows in logs.items()}
+    for key in ("train/lm_loss", "train/mtp_loss_1"):
+        # float32 reduction order before any update; after one, the MTP weights differ by as much
+        for step, tolerance in ((1, 1e-5), (2, 1e-4)):
+            assert abs(rows["eight"][step][key] - rows["one"][step][key]) < tolerance, (key, step)
+        assert [rows["resumed"][s][key] for s in (1, 2, 3)] == [rows["one"][s][key] for s in (1, 2, 3)], key
+    assert rows["one"][3]["train/mtp_loss_1"] < rows["one"][1]["train/mtp_loss_1"]
+
+
+def test_eval_compare_shows_the_loaded_model_beside_the_trained_mtp(mtp_only, base):
+    import json
+
+    from tests.workers.pool import POOL
+
+    runs, _ = mtp_only
+    proc = POOL.run(["-m", "megatron_mtp", "eval", str(runs["one"]), "--compare", str(base), "--steps", "1",
+                     "--json"], nproc=1, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trained, loaded = json.loads(proc.stdout.strip().splitlines()[-1])["checkpoints"]
+    assert trained["tokens"] == loaded["tokens"] > 0
+    assert trained["lm_loss"] == loaded["lm_loss"]  # the same main model, bit for bit
+    assert len(trained["mtp_acceptance"]) == 1 and loaded["mtp_acceptance"] == []  # the base had no MTP module

@@ -20,3 +20,38 @@ def test_gradient_equals_hand_computed_objective(depth, script):
         assert r["max_rel_err"] < 1e-5, (lam, r)
     # λ changed between the two forwards and the objective followed it
     assert results["0.3"]["objective"] > results["0.1"]["objective"]
+
+
+@pytest.fixture(scope="module")
+def self_targets(script):
+    """The frozen-base self-distillation objective at TP1 and TP2 (vocabulary split over the two ranks)."""
+    found = {}
+    for tp in (1, 2):
+        proc = script("objective_check.py", 2, ROOT / "configs" / "tiny_cpu.yaml", "mtp.targets=self",
+                      "mtp.freeze_base=true", "mtp.self_temperature=2", f"parallel.tensor={tp}", nproc=tp,
+                      timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        found[tp] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return found
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_self_targets_gradient_equals_cross_entropy_to_detached_main_distribution(self_targets, tp):
+    for lam, r in self_targets[tp].items():
+        assert r["max_rel_err"] < 1e-5, (tp, lam, r)
+    # frozen base: only the MTP modules take a gradient, and the objective is the MTP terms alone
+    assert self_targets[tp]["0.3"]["objective"] == pytest.approx(3 * self_targets[tp]["0.1"]["objective"], rel=1e-6)
+
+
+def test_self_targets_at_tp2_equal_tp1(self_targets):
+    for lam in ("0.3", "0.1"):
+        assert self_targets[2][lam]["objective"] == pytest.approx(self_targets[1][lam]["objective"], rel=1e-6)
+        assert self_targets[2][lam]["trainable"] < self_targets[1][lam]["trainable"]  # each TP rank holds a slice
+
+
+def test_mix_targets_gradient(script):
+    proc = script("objective_check.py", 1, ROOT / "configs" / "tiny_cpu.yaml", "mtp.targets=mix",
+                  "mtp.self_weight=0.25", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for lam, r in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+        assert r["max_rel_err"] < 1e-5, (lam, r)

@@ -145,11 +145,10 @@ def trainer_step(cfg, platform, vocab: int, data_set, run_dir: Path):
 
     from megatron_mtp.training.batches import MicroBatchIterator
     from megatron_mtp.training.components import TrainState, build_components
-    from megatron_mtp.training.forward_step import make_forward_step
 
     trainer = single_process_trainer(cfg, build_components(cfg, platform, vocab), run_dir)
     data = MicroBatchIterator(data_set, 0, cfg.training.micro_batch_size, 0, 1, device=platform.device)
-    fwd_bwd, forward_step, state = get_forward_backward_func(), make_forward_step(trainer.metrics), TrainState()
+    fwd_bwd, forward_step, state = get_forward_backward_func(), trainer.forward_step(), TrainState()
 
     def step() -> None:
         # megatron-core's aux-loss tracker is process-global and sized by the model that fills it

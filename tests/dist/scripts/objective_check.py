@@ -1,5 +1,10 @@
 """Compare megatron-core's gradient with the hand-computed objective lm + (λ/D)·Σ_d CE_d.
 
+CE_d is to the data token, or with mtp.targets=self|mix to the main model's detached distribution at
+the position d ahead (softmax(logits / mtp.self_temperature)), or the mix of both; with
+mtp.freeze_base the gradient taken is the one the trainer takes, of the MTP objective the model keeps.
+Runs at any tensor-parallel size: the captured logits are gathered over the vocabulary first.
+
 Run as a script (one process; arguments after the config are overrides, e.g. mtp.style=parallel);
 prints one JSON line with the largest relative gradient error for each λ tried. The objective is
 rebuilt from the captured logits in float64 with torch's own cross entropy, so it shares nothing
@@ -37,14 +42,22 @@ def main():
     mask = (torch.rand(b, s, generator=g) > 0.15).float()
     pos = torch.arange(s).expand(b, s)
     captured = []
-    gpt.output_layer.register_forward_hook(lambda m, i, o: captured.append(o[0].clone()))
+
+    def capture(module, inputs, output):
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+        captured.append(gather_from_tensor_model_parallel_region(output[0].clone()))
+
+    gpt.output_layer.register_forward_hook(capture)
+    mtp = cfg.mtp
     results = {}
     for lam in (0.3, 0.1):
         # megatron-core's path: the MTP terms enter through MTPLossAutoScaler in backward
         comp.config.mtp_loss_scaling_factor = lam  # what the λ schedule updates between steps
         out = gpt(tokens, pos, None, labels=labels, loss_mask=mask)
         lm = (out * mask).sum() / mask.sum()
-        grads_megatron = torch.autograd.grad(lm, params, allow_unused=True)
+        taken = gpt.mtp_objective if mtp.freeze_base else lm  # frozen: what the trainer back-propagates
+        grads_megatron = torch.autograd.grad(taken, params, allow_unused=True)
         # the hand path: a fresh forward with megatron's MTP scale at 0, objective from the logits (with
         # parallel heads in Gloeckle's order, their graphs must be kept for it: heads all at once here)
         comp.config.mtp_loss_scaling_factor = 0.0
@@ -59,12 +72,22 @@ def main():
             nll = -logp.gather(-1, target_bs.unsqueeze(-1)).squeeze(-1)
             return (nll * valid_bs).sum() / valid_bs.sum()
 
-        objective = ce(captured[depth], labels, mask.double())
+        def soft_ce(logits_sbv, teacher_sbv, valid_bs):
+            logq = F.log_softmax(logits_sbv.double().transpose(0, 1), dim=-1)
+            p = F.softmax(teacher_sbv.detach().double().transpose(0, 1) / mtp.self_temperature, dim=-1)
+            return (-(p * logq).sum(-1) * valid_bs).sum() / valid_bs.sum()
+
+        main = captured[depth]
+        objective = 0.0 if mtp.freeze_base else ce(main, labels, mask.double())
         for k in range(1, depth + 1):
             target = torch.roll(labels, -k, 1)
             valid = torch.zeros_like(mask, dtype=torch.float64)
             valid[:, : s - k] = mask[:, k:].double()
-            objective = objective + (lam / depth) * ce(captured[k - 1], target, valid)
+            by_tokens = ce(captured[k - 1], target, valid)
+            by_self = soft_ce(captured[k - 1], torch.roll(main, -k, 0), valid)
+            term = {"tokens": by_tokens, "self": by_self,
+                    "mix": (1 - mtp.self_weight) * by_tokens + mtp.self_weight * by_self}[mtp.targets]
+            objective = objective + (lam / depth) * term
         grads_hand = torch.autograd.grad(objective, params, allow_unused=True)
         worst = 0.0
         for gm, gh in zip(grads_megatron, grads_hand):
@@ -73,8 +96,10 @@ def main():
             gm = torch.zeros_like(gh) if gm is None else gm
             gh = torch.zeros_like(gm) if gh is None else gh
             worst = max(worst, float((gm.double() - gh).abs().max() / (gh.abs().max() + 1e-12)))
-        results[str(lam)] = {"max_rel_err": worst, "lm": float(lm), "objective": float(objective)}
-    print(json.dumps(results))
+        results[str(lam)] = {"max_rel_err": worst, "lm": float(lm), "objective": float(objective),
+                             "trainable": sum(p.numel() for p in params)}
+    if torch.distributed.get_rank() == 0:
+        print(json.dumps(results))
     destroy()
 
 

@@ -7,7 +7,9 @@ megatron-core's schedule (the second is measured) and writes PLANCHECK_DIR/rank-
   state      bytes of the parameter storages, of the gradient buffers (main_grad) and of the
              optimizer's own tensors (fp32 main shards, Adam moments, step counters), each storage once;
   comm       bytes handed to torch.distributed collectives during the step, by parallel group and op;
-  in_flight  the most forward passes alive at once (forward done, backward not yet), and per chunk;
+  in_flight  the most forward passes alive at once (forward done, backward not yet), and per chunk
+             (with mtp.freeze_base the schedule is forward-only and each backward runs in its forward);
+  backward_calls  torch.autograd.backward calls of the measured step (the schedule's and the frozen-base loss's);
   saved      with one pipeline stage: bytes one micro-batch forward saves for backward (saved_tensors_hooks).
 Usage: plan_check.py CONFIG [key=value ...]
 """
@@ -207,6 +209,8 @@ def saved_bytes_of_forward(model, batch):
                     loss_mask=batch["loss_mask"])
     total, _ = storage_bytes([t for t in (ref() for ref in kept) if t is not None])
     del out
+    if getattr(model.module, "mtp_objective", None) is not None:  # mtp.freeze_base keeps the MTP graph here
+        model.module.mtp_objective = None
     return total
 
 
@@ -247,6 +251,20 @@ def main():
     flight = InFlight(comp.model)
     flight.install()
     counter.install()
+    backward_calls, inside = [0], [False]  # backward passes this rank runs in the measured step
+    original_backward = torch.autograd.backward
+
+    def counted_backward(*args, **kwargs):  # re-entered once through the CPU platform's torch-function mode
+        if inside[0]:
+            return original_backward(*args, **kwargs)
+        backward_calls[0] += int(counter.active)
+        inside[0] = True
+        try:
+            return original_backward(*args, **kwargs)
+        finally:
+            inside[0] = False
+
+    patch(torch.autograd, "backward", counted_backward)
     fwd_bwd = get_forward_backward_func()
     for counted in (False, True):  # the second step is measured (with overlap_param_gather the first
         # step's parameter all-gather runs in the second step's forward)
@@ -255,9 +273,12 @@ def main():
         for chunk in comp.model:
             chunk.zero_grad_buffer()
         comp.optimizer.zero_grad()
-        fwd_bwd(forward_step_func=make_forward_step(None), data_iterator=data, model=comp.model,
-                num_microbatches=num_micro, seq_length=t.seq_length, micro_batch_size=t.micro_batch_size,
-                forward_only=False)
+        frozen = cfg.mtp.freeze_base  # the trainer's MTP-only step: forward-only schedule, MTP backward in the loss
+        fwd_bwd(forward_step_func=make_forward_step(None, mtp_only_microbatches=num_micro if frozen else None),
+                data_iterator=data, model=comp.model, num_microbatches=num_micro, seq_length=t.seq_length,
+                micro_batch_size=t.micro_batch_size, forward_only=frozen)
+        if frozen:
+            comp.config.finalize_model_grads_func(comp.model)
         comp.optimizer.step()
     counter.active = False
     state = model_state(comp)
@@ -267,6 +288,7 @@ def main():
         "edp_rank": parallel_state.get_expert_data_parallel_rank(),
         "num_micro": num_micro, "state": state, "comm": dict(counter.bytes), "saved": saved,
         "in_flight": {"peak": flight.peak, "per_chunk": flight.peak_per_chunk, "max_per_chunk": flight.max_per_chunk},
+        "backward_calls": backward_calls[0],
     }
     out = os.environ.get("PLANCHECK_DIR")
     if out:  # one file per rank: lines that ranks print at the same time can interleave

@@ -1,0 +1,126 @@
+"""GPTModel whose sequential MTP modules learn other targets (mtp.targets: self, mix) and/or train on a
+frozen main model (mtp.freeze_base). Used only then; otherwise megatron-core's GPTModel as it is.
+
+Design note. megatron-core's `_postprocess` runs the MTP block on the decoder output, takes each
+depth's CE to the data token and attaches (λ/D)·CE_k to the main hidden states (MTPLossAutoScaler),
+so it enters through the main loss's backward. Here the same block and output layer run in the same
+order (D MTP output-layer calls, then the main one, which the acceptance hook relies on), but:
+- targets: the main logits are computed first, and depth k at position i also (or only) learns
+  softmax(main logits at position i+k / T), detached: what a greedy verifier accepts for that draft.
+  The logits are split over TP ranks, so the CE is vocabulary-parallel (models/soft_cross_entropy.py).
+  (λ/D)·loss_k is attached to the returned per-token LM loss instead of the hidden states; its
+  gradient is the same.
+- freeze_base: the whole forward runs under torch.no_grad() except the MTP block and its losses, whose
+  input hidden states are therefore detached: autograd records nothing of the main model (no saved
+  activations; routers of the main model neither count tokens for their bias update nor make aux
+  losses, both only happen with grad enabled), and the embedding/output head are frozen parameters.
+  The trainer then runs the schedule forward-only and back-propagates the MTP objective itself
+  (training/forward_step.py), so stages without an MTP layer do no backward at all.
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+
+from megatron_mtp.models.soft_cross_entropy import vocab_parallel_soft_cross_entropy
+
+
+class MTPObjectiveGPTModel(GPTModel):
+    """GPTModel with mtp.targets and mtp.freeze_base (see the module's design note)."""
+
+    def __init__(self, *args, targets: str = "tokens", self_weight: float = 0.5, self_temperature: float = 1.0,
+                 freeze_base: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.targets, self.self_weight, self.self_temperature = targets, self_weight, self_temperature
+        self.freeze_base = freeze_base
+        self._grad_outside = False
+        self.mtp_objective = None  # freeze_base, training: this micro-batch's Σ_k (λ/D)·loss_k (for backward)
+        if freeze_base:
+            for name, param in self.named_parameters():
+                param.requires_grad_(name.startswith("mtp."))
+
+    def forward(self, *args, **kwargs):
+        if not self.freeze_base:
+            return super().forward(*args, **kwargs)
+        self._grad_outside = torch.is_grad_enabled()  # training (the MTP path takes gradients) or not
+        with torch.no_grad():
+            return super().forward(*args, **kwargs)
+
+    def _postprocess(self, hidden_states, input_ids, position_ids, labels, rotary_pos_emb, rotary_pos_cos,
+                     rotary_pos_sin, mtp_in_postprocess=None, loss_mask=None, decoder_input=None,
+                     attention_mask=None, inference_params=None, packed_seq_params=None, sequence_len_offset=None,
+                     runtime_gather_output=None, extra_block_kwargs=None, inference_context=None):
+        if not (self.post_process and mtp_in_postprocess and labels is not None):
+            # a stage without the loss, or decoding: megatron-core's own path
+            return super()._postprocess(
+                hidden_states, input_ids, position_ids, labels, rotary_pos_emb, rotary_pos_cos, rotary_pos_sin,
+                mtp_in_postprocess=mtp_in_postprocess, loss_mask=loss_mask, decoder_input=decoder_input,
+                attention_mask=attention_mask, inference_params=inference_params,
+                packed_seq_params=packed_seq_params, sequence_len_offset=sequence_len_offset,
+                runtime_gather_output=runtime_gather_output, extra_block_kwargs=extra_block_kwargs,
+                inference_context=inference_context)
+        output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
+        grad_for_mtp = self.freeze_base and self.training and self._grad_outside
+        with torch.set_grad_enabled(grad_for_mtp or torch.is_grad_enabled()):
+            stacked = self.mtp(
+                input_ids=input_ids, position_ids=position_ids,
+                hidden_states=hidden_states.detach() if self.freeze_base else hidden_states,
+                attention_mask=attention_mask, inference_params=inference_params, rotary_pos_emb=rotary_pos_emb,
+                rotary_pos_cos=rotary_pos_cos, rotary_pos_sin=rotary_pos_sin, packed_seq_params=packed_seq_params,
+                sequence_len_offset=sequence_len_offset, embedding=self.embedding, **(extra_block_kwargs or {}))
+            depth = self.config.mtp_num_layers
+            main_hidden, *mtp_hidden = torch.chunk(stacked, 1 + depth, dim=0)
+            mtp_logits = [self.output_layer(h, weight=output_weight, runtime_gather_output=runtime_gather_output)[0]
+                          for h in mtp_hidden]
+        main_logits, _ = self.output_layer(main_hidden, weight=output_weight,
+                                           runtime_gather_output=runtime_gather_output)
+        with torch.set_grad_enabled(grad_for_mtp or torch.is_grad_enabled()):
+            terms = self._depth_terms(mtp_logits, main_logits, labels, loss_mask, packed_seq_params)
+        # after the terms: megatron-core's cross entropy overwrites the logits it is given (the teacher)
+        lm_loss = self.compute_language_model_loss(labels, main_logits)
+        with torch.set_grad_enabled(grad_for_mtp or torch.is_grad_enabled()):
+            if self.freeze_base:
+                self.mtp_objective = sum(t.sum() for t in terms) if grad_for_mtp else None
+                return lm_loss.detach()
+            from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler
+
+            for term in terms:
+                lm_loss = MTPLossAutoScaler.apply(lm_loss, term)
+        return lm_loss
+
+    def _depth_terms(self, mtp_logits, main_logits, labels, loss_mask, packed_seq_params) -> list:
+        """(λ/D)·loss_k per token (divided by the tokens unless per-token loss) for each depth k,
+        recording each depth's mean loss for logging as megatron-core does."""
+        from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper, roll_tensor
+
+        depth = len(mtp_logits)
+        shifted_labels = labels.clone()
+        mask = loss_mask if loss_mask is not None else torch.ones_like(shifted_labels)
+        teacher = main_logits.detach()
+        tp_group = parallel_state.get_tensor_model_parallel_group()
+        scale = self.config.mtp_loss_scaling_factor / depth
+        terms = []
+        for k, logits in enumerate(mtp_logits):
+            shifted_labels, _ = roll_tensor(shifted_labels, shifts=-1, dims=-1, cp_group=self.cp_group,
+                                            packed_seq_params=packed_seq_params)
+            mask, num_tokens = roll_tensor(mask, shifts=-1, dims=-1, cp_group=self.cp_group,
+                                           packed_seq_params=packed_seq_params)
+            loss = 0.0
+            if self.targets in ("self", "mix"):  # first: the token CE below works in place on the logits
+                # the main model's prediction at position i+k, [s, b, V/TP] -> [b, s] per-token CE
+                teacher, _ = roll_tensor(teacher, shifts=-1, dims=0, cp_group=self.cp_group,
+                                         packed_seq_params=packed_seq_params)
+                soft = vocab_parallel_soft_cross_entropy(logits, teacher, self.self_temperature, tp_group)
+                loss = soft.transpose(0, 1) * (self.self_weight if self.targets == "mix" else 1.0)
+            if self.targets in ("tokens", "mix"):
+                by_tokens = self.compute_language_model_loss(shifted_labels, logits)
+                loss = loss + (1.0 - self.self_weight if self.targets == "mix" else 1.0) * by_tokens
+            loss = mask * loss
+            if self.training:
+                MTPLossLoggingHelper.save_loss_to_tracker(
+                    torch.sum(loss).detach() / num_tokens, k, depth,
+                    avg_group=parallel_state.get_data_parallel_group(with_context_parallel=True))
+            terms.append(scale * loss if self.config.calculate_per_token_loss else scale * loss / num_tokens)
+        return terms

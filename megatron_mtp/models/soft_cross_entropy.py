@@ -1,0 +1,53 @@
+"""Cross-entropy of a student's logits to a teacher's distribution, with the vocabulary split over
+tensor-parallel ranks (megatron-core's output layer keeps each rank's slice of the logits).
+
+Design note. Per token, CE(p, q) = -Σ_v p_v log q_v = logsumexp(z) - Σ_v p_v z_v with q = softmax(z),
+p = softmax(t / T). Each of logsumexp(z), logsumexp(t / T) and Σ p_v z_v is a max or a sum over the
+vocabulary, so three small all-reduces over the tensor-parallel group (the max, then the sums of
+exponentials and of p·z) give every rank the full per-token value; no rank ever holds the whole
+vocabulary. The gradient with respect to the student's slice is q_v - p_v on that slice (the teacher
+is a constant), saved from the forward, so the backward needs no communication.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _all_reduce(x: torch.Tensor, group, op) -> torch.Tensor:
+    if group is not None and torch.distributed.is_initialized() and torch.distributed.get_world_size(group) > 1:
+        torch.distributed.all_reduce(x, op=op, group=group)
+    return x
+
+
+def _logsumexp(x: torch.Tensor, group) -> torch.Tensor:
+    """logsumexp over the last dimension of a vocabulary split over `group`."""
+    peak = _all_reduce(x.max(dim=-1, keepdim=True).values, group, torch.distributed.ReduceOp.MAX)
+    total = _all_reduce(torch.exp(x - peak).sum(dim=-1, keepdim=True), group, torch.distributed.ReduceOp.SUM)
+    return peak + torch.log(total)
+
+
+class _SoftCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, student, teacher, temperature, group):
+        z = student.float()
+        t = teacher.detach().float() / temperature
+        lse_z = _logsumexp(z, group)
+        p = torch.exp(t - _logsumexp(t, group))
+        pz = _all_reduce((p * z).sum(dim=-1, keepdim=True), group, torch.distributed.ReduceOp.SUM)
+        # one saved tensor, q - p; none of the inputs (megatron-core's CE later works in place on logits)
+        ctx.save_for_backward(torch.exp(z - lse_z) - p)
+        ctx.student_dtype = student.dtype
+        return (lse_z - pz).squeeze(-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (q_minus_p,) = ctx.saved_tensors
+        return (q_minus_p * grad.unsqueeze(-1)).to(ctx.student_dtype), None, None, None
+
+
+def vocab_parallel_soft_cross_entropy(student: torch.Tensor, teacher: torch.Tensor, temperature: float = 1.0,
+                                      group=None) -> torch.Tensor:
+    """Per-token CE(softmax(teacher / T), softmax(student)) over the last dimension, which each rank of
+    `group` holds a slice of (None: the whole vocabulary here). Only `student` gets a gradient."""
+    return _SoftCrossEntropy.apply(student, teacher, float(temperature), group)

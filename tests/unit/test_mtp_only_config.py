@@ -1,0 +1,68 @@
+"""mtp.freeze_base and mtp.targets: what they need is refused in one sentence naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from megatron_mtp.config import load_config
+from megatron_mtp.config.validate import validate
+from megatron_mtp.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "configs" / "tiny_cpu.yaml")
+LOAD = "checkpoint.load=/some/run"
+
+
+def _validate(*overrides):
+    world = 4 if "parallel.expert=2" in overrides else 1
+    return validate(load_config(TINY, list(overrides)), world)
+
+
+@pytest.mark.parametrize("overrides,needs", [
+    ((), "checkpoint.load"),
+    ((LOAD, "mtp.num_layers=0"), "mtp.num_layers > 0"),
+    ((LOAD, "mtp.style=parallel"), "mtp.style=sequential"),
+])
+def test_freeze_base_without_what_it_needs_is_one_sentence(overrides, needs):
+    with pytest.raises(UserError) as info:
+        _validate("mtp.freeze_base=true", *overrides)
+    text = str(info.value)
+    assert text.startswith("mtp.freeze_base") and needs in text and text.count(". ") == 0
+
+
+def test_freeze_base_with_a_model_to_load_is_fine():
+    _validate("mtp.freeze_base=true", LOAD, "mtp.targets=self")
+
+
+@pytest.mark.parametrize("overrides,field", [
+    (("mtp.targets=self", "mtp.num_layers=0"), "mtp.targets=self"),
+    (("mtp.targets=mix", "mtp.style=parallel"), "mtp.targets=mix"),
+    (("mtp.targets=mix", "mtp.self_weight=1.5"), "mtp.self_weight"),
+    (("mtp.targets=self", "mtp.self_temperature=0"), "mtp.self_weight"),
+    (("mtp.targets=self", "training.precision=bf16", "training.micro_batch_size=4", "parallel.expert=2",
+      "parallel.pipeline=2", "parallel.virtual_pipeline=2", "parallel.moe_a2a_overlap=true"), "mtp.targets=self"),
+])
+def test_targets_outside_their_range_are_one_sentence(overrides, field):
+    with pytest.raises(UserError) as info:
+        _validate(*overrides)
+    assert str(info.value).startswith(field) and str(info.value).count(". ") == 0
+
+
+def test_unknown_target_names_the_choices():
+    with pytest.raises(UserError, match="mtp.targets is .teacher.; it must be one of .tokens., .self., .mix."):
+        load_config(TINY, ["mtp.targets=teacher"])
+
+
+def test_resume_may_not_turn_freeze_base_on_or_off(tmp_path):
+    from megatron_mtp.checkpoint.resume_rules import refuse_meaning_changes
+
+    frozen = load_config(TINY, ["mtp.freeze_base=true", LOAD])
+    joint = load_config(TINY, [LOAD])
+    refuse_meaning_changes(frozen, frozen, tmp_path / "step_0000003", tmp_path)
+    for saved, now in ((frozen, joint), (joint, frozen)):
+        with pytest.raises(UserError) as info:
+            refuse_meaning_changes(saved, now, tmp_path / "step_0000003", tmp_path)
+        text = str(info.value)
+        assert "mtp.freeze_base is" in text and "checkpoint.load_optimizer=false" in text and text.count(". ") == 0
