@@ -91,7 +91,7 @@ def _reference_mtp_caches(gen, tokens, lengths):
         module.reset_cache()
         usable = len(tokens) - 1 - m  # positions whose token t+m exists
         post, _, _ = module.step(hidden[:usable], tokens[m : usable + m], 0)
-        refs.append(module.cache._latent[:, :, :length].clone())
+        refs.append(module.cache.read("latent")[:length].clone())
         hidden = post
     return refs
 
@@ -122,7 +122,7 @@ class _OracleDrafts:
 
     def rollback(self, committed):
         self.inner.rollback(committed)
-        self.snapshots.append((committed, [(mod.cache.length, mod.cache._latent[:, :, : mod.cache.length].clone())
+        self.snapshots.append((committed, [(mod.cache.length, mod.cache.read("latent").clone())
                                            for mod in self.inner.modules]))
 
     def cache_lengths(self):

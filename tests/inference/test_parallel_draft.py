@@ -99,7 +99,7 @@ def test_heads_draft_from_the_target_hidden_state_alone(gen_heads):
             incremental = head.cache
             head.reset_cache()
             out = head.step(hidden, 0)
-            assert torch.allclose(head.cache._latent[:, :, :length], incremental._latent[:, :, :length], atol=1e-5)
+            assert torch.allclose(head.cache.read("latent")[:length], incremental.read("latent")[:length], atol=1e-5)
             logits.append(drafter.lm_head(out[-1]))
     assert (logits[0] - logits[1]).abs().max() > 1e-3
 
