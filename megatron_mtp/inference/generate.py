@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -27,6 +27,9 @@ from megatron_mtp.inference.stats import GenerationStats
 from megatron_mtp.inference.target import TargetModel
 from megatron_mtp.inference.verify import verify
 from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
+
+if TYPE_CHECKING:
+    from megatron_mtp.inference.batch_generate import BatchResult
 
 MAX_SPECULATIVE_K = 16
 
@@ -115,14 +118,48 @@ class Generator:
             raise UserError(f"{self.source} has no tokenizer.json, so output cannot be decoded to text.")
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
-    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+    def prompt_ids(self, prompt: str | list[int], label: str = "the prompt") -> list[int]:
+        """Token ids of a prompt; ``label`` names it in errors (e.g. "the prompt on line 3 of F")."""
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
-            raise UserError("the prompt is empty after tokenization; give at least one token.")
+            raise UserError(f"{label} is empty after tokenization; give at least one token.")
         bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
         if bad:
-            raise UserError(f"prompt token id {bad[0]} is outside the vocabulary (size {self.config.vocab_size}).")
+            raise UserError(f"{label} has token id {bad[0]}, outside the vocabulary (size {self.config.vocab_size}).")
         return ids
+
+    def check_options(
+        self, max_new_tokens: int, temperature: float, top_k: int, top_p: float, speculative_k: int,
+        stop: list[str] | None, drafter: Any | None,
+    ) -> tuple[SamplingParams, Any | None, list[str]]:
+        """The options every generation shares, each refused in one sentence: (params, drafter, stop strings)."""
+        params = SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise UserError(f"max_new_tokens must be a positive integer (got {max_new_tokens!r}).")
+        if not isinstance(speculative_k, int) or not 0 <= speculative_k <= MAX_SPECULATIVE_K:
+            raise UserError(
+                f"speculative K must be an integer from 0 to {MAX_SPECULATIVE_K} (got {speculative_k!r}); "
+                "use 0 for plain decoding."
+            )
+        if speculative_k and drafter is None:
+            raise UserError(
+                f"{self.source} has no MTP module, so --speculative cannot be used; "
+                "drop --speculative or export the model with its MTP weights."
+            )
+        limit = getattr(drafter, "max_draft", None)  # parallel heads draft one position each
+        if speculative_k and limit is not None and speculative_k > limit:
+            raise UserError(f"--speculative {speculative_k} asks for more draft tokens than the {limit} parallel MTP "
+                            f"heads of {self.source} give (one position each); use K <= {limit}.")
+        stop = [s for s in (stop or []) if s]
+        if stop and self.tokenizer is None:
+            raise UserError(f"{self.source} has no tokenizer.json, so stop strings cannot be matched; drop --stop.")
+        return params, drafter, stop
+
+    def generate_batch(self, prompts: list[str | list[int]], **options: Any) -> "BatchResult":
+        """Many prompts, ``batch_size`` at a time with continuous batching (batch_generate.py)."""
+        from megatron_mtp.inference.batch_generate import generate_batch
+
+        return generate_batch(self, prompts, **options)
 
     def generate(
         self,
@@ -138,28 +175,9 @@ class Generator:
         drafter: Drafter | None = None,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens``; ``speculative_k > 0`` drafts K tokens per round with MTP."""
-        params = SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise UserError(f"max_new_tokens must be a positive integer (got {max_new_tokens!r}).")
-        if not isinstance(speculative_k, int) or not 0 <= speculative_k <= MAX_SPECULATIVE_K:
-            raise UserError(
-                f"speculative K must be an integer from 0 to {MAX_SPECULATIVE_K} (got {speculative_k!r}); "
-                "use 0 for plain decoding."
-            )
-        drafter = drafter or self.drafter
-        if speculative_k and drafter is None:
-            raise UserError(
-                f"{self.source} has no MTP module, so --speculative cannot be used; "
-                "drop --speculative or export the model with its MTP weights."
-            )
-        limit = getattr(drafter, "max_draft", None)  # parallel heads draft one position each
-        if speculative_k and limit is not None and speculative_k > limit:
-            raise UserError(f"--speculative {speculative_k} asks for more draft tokens than the {limit} parallel MTP "
-                            f"heads of {self.source} give (one position each); use K <= {limit}.")
-        stop = [s for s in (stop or []) if s]
-        if stop and self.tokenizer is None:
-            raise UserError(f"{self.source} has no tokenizer.json, so stop strings cannot be matched; drop --stop.")
-        ids = self._prompt_ids(prompt)
+        params, drafter, stop = self.check_options(max_new_tokens, temperature, top_k, top_p, speculative_k, stop,
+                                                   drafter or self.drafter)
+        ids = self.prompt_ids(prompt)
         if len(ids) + max_new_tokens + speculative_k > self.config.max_position_embeddings:
             raise UserError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) + K exceeds the model's "
