@@ -37,8 +37,9 @@ from megatron_mtp.inference.verify import verify
 if TYPE_CHECKING:
     from megatron_mtp.inference.generate import Generator
 
-#: called with (prompt index, newly final text) while streaming, and with (index, None) when it finishes
-OnText = Callable[[int, "str | None"], None]
+#: streaming: called with (prompt index, newly final text, None) as text becomes final, and once with
+#: (index, the rest of the text, its result) when the sequence finishes
+OnText = Callable[[int, str, "GenerationResult | None"], None]
 
 
 @dataclass
@@ -269,7 +270,7 @@ class _BatchRun:
             body = s.out.tokens[:-1] if s.out.tokens and s.out.tokens[-1] in s.out.eos else s.out.tokens
             chunk = s.stream.update(self.g.decode(body))
             if chunk:
-                self.on_text(s.index, chunk)
+                self.on_text(s.index, chunk, None)
         if done:
             self._finish(s)
 
@@ -282,10 +283,7 @@ class _BatchRun:
         text = s.out.text()
         self.results[s.index] = GenerationResult(text=text, tokens=list(s.out.tokens), stats=s.stats)
         if s.stream is not None and self.on_text is not None:
-            chunk = s.stream.finish(text)
-            if chunk:
-                self.on_text(s.index, chunk)
-            self.on_text(s.index, None)
+            self.on_text(s.index, s.stream.finish(text), self.results[s.index])
 
 
 def generate_batch(
