@@ -176,3 +176,46 @@ class NoisyTargetDraft(TargetAsDraft):
 
     def propose(self, tokens, k, pick):
         return super().propose(tokens, k, lambda logits: pick(logits * self.scale + self.bias))
+
+
+class BatchedNoisyTargetDraft:
+    """NoisyTargetDraft for batched generation (the ``draft.BatchDrafter`` protocol): a copy of the target
+    with a cache slot per sequence drafts, its logits flattened and shifted by a fixed random bias."""
+
+    def __init__(self, target, seed: int = 0, scale: float = 0.8, noise: float = 0.3) -> None:
+        import copy
+
+        self.model = copy.deepcopy(target)
+        gen = torch.Generator().manual_seed(seed)
+        self.bias = noise * torch.randn(target.config.vocab_size, generator=gen)
+        self.scale = scale
+
+    def reset(self, slots: int = 1) -> None:
+        self.model.reset_cache(slots)
+
+    def clear_slot(self, slot: int) -> None:
+        self.model.truncate_cache(0, slot)
+
+    def observe_rows(self, slots, hiddens, starts) -> None:
+        pass
+
+    def propose_rows(self, slots, seqs, ks, picks):
+        feeds = []
+        for slot, seq in zip(slots, seqs):
+            self.model.truncate_cache(min(self.model.slot_length(slot), len(seq) - 1), slot)
+            feeds.append(seq[self.model.slot_length(slot):])
+        drafts = [[] for _ in slots]
+        dists = [[] for _ in slots]
+        for j in range(1, max(ks, default=0) + 1):
+            live = [i for i, k in enumerate(ks) if k >= j]
+            logits, _ = self.model.forward_rows([slots[i] for i in live], [feeds[i] for i in live], last_only=True)
+            for r, i in enumerate(live):
+                token, dist = picks[i](logits[r] * self.scale + self.bias)
+                drafts[i].append(token)
+                dists[i].append(dist)
+                feeds[i] = [token]
+        return drafts, dists
+
+    def rollback_rows(self, slots, committed) -> None:
+        for slot, n in zip(slots, committed):
+            self.model.truncate_cache(min(self.model.slot_length(slot), n - 1), slot)
