@@ -43,4 +43,5 @@ def test_forward_bytes_are_the_parameter_bytes_of_the_layers_and_experts_counted
     draft = draft_step_bytes(cfg, vocab, batch=4, serve=serve)
     own = sum(p.numel() for p in module.parameters()) - _routed(module)
     assert draft.dense == 2.0 * (own + vocab * hf.hidden_size)  # the module, and the main model's head
-    assert draft.experts == pytest.approx(2.0 * distinct_experts(hf.n_routed_experts, hf.num_experts_per_tok, 4) * expert)
+    uniform = distinct_experts(hf.n_routed_experts, hf.num_experts_per_tok, 4)
+    assert draft.experts == pytest.approx(2.0 * uniform * expert)

@@ -170,7 +170,8 @@ def run(argv: list[str] | None = None) -> dict:
     rows = [row for model in args.models
             for row in bench_model(model, batches, ks, prompts, args.max_new_tokens, args.repeats, bandwidth)]
     print(f"CPU read bandwidth {bandwidth / 1e9:.1f} GB/s (1 thread), {len(prompts)} prompts × "
-          f"{args.max_new_tokens} new tokens, greedy, best of {args.repeats}, threads {os.environ.get('OMP_NUM_THREADS')}")
+          f"{args.max_new_tokens} new tokens, greedy, best of {args.repeats}, "
+          f"threads {os.environ.get('OMP_NUM_THREADS')}")
     print(f"{'style':>10} {'B':>3} {'K':>2} {'plain tok/s':>11} {'spec tok/s':>10} {'measured':>8} "
           f"{'pred(timed)':>11} {'pred(bytes)':>11} {'tok/round':>9} {'experts verify/plain':>20} "
           f"{'uniform':>7} {'same':>4}  acceptance per position")
