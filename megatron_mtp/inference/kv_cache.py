@@ -22,32 +22,61 @@ still multiplies its value by 0). Rollback per sequence is ``truncate(slot, n)``
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import torch
 
 
 class Rows:
-    """The rows of one batched forward: slots, start positions and new-token counts (see the note above)."""
+    """The rows of one batched forward: slots, start positions and new-token counts (see the note above).
+    Index tensors are built on first use: batch-1 decoding, one row of one token, needs none of them."""
 
     def __init__(self, slots: list[int], starts: list[int], counts: list[int]) -> None:
         if not slots or len(slots) != len(starts) or len(slots) != len(counts) or min(counts) < 1:
             raise RuntimeError(f"bad batch rows: slots {slots}, starts {starts}, counts {counts}")
         self.slots, self.starts, self.counts = list(slots), list(starts), list(counts)
-        b, t = len(slots), max(counts)
-        self.width = t
+        self.width = t = max(counts)
         self.span = max(starts) + t
-        steps = torch.arange(t)
-        self.positions = torch.tensor(starts)[:, None] + steps  # [B, T]
         self.packed = all(c == t for c in counts)
-        valid = steps[None, :] < torch.tensor(counts)[:, None]
-        self.flat_index = None if self.packed else torch.nonzero(valid.flatten()).flatten()
-        self.token_positions = self.positions.flatten() if self.packed else self.positions.flatten()[self.flat_index]
-        offsets = torch.tensor(counts).cumsum(0)
-        self.last_index = offsets - 1  # each row's last token in packed order
-        self.slot_index = torch.tensor(slots)
-        self.contiguous = slots == list(range(slots[0], slots[0] + b))
-        # one row of one token sees its whole cache: no mask (batch-1 decoding, as before batching)
-        self.mask = None if b == 1 and t == 1 else (
-            torch.arange(self.span)[None, None, :] <= self.positions[:, :, None]).unsqueeze(1)  # [B, 1, T, S]
+        self.contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+
+    @cached_property
+    def positions(self) -> torch.Tensor:
+        """[B, T]: the position of each row's t-th new token (padding included)."""
+        return torch.tensor(self.starts)[:, None] + torch.arange(self.width)
+
+    @cached_property
+    def flat_index(self) -> torch.Tensor:
+        """Where the packed tokens sit in the flattened [B*T] padded layout."""
+        valid = torch.arange(self.width)[None, :] < torch.tensor(self.counts)[:, None]
+        return torch.nonzero(valid.flatten()).flatten()
+
+    @cached_property
+    def token_positions(self) -> torch.Tensor:
+        """[N]: the position of every packed token."""
+        if len(self.slots) == 1:
+            return torch.arange(self.starts[0], self.starts[0] + self.width)
+        flat = self.positions.flatten()
+        return flat if self.packed else flat[self.flat_index]
+
+    @cached_property
+    def last_index(self) -> torch.Tensor | slice:
+        """Each row's last token in packed order (indexes [N, ...] to [B, ...])."""
+        if len(self.slots) == 1:
+            return slice(self.width - 1, self.width)
+        return torch.tensor(self.counts).cumsum(0) - 1
+
+    @cached_property
+    def slot_index(self) -> torch.Tensor:
+        return torch.tensor(self.slots)
+
+    @cached_property
+    def mask(self) -> torch.Tensor | None:
+        """[B, 1, T, S]: key j visible to query i of row b iff j <= start_b + i; None for one row of one
+        token, which sees its whole cache (batch-1 decoding, as before batching)."""
+        if len(self.slots) == 1 and self.width == 1:
+            return None
+        return (torch.arange(self.span)[None, None, :] <= self.positions[:, :, None]).unsqueeze(1)
 
     @property
     def tokens(self) -> int:
