@@ -104,15 +104,13 @@ def run_generate(args: argparse.Namespace) -> int:
         printer = _Printer(args.json, several=False)
         batch = generator.generate_batch([prompt], batch_size=1, max_new_tokens=args.max_new_tokens,
                                          on_text=printer, **_sampling(args))
-        result = batch.results[0]
+        lines = batch.stats.summary_lines()
     else:
         result = generator.generate(prompt, max_new_tokens=args.max_new_tokens, **_sampling(args))
-    if args.json and not args.stream:
-        print(strict_json.dumps(result.to_dict()))
-    elif not args.stream:
-        print(result.text)
+        print(strict_json.dumps(result.to_dict()) if args.json else result.text)
+        lines = result.stats.summary_lines()
     if args.stats:
-        for line in result.stats.summary_lines():
+        for line in lines:
             print(line, file=sys.stderr)
     return 0
 
