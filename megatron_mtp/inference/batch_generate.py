@@ -22,20 +22,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.expert_counts import ExpertCounts, expert_line
-from megatron_mtp.inference.generate import GenerationResult, _Output
+from megatron_mtp.inference.results import GenerationResult, Output
 from megatron_mtp.inference.sampling import SamplingParams, draw, probabilities
 from megatron_mtp.inference.stats import GenerationStats
 from megatron_mtp.inference.text_stream import TextStream
 from megatron_mtp.inference.verify import verify
-
-if TYPE_CHECKING:
-    from megatron_mtp.inference.generate import Generator
 
 #: streaming: called with (prompt index, newly final text, None) as text becomes final, and once with
 #: (index, the rest of the text, its result) when the sequence finishes
@@ -148,7 +145,7 @@ class BatchResult:
 class _Seq:
     index: int
     tokens: list[int]  # prompt, then committed tokens
-    out: _Output
+    out: Output
     rng: torch.Generator
     stats: GenerationStats
     stream: TextStream | None
@@ -159,7 +156,7 @@ class _Seq:
 class _BatchRun:
     """One generate_batch() call: the queue, the slots and the step loop."""
 
-    def __init__(self, g: "Generator", params: SamplingParams, k: int, drafter: Any, batch_size: int,
+    def __init__(self, g: Any, params: SamplingParams, k: int, drafter: Any, batch_size: int,
                  on_text: OnText | None) -> None:
         self.g, self.params, self.k, self.drafter, self.on_text = g, params, k, drafter, on_text
         self.slots = batch_size
@@ -287,7 +284,7 @@ class _BatchRun:
 
 
 def generate_batch(
-    g: "Generator",
+    g: Any,
     prompts: list[str | list[int]],
     batch_size: int = 8,
     max_new_tokens: int | list[int] = 64,
@@ -325,7 +322,7 @@ def generate_batch(
             raise UserError(f"{label} has {len(ids)} tokens, which with {budget} new tokens and {speculative_k} "
                             f"drafts exceeds the model's {limit} positions (max_position_embeddings); shorten it or "
                             "lower --max-new-tokens.")
-        queue.append(_Seq(index=i, tokens=list(ids), out=_Output(g, budget, stops, eos),
+        queue.append(_Seq(index=i, tokens=list(ids), out=Output(g, budget, stops, eos),
                           rng=torch.Generator().manual_seed(int(seed) + i),
                           stats=GenerationStats(speculative_k=speculative_k),
                           stream=TextStream(stops) if on_text is not None else None))

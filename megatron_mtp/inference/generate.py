@@ -13,74 +13,22 @@ generation ends at exactly the token plain decoding would end at.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.draft import Drafter, MTPDrafter
 from megatron_mtp.inference.expert_counts import ExpertCounts
+from megatron_mtp.inference.results import GenerationResult, Output
 from megatron_mtp.inference.sampling import SamplingParams, draw, probabilities
 from megatron_mtp.inference.stats import GenerationStats
 from megatron_mtp.inference.target import TargetModel
 from megatron_mtp.inference.verify import verify
 from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
 
-if TYPE_CHECKING:
-    from megatron_mtp.inference.batch_generate import BatchResult
-
 MAX_SPECULATIVE_K = 16
-
-
-@dataclass
-class GenerationResult:
-    """Generated text (EOS dropped, cut before a stop string), token ids, and statistics."""
-
-    text: str
-    tokens: list[int]
-    stats: GenerationStats = field(default_factory=GenerationStats)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"text": self.text, "tokens": self.tokens, "stats": self.stats.to_dict()}
-
-
-class _Output:
-    """Collects emitted tokens and decides, token by token, when generation ends."""
-
-    def __init__(self, generator: "Generator", max_new: int, stop: list[str], eos: set[int]) -> None:
-        self.g = generator
-        self.max_new = max_new
-        self.stop = stop
-        self.eos = eos
-        self.tokens: list[int] = []
-        self.finish_reason = ""
-        self._cut_text: str | None = None
-
-    def push(self, token: int) -> bool:
-        """Append one token; True when generation must end with it."""
-        self.tokens.append(token)
-        if token in self.eos:
-            self.finish_reason = "eos"
-            return True
-        if self.stop:
-            text = self.g.decode(self.tokens)
-            hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
-            if hits:
-                self.finish_reason = "stop"
-                self._cut_text = text[: min(hits)]
-                return True
-        if len(self.tokens) >= self.max_new:
-            self.finish_reason = "length"
-            return True
-        return False
-
-    def text(self) -> str:
-        if self._cut_text is not None:
-            return self._cut_text
-        body = self.tokens[:-1] if self.finish_reason == "eos" else self.tokens
-        return self.g.decode(body) if self.g.tokenizer is not None else ""
 
 
 class Generator:
@@ -155,8 +103,8 @@ class Generator:
             raise UserError(f"{self.source} has no tokenizer.json, so stop strings cannot be matched; drop --stop.")
         return params, drafter, stop
 
-    def generate_batch(self, prompts: list[str | list[int]], **options: Any) -> "BatchResult":
-        """Many prompts, ``batch_size`` at a time with continuous batching (batch_generate.py)."""
+    def generate_batch(self, prompts: list[str | list[int]], **options: Any) -> Any:
+        """Many prompts, ``batch_size`` at a time with continuous batching: a ``batch_generate.BatchResult``."""
         from megatron_mtp.inference.batch_generate import generate_batch
 
         return generate_batch(self, prompts, **options)
@@ -184,7 +132,7 @@ class Generator:
                 f"max_position_embeddings ({self.config.max_position_embeddings}); shorten one of them."
             )
         eos = set() if ignore_eos else set(self.config.eos_token_ids)
-        output = _Output(self, max_new_tokens, stop, eos)
+        output = Output(self, max_new_tokens, stop, eos)
         return _Generation(self, params, seed, speculative_k, drafter, output).run(ids)
 
 
@@ -192,7 +140,7 @@ class _Generation:
     """One generate() call: its sampling state, statistics and round loop."""
 
     def __init__(
-        self, g: Generator, params: SamplingParams, seed: int, k: int, drafter: Drafter | None, out: _Output
+        self, g: Generator, params: SamplingParams, seed: int, k: int, drafter: Drafter | None, out: Output
     ) -> None:
         self.g, self.params, self.k, self.drafter, self.out = g, params, k, drafter, out
         self.rng = torch.Generator().manual_seed(int(seed))
