@@ -3,9 +3,9 @@
     python tools/bench/bench_batched_decode.py RUN_OR_CKPT [RUN_OR_CKPT ...] [--batches 1,4,16]
         [--ks 1,2,3] [--prompts 16] [--max-new-tokens 32] [--repeats 2] [--json OUT]
 
-Each model (a megatron-mtp run directory or checkpoint: its config.yaml gives the sizes the prediction
-needs; sequential MTP modules or parallel heads) decodes the same --prompts prompts at each batch size B
-(continuous batching, B in flight) plainly and with K drafts, greedy, EOS ignored; every (B, K) runs
+Each model (a megatron-mtp run directory or checkpoint, whose config.yaml gives the sizes the prediction
+needs, or an HF export; sequential MTP modules or parallel heads) decodes the same --prompts prompts at
+each batch size B (continuous batching, B in flight) plainly and with K drafts, greedy, EOS ignored; every (B, K) runs
 --repeats times interleaved and the fastest decode phase (wall time minus prefills) is kept. Columns:
 - tok/s plain and speculative, and the measured speedup (their ratio; the outputs are identical, checked);
 - tokens committed per sequence and round, the acceptance per draft position;
@@ -82,7 +82,7 @@ def predicted_speedup(cfg, vocab: int, batch: int, k: int, acceptance: list[floa
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("models", nargs="+", help="megatron-mtp run directories or checkpoints (with MTP)")
+    parser.add_argument("models", nargs="+", help="megatron-mtp run directories, checkpoints or HF exports (with MTP)")
     parser.add_argument("--batches", default="1,4,16")
     parser.add_argument("--ks", default="1,2,3")
     parser.add_argument("--prompts", type=int, default=16, help="prompts decoded at every batch size (default 16)")
@@ -104,18 +104,36 @@ def _ints(text: str, flag: str) -> list[int]:
     return values
 
 
-def bench_model(path: str, batches: list[int], ks: list[int], prompts: list[str], max_new: int, repeats: int,
-                bandwidth: float) -> list[dict]:
+def model_config(path: str, gen):
+    """The sizes the bytes model needs: a run's config.yaml, or an HF export's config.json as the converter
+    reads it (MTP depth and style from the loaded drafter)."""
+    import dataclasses
+
     from megatron_mtp.checkpoint.info import read_config
     from megatron_mtp.checkpoint.run_dir import resolve_checkpoint
+    from megatron_mtp.config.root import Config
+    from megatron_mtp.inference.model_dir import find_export_dirs
+    from megatron_mtp.models.deepseek_v3.hf_config import from_hf_config
+
+    root = Path(path)
+    if not ((root / "config.json").is_file() or (root / "main" / "config.json").is_file()):
+        return read_config(resolve_checkpoint(path).path)
+    where = find_export_dirs(root).main_dir / "config.json"
+    model, mtp, _ = from_hf_config(json.loads(where.read_text()), str(where))
+    style = "parallel" if hasattr(gen.drafter, "heads") else "sequential"
+    return Config(model=model, mtp=dataclasses.replace(mtp, num_layers=gen.drafter.depth, style=style))
+
+
+def bench_model(path: str, batches: list[int], ks: list[int], prompts: list[str], max_new: int, repeats: int,
+                bandwidth: float) -> list[dict]:
     from megatron_mtp.errors import UserError
     from megatron_mtp.inference.generate import load_generator
     from megatron_mtp.plan.memory import resolve_vocab
 
-    cfg = read_config(resolve_checkpoint(path).path)
     gen = load_generator(path)
     if not gen.has_mtp:
         raise UserError(f"{path} has no MTP module to draft with; train it with mtp.num_layers >= 1.")
+    cfg = model_config(path, gen)
     vocab = resolve_vocab(cfg)
     ks = [k for k in ks if k <= getattr(gen.drafter, "max_draft", k)]
     gen.generate_batch(prompts[:2], batch_size=2, max_new_tokens=4, ignore_eos=True)  # warm-up

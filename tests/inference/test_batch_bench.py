@@ -1,6 +1,7 @@
-"""The bytes model of plan/speculative.py (which `plan --speculative` and tools/bench/bench_batched_decode.py
-predict with) against the parameters of the decoder that runs: a forward reads every weight of the layers
-it runs but the embedding table, and the routed experts it touches."""
+"""tools/bench/bench_batched_decode.py: a smoke run; and the bytes model of plan/speculative.py (which
+`plan --speculative` and the bench predict with) against the parameters of the decoder that runs: a
+forward reads every weight of the layers it runs but the embedding table, and the routed experts it
+touches."""
 
 from __future__ import annotations
 
@@ -45,3 +46,22 @@ def test_forward_bytes_are_the_parameter_bytes_of_the_layers_and_experts_counted
     assert draft.dense == 2.0 * (own + vocab * hf.hidden_size)  # the module, and the main model's head
     uniform = distinct_experts(hf.n_routed_experts, hf.num_experts_per_tok, 4)
     assert draft.experts == pytest.approx(2.0 * uniform * expert)
+
+
+def test_batched_bench_smoke(export_d1, tmp_path, capsys):
+    import importlib.util
+    import json
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "bench" / "bench_batched_decode.py"
+    spec = importlib.util.spec_from_file_location("bench_batched_decode", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "bench.json"
+    assert bench.main([str(export_d1), "--batches", "1,3", "--ks", "1,2", "--prompts", "3", "--max-new-tokens", "5",
+                       "--repeats", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["batch"], r["k"]) for r in rows] == [(1, 1), (1, 2), (3, 1), (3, 2)]
+    assert all(r["identical"] and r["verify_experts"] >= r["plain_experts"] > 0 and r["predicted_bytes"] > 0
+               for r in rows)
+    assert "pred(bytes)" in capsys.readouterr().out
+    assert bench.main([str(export_d1), "--batches", "0"]) == 2
