@@ -8,7 +8,9 @@ needs, or an HF export; sequential MTP modules or parallel heads) decodes the sa
 each batch size B (continuous batching, B in flight) plainly and with K drafts, greedy, EOS ignored; every (B, K) runs
 --repeats times interleaved and the fastest decode phase (wall time minus prefills) is kept. Columns:
 - tok/s plain and speculative, and the measured speedup (their ratio; the outputs are identical, checked);
-- tokens committed per sequence and round, the acceptance per draft position;
+- tokens committed per sequence and round, the acceptance per draft position; seq/fwd: sequences per
+  decode forward (B until the first sequences finish; a speculative run's sequences finish in
+  different rounds, a plain run's together);
 - distinct routed experts per MoE layer in a verify forward (B·(K+1) tokens) over a plain one (B tokens),
   measured, and under uniform routing;
 - pred(bytes): plan/speculative.py's model (a forward reads dense weights, the touched experts and the KV
@@ -170,6 +172,7 @@ def bench_model(path: str, batches: list[int], ks: list[int], prompts: list[str]
                 "predicted_bytes": pred["speedup"],
                 "predicted_timed": s.mean_accept_length * t_plain / (t_verify + k * t_draft),
                 "tokens_per_round": s.mean_accept_length, "acceptance_per_position": acc,
+                "sequences_per_forward": s.decode_rows / s.decode_forwards,
                 "verify_experts": e["distinct_experts"], "plain_experts": plain_experts,
                 "verify_over_plain_experts": e["distinct_experts"] / plain_experts,
                 "uniform_verify_over_plain": e["uniform_expectation"] / plain.stats.experts["plain"][
@@ -191,13 +194,13 @@ def run(argv: list[str] | None = None) -> dict:
           f"{args.max_new_tokens} new tokens, greedy, best of {args.repeats}, "
           f"threads {os.environ.get('OMP_NUM_THREADS')}")
     print(f"{'style':>10} {'B':>3} {'K':>2} {'plain tok/s':>11} {'spec tok/s':>10} {'measured':>8} "
-          f"{'pred(timed)':>11} {'pred(bytes)':>11} {'tok/round':>9} {'experts verify/plain':>20} "
+          f"{'pred(timed)':>11} {'pred(bytes)':>11} {'tok/round':>9} {'seq/fwd':>7} {'experts verify/plain':>20} "
           f"{'uniform':>7} {'same':>4}  acceptance per position")
     for r in rows:
         acc = " ".join(f"{a:.2f}" for a in r["acceptance_per_position"])
         print(f"{r['style']:>10} {r['batch']:>3} {r['k']:>2} {r['plain_tokens_per_s']:>11.1f} "
               f"{r['spec_tokens_per_s']:>10.1f} {r['measured_speedup']:>8.2f} {r['predicted_timed']:>11.2f} "
-              f"{r['predicted_bytes']:>11.2f} {r['tokens_per_round']:>9.2f} "
+              f"{r['predicted_bytes']:>11.2f} {r['tokens_per_round']:>9.2f} {r['sequences_per_forward']:>7.1f} "
               f"{r['verify_experts']:>6.2f}/{r['plain_experts']:<5.2f}={r['verify_over_plain_experts']:>5.2f} "
               f"{r['uniform_verify_over_plain']:>7.2f} {'yes' if r['identical'] else 'NO':>4}  {acc}")
     report = {"bandwidth_bytes_per_s": bandwidth, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
