@@ -313,6 +313,8 @@ def generate_batch(
     for budget in sorted(set(budgets), key=str):
         params, drafter, stops = g.check_options(budget, temperature, top_k, top_p, speculative_k, stop,
                                                  drafter or g.drafter)
+    if on_text is not None and g.tokenizer is None:
+        raise UserError(f"{g.source} has no tokenizer.json, so --stream has no text to print; drop --stream.")
     limit = g.config.max_position_embeddings
     eos = set() if ignore_eos else set(g.config.eos_token_ids)
     queue: deque[_Seq] = deque()
