@@ -31,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed for sampling (default 0; prompt i of --prompts-file draws with SEED + i)")
     parser.add_argument("--speculative", type=int, default=0, metavar="K",
                         help="draft K tokens per step with the MTP module(s) (0 = plain decoding)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
