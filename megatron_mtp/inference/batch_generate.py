@@ -86,6 +86,11 @@ class BatchStats:
         return self.decode_tokens / self.decode_forwards if self.decode_forwards else 0.0
 
     @property
+    def sequences_per_forward(self) -> float:
+        """Sequences per decode forward: B until the first finish, fewer while the last ones finish."""
+        return self.decode_rows / self.decode_forwards if self.decode_forwards else 0.0
+
+    @property
     def tokens_per_sequence_forward(self) -> float:
         """Committed tokens per sequence and decode forward (1 for plain decoding)."""
         return self.decode_tokens / self.decode_rows if self.decode_rows else 0.0
@@ -109,8 +114,9 @@ class BatchStats:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        for name in ("decode_forwards", "tokens_per_decode_forward", "tokens_per_sequence_forward",
-                     "acceptance_per_position", "acceptance_rate", "mean_accept_length", "tokens_per_s"):
+        for name in ("decode_forwards", "sequences_per_forward", "tokens_per_decode_forward",
+                     "tokens_per_sequence_forward", "acceptance_per_position", "acceptance_rate", "mean_accept_length",
+                     "tokens_per_s"):
             out[name] = getattr(self, name)
         return out
 
@@ -118,7 +124,8 @@ class BatchStats:
         lines = [
             f"{self.sequences} prompts, batch size {self.batch_size}: {self.new_tokens} new tokens in "
             f"{self.wall_time_s:.3f} s ({self.tokens_per_s:.1f} tokens/s)",
-            f"decode forwards: {self.decode_forwards} ({self.plain_forwards} plain, {self.verify_forwards} verify), "
+            f"decode forwards: {self.decode_forwards} ({self.plain_forwards} plain, {self.verify_forwards} verify; "
+            f"{self.sequences_per_forward:.1f} sequences each), "
             f"{self.tokens_per_decode_forward:.2f} committed tokens per forward, "
             f"{self.tokens_per_sequence_forward:.2f} per sequence and forward",
         ]

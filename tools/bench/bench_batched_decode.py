@@ -172,7 +172,7 @@ def bench_model(path: str, batches: list[int], ks: list[int], prompts: list[str]
                 "predicted_bytes": pred["speedup"],
                 "predicted_timed": s.mean_accept_length * t_plain / (t_verify + k * t_draft),
                 "tokens_per_round": s.mean_accept_length, "acceptance_per_position": acc,
-                "sequences_per_forward": s.decode_rows / s.decode_forwards,
+                "sequences_per_forward": s.sequences_per_forward,
                 "verify_experts": e["distinct_experts"], "plain_experts": plain_experts,
                 "verify_over_plain_experts": e["distinct_experts"] / plain_experts,
                 "uniform_verify_over_plain": e["uniform_expectation"] / plain.stats.experts["plain"][
