@@ -126,15 +126,43 @@ def _randomize_norms_and_biases(model, seed: int) -> None:
                 param.copy_(0.2 * torch.randn(param.shape, generator=gen))
 
 
+_OUTPUT_PROJECTIONS = ("o_proj.weight", "down_proj.weight", "experts.down_proj")
+
+
+def _near_bigram_mtp(mtp: dict[str, torch.Tensor], main_state: dict[str, torch.Tensor], hidden: int,
+                     scale: float) -> None:
+    """The MTP side of ``near_bigram`` (make_tiny_export): each module keeps its random weights, output
+    projections shrunk by ``scale`` like the main model's, but reads mainly the embedding of the token it
+    is given (eh_proj ~ [I, 0], enorm 1, shared_head.norm = model.norm): it predicts roughly that token's
+    bigram successor, which the target, mostly a bigram map itself, often but not always agrees with."""
+    for name in list(mtp):
+        if name.endswith(_OUTPUT_PROJECTIONS):
+            mtp[name] = mtp[name] * scale
+    for name in [n for n in mtp if n.endswith("eh_proj.weight")]:
+        mtp[name] = mtp[name] + torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
+        prefix = name[: -len("eh_proj.weight")]
+        mtp[prefix + "enorm.weight"] = torch.ones(hidden)
+        mtp[prefix + "shared_head.norm.weight"] = main_state["model.norm.weight"].clone()
+
+
 def make_tiny_export(root: Path, layout: str = "separate", mtp_depth: int = 1, seed: int = 0,
-                     mtp_std: float = 0.08, family: str = "deepseek_v3", **config_kwargs) -> Path:
+                     mtp_std: float = 0.08, family: str = "deepseek_v3", near_bigram: float | None = None,
+                     **config_kwargs) -> Path:
     """Write a tiny export of ``family`` (FAMILIES); layout is 'separate' (main/ + mtp/), 'inline' or 'plain'.
+    ``near_bigram``: shrink every layer's output projections by this factor, so the next token depends mostly
+    on the current one, and give the MTP modules the matching shape (_near_bigram_mtp): drafts are then
+    partly accepted, as on a trained model; None: fully random weights (acceptance near 0).
     Returns root."""
     torch.manual_seed(seed)
     config = FAMILIES[family][0](mtp_depth=0, **config_kwargs)
     model = hf_model_class(family)(config).eval()
     if family == "glm4_moe":
         _randomize_norms_and_biases(model, seed)
+    if near_bigram is not None:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.startswith("model.layers.") and name.endswith(_OUTPUT_PROJECTIONS):
+                    param.mul_(near_bigram)
     main_dir = root / "main" if layout == "separate" else root
     main_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(main_dir)
@@ -147,6 +175,8 @@ def make_tiny_export(root: Path, layout: str = "separate", mtp_depth: int = 1, s
     for file in main_dir.glob("*.safetensors"):
         main_state.update(load_file(str(file)))
     extra = mtp_tensors(main_state, config, mtp_depth, seed + 1, mtp_std)
+    if near_bigram is not None:
+        _near_bigram_mtp(extra, main_state, config.hidden_size, near_bigram)
     if layout == "separate":
         mtp_dir = root / "mtp"
         mtp_dir.mkdir(parents=True, exist_ok=True)
@@ -165,8 +195,10 @@ def make_tiny_export(root: Path, layout: str = "separate", mtp_depth: int = 1, s
             index = json.loads(index_file.read_text())
             index["weight_map"].update({k: "model-mtp.safetensors" for k in extra})
             index_file.write_text(json.dumps(index))
-        else:  # an index naming both files: transformers reads only model.safetensors without one
-            _write_index(main_dir, {"model.safetensors": sorted(main_state), "model-mtp.safetensors": sorted(extra)})
+        else:  # two shards and their index (transformers reads a lone model.safetensors before any index)
+            (main_dir / "model.safetensors").rename(main_dir / "model-main.safetensors")
+            _write_index(main_dir, {"model-main.safetensors": sorted(main_state),
+                                    "model-mtp.safetensors": sorted(extra)})
     return root
 
 

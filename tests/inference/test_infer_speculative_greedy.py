@@ -12,9 +12,11 @@ PROMPT = "def add(a, b):\n    return"
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
-def test_greedy_speculative_equals_plain_d1(gen_d1, k):
-    plain = gen_d1.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
-    spec = gen_d1.generate(PROMPT, max_new_tokens=40, ignore_eos=True, speculative_k=k)
+@pytest.mark.parametrize("fixture", ["gen_d1", "gen_glm"])
+def test_greedy_speculative_equals_plain_d1(request, fixture, k):
+    gen = request.getfixturevalue(fixture)
+    plain = gen.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
+    spec = gen.generate(PROMPT, max_new_tokens=40, ignore_eos=True, speculative_k=k)
     assert spec.tokens == plain.tokens
     assert spec.text == plain.text
     assert spec.stats.rounds > 0 and len(spec.stats.acceptance_per_position) == k
@@ -130,7 +132,7 @@ class _OracleDrafts:
 
 
 @pytest.mark.parametrize("bad", [1, 2, None], ids=["reject-first", "accept-one", "accept-all"])
-@pytest.mark.parametrize("fixture", ["gen_d1", "gen_d2"])
+@pytest.mark.parametrize("fixture", ["gen_d1", "gen_d2", "gen_glm"])
 def test_mtp_cache_after_rollback_equals_recompute(request, fixture, bad):
     """After (partial) acceptance the kept MTP caches are exactly what the final sequence implies."""
     gen = request.getfixturevalue(fixture)

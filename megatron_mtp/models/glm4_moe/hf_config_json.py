@@ -102,7 +102,7 @@ def _value(raw: Mapping[str, Any], key: str, kind: Callable[[Any], Any], default
     try:
         return kind(value)
     except (TypeError, ValueError):
-        raise UserError(f"{where}: field '{key}' has a malformed value {value!r}") from None
+        raise UserError(f"{where}: field '{key}' has a malformed value {value!r}; fix config.json.") from None
 
 
 def _scalar_kind(annotation: str) -> Optional[Callable[[Any], Any]]:
@@ -117,11 +117,11 @@ def _eos(value: Any) -> EosIds:
 def _rope(raw: Mapping[str, Any], where: str) -> dict[str, float]:
     params = raw.get("rope_scaling") or raw.get("rope_parameters") or {}  # transformers reads rope_scaling first
     if not isinstance(params, Mapping):
-        raise UserError(f"{where}: the rope settings (rope_parameters) must be a mapping")
+        raise UserError(f"{where}: the rope settings (rope_parameters) must be a mapping.")
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ("default", None):
         raise UserError(f"{where}: rope type '{kind}' is not supported for a GLM-4.5-family model (only the "
-                        "default RoPE, which GLM-4.5/4.6/4.7 use)")
+                        "default RoPE, which GLM-4.5/4.6/4.7 use).")
     defaults = {"rope_theta": 10000.0, "partial_rotary_factor": 0.5}
     return {key: _value(params if params.get(key) is not None else raw, key, float, defaults[key], where)
             for key in _ROPE_KEYS}
@@ -130,10 +130,10 @@ def _rope(raw: Mapping[str, Any], where: str) -> dict[str, float]:
 def parse_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> Glm4MoeHFConfig:
     """The view of a config.json dict; a missing required field or a malformed one is a UserError."""
     if not isinstance(raw, Mapping):
-        raise UserError(f"{where} must hold a JSON object")
+        raise UserError(f"{where} must hold a JSON object.")
     for key in _REQUIRED:
         if raw.get(key) is None:
-            raise UserError(f"{where} has no '{key}'; it is required for a GLM-4.5-family model")
+            raise UserError(f"{where} has no '{key}'; it is required for a GLM-4.5-family model.")
     values = {}
     for f in _FIELDS:
         kind = _scalar_kind(f.type)
@@ -142,7 +142,7 @@ def parse_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> Glm4M
     heads = values["num_attention_heads"]
     if heads < 1 or values["num_key_value_heads"] < 1 or heads % values["num_key_value_heads"]:
         raise UserError(f"{where}: num_attention_heads ({heads}) must be a positive multiple of num_key_value_heads "
-                        f"({values['num_key_value_heads']})")
+                        f"({values['num_key_value_heads']}).")
     head_dim = values["head_dim"] or values["hidden_size"] // heads
     spelling = "num_nextn_predict_layers" if "num_nextn_predict_layers" in raw else "num_mtp_layers"
     values.update(
@@ -156,5 +156,5 @@ def parse_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> Glm4M
     config = Glm4MoeHFConfig(**values)
     if not 0 < config.rotary_dim <= head_dim or config.rotary_dim % 2:
         raise UserError(f"{where}: partial_rotary_factor {config.partial_rotary_factor} of head_dim {head_dim} gives "
-                        f"{config.rotary_dim} rotated dimensions; it must be an even number from 2 to head_dim")
+                        f"{config.rotary_dim} rotated dimensions; it must be an even number from 2 to head_dim.")
     return config
