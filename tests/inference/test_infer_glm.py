@@ -192,3 +192,16 @@ def test_config_view_reads_old_and_new_rope_spellings():
     assert (old.rotary_dim, old.rope_theta, old.head_dim) == (4, 500.0, 16)
     assert (new.rotary_dim, new.rope_theta) == (12, 500.0)
     assert (default.rotary_dim, default.rope_theta, default.num_nextn_predict_layers) == (8, 10000.0, 1)
+
+
+def test_cli_decodes_a_glm_export(export_glm, gen_glm):
+    """`megatron-mtp generate` on a GLM export: JSON output, tokens as the library's, MTP drafts used."""
+    from tests.workers.pool import POOL
+
+    proc = POOL.run(["-m", "megatron_mtp", "generate", str(export_glm), "--prompt", PROMPT, "--max-new-tokens", "10",
+                     "--speculative", "2", "--ignore-eos", "--json", "--stats"], timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["tokens"] == gen_glm.generate(PROMPT, max_new_tokens=10, ignore_eos=True).tokens
+    assert len(out["stats"]["acceptance_per_position"]) == 2 and out["stats"]["rounds"] > 0
+    assert "mean accept length" in proc.stderr
