@@ -112,20 +112,24 @@ def _transformers_generation(hf, ids: list[int], new: int) -> tuple[list[int], l
 
 def _glm_exports() -> list:
     extra = os.environ.get("MEGATRON_MTP_GLM_EXPORT")
-    return ["tiny-near-bigram"] + ([pytest.param(extra, id="MEGATRON_MTP_GLM_EXPORT")] if extra else [])
+    tiny = [("inline", 1), ("separate", 1), ("inline", 2)]
+    return [pytest.param(t, id=f"{t[0]}-d{t[1]}") for t in tiny] + (
+        [pytest.param(extra, id="MEGATRON_MTP_GLM_EXPORT")] if extra else [])
 
 
 @pytest.mark.parametrize("export", _glm_exports())
 def test_speculative_decoding_matches_transformers_use_mtp(tmp_path, export):
-    """Greedy: transformers' use_mtp output == its plain output == ours, and the tokens per verification
-    round (new tokens after the prefill per target forward after the prefill) agree within 5%.
+    """Greedy: transformers' use_mtp output == its plain output == ours (K = D drafts per round, as transformers
+    drafts), and the tokens per verification round (new tokens after the prefill per target forward after
+    the prefill) agree within 5%.
     The tiny model is built so that drafts are partly accepted (near_bigram; random MTP weights give
     acceptance near 0, where the comparison would prove little)."""
     from megatron_mtp.inference.generate import load_generator
 
-    if export == "tiny-near-bigram":
-        root = make_tiny_export(tmp_path, layout="inline", mtp_depth=1, seed=0, mtp_std=0.01, family="glm4_moe",
-                                near_bigram=0.1)
+    tiny = isinstance(export, tuple)  # (layout, MTP depth) of the tiny model, else an export directory
+    if tiny:
+        root = make_tiny_export(tmp_path, layout=export[0], mtp_depth=export[1], seed=0, mtp_std=0.01,
+                                family="glm4_moe", near_bigram=0.1)
     else:
         root = Path(export)
     gen = load_generator(root)
@@ -142,7 +146,7 @@ def test_speculative_decoding_matches_transformers_use_mtp(tmp_path, export):
     print(f"tokens per verification round: transformers {theirs_per_round:.3f}, ours {ours_per_round:.3f}, "
           f"our acceptance {ours.stats.acceptance_rate:.3f}")
     assert abs(ours_per_round - theirs_per_round) <= 0.05 * theirs_per_round
-    if export == "tiny-near-bigram":  # the construction works: drafts are neither all rejected nor all accepted
+    if tiny:  # the construction works: drafts are neither all rejected nor all accepted
         assert 0.2 < ours.stats.acceptance_rate < 0.8
 
 
