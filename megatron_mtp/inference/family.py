@@ -34,8 +34,6 @@ from megatron_mtp.models.glm4_moe.hf_config_json import parse_hf_config as parse
 class InferenceFamily:
     """One model family as the decoder sees it."""
 
-    title: str
-    """How messages name it."""
     model_type: str
     architectures: tuple[str, ...]
     config_class: type
@@ -53,9 +51,9 @@ class InferenceFamily:
         return self.attention.new_cache(config, dtype)  # type: ignore[arg-type]
 
 
-DEEPSEEK_V3 = InferenceFamily("DeepSeek-V3", "deepseek_v3", ("DeepseekV3ForCausalLM",),
+DEEPSEEK_V3 = InferenceFamily("deepseek_v3", ("DeepseekV3ForCausalLM",),
                               DeepseekV3HFConfig, parse_deepseek_v3, MLAttention)
-GLM4_MOE = InferenceFamily("GLM-4.5", "glm4_moe", ("Glm4MoeForCausalLM",),
+GLM4_MOE = InferenceFamily("glm4_moe", ("Glm4MoeForCausalLM",),
                            Glm4MoeHFConfig, parse_glm4_moe, GQAttention)
 FAMILIES = (DEEPSEEK_V3, GLM4_MOE)
 SUPPORTED = "DeepSeek-V3 (model_type deepseek_v3) and GLM-4.5/4.6/4.7 (model_type glm4_moe)"
