@@ -209,3 +209,40 @@ def test_cli_decodes_a_glm_export(export_glm, gen_glm):
     assert out["tokens"] == gen_glm.generate(PROMPT, max_new_tokens=10, ignore_eos=True).tokens
     assert len(out["stats"]["acceptance_per_position"]) == 2 and out["stats"]["rounds"] > 0
     assert "mean accept length" in proc.stderr
+
+
+_GLM45 = {  # GLM-4.5's published config.json fields (355B); the Air model changes the ones in _AIR
+    "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "attention_bias": True, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 5120, "partial_rotary_factor": 0.5, "intermediate_size": 12288,
+    "max_position_embeddings": 131072, "moe_intermediate_size": 1536, "norm_topk_prob": True,
+    "num_attention_heads": 96, "n_group": 1, "topk_group": 1, "n_routed_experts": 160, "n_shared_experts": 1,
+    "routed_scaling_factor": 2.5, "num_experts_per_tok": 8, "first_k_dense_replace": 3, "num_hidden_layers": 92,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 1000000,
+    "num_nextn_predict_layers": 1, "tie_word_embeddings": False, "use_qk_norm": True, "vocab_size": 151552,
+    "eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329,
+}
+_AIR = {"hidden_size": 4096, "intermediate_size": 10944, "moe_intermediate_size": 1408, "n_routed_experts": 128,
+        "routed_scaling_factor": 1.0, "first_k_dense_replace": 1, "num_hidden_layers": 46, "use_qk_norm": False}
+
+
+@pytest.mark.parametrize("release", [_GLM45, {**_GLM45, **_AIR}], ids=["GLM-4.5", "GLM-4.5-Air"])
+def test_release_configs_read_as_transformers_reads_them(release):
+    """Our model of a release config.json has transformers' tensors and shapes (on the meta device) and its
+    rotary frequencies. The layer count is cut to the dense layers + 2 to keep it cheap; the MTP layer
+    index num_hidden_layers is MoE."""
+    from transformers import Glm4MoeConfig
+    from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeRotaryEmbedding
+
+    from megatron_mtp.inference.model_dir import decodable_config
+    from megatron_mtp.inference.target import TargetModel
+
+    raw = {**release, "num_hidden_layers": release["first_k_dense_replace"] + 2}
+    config = decodable_config(raw, Path("config.json"))
+    assert config.rotary_dim == 64 and config.eos_token_ids == (151329, 151336, 151338)
+    assert config.is_moe_layer(config.num_hidden_layers) and not config.is_moe_layer(0)
+    hf_config = Glm4MoeConfig.from_dict(raw)
+    with torch.device("meta"):
+        theirs = hf_model_class("glm4_moe")(hf_config)
+        ours = TargetModel(config)
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
+    assert torch.equal(ours.rotary.inv_freq, Glm4MoeRotaryEmbedding(hf_config).inv_freq)
