@@ -18,8 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate",
         help="generate text, optionally with MTP speculative decoding",
-        description="Generate from an exported Hugging Face DeepSeek-V3 directory (main/ + mtp/, inline, or "
-        "plain) or a megatron-mtp checkpoint/run directory (exported on the fly).",
+        description="Generate from an exported Hugging Face directory of a DeepSeek-V3 (deepseek_v3) or "
+        "GLM-4.5/4.6/4.7 (glm4_moe) model (main/ + mtp/, inline, or plain; the MTP layers draft) or from a "
+        "megatron-mtp checkpoint/run directory (exported on the fly).",
     )
     parser.add_argument("model", help="exported model directory, or a megatron-mtp checkpoint/run directory")
     source = parser.add_mutually_exclusive_group(required=True)

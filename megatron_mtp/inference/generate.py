@@ -21,12 +21,12 @@ import torch
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.draft import Drafter, MTPDrafter
 from megatron_mtp.inference.expert_counts import ExpertCounts
+from megatron_mtp.inference.layers import HFConfig
 from megatron_mtp.inference.results import GenerationResult, Output
 from megatron_mtp.inference.sampling import SamplingParams, draw, probabilities
 from megatron_mtp.inference.stats import GenerationStats
 from megatron_mtp.inference.target import TargetModel
 from megatron_mtp.inference.verify import verify
-from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
 
 MAX_SPECULATIVE_K = 16
 
@@ -47,7 +47,7 @@ class Generator:
         self.source = source
 
     @property
-    def config(self) -> DeepseekV3HFConfig:
+    def config(self) -> HFConfig:
         return self.target.config
 
     @property

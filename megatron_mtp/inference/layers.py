@@ -1,5 +1,6 @@
 """DeepSeek-V3 building blocks for decoding: RMSNorm, (YaRN) RoPE, MLA with a latent KV cache,
-dense MLP, sigmoid-routed MoE, and the decoder layer.
+dense MLP, sigmoid-routed MoE, and the decoder layer. The GLM-4.5 family uses the same norms, RoPE,
+MLP, MoE and decoder layer with grouped-query attention (gqa.py); family.py says which goes where.
 
 Attribute names mirror the Hugging Face tensor names (``self_attn.q_a_proj``...), so a layer loads
 with ``load_state_dict`` from an export; routed experts are stacked on an expert axis under
@@ -23,7 +24,11 @@ from torch import nn
 
 from megatron_mtp.inference.kv_cache import KVCache, Rows
 from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig, YarnScaling
+from megatron_mtp.models.glm4_moe.hf_config_json import Glm4MoeHFConfig
 from megatron_mtp.rms_norm import rms_norm
+
+HFConfig = DeepseekV3HFConfig | Glm4MoeHFConfig
+"""The config views of the families the decoder runs (family.py); the MoE/MLP/norm fields share names."""
 
 
 class RMSNorm(nn.Module):
@@ -43,16 +48,17 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 
 class Rotary:
-    """Inverse frequencies and cos/sin tables for the ``qk_rope_head_dim`` part of MLA."""
+    """Inverse frequencies and cos/sin tables for the ``dim`` rotated dimensions of each head
+    (MLA: ``qk_rope_head_dim``; GQA: the first ``head_dim * partial_rotary_factor``)."""
 
-    def __init__(self, config: DeepseekV3HFConfig) -> None:
-        self.dim = dim = config.qk_rope_head_dim
+    def __init__(self, dim: int, theta: float, yarn: YarnScaling | None = None) -> None:
+        self.dim = dim
         exponents = torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim
-        if config.rope_scaling is None:
-            self.inv_freq = 1.0 / (config.rope_theta**exponents)
+        if yarn is None:
+            self.inv_freq = 1.0 / (theta**exponents)
             self.attention_factor = 1.0
         else:
-            self.inv_freq, self.attention_factor = self._yarn(config.rope_scaling, config.rope_theta, dim, exponents)
+            self.inv_freq, self.attention_factor = self._yarn(yarn, theta, dim, exponents)
 
     @staticmethod
     def _yarn(rope: YarnScaling, theta: float, dim: int, exponents: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -87,7 +93,7 @@ class Rotary:
         return (emb.cos() * self.attention_factor).to(dtype), (emb.sin() * self.attention_factor).to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -105,7 +111,7 @@ def apply_rope(
         k_out = torch.cat([k1 * cos_h - k2 * sin_h, k2 * cos_h + k1 * sin_h], dim=-1)
         return q_out, k_out
     cos_u, sin_u = cos.unsqueeze(1), sin.unsqueeze(1)
-    return q * cos_u + _rotate_half(q) * sin_u, k * cos_u + _rotate_half(k) * sin_u
+    return q * cos_u + rotate_half(q) * sin_u, k * cos_u + rotate_half(k) * sin_u
 
 
 class MLAttention(nn.Module):
@@ -131,6 +137,10 @@ class MLAttention(nn.Module):
             m = _yarn_mscale(config.rope_scaling.factor, config.rope_scaling.mscale_all_dim)
             scaling *= m * m
         self.scaling = scaling
+
+    @staticmethod
+    def rotary(config: DeepseekV3HFConfig) -> Rotary:
+        return Rotary(config.qk_rope_head_dim, config.rope_theta, config.rope_scaling)
 
     def cache_dims(self) -> dict[str, int]:
         """What MLA caches per position: the normed latent and the rotated shared key."""
@@ -183,7 +193,7 @@ class GatedMLP(nn.Module):
 class Router(nn.Module):
     """DeepSeek-V3 ``noaux_tc`` routing: sigmoid scores, bias-corrected group-limited top-k."""
 
-    def __init__(self, config: DeepseekV3HFConfig) -> None:
+    def __init__(self, config: HFConfig) -> None:
         super().__init__()
         n = config.n_routed_experts
         self.config = config
@@ -235,7 +245,7 @@ class MoE(nn.Module):
     #: run all experts batched once at least this fraction of them is hit
     DENSE_EXPERT_FRACTION = 0.25
 
-    def __init__(self, config: DeepseekV3HFConfig) -> None:
+    def __init__(self, config: HFConfig) -> None:
         super().__init__()
         self.num_experts = config.n_routed_experts
         self.top_k = config.num_experts_per_tok
@@ -289,11 +299,12 @@ class MoE(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; MoE or dense by index."""
+    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; MoE or dense by index.
+    ``attention`` is the family's attention class (family.py): MLA, or GQA (gqa.py)."""
 
-    def __init__(self, config: DeepseekV3HFConfig, layer_index: int) -> None:
+    def __init__(self, config: HFConfig, layer_index: int, attention: type[nn.Module]) -> None:
         super().__init__()
-        self.self_attn = MLAttention(config)
+        self.self_attn = attention(config)
         self.mlp: nn.Module = (
             MoE(config) if config.is_moe_layer(layer_index) else GatedMLP(config.hidden_size, config.intermediate_size)
         )

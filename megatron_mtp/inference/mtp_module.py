@@ -13,15 +13,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from megatron_mtp.inference.family import family_of
 from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.inference.layers import DecoderLayer, RMSNorm, Rotary
-from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
+from megatron_mtp.inference.layers import DecoderLayer, HFConfig, RMSNorm
 
 
 class SharedHead(nn.Module):
     """``shared_head.norm`` and (when exported) ``shared_head.head``."""
 
-    def __init__(self, config: DeepseekV3HFConfig, with_head: bool) -> None:
+    def __init__(self, config: HFConfig, with_head: bool) -> None:
         super().__init__()
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False) if with_head else None
@@ -32,12 +32,12 @@ class MTPModule(DecoderLayer):
 
     def __init__(
         self,
-        config: DeepseekV3HFConfig,
+        config: HFConfig,
         layer_index: int,
         own_embedding: bool,
         own_head: bool,
     ) -> None:
-        super().__init__(config, layer_index)
+        super().__init__(config, layer_index, family_of(config).attention)
         self.config = config
         self.enorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.hnorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -46,7 +46,7 @@ class MTPModule(DecoderLayer):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if own_embedding else None
         self._fallback_embed: nn.Embedding | None = None
         self._fallback_head: nn.Linear | None = None
-        self.rotary = Rotary(config)
+        self.rotary = family_of(config).rotary(config)
         self.cache: KVCache | None = None
 
     def share_with(self, embed: nn.Embedding, head: nn.Linear) -> None:

@@ -28,7 +28,7 @@ from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.draft import HiddenBuffer, PickFn
 from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.inference.layers import DecoderLayer, RMSNorm, Rotary
+from megatron_mtp.inference.layers import DecoderLayer, MLAttention, RMSNorm
 from megatron_mtp.inference.model_dir import ExportDirs, _load_into, decodable_config
 from megatron_mtp.inference.target import TargetModel
 from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
@@ -39,10 +39,10 @@ class ParallelHead(DecoderLayer):
     """One head: decoder layer (HF names of ``model.layers.N``) plus ``norm``."""
 
     def __init__(self, config: DeepseekV3HFConfig) -> None:
-        super().__init__(config, config.num_hidden_layers - 1)  # shaped like the main model's last layer
+        super().__init__(config, config.num_hidden_layers - 1, MLAttention)  # shaped like the main model's last layer
         self.config = config
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = Rotary(config)
+        self.rotary = MLAttention.rotary(config)
         self.cache: KVCache | None = None
 
     def reset_cache(self, slots: int = 1) -> None:
@@ -152,6 +152,9 @@ def load_parallel_heads(dirs: ExportDirs, target: TargetModel, dtype: torch.dtyp
     where = weights.path / "config.json"
     heads_cfg = read_heads_config(weights.config, str(where), target.config)
     config = decodable_config(dict(weights.config["main_config"]), where)
+    if not isinstance(config, DeepseekV3HFConfig):
+        raise UserError(f"{where}: parallel MTP heads are decoded for DeepSeek-V3 models only, not for "
+                        f"model_type {config.model_type!r}; export the MTP part as sequential modules.")
     heads = []
     for i in range(heads_cfg.num_heads):
         prefix = hf_head_prefix(i)

@@ -1,4 +1,4 @@
-"""The target (main) model: embedding, decoder layers with latent KV caches, final norm, LM head.
+"""The target (main) model: embedding, decoder layers with rollback-able KV caches, final norm, LM head.
 
 ``forward`` returns both the logits and the hidden state AFTER the final norm (``model.norm``):
 that is ``h_0``, the input megatron-core's MTP depth 1 was trained on.
@@ -9,30 +9,32 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from megatron_mtp.inference.family import family_of
 from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.inference.layers import DecoderLayer, RMSNorm, Rotary
-from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
+from megatron_mtp.inference.layers import HFConfig, RMSNorm
 
 
 class _Body(nn.Module):
     """``model.*`` of the HF layout."""
 
-    def __init__(self, config: DeepseekV3HFConfig) -> None:
+    def __init__(self, config: HFConfig) -> None:
         super().__init__()
+        family = family_of(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(family.decoder_layer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class TargetModel(nn.Module):
-    """DeepSeek-V3 main model decoding a batch of sequences, one cache slot each, rollback per slot."""
+    """Main model (any family of family.py) decoding a batch of sequences, one cache slot each, rollback
+    per slot."""
 
-    def __init__(self, config: DeepseekV3HFConfig) -> None:
+    def __init__(self, config: HFConfig) -> None:
         super().__init__()
         self.config = config
         self.model = _Body(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.rotary = Rotary(config)
+        self.rotary = family_of(config).rotary(config)
         self.caches: list[KVCache] = []
 
     @property
