@@ -1,6 +1,7 @@
 """Batched generation: every sequence equals its prompt decoded alone with plain greedy (prompts of 1..200
-tokens, EOS and token limits in mid-batch, continuous batching, both MTP styles), and after every
-round each slot's caches equal a fresh prefill of its committed tokens."""
+tokens, EOS and token limits in mid-batch, continuous batching, both MTP styles, DeepSeek-V3's MLA and
+GLM-4.5's grouped-query attention), and after every round each slot's caches equal a fresh prefill of
+its committed tokens."""
 
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def _check_equal_to_plain(gen, k, drafter_factory=None):
     return batch
 
 
-@pytest.mark.parametrize(("fixture", "k"), [("gen_d1", 0), ("gen_d1", 1), ("gen_d1", 3), ("gen_d2", 2)])
+@pytest.mark.parametrize(("fixture", "k"), [("gen_d1", 0), ("gen_d1", 1), ("gen_d1", 3), ("gen_d2", 2), ("gen_glm", 2)])
 def test_batched_greedy_equals_each_prompt_alone(request, fixture, k):
     gen = request.getfixturevalue(fixture)
     batch = _check_equal_to_plain(gen, k)
@@ -145,7 +146,7 @@ def _fresh_caches(gen, seq, module_lengths):
     return ref_target, refs
 
 
-@pytest.mark.parametrize("fixture", ["gen_d1", "gen_d2", "gen_heads_batch"])
+@pytest.mark.parametrize("fixture", ["gen_d1", "gen_d2", "gen_heads_batch", "gen_glm"])
 def test_rollback_per_sequence_leaves_a_fresh_prefills_cache(request, fixture):
     gen = request.getfixturevalue(fixture)
     prompts, budgets = _prompts(gen.config.vocab_size, seed=1)[::2], [12] * 7
@@ -158,8 +159,9 @@ def test_rollback_per_sequence_leaves_a_fresh_prefills_cache(request, fixture):
     assert 0.3 < batch.stats.acceptance_rate < 1.0
     checked = 0
     for slot, n, target, modules, seq in oracle.snapshots[::3]:
-        assert all(len(layer["latent"]) == n - 1 for layer in target)  # all committed tokens but the pending one
-        ref_target, refs = _fresh_caches(gen, seq, [len(m["latent"]) for m in modules])
+        # all committed tokens but the pending one (every buffer of a cache has the slot's length)
+        assert all(len(buf) == n - 1 for layer in target for buf in layer.values())
+        ref_target, refs = _fresh_caches(gen, seq, [len(next(iter(m.values()))) for m in modules])
         for ours, ref in zip(target + modules, ref_target + refs):
             for name in ref:
                 assert torch.allclose(ours[name], ref[name], atol=2e-5), (slot, n, name)

@@ -117,6 +117,22 @@ def test_cli_batch_json_stream_and_errors(export_d1, tmp_path):
         assert bad.stdout == ""
 
 
+def test_cli_batch_on_a_glm_export(export_glm, gen_glm, tmp_path):
+    """--prompts-file on GLM-4.5 (grouped-query attention): prompts of different lengths decoded 2 at a time
+    with K = 2, each one's tokens as the library decodes it alone."""
+    prompts = tmp_path / "prompts.txt"
+    texts = ["def add(a, b):", "for i in range(10): print(i) if i % 2 else None", "x"]
+    prompts.write_text("\n".join(texts) + "\n")
+    proc = _cli(str(export_glm), "--prompts-file", str(prompts), "--batch-size", "2", "--speculative", "2",
+                "--max-new-tokens", "6", "--ignore-eos", "--json")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [line.get("index") for line in lines[:3]] == [0, 1, 2] and "summary" in lines[3]
+    alone = [gen_glm.generate(text, max_new_tokens=6, ignore_eos=True).tokens for text in texts]
+    assert [line["tokens"] for line in lines[:3]] == alone
+    assert lines[3]["summary"]["verify_forwards"] > 0
+
+
 @pytest.mark.parametrize("text", ['{"prompt": 3}', "not json"])
 def test_bad_jsonl_line_names_it(tmp_path, text):
     from megatron_mtp.errors import UserError
