@@ -24,6 +24,7 @@ from megatron_mtp.checkpoint.run_dir import (
 from megatron_mtp.convert.to_hf import export_to_hf
 from megatron_mtp.data.default_corpus import default_cache_dir
 from megatron_mtp.errors import UserError
+from megatron_mtp.inference.family import SUPPORTED
 
 
 def checkpoint_dir_of(path: Path) -> Path | None:
@@ -43,7 +44,9 @@ def checkpoint_dir_of(path: Path) -> Path | None:
 def hf_dir_for(path: Path) -> Path:
     """``path`` itself for HF exports; a cached HF export for megatron-mtp checkpoints."""
     if not path.exists():
-        raise UserError(f"model directory {path} does not exist; pass an exported Hugging Face DeepSeek-V3 directory.")
+        raise UserError(
+            f"model directory {path} does not exist; pass an exported Hugging Face directory of {SUPPORTED}."
+        )
     ckpt = checkpoint_dir_of(path)
     if ckpt is None:
         return path

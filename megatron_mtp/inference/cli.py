@@ -6,6 +6,7 @@ Only parses arguments; torch and the model code are imported inside :func:`run_g
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -17,25 +18,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate",
         help="generate text, optionally with MTP speculative decoding",
-        description="Generate from an exported Hugging Face DeepSeek-V3 directory (main/ + mtp/, inline, or "
-        "plain) or a megatron-mtp checkpoint/run directory (exported on the fly).",
+        description="Generate from an exported Hugging Face directory of a DeepSeek-V3 (deepseek_v3) or "
+        "GLM-4.5/4.6/4.7 (glm4_moe) model (main/ + mtp/, inline, or plain; the MTP layers draft) or from a "
+        "megatron-mtp checkpoint/run directory (exported on the fly).",
     )
     parser.add_argument("model", help="exported model directory, or a megatron-mtp checkpoint/run directory")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompt-file", help="file whose whole content is the prompt")
+    source.add_argument("--prompts-file", help="many prompts: one per line, or a .jsonl file of {\"prompt\": ...} "
+                        "objects (optional \"max_new_tokens\" each); results in input order")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="most tokens to generate (default 64)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="random seed for sampling (default 0; prompt i of --prompts-file draws with SEED + i)")
     parser.add_argument("--speculative", type=int, default=0, metavar="K",
                         help="draft K tokens per step with the MTP module(s) (0 = plain decoding)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the EOS token")
     parser.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+    parser.add_argument("--batch-size", type=int, default=8, metavar="B",
+                        help="with --prompts-file: sequences decoded together; a finished one frees its place for the "
+                             "next prompt (default 8)")
+    parser.add_argument("--stream", action="store_true",
+                        help="print text as it is committed (several prompts: one '[i] \"chunk\"' line per chunk; "
+                             "with --json one event object per line)")
     parser.add_argument("--stats", action="store_true", help="print decoding statistics to stderr")
-    parser.add_argument("--json", action="store_true", help="print one JSON object with text, tokens and stats")
+    parser.add_argument("--json", action="store_true",
+                        help="print JSON: one object (--prompt), or one per prompt and a last {\"summary\": ...} "
+                             "(--prompts-file)")
     parser.set_defaults(func=run_generate)
 
 
@@ -51,29 +64,83 @@ def _read_prompt(args: argparse.Namespace) -> str:
         raise UserError(f"prompt file {path} cannot be read as UTF-8 text ({exc}).") from exc
 
 
+def _sampling(args: argparse.Namespace) -> dict:
+    return {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
+            "speculative_k": args.speculative, "stop": args.stop, "ignore_eos": args.ignore_eos}
+
+
+class _Printer:
+    """--stream output (README "Streaming"): raw text for one prompt, one line per chunk for several, or
+    JSON events; a sequence's end is its result object (JSON) or a "[i] done (reason)" line."""
+
+    def __init__(self, as_json: bool, several: bool) -> None:
+        self.as_json, self.several = as_json, several
+
+    def __call__(self, index: int, chunk: str, result) -> None:
+        if self.as_json:
+            if chunk:
+                print(strict_json.dumps({"index": index, "text": chunk}), flush=True)
+            if result is not None:
+                print(strict_json.dumps({"index": index, "done": True, **result.to_dict()}), flush=True)
+        elif self.several:
+            if chunk:
+                print(f"[{index}] {json.dumps(chunk, ensure_ascii=False)}", flush=True)
+            if result is not None:
+                print(f"[{index}] done ({result.stats.finish_reason})", flush=True)
+        else:
+            print(chunk, end="\n" if result is not None else "", flush=True)
+
+
 def run_generate(args: argparse.Namespace) -> int:
     if args.speculative < 0:
         raise UserError(f"--speculative must be >= 0 (got {args.speculative}); use 0 for plain decoding.")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size is {args.batch_size}; it must be at least 1 (the sequences decoded together).")
+    if args.prompts_file is not None:
+        return _run_batch(args)
     prompt = _read_prompt(args)
     from megatron_mtp.inference.generate import load_generator
 
     generator = load_generator(args.model, dtype=args.dtype)
-    result = generator.generate(
-        prompt,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-        speculative_k=args.speculative,
-        stop=args.stop,
-        ignore_eos=args.ignore_eos,
-    )
-    if args.json:
-        print(strict_json.dumps(result.to_dict()))
+    if args.stream:  # the batched loop streams; one prompt decodes exactly as the batch-1 loop
+        printer = _Printer(args.json, several=False)
+        batch = generator.generate_batch([prompt], batch_size=1, max_new_tokens=args.max_new_tokens,
+                                         on_text=printer, **_sampling(args))
+        lines = batch.stats.summary_lines()
     else:
-        print(result.text)
+        result = generator.generate(prompt, max_new_tokens=args.max_new_tokens, **_sampling(args))
+        print(strict_json.dumps(result.to_dict()) if args.json else result.text)
+        lines = result.stats.summary_lines()
     if args.stats:
-        for line in result.stats.summary_lines():
+        for line in lines:
+            print(line, file=sys.stderr)
+    return 0
+
+
+def _run_batch(args: argparse.Namespace) -> int:
+    from megatron_mtp.inference.prompts_file import read_prompts_file
+
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens is {args.max_new_tokens}; it must be at least 1.")
+    prompts = read_prompts_file(Path(args.prompts_file), args.max_new_tokens)
+    from megatron_mtp.inference.generate import load_generator
+
+    generator = load_generator(args.model, dtype=args.dtype)
+    several = len(prompts) > 1
+    printer = _Printer(args.json, several) if args.stream else None
+    batch = generator.generate_batch([p.prompt for p in prompts], batch_size=args.batch_size,
+                                     max_new_tokens=[p.max_new_tokens for p in prompts],
+                                     labels=[p.label for p in prompts], on_text=printer, **_sampling(args))
+    for index, result in enumerate(batch.results if not args.stream else []):  # streamed: already printed
+        if args.json:
+            print(strict_json.dumps({"index": index, **result.to_dict()}))
+        elif several:
+            print(f"--- [{index}] ---\n{result.text}")
+        else:
+            print(result.text)
+    if args.json:
+        print(strict_json.dumps({"summary": batch.stats.to_dict()}))
+    if args.stats:
+        for line in batch.stats.summary_lines():
             print(line, file=sys.stderr)
     return 0

@@ -13,9 +13,15 @@ Draft step j (1..K) uses module ``m = min(j, D)`` and predicts ``seq[N-1+j]``:
   its OWN previous output and the previous draft token. These entries are never kept.
 
 Depth-mode entries of module m at position t are exact (equal to what megatron computes on
-the final sequence) while ``t + m <= N'-2`` for the new committed length ``N'``: the token
-they consumed is committed and was not a rejected draft. :meth:`MTPDrafter.rollback` cuts each
+the final sequence) while ``t + m <= N'-2`` for the new committed length ``N'``: the token they
+consumed is committed and was not a rejected draft. :meth:`MTPDrafter.rollback` cuts each
 module's cache to that length; the target-hidden buffer is cut to the target cache length.
+
+Batches: every sequence has a slot (kv_cache.py) and its own N, depth lengths and hidden buffers;
+``*_rows`` methods take the slots of a batch with, per sequence, its tokens and its own K (a sequence
+near its token budget drafts fewer). Draft step j runs ONE forward over the sequences with K >= j,
+each row catching up over its own positions (rows of different lengths); the batch-1 methods
+(:class:`Drafter`) are the same code on slot 0.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Literal, Protocol
 
 import torch
 
+from megatron_mtp.inference.kv_cache import Rows
 from megatron_mtp.inference.mtp_module import MTPModule
 
 #: Picks a draft token from draft logits; returns (token, q) where q is the distribution the
@@ -33,7 +40,7 @@ PickFn = Callable[[torch.Tensor], tuple[int, torch.Tensor | None]]
 
 
 class Drafter(Protocol):
-    """What the generator needs from a draft model."""
+    """What the batch-1 generator needs from a draft model."""
 
     def reset(self) -> None: ...
 
@@ -44,6 +51,21 @@ class Drafter(Protocol):
     def rollback(self, committed: int) -> None: ...
 
     def cache_lengths(self) -> list[int]: ...
+
+
+class BatchDrafter(Protocol):
+    """What batched generation needs: the same operations per slot (one entry per row)."""
+
+    def reset(self, slots: int = 1) -> None: ...
+
+    def clear_slot(self, slot: int) -> None: ...
+
+    def observe_rows(self, slots: list[int], hiddens: list[torch.Tensor], starts: list[int]) -> None: ...
+
+    def propose_rows(self, slots: list[int], seqs: list[list[int]], ks: list[int], picks: list[PickFn]
+                     ) -> tuple[list[list[int]], list[list[torch.Tensor | None]]]: ...
+
+    def rollback_rows(self, slots: list[int], committed: list[int]) -> None: ...
 
 
 class HiddenBuffer:
@@ -81,67 +103,99 @@ class MTPDrafter:
             raise ValueError("MTPDrafter needs at least one MTP module")
         self.modules = modules
         self.chain_hidden = chain_hidden
-        width = modules[0].config.hidden_size
-        dtype = modules[0].eh_proj.weight.dtype
-        self._hidden = [HiddenBuffer(width, dtype) for _ in range(len(modules) + 1)]
-        self._depth_len = [0] * (len(modules) + 1)  # index m = module m (1-based); [0] unused
+        self.reset()
 
     @property
     def depth(self) -> int:
         return len(self.modules)
 
-    def reset(self) -> None:
+    def reset(self, slots: int = 1) -> None:
+        width = self.modules[0].config.hidden_size
+        dtype = self.modules[0].eh_proj.weight.dtype
         for module in self.modules:
-            module.reset_cache()
-        for buf in self._hidden:
-            buf.truncate(0)
-        self._depth_len = [0] * (self.depth + 1)
+            module.reset_cache(slots)
+        # _hidden[m][slot]: h_m by position (m = 0: the target's); _depth_len[m][slot]: module m's exact prefix
+        self._hidden = [[HiddenBuffer(width, dtype) for _ in range(slots)] for _ in range(self.depth + 1)]
+        self._depth_len = [[0] * slots for _ in range(self.depth + 1)]  # index m = module m (1-based); [0] unused
 
-    def observe_target(self, hidden: torch.Tensor, start: int) -> None:
-        """Record the target's post-norm hidden states for positions ``start..``."""
-        self._hidden[0].truncate(start)
-        self._hidden[0].write(start, hidden)
+    def clear_slot(self, slot: int) -> None:
+        """Forget a finished sequence; its slot starts empty for the next prompt."""
+        for m in range(self.depth + 1):
+            self._hidden[m][slot].truncate(0)
+            self._depth_len[m][slot] = 0
+        for module in self.modules:
+            assert module.cache is not None
+            module.cache.truncate(0, slot)
+
+    def observe_rows(self, slots: list[int], hiddens: list[torch.Tensor], starts: list[int]) -> None:
+        """Record the target's post-norm hidden states of each slot from its ``start``."""
+        for slot, hidden, start in zip(slots, hiddens, starts):
+            self._hidden[0][slot].truncate(start)
+            self._hidden[0][slot].write(start, hidden)
 
     @torch.inference_mode()
-    def propose(self, tokens: list[int], k: int, pick: PickFn) -> tuple[list[int], list[torch.Tensor | None]]:
-        n = len(tokens)
-        anchor = n - 2  # last position whose target hidden state is known
-        seq = list(tokens)
-        drafts: list[int] = []
-        dists: list[torch.Tensor | None] = []
-        chained: torch.Tensor | None = None
-        for j in range(1, k + 1):
+    def propose_rows(self, slots: list[int], seqs: list[list[int]], ks: list[int], picks: list[PickFn]
+                     ) -> tuple[list[list[int]], list[list[torch.Tensor | None]]]:
+        ext = [list(seq) for seq in seqs]  # committed tokens, then this round's drafts
+        drafts: list[list[int]] = [[] for _ in slots]
+        dists: list[list[torch.Tensor | None]] = [[] for _ in slots]
+        chained: list[torch.Tensor | None] = [None] * len(slots)
+        for j in range(1, max(ks, default=0) + 1):
+            live = [i for i, k in enumerate(ks) if k >= j]
             m = min(j, self.depth)
             module = self.modules[m - 1]
             assert module.cache is not None
-            if j <= self.depth:
-                start = self._depth_len[m]
-                module.cache.truncate(start)
-                hidden_in = self._hidden[m - 1].read(start, anchor + 1)
-                post, pre, logits = module.step(hidden_in, seq[start + m : anchor + m + 1], start)
-                self._hidden[m].truncate(start)
-                self._hidden[m].write(start, post)
-                self._depth_len[m] = anchor + 1
-            else:
-                assert chained is not None
-                position = anchor + j - self.depth
-                post, pre, logits = module.step(chained, [seq[n - 2 + j]], position)
-            chained = (post if self.chain_hidden == "post_norm" else pre)[-1:]
-            token, dist = pick(logits)
-            seq.append(token)
-            drafts.append(token)
-            dists.append(dist)
+            if j <= self.depth:  # depth mode: catch up over the unseen positions, ending at the anchor
+                starts, counts, hidden_in, tokens = [], [], [], []
+                for i in live:
+                    slot, anchor = slots[i], len(seqs[i]) - 2  # anchor: last position with a target hidden state
+                    start = self._depth_len[m][slot]
+                    module.cache.truncate(start, slot)
+                    hidden_in.append(self._hidden[m - 1][slot].read(start, anchor + 1))
+                    tokens += ext[i][start + m : anchor + m + 1]
+                    starts.append(start)
+                    counts.append(anchor + 1 - start)
+                rows = Rows([slots[i] for i in live], starts, counts)
+                post, pre, logits = module.step_rows(rows, torch.cat(hidden_in), tokens)
+                for i, start, out in zip(live, starts, rows.split(post)):
+                    self._hidden[m][slots[i]].truncate(start)
+                    self._hidden[m][slots[i]].write(start, out)
+                    self._depth_len[m][slots[i]] = len(seqs[i]) - 1
+            else:  # chained: module D one position further, on its own previous output and the last draft
+                positions = [len(seqs[i]) - 2 + j - self.depth for i in live]
+                rows = Rows([slots[i] for i in live], positions, [1] * len(live))
+                hidden = torch.cat([chained[i] for i in live])  # type: ignore[misc]
+                post, pre, logits = module.step_rows(rows, hidden, [ext[i][len(seqs[i]) - 2 + j] for i in live])
+            outs = rows.split(post if self.chain_hidden == "post_norm" else pre)
+            for r, i in enumerate(live):
+                chained[i] = outs[r][-1:]
+                token, dist = picks[i](logits[r])
+                ext[i].append(token)
+                drafts[i].append(token)
+                dists[i].append(dist)
         return drafts, dists
 
-    def rollback(self, committed: int) -> None:
-        """Keep only draft-cache entries that stay exact once ``committed`` tokens are final."""
-        self._hidden[0].truncate(committed - 1)
-        for m, module in enumerate(self.modules, start=1):
-            keep = max(0, min(self._depth_len[m], committed - 1 - m))
-            self._depth_len[m] = keep
-            if module.cache is not None:
-                module.cache.truncate(min(keep, module.cache.length))
-            self._hidden[m].truncate(keep)
+    def rollback_rows(self, slots: list[int], committed: list[int]) -> None:
+        """Keep only draft-cache entries that stay exact once ``committed`` tokens of each slot are final."""
+        for slot, n in zip(slots, committed):
+            self._hidden[0][slot].truncate(n - 1)
+            for m, module in enumerate(self.modules, start=1):
+                keep = max(0, min(self._depth_len[m][slot], n - 1 - m))
+                self._depth_len[m][slot] = keep
+                assert module.cache is not None
+                module.cache.truncate(min(keep, module.cache.lengths[slot]), slot)
+                self._hidden[m][slot].truncate(keep)
 
-    def cache_lengths(self) -> list[int]:
-        return [module.cache.length if module.cache is not None else 0 for module in self.modules]
+    # batch 1 (the Drafter protocol): slot 0
+    def observe_target(self, hidden: torch.Tensor, start: int) -> None:
+        self.observe_rows([0], [hidden], [start])
+
+    def propose(self, tokens: list[int], k: int, pick: PickFn) -> tuple[list[int], list[torch.Tensor | None]]:
+        drafts, dists = self.propose_rows([0], [tokens], [k], [pick])
+        return drafts[0], dists[0]
+
+    def rollback(self, committed: int) -> None:
+        self.rollback_rows([0], [committed])
+
+    def cache_lengths(self, slot: int = 0) -> list[int]:
+        return [module.cache.lengths[slot] if module.cache is not None else 0 for module in self.modules]

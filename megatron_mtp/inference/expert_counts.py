@@ -80,3 +80,11 @@ class ExpertCounts:
         out["expert_bytes_per_token"] = (total * self.expert_params * weight_bytes / committed_tokens
                                          if committed_tokens else 0.0)
         return out
+
+
+def expert_line(e: dict) -> str:
+    """One line of `--stats` for a summary of :meth:`ExpertCounts.summary`."""
+    kinds = ", ".join(f"{name} {e[name]['tokens']:.1f} tokens → {e[name]['distinct_experts']:.2f} "
+                      f"(uniform {e[name]['uniform_expectation']:.2f})" for name in PHASES if name in e)
+    return (f"routed experts per MoE layer and forward, of {e['num_experts']} (top-{e['topk']}): {kinds}; "
+            f"expert weights read per new token: {e['expert_bytes_per_token'] / 2**20:.2f} MiB")

@@ -13,7 +13,6 @@ generation ends at exactly the token plain decoding would end at.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,62 +21,14 @@ import torch
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.draft import Drafter, MTPDrafter
 from megatron_mtp.inference.expert_counts import ExpertCounts
+from megatron_mtp.inference.layers import HFConfig
+from megatron_mtp.inference.results import GenerationResult, Output
 from megatron_mtp.inference.sampling import SamplingParams, draw, probabilities
 from megatron_mtp.inference.stats import GenerationStats
 from megatron_mtp.inference.target import TargetModel
 from megatron_mtp.inference.verify import verify
-from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
 
 MAX_SPECULATIVE_K = 16
-
-
-@dataclass
-class GenerationResult:
-    """Generated text (EOS dropped, cut before a stop string), token ids, and statistics."""
-
-    text: str
-    tokens: list[int]
-    stats: GenerationStats = field(default_factory=GenerationStats)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"text": self.text, "tokens": self.tokens, "stats": self.stats.to_dict()}
-
-
-class _Output:
-    """Collects emitted tokens and decides, token by token, when generation ends."""
-
-    def __init__(self, generator: "Generator", max_new: int, stop: list[str], eos: set[int]) -> None:
-        self.g = generator
-        self.max_new = max_new
-        self.stop = stop
-        self.eos = eos
-        self.tokens: list[int] = []
-        self.finish_reason = ""
-        self._cut_text: str | None = None
-
-    def push(self, token: int) -> bool:
-        """Append one token; True when generation must end with it."""
-        self.tokens.append(token)
-        if token in self.eos:
-            self.finish_reason = "eos"
-            return True
-        if self.stop:
-            text = self.g.decode(self.tokens)
-            hits = [i for i in (text.find(s) for s in self.stop) if i >= 0]
-            if hits:
-                self.finish_reason = "stop"
-                self._cut_text = text[: min(hits)]
-                return True
-        if len(self.tokens) >= self.max_new:
-            self.finish_reason = "length"
-            return True
-        return False
-
-    def text(self) -> str:
-        if self._cut_text is not None:
-            return self._cut_text
-        body = self.tokens[:-1] if self.finish_reason == "eos" else self.tokens
-        return self.g.decode(body) if self.g.tokenizer is not None else ""
 
 
 class Generator:
@@ -96,7 +47,7 @@ class Generator:
         self.source = source
 
     @property
-    def config(self) -> DeepseekV3HFConfig:
+    def config(self) -> HFConfig:
         return self.target.config
 
     @property
@@ -115,14 +66,48 @@ class Generator:
             raise UserError(f"{self.source} has no tokenizer.json, so output cannot be decoded to text.")
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
-    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+    def prompt_ids(self, prompt: str | list[int], label: str = "the prompt") -> list[int]:
+        """Token ids of a prompt; ``label`` names it in errors (e.g. "the prompt on line 3 of F")."""
         ids = self.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not ids:
-            raise UserError("the prompt is empty after tokenization; give at least one token.")
+            raise UserError(f"{label} is empty after tokenization; give at least one token.")
         bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
         if bad:
-            raise UserError(f"prompt token id {bad[0]} is outside the vocabulary (size {self.config.vocab_size}).")
+            raise UserError(f"{label} has token id {bad[0]}, outside the vocabulary (size {self.config.vocab_size}).")
         return ids
+
+    def check_options(
+        self, max_new_tokens: int, temperature: float, top_k: int, top_p: float, speculative_k: int,
+        stop: list[str] | None, drafter: Any | None,
+    ) -> tuple[SamplingParams, Any | None, list[str]]:
+        """The options every generation shares, each refused in one sentence: (params, drafter, stop strings)."""
+        params = SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise UserError(f"max_new_tokens must be a positive integer (got {max_new_tokens!r}).")
+        if not isinstance(speculative_k, int) or not 0 <= speculative_k <= MAX_SPECULATIVE_K:
+            raise UserError(
+                f"speculative K must be an integer from 0 to {MAX_SPECULATIVE_K} (got {speculative_k!r}); "
+                "use 0 for plain decoding."
+            )
+        if speculative_k and drafter is None:
+            raise UserError(
+                f"{self.source} has no MTP module, so --speculative cannot be used; "
+                "drop --speculative or export the model with its MTP weights."
+            )
+        limit = getattr(drafter, "max_draft", None)  # parallel heads draft one position each
+        if speculative_k and limit is not None and speculative_k > limit:
+            raise UserError(f"--speculative {speculative_k} asks for more draft tokens than the {limit} parallel MTP "
+                            f"heads of {self.source} give (one position each); use K <= {limit}.")
+        stop = [s for s in (stop or []) if s]
+        if stop and self.tokenizer is None:
+            raise UserError(f"{self.source} has no tokenizer.json, so stop strings cannot be matched; drop --stop.")
+        return params, drafter, stop
+
+    def generate_batch(self, prompts: list[str | list[int]], **options: Any) -> Any:
+        """Many prompts, ``batch_size`` at a time with continuous batching: a ``batch_generate.BatchResult``."""
+        from megatron_mtp.inference.batch_generate import generate_batch
+
+        return generate_batch(self, prompts, **options)
 
     def generate(
         self,
@@ -138,35 +123,16 @@ class Generator:
         drafter: Drafter | None = None,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens``; ``speculative_k > 0`` drafts K tokens per round with MTP."""
-        params = SamplingParams(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise UserError(f"max_new_tokens must be a positive integer (got {max_new_tokens!r}).")
-        if not isinstance(speculative_k, int) or not 0 <= speculative_k <= MAX_SPECULATIVE_K:
-            raise UserError(
-                f"speculative K must be an integer from 0 to {MAX_SPECULATIVE_K} (got {speculative_k!r}); "
-                "use 0 for plain decoding."
-            )
-        drafter = drafter or self.drafter
-        if speculative_k and drafter is None:
-            raise UserError(
-                f"{self.source} has no MTP module, so --speculative cannot be used; "
-                "drop --speculative or export the model with its MTP weights."
-            )
-        limit = getattr(drafter, "max_draft", None)  # parallel heads draft one position each
-        if speculative_k and limit is not None and speculative_k > limit:
-            raise UserError(f"--speculative {speculative_k} asks for more draft tokens than the {limit} parallel MTP "
-                            f"heads of {self.source} give (one position each); use K <= {limit}.")
-        stop = [s for s in (stop or []) if s]
-        if stop and self.tokenizer is None:
-            raise UserError(f"{self.source} has no tokenizer.json, so stop strings cannot be matched; drop --stop.")
-        ids = self._prompt_ids(prompt)
+        params, drafter, stop = self.check_options(max_new_tokens, temperature, top_k, top_p, speculative_k, stop,
+                                                   drafter or self.drafter)
+        ids = self.prompt_ids(prompt)
         if len(ids) + max_new_tokens + speculative_k > self.config.max_position_embeddings:
             raise UserError(
                 f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) + K exceeds the model's "
                 f"max_position_embeddings ({self.config.max_position_embeddings}); shorten one of them."
             )
         eos = set() if ignore_eos else set(self.config.eos_token_ids)
-        output = _Output(self, max_new_tokens, stop, eos)
+        output = Output(self, max_new_tokens, stop, eos)
         return _Generation(self, params, seed, speculative_k, drafter, output).run(ids)
 
 
@@ -174,7 +140,7 @@ class _Generation:
     """One generate() call: its sampling state, statistics and round loop."""
 
     def __init__(
-        self, g: Generator, params: SamplingParams, seed: int, k: int, drafter: Drafter | None, out: _Output
+        self, g: Generator, params: SamplingParams, seed: int, k: int, drafter: Drafter | None, out: Output
     ) -> None:
         self.g, self.params, self.k, self.drafter, self.out = g, params, k, drafter, out
         self.rng = torch.Generator().manual_seed(int(seed))

@@ -1,5 +1,6 @@
 """DeepSeek-V3 building blocks for decoding: RMSNorm, (YaRN) RoPE, MLA with a latent KV cache,
-dense MLP, sigmoid-routed MoE, and the decoder layer.
+dense MLP, sigmoid-routed MoE, and the decoder layer. The GLM-4.5 family uses the same norms, RoPE,
+MLP, MoE and decoder layer with grouped-query attention (gqa.py); family.py says which goes where.
 
 Attribute names mirror the Hugging Face tensor names (``self_attn.q_a_proj``...), so a layer loads
 with ``load_state_dict`` from an export; routed experts are stacked on an expert axis under
@@ -9,7 +10,8 @@ The math follows transformers' ``modeling_deepseek_v3`` (the reference the tests
 to 1e-5 in fp32), except that RMSNorm multiplies by its weight before casting back (the trained
 model's order; the same numbers in fp32). It is written out here so the cache can be cut back in
 O(1) and the per-call Python overhead stays small on CPU (see README.md, "Why our own model").
-Shapes: B batch (always 1 here), T new positions, S cached + new positions, H heads.
+Shapes: N new tokens of all sequences packed, B sequences (rows), T new positions of the longest row,
+S cached + new positions of the longest row, H heads. Only attention sees rows (kv_cache.py's note).
 """
 
 from __future__ import annotations
@@ -20,9 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from megatron_mtp.inference.kv_cache import LatentKVCache
+from megatron_mtp.inference.kv_cache import KVCache, Rows
 from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig, YarnScaling
+from megatron_mtp.models.glm4_moe.hf_config_json import Glm4MoeHFConfig
 from megatron_mtp.rms_norm import rms_norm
+
+HFConfig = DeepseekV3HFConfig | Glm4MoeHFConfig
+"""The config views of the families the decoder runs (family.py); the MoE/MLP/norm fields share names."""
 
 
 class RMSNorm(nn.Module):
@@ -42,16 +48,17 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 
 class Rotary:
-    """Inverse frequencies and cos/sin tables for the ``qk_rope_head_dim`` part of MLA."""
+    """Inverse frequencies and cos/sin tables for the ``dim`` rotated dimensions of each head
+    (MLA: ``qk_rope_head_dim``; GQA: the first ``head_dim * partial_rotary_factor``)."""
 
-    def __init__(self, config: DeepseekV3HFConfig) -> None:
-        self.dim = dim = config.qk_rope_head_dim
+    def __init__(self, dim: int, theta: float, yarn: YarnScaling | None = None) -> None:
+        self.dim = dim
         exponents = torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim
-        if config.rope_scaling is None:
-            self.inv_freq = 1.0 / (config.rope_theta**exponents)
+        if yarn is None:
+            self.inv_freq = 1.0 / (theta**exponents)
             self.attention_factor = 1.0
         else:
-            self.inv_freq, self.attention_factor = self._yarn(config.rope_scaling, config.rope_theta, dim, exponents)
+            self.inv_freq, self.attention_factor = self._yarn(yarn, theta, dim, exponents)
 
     @staticmethod
     def _yarn(rope: YarnScaling, theta: float, dim: int, exponents: torch.Tensor) -> tuple[torch.Tensor, float]:
@@ -79,15 +86,14 @@ class Rotary:
         inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation_weight) + (1.0 / pos_freqs) * extrapolation_weight
         return inv_freq, attention_factor
 
-    def cos_sin(self, start: int, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin of shape [1, length, dim] for positions ``start .. start+length-1``."""
-        positions = torch.arange(start, start + length, dtype=torch.float32)
-        freqs = positions[None, :, None] * self.inv_freq
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin of shape [N, dim] for the (packed) token positions [N]."""
+        freqs = positions.to(torch.float32)[:, None] * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.attention_factor).to(dtype), (emb.sin() * self.attention_factor).to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -95,7 +101,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 def apply_rope(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate q [B,H,T,D] and k [B,1,T,D]; ``interleave`` pairs dims (0,1),(2,3)... as DeepSeek does."""
+    """Rotate q [N,H,D] and k [N,1,D] by cos/sin [N,D]; ``interleave`` pairs dims (0,1),(2,3)... as DeepSeek does."""
     if interleave:
         cos_h = cos[..., : cos.shape[-1] // 2].unsqueeze(1)
         sin_h = sin[..., : sin.shape[-1] // 2].unsqueeze(1)
@@ -105,7 +111,7 @@ def apply_rope(
         k_out = torch.cat([k1 * cos_h - k2 * sin_h, k2 * cos_h + k1 * sin_h], dim=-1)
         return q_out, k_out
     cos_u, sin_u = cos.unsqueeze(1), sin.unsqueeze(1)
-    return q * cos_u + _rotate_half(q) * sin_u, k * cos_u + _rotate_half(k) * sin_u
+    return q * cos_u + rotate_half(q) * sin_u, k * cos_u + rotate_half(k) * sin_u
 
 
 class MLAttention(nn.Module):
@@ -132,38 +138,43 @@ class MLAttention(nn.Module):
             scaling *= m * m
         self.scaling = scaling
 
+    @staticmethod
+    def rotary(config: DeepseekV3HFConfig) -> Rotary:
+        return Rotary(config.qk_rope_head_dim, config.rope_theta, config.rope_scaling)
+
+    def cache_dims(self) -> dict[str, int]:
+        """What MLA caches per position: the normed latent and the rotated shared key."""
+        return {"latent": self.config.kv_lora_rank, "k_rot": self.config.qk_rope_head_dim}
+
     def forward(
         self,
         x: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
-        cache: LatentKVCache | None,
-        start: int,
+        cache: KVCache | None,
+        rows: Rows,
     ) -> torch.Tensor:
         c = self.config
-        b, t, _ = x.shape
+        n = x.shape[0]
         if c.q_lora_rank is None:
             q = self.q_proj(x)
         else:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        q = q.view(b, t, -1, c.qk_head_dim).transpose(1, 2)
+        q = q.view(n, -1, c.qk_head_dim)
         q_nope, q_rot = torch.split(q, [c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
         latent, k_rot = torch.split(self.kv_a_proj_with_mqa(x), [c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
-        latent = self.kv_a_layernorm(latent).view(b, 1, t, c.kv_lora_rank)
-        k_rot = k_rot.view(b, 1, t, c.qk_rope_head_dim)
-        q_rot, k_rot = apply_rope(q_rot, k_rot, cos_sin[0], cos_sin[1], c.rope_interleave)
-        if cache is not None:
-            latent, k_rot = cache.append(latent, k_rot, start)
-        s = latent.shape[2]
+        latent = self.kv_a_layernorm(latent)
+        q_rot, k_rot = apply_rope(q_rot, k_rot.unsqueeze(1), cos_sin[0], cos_sin[1], c.rope_interleave)
+        query = rows.unpack(torch.cat([q_nope, q_rot], dim=-1)).transpose(1, 2)  # [B, H, T, qk]
+        # the cache, in one place: new entries in, every row's entries (padded to S) out
+        new = {"latent": rows.unpack(latent), "k_rot": rows.unpack(k_rot[:, 0])}
+        kept = cache.write(rows, new) if cache is not None else new
+        latent, k_rot = kept["latent"], kept["k_rot"]  # [B, S, r], [B, S, rope]
+        b, s = latent.shape[:2]
         kv = self.kv_b_proj(latent).view(b, s, -1, c.qk_nope_head_dim + c.v_head_dim).transpose(1, 2)
         k_nope, value = torch.split(kv, [c.qk_nope_head_dim, c.v_head_dim], dim=-1)
-        key = torch.cat([k_nope, k_rot.expand(-1, k_nope.shape[1], -1, -1)], dim=-1)
-        query = torch.cat([q_nope, q_rot], dim=-1)
-        mask = None
-        if t > 1:  # causal over the new positions; all cached positions are visible
-            offset = s - t
-            mask = torch.arange(s)[None, :] <= (torch.arange(t)[:, None] + offset)
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=self.scaling)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+        key = torch.cat([k_nope, k_rot.unsqueeze(1).expand(-1, k_nope.shape[1], -1, -1)], dim=-1)
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=rows.mask, scale=self.scaling)
+        return self.o_proj(rows.pack(out.transpose(1, 2)).reshape(n, -1))
 
 
 class GatedMLP(nn.Module):
@@ -182,7 +193,7 @@ class GatedMLP(nn.Module):
 class Router(nn.Module):
     """DeepSeek-V3 ``noaux_tc`` routing: sigmoid scores, bias-corrected group-limited top-k."""
 
-    def __init__(self, config: DeepseekV3HFConfig) -> None:
+    def __init__(self, config: HFConfig) -> None:
         super().__init__()
         n = config.n_routed_experts
         self.config = config
@@ -234,7 +245,7 @@ class MoE(nn.Module):
     #: run all experts batched once at least this fraction of them is hit
     DENSE_EXPERT_FRACTION = 0.25
 
-    def __init__(self, config: DeepseekV3HFConfig) -> None:
+    def __init__(self, config: HFConfig) -> None:
         super().__init__()
         self.num_experts = config.n_routed_experts
         self.top_k = config.num_experts_per_tok
@@ -288,11 +299,12 @@ class MoE(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; MoE or dense by index."""
+    """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; MoE or dense by index.
+    ``attention`` is the family's attention class (family.py): MLA, or GQA (gqa.py)."""
 
-    def __init__(self, config: DeepseekV3HFConfig, layer_index: int) -> None:
+    def __init__(self, config: HFConfig, layer_index: int, attention: type[nn.Module]) -> None:
         super().__init__()
-        self.self_attn = MLAttention(config)
+        self.self_attn = attention(config)
         self.mlp: nn.Module = (
             MoE(config) if config.is_moe_layer(layer_index) else GatedMLP(config.hidden_size, config.intermediate_size)
         )
@@ -303,8 +315,12 @@ class DecoderLayer(nn.Module):
         self,
         x: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
-        cache: LatentKVCache | None,
-        start: int,
+        cache: KVCache | None,
+        rows: Rows,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, cache, start)
+        """Packed tokens [N, h] of ``rows`` in, [N, h] out."""
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, cache, rows)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def new_cache(self, dtype: torch.dtype, slots: int = 1) -> KVCache:
+        return KVCache(self.self_attn.cache_dims(), dtype, slots)

@@ -1,4 +1,4 @@
-"""Finding and loading an exported Hugging Face DeepSeek-V3 directory for decoding.
+"""Finding and loading an exported Hugging Face directory for decoding (DeepSeek-V3 or GLM-4.5, family.py).
 
 Accepted layouts:
 - ``DIR/main/`` (standard HF dir, no MTP) plus optional ``DIR/mtp/`` holding only
@@ -21,9 +21,10 @@ from megatron_mtp.checkpoint.finite import refuse_nonfinite, tensor_is_finite
 from megatron_mtp.convert.fp8 import is_block_fp8
 from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.errors import UserError
+from megatron_mtp.inference.family import SUPPORTED, family_for
+from megatron_mtp.inference.layers import HFConfig
 from megatron_mtp.inference.mtp_module import MTPModule
 from megatron_mtp.inference.target import TargetModel
-from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig, parse_hf_config
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -53,10 +54,12 @@ def find_export_dirs(path: str | Path) -> ExportDirs:
     root = Path(path).expanduser()
     if not root.exists():
         raise UserError(
-            f"model directory {root} does not exist; pass an exported Hugging Face DeepSeek-V3 directory."
+            f"model directory {root} does not exist; pass an exported Hugging Face directory of {SUPPORTED}."
         )
     if not root.is_dir():
-        raise UserError(f"model path {root} is not a directory; pass an exported Hugging Face DeepSeek-V3 directory.")
+        raise UserError(
+            f"model path {root} is not a directory; pass an exported Hugging Face directory of {SUPPORTED}."
+        )
     if (root / "main" / "config.json").is_file():
         main_dir = root / "main"
         mtp_dir = root / "mtp" if (root / "mtp" / "config.json").is_file() else None
@@ -64,8 +67,8 @@ def find_export_dirs(path: str | Path) -> ExportDirs:
         main_dir, mtp_dir = root, None
     else:
         raise UserError(
-            f"{root} has neither config.json nor main/config.json; pass an exported Hugging Face "
-            "DeepSeek-V3 directory (or a megatron-mtp checkpoint/run directory)."
+            f"{root} has neither config.json nor main/config.json; pass an exported Hugging Face directory of "
+            f"{SUPPORTED} (or a megatron-mtp checkpoint/run directory)."
         )
     tokenizer_file = None
     for candidate in (main_dir, root, mtp_dir):
@@ -124,22 +127,22 @@ def _load_into(module: nn.Module, weights: HFDir, prefix: str, dtype: torch.dtyp
     module.load_state_dict(state, strict=True, assign=True)
 
 
-def decodable_config(raw: dict, where: Path) -> DeepseekV3HFConfig:
-    """The HF config of a model this decoder runs; what it cannot run is one sentence each."""
-    config = parse_hf_config(raw, str(where))
-    if config.model_type != "deepseek_v3":
-        raise UserError(
-            f"{where}: model_type is {config.model_type!r}, expected 'deepseek_v3'; "
-            "megatron-mtp generate only decodes DeepSeek-V3 exports."
-        )
+def decodable_config(raw: dict, where: Path) -> HFConfig:
+    """The HF config of a model this decoder runs (family.py picks the view); what it cannot run is
+    one sentence each."""
+    family = family_for(raw, where)
+    config = family.parse(raw, str(where))
     quant = config.quantization_config
     if quant and not is_block_fp8(quant):
         raise UserError(f"{where}: quantization_config {quant} is not DeepSeek's FP8 block format "
                         "(quant_method fp8, fmt e4m3, weight_block_size [rows, cols]); export it in bf16 or fp8.")
-    if config.scoring_func != "sigmoid":
+    if getattr(config, "scoring_func", "sigmoid") != "sigmoid":
         raise UserError(f"{where}: only scoring_func 'sigmoid' (DeepSeek-V3 routing) is supported.")
     if config.hidden_act != "silu":
         raise UserError(f"{where}: only hidden_act 'silu' is supported.")
+    if config.n_routed_experts and config.n_routed_experts % config.n_group:
+        raise UserError(f"{where}: n_routed_experts ({config.n_routed_experts}) is not a multiple of n_group "
+                        f"({config.n_group}); the router splits the experts into equal groups.")
     return config
 
 
@@ -155,7 +158,7 @@ def load_target(dirs: ExportDirs, dtype: torch.dtype) -> tuple[TargetModel, HFDi
     return model, weights
 
 
-def mtp_prefixes(config: DeepseekV3HFConfig, depth: int) -> list[str]:
+def mtp_prefixes(config: HFConfig, depth: int) -> list[str]:
     return [f"model.layers.{config.num_hidden_layers + i}." for i in range(depth)]
 
 
@@ -168,10 +171,11 @@ def load_mtp_modules(
         weights = HFDir(dirs.mtp_dir)
         config_path = weights.path / "config.json"
         mtp_config = decodable_config(weights.config, config_path)
-        if mtp_config.num_hidden_layers != config.num_hidden_layers or mtp_config.hidden_size != config.hidden_size:
+        if (type(mtp_config) is not type(config) or mtp_config.num_hidden_layers != config.num_hidden_layers
+                or mtp_config.hidden_size != config.hidden_size):
             raise UserError(
                 f"{config_path} describes a different model than {dirs.main_dir / 'config.json'} "
-                "(num_hidden_layers or hidden_size differ); export main and mtp from the same checkpoint."
+                "(model_type, num_hidden_layers or hidden_size differ); export main and mtp from the same checkpoint."
             )
         if mtp_config.num_nextn_predict_layers < 1:
             raise UserError(f"{config_path} states num_nextn_predict_layers < 1; re-export the MTP part.")

@@ -13,15 +13,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from megatron_mtp.inference.kv_cache import LatentKVCache
-from megatron_mtp.inference.layers import DecoderLayer, RMSNorm, Rotary
-from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
+from megatron_mtp.inference.family import family_of
+from megatron_mtp.inference.kv_cache import KVCache, Rows
+from megatron_mtp.inference.layers import DecoderLayer, HFConfig, RMSNorm
 
 
 class SharedHead(nn.Module):
     """``shared_head.norm`` and (when exported) ``shared_head.head``."""
 
-    def __init__(self, config: DeepseekV3HFConfig, with_head: bool) -> None:
+    def __init__(self, config: HFConfig, with_head: bool) -> None:
         super().__init__()
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False) if with_head else None
@@ -32,12 +32,12 @@ class MTPModule(DecoderLayer):
 
     def __init__(
         self,
-        config: DeepseekV3HFConfig,
+        config: HFConfig,
         layer_index: int,
         own_embedding: bool,
         own_head: bool,
     ) -> None:
-        super().__init__(config, layer_index)
+        super().__init__(config, layer_index, family_of(config).attention)
         self.config = config
         self.enorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.hnorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -46,35 +46,42 @@ class MTPModule(DecoderLayer):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if own_embedding else None
         self._fallback_embed: nn.Embedding | None = None
         self._fallback_head: nn.Linear | None = None
-        self.rotary = Rotary(config)
-        self.cache: LatentKVCache | None = None
+        self.rotary = family_of(config).rotary(config)
+        self.cache: KVCache | None = None
 
     def share_with(self, embed: nn.Embedding, head: nn.Linear) -> None:
         """Use the main model's embedding/head where the export did not repeat them."""
         object.__setattr__(self, "_fallback_embed", embed)
         object.__setattr__(self, "_fallback_head", head)
 
-    def reset_cache(self) -> None:
-        dtype = self.eh_proj.weight.dtype
-        self.cache = LatentKVCache(self.config.kv_lora_rank, self.config.qk_rope_head_dim, dtype)
+    def reset_cache(self, slots: int = 1) -> None:
+        self.cache = self.new_cache(self.eh_proj.weight.dtype, slots)
 
-    @torch.inference_mode()
     def step(
         self, hidden_in: torch.Tensor, token_ids: list[int], start: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Run positions ``start..start+T-1``; return (normed out [T,h], pre-norm out [T,h], last logits [V])."""
+        """Batch 1 (slot 0): positions ``start..start+T-1``; (normed out [T,h], pre-norm out [T,h], last logits [V])."""
         if self.cache is None:
             self.reset_cache()
-        assert self.cache is not None
+        post, pre, logits = self.step_rows(Rows([0], [start], [len(token_ids)]), hidden_in, token_ids)
+        return post, pre, logits[0]
+
+    @torch.inference_mode()
+    def step_rows(
+        self, rows: Rows, hidden_in: torch.Tensor, token_ids: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Packed rows: hidden [N,h] and tokens [N] in; (normed out [N,h], pre-norm out [N,h], each row's
+        last logits [B,V])."""
+        if self.cache is None:
+            self.reset_cache()
         embed = self.embed_tokens if self.embed_tokens is not None else self._fallback_embed
         head = self.shared_head.head if self.shared_head.head is not None else self._fallback_head
         assert embed is not None and head is not None
-        ids = torch.tensor([token_ids], dtype=torch.long)
-        e = self.enorm(embed(ids))
-        h = self.hnorm(hidden_in.to(e.dtype).unsqueeze(0))
+        e = self.enorm(embed(torch.tensor(token_ids, dtype=torch.long)))
+        h = self.hnorm(hidden_in.to(e.dtype))
         x = self.eh_proj(torch.cat([e, h], dim=-1))
-        cos_sin = self.rotary.cos_sin(start, len(token_ids), x.dtype)
-        pre = DecoderLayer.forward(self, x, cos_sin, self.cache, start)[0]
+        cos_sin = self.rotary.cos_sin(rows.token_positions, x.dtype)
+        pre = DecoderLayer.forward(self, x, cos_sin, self.cache, rows)
         post = self.shared_head.norm(pre)
-        logits = head(post[-1]).float()
+        logits = head(post[rows.last_index]).float()
         return post, pre, logits

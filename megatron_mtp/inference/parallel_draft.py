@@ -14,6 +14,8 @@ it is a valid proposal for position j given any accepted prefix, so Leviathan ve
 Rollback is trivial: a head's cache entry at position t depends only on ``h_0(0..t)``, which is final
 for every t the heads have seen (``t <= N-2 < N'-1``), so entries are never invalidated; only the
 target-hidden buffer is cut to the target cache.
+
+Batches (draft.py's note): per slot the same; head j runs one forward over the sequences with K >= j.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from megatron_mtp.convert.parallel_heads_export import is_heads_config, read_hea
 from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.draft import HiddenBuffer, PickFn
-from megatron_mtp.inference.kv_cache import LatentKVCache
-from megatron_mtp.inference.layers import DecoderLayer, RMSNorm, Rotary
+from megatron_mtp.inference.kv_cache import KVCache, Rows
+from megatron_mtp.inference.layers import DecoderLayer, MLAttention, RMSNorm
 from megatron_mtp.inference.model_dir import ExportDirs, _load_into, decodable_config
 from megatron_mtp.inference.target import TargetModel
 from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
@@ -37,23 +39,27 @@ class ParallelHead(DecoderLayer):
     """One head: decoder layer (HF names of ``model.layers.N``) plus ``norm``."""
 
     def __init__(self, config: DeepseekV3HFConfig) -> None:
-        super().__init__(config, config.num_hidden_layers - 1)  # shaped like the main model's last layer
+        super().__init__(config, config.num_hidden_layers - 1, MLAttention)  # shaped like the main model's last layer
         self.config = config
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = Rotary(config)
-        self.cache: LatentKVCache | None = None
+        self.rotary = MLAttention.rotary(config)
+        self.cache: KVCache | None = None
 
-    def reset_cache(self) -> None:
-        self.cache = LatentKVCache(self.config.kv_lora_rank, self.config.qk_rope_head_dim, self.norm.weight.dtype)
+    def reset_cache(self, slots: int = 1) -> None:
+        self.cache = self.new_cache(self.norm.weight.dtype, slots)
 
-    @torch.inference_mode()
     def step(self, hidden_in: torch.Tensor, start: int) -> torch.Tensor:
-        """Positions ``start..start+T-1`` from target hidden states [T, h]; the normed output [T, h]."""
+        """Batch 1 (slot 0): positions ``start..start+T-1`` from target hidden states [T, h]; the normed output."""
         if self.cache is None:
             self.reset_cache()
-        x = hidden_in.to(self.norm.weight.dtype).unsqueeze(0)
-        cos_sin = self.rotary.cos_sin(start, x.shape[1], x.dtype)
-        return self.norm(DecoderLayer.forward(self, x, cos_sin, self.cache, start))[0]
+        return self.step_rows(Rows([0], [start], [hidden_in.shape[0]]), hidden_in)
+
+    @torch.inference_mode()
+    def step_rows(self, rows: Rows, hidden_in: torch.Tensor) -> torch.Tensor:
+        """Packed target hidden states [N, h] of ``rows``; the normed output [N, h]."""
+        x = hidden_in.to(self.norm.weight.dtype)
+        cos_sin = self.rotary.cos_sin(rows.token_positions, x.dtype)
+        return self.norm(DecoderLayer.forward(self, x, cos_sin, self.cache, rows))
 
 
 class ParallelHeadsDrafter:
@@ -64,7 +70,7 @@ class ParallelHeadsDrafter:
             raise ValueError("ParallelHeadsDrafter needs at least one head")
         self.heads = heads
         self.lm_head = lm_head
-        self._hidden = HiddenBuffer(heads[0].config.hidden_size, heads[0].norm.weight.dtype)
+        self.reset()
 
     @property
     def depth(self) -> int:
@@ -75,41 +81,65 @@ class ParallelHeadsDrafter:
         """Each head drafts one position: K is at most the number of heads."""
         return len(self.heads)
 
-    def reset(self) -> None:
+    def reset(self, slots: int = 1) -> None:
         for head in self.heads:
-            head.reset_cache()
-        self._hidden.truncate(0)
+            head.reset_cache(slots)
+        self._hidden = [HiddenBuffer(self.heads[0].config.hidden_size, self.heads[0].norm.weight.dtype)
+                        for _ in range(slots)]
 
-    def observe_target(self, hidden: torch.Tensor, start: int) -> None:
-        self._hidden.truncate(start)
-        self._hidden.write(start, hidden)
+    def clear_slot(self, slot: int) -> None:
+        self._hidden[slot].truncate(0)
+        for head in self.heads:
+            assert head.cache is not None
+            head.cache.truncate(0, slot)
+
+    def observe_rows(self, slots: list[int], hiddens: list[torch.Tensor], starts: list[int]) -> None:
+        for slot, hidden, start in zip(slots, hiddens, starts):
+            self._hidden[slot].truncate(start)
+            self._hidden[slot].write(start, hidden)
 
     @torch.inference_mode()
-    def propose(self, tokens: list[int], k: int, pick: PickFn) -> tuple[list[int], list[torch.Tensor | None]]:
-        if k > self.max_draft:
-            raise UserError(f"{k} draft tokens asked from {self.max_draft} parallel MTP heads; each head drafts one "
-                            f"position, so use --speculative {self.max_draft} or fewer")
-        anchor = len(tokens) - 2  # last position whose target hidden state is known
-        drafts: list[int] = []
-        dists: list[torch.Tensor | None] = []
-        for head in self.heads[:k]:
-            if head.cache is None:
-                head.reset_cache()
-            start = head.cache.length
-            out = head.step(self._hidden.read(start, anchor + 1), start)
-            token, dist = pick(self.lm_head(out[-1]).float())
-            drafts.append(token)
-            dists.append(dist)
+    def propose_rows(self, slots: list[int], seqs: list[list[int]], ks: list[int], picks: list[PickFn]
+                     ) -> tuple[list[list[int]], list[list[torch.Tensor | None]]]:
+        if max(ks, default=0) > self.max_draft:
+            raise UserError(f"{max(ks)} draft tokens asked from {self.max_draft} parallel MTP heads; each head drafts "
+                            f"one position, so use --speculative {self.max_draft} or fewer")
+        drafts: list[list[int]] = [[] for _ in slots]
+        dists: list[list[torch.Tensor | None]] = [[] for _ in slots]
+        for j, head in enumerate(self.heads[: max(ks, default=0)], start=1):
+            assert head.cache is not None
+            live = [i for i, k in enumerate(ks) if k >= j]
+            starts = [head.cache.lengths[slots[i]] for i in live]
+            ends = [len(seqs[i]) - 1 for i in live]  # through the anchor, the last position with a target hidden state
+            hidden = torch.cat([self._hidden[slots[i]].read(start, end) for i, start, end in zip(live, starts, ends)])
+            rows = Rows([slots[i] for i in live], starts, [e - s for s, e in zip(starts, ends)])
+            logits = self.lm_head(head.step_rows(rows, hidden)[rows.last_index]).float()
+            for r, i in enumerate(live):
+                token, dist = picks[i](logits[r])
+                drafts[i].append(token)
+                dists[i].append(dist)
         return drafts, dists
 
-    def rollback(self, committed: int) -> None:
-        self._hidden.truncate(committed - 1)
-        for head in self.heads:
-            if head.cache is not None:
-                head.cache.truncate(min(head.cache.length, committed - 1))
+    def rollback_rows(self, slots: list[int], committed: list[int]) -> None:
+        for slot, n in zip(slots, committed):
+            self._hidden[slot].truncate(n - 1)
+            for head in self.heads:
+                assert head.cache is not None
+                head.cache.truncate(min(head.cache.lengths[slot], n - 1), slot)
 
-    def cache_lengths(self) -> list[int]:
-        return [head.cache.length if head.cache is not None else 0 for head in self.heads]
+    # batch 1 (the Drafter protocol): slot 0
+    def observe_target(self, hidden: torch.Tensor, start: int) -> None:
+        self.observe_rows([0], [hidden], [start])
+
+    def propose(self, tokens: list[int], k: int, pick: PickFn) -> tuple[list[int], list[torch.Tensor | None]]:
+        drafts, dists = self.propose_rows([0], [tokens], [k], [pick])
+        return drafts[0], dists[0]
+
+    def rollback(self, committed: int) -> None:
+        self.rollback_rows([0], [committed])
+
+    def cache_lengths(self, slot: int = 0) -> list[int]:
+        return [head.cache.lengths[slot] if head.cache is not None else 0 for head in self.heads]
 
 
 def load_parallel_heads(dirs: ExportDirs, target: TargetModel, dtype: torch.dtype) -> ParallelHeadsDrafter | None:
@@ -122,6 +152,9 @@ def load_parallel_heads(dirs: ExportDirs, target: TargetModel, dtype: torch.dtyp
     where = weights.path / "config.json"
     heads_cfg = read_heads_config(weights.config, str(where), target.config)
     config = decodable_config(dict(weights.config["main_config"]), where)
+    if not isinstance(config, DeepseekV3HFConfig):
+        raise UserError(f"{where}: parallel MTP heads are decoded for DeepSeek-V3 models only, not for "
+                        f"model_type {config.model_type!r}; export the MTP part as sequential modules.")
     heads = []
     for i in range(heads_cfg.num_heads):
         prefix = hf_head_prefix(i)

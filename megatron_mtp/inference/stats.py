@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from megatron_mtp.inference.expert_counts import expert_line
+
 
 @dataclass
 class GenerationStats:
@@ -90,10 +92,5 @@ class GenerationStats:
                 f"draft/target time ratio: {self.draft_target_time_ratio:.3f}",
             ]
         if self.experts:
-            e = self.experts
-            kinds = ", ".join(f"{name} {e[name]['tokens']:.1f} tokens → {e[name]['distinct_experts']:.2f} "
-                              f"(uniform {e[name]['uniform_expectation']:.2f})" for name in ("plain", "verify", "draft")
-                              if name in e)
-            lines.append(f"routed experts per MoE layer and forward, of {e['num_experts']} (top-{e['topk']}): {kinds}; "
-                         f"expert weights read per new token: {e['expert_bytes_per_token'] / 2**20:.2f} MiB")
+            lines.append(expert_line(self.experts))
         return lines

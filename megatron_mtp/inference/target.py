@@ -1,4 +1,4 @@
-"""The target (main) model: embedding, decoder layers with latent KV caches, final norm, LM head.
+"""The target (main) model: embedding, decoder layers with rollback-able KV caches, final norm, LM head.
 
 ``forward`` returns both the logits and the hidden state AFTER the final norm (``model.norm``):
 that is ``h_0``, the input megatron-core's MTP depth 1 was trained on.
@@ -9,61 +9,71 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from megatron_mtp.inference.kv_cache import LatentKVCache
-from megatron_mtp.inference.layers import DecoderLayer, RMSNorm, Rotary
-from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
+from megatron_mtp.inference.family import family_of
+from megatron_mtp.inference.kv_cache import KVCache, Rows
+from megatron_mtp.inference.layers import HFConfig, RMSNorm
 
 
 class _Body(nn.Module):
     """``model.*`` of the HF layout."""
 
-    def __init__(self, config: DeepseekV3HFConfig) -> None:
+    def __init__(self, config: HFConfig) -> None:
         super().__init__()
+        family = family_of(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(family.decoder_layer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class TargetModel(nn.Module):
-    """DeepSeek-V3 main model for batch-1 decoding with a rollback-able cache."""
+    """Main model (any family of family.py) decoding a batch of sequences, one cache slot each, rollback
+    per slot."""
 
-    def __init__(self, config: DeepseekV3HFConfig) -> None:
+    def __init__(self, config: HFConfig) -> None:
         super().__init__()
         self.config = config
         self.model = _Body(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.rotary = Rotary(config)
-        self.caches: list[LatentKVCache] = []
+        self.rotary = family_of(config).rotary(config)
+        self.caches: list[KVCache] = []
 
     @property
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def reset_cache(self) -> None:
-        self.caches = [
-            LatentKVCache(self.config.kv_lora_rank, self.config.qk_rope_head_dim, self.dtype)
-            for _ in range(self.config.num_hidden_layers)
-        ]
+    def reset_cache(self, slots: int = 1) -> None:
+        self.caches = [layer.new_cache(self.dtype, slots) for layer in self.model.layers]
 
     @property
     def cache_length(self) -> int:
+        """Slot 0's cached positions (batch-1 decoding)."""
         return self.caches[0].length if self.caches else 0
 
-    def truncate_cache(self, length: int) -> None:
-        for cache in self.caches:
-            cache.truncate(length)
+    def slot_length(self, slot: int) -> int:
+        return self.caches[0].lengths[slot]
 
-    @torch.inference_mode()
+    def truncate_cache(self, length: int, slot: int = 0) -> None:
+        for cache in self.caches:
+            cache.truncate(length, slot)
+
     def forward(self, token_ids: list[int], last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``token_ids`` at the cache end; return (logits [T or 1, V] fp32, hidden [T, h])."""
+        """Batch 1: append ``token_ids`` at slot 0's end; return (logits [T or 1, V] fp32, hidden [T, h])."""
         if not self.caches:
             self.reset_cache()
-        start = self.cache_length
-        ids = torch.tensor([token_ids], dtype=torch.long)
+        return self.forward_rows([0], [list(token_ids)], last_only)
+
+    @torch.inference_mode()
+    def forward_rows(
+        self, slots: list[int], token_rows: list[list[int]], last_only: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append each row's tokens at its slot's end. Returns logits fp32 (every token packed [N, V], or
+        each row's last [B, V] with ``last_only``) and the hidden states [N, h], packed in row order."""
+        rows = Rows(slots, [self.caches[0].lengths[s] for s in slots], [len(r) for r in token_rows])
+        ids = torch.tensor([t for row in token_rows for t in row], dtype=torch.long)
         x = self.model.embed_tokens(ids)
-        cos_sin = self.rotary.cos_sin(start, len(token_ids), x.dtype)
+        cos_sin = self.rotary.cos_sin(rows.token_positions, x.dtype)
         for layer, cache in zip(self.model.layers, self.caches):
-            x = layer(x, cos_sin, cache, start)
-        hidden = self.model.norm(x)[0]
-        logits = self.lm_head(hidden[-1:] if last_only else hidden)
+            x = layer(x, cos_sin, cache, rows)
+        hidden = self.model.norm(x)
+        logits = self.lm_head(hidden[rows.last_index] if last_only else hidden)
         return logits.float(), hidden

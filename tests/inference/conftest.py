@@ -1,4 +1,4 @@
-"""Fixtures for the inference tests: tiny random exports built once per session."""
+"""Fixtures for the inference tests: tiny random exports (DeepSeek-V3 and GLM-4.5) built once per session."""
 
 from __future__ import annotations
 
@@ -38,3 +38,18 @@ def gen_d2(export_d2):
     from megatron_mtp.inference.generate import load_generator
 
     return load_generator(export_d2)
+
+
+@pytest.fixture(scope="session")
+def export_glm(tmp_path_factory) -> Path:
+    """GLM-4.5, inline layout (the release's: MTP layer 2 beside the main layers, num_nextn_predict_layers 1),
+    random weights, qk-norm and qkv bias on."""
+    return make_tiny_export(tmp_path_factory.mktemp("export_glm"), layout="inline", mtp_depth=1, seed=6,
+                            family="glm4_moe")
+
+
+@pytest.fixture(scope="session")
+def gen_glm(export_glm):
+    from megatron_mtp.inference.generate import load_generator
+
+    return load_generator(export_glm)

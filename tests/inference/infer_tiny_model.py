@@ -1,7 +1,7 @@
-"""Test helpers: tiny random DeepSeek-V3 exports (main/ + mtp/, inline, plain) and a perfect draft.
+"""Test helpers: tiny random DeepSeek-V3 and GLM-4.5 exports (main/ + mtp/, inline, plain) and a perfect draft.
 
-The main model is transformers' ``DeepseekV3ForCausalLM`` (random init, fp32, ``save_pretrained``);
-the MTP weights are random tensors written with safetensors under the HF names
+The main model is transformers' ``DeepseekV3ForCausalLM`` or ``Glm4MoeForCausalLM`` (random init, fp32,
+``save_pretrained``); the MTP weights are random tensors written with safetensors under the HF names
 ``model.layers.{L+i}.*`` (enorm, hnorm, eh_proj, shared_head.*, embed_tokens, decoder layer).
 """
 
@@ -43,6 +43,32 @@ def tiny_config(vocab: int = 320, layers: int = 2, rope: str = "yarn", interleav
     )
 
 
+def tiny_glm_config(vocab: int = 320, layers: int = 2, qk_norm: bool = True, bias: bool = True,
+                    partial_rotary_factor: float = 0.5, init_std: float = 0.08, experts: int = 8, mtp_depth: int = 0):
+    """A tiny GLM-4.5: GQA (4 query heads in 2 groups, head_dim 16), partial RoPE, 1 dense + MoE layers."""
+    from transformers import Glm4MoeConfig
+
+    return Glm4MoeConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        use_qk_norm=qk_norm, attention_bias=bias, first_k_dense_replace=1, n_routed_experts=experts,
+        num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1, routed_scaling_factor=1.5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": partial_rotary_factor},
+        max_position_embeddings=512, initializer_range=init_std, num_nextn_predict_layers=mtp_depth,
+        bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,
+    )
+
+
+FAMILIES = {"deepseek_v3": (tiny_config, "DeepseekV3ForCausalLM"), "glm4_moe": (tiny_glm_config, "Glm4MoeForCausalLM")}
+"""family -> (tiny config builder, transformers model class name)."""
+
+
+def hf_model_class(family: str):
+    import transformers
+
+    return getattr(transformers, FAMILIES[family][1])
+
+
 def train_tokenizer(vocab: int, out_file: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -69,7 +95,7 @@ def mtp_tensors(
             prefix = f"model.layers.{template_layer}."
             if name.startswith(prefix):
                 rest = name[len(prefix):]
-                if rest.endswith("layernorm.weight"):
+                if rest.endswith("norm.weight"):
                     out[p + rest] = 1.0 + 0.1 * torch.randn(tensor.shape, generator=gen)
                 elif rest.endswith("e_score_correction_bias"):
                     out[p + rest] = torch.zeros(tensor.shape)
@@ -89,14 +115,54 @@ def _write_index(directory: Path, files: dict[str, list[str]]) -> None:
     (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
-def make_tiny_export(root: Path, layout: str = "separate", mtp_depth: int = 1, seed: int = 0,
-                     mtp_std: float = 0.08, **config_kwargs) -> Path:
-    """Write a tiny export; layout is 'separate' (main/ + mtp/), 'inline' or 'plain'. Returns root."""
-    from transformers import DeepseekV3ForCausalLM
+def _randomize_norms_and_biases(model, seed: int) -> None:
+    """transformers initialises norms to 1 and biases to 0; random values make the tests see them."""
+    gen = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1.0 + 0.2 * torch.randn(param.shape, generator=gen))
+            elif name.endswith(".bias"):
+                param.copy_(0.2 * torch.randn(param.shape, generator=gen))
 
+
+_OUTPUT_PROJECTIONS = ("o_proj.weight", "down_proj.weight", "experts.down_proj")
+
+
+def _near_bigram_mtp(mtp: dict[str, torch.Tensor], main_state: dict[str, torch.Tensor], hidden: int,
+                     scale: float) -> None:
+    """The MTP side of ``near_bigram`` (make_tiny_export): each module keeps its random weights, output
+    projections shrunk by ``scale`` like the main model's, but reads mainly the embedding of the token it
+    is given (eh_proj ~ [I, 0], enorm 1, shared_head.norm = model.norm): it predicts roughly that token's
+    bigram successor, which the target, mostly a bigram map itself, often but not always agrees with."""
+    for name in list(mtp):
+        if name.endswith(_OUTPUT_PROJECTIONS):
+            mtp[name] = mtp[name] * scale
+    for name in [n for n in mtp if n.endswith("eh_proj.weight")]:
+        mtp[name] = mtp[name] + torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
+        prefix = name[: -len("eh_proj.weight")]
+        mtp[prefix + "enorm.weight"] = torch.ones(hidden)
+        mtp[prefix + "shared_head.norm.weight"] = main_state["model.norm.weight"].clone()
+
+
+def make_tiny_export(root: Path, layout: str = "separate", mtp_depth: int = 1, seed: int = 0,
+                     mtp_std: float = 0.08, family: str = "deepseek_v3", near_bigram: float | None = None,
+                     **config_kwargs) -> Path:
+    """Write a tiny export of ``family`` (FAMILIES); layout is 'separate' (main/ + mtp/), 'inline' or 'plain'.
+    ``near_bigram``: shrink every layer's output projections by this factor, so the next token depends mostly
+    on the current one, and give the MTP modules the matching shape (_near_bigram_mtp): drafts are then
+    partly accepted, as on a trained model; None: fully random weights (acceptance near 0).
+    Returns root."""
     torch.manual_seed(seed)
-    config = tiny_config(mtp_depth=0, **config_kwargs)
-    model = DeepseekV3ForCausalLM(config).eval()
+    config = FAMILIES[family][0](mtp_depth=0, **config_kwargs)
+    model = hf_model_class(family)(config).eval()
+    if family == "glm4_moe":
+        _randomize_norms_and_biases(model, seed)
+    if near_bigram is not None:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.startswith("model.layers.") and name.endswith(_OUTPUT_PROJECTIONS):
+                    param.mul_(near_bigram)
     main_dir = root / "main" if layout == "separate" else root
     main_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(main_dir)
@@ -109,6 +175,8 @@ def make_tiny_export(root: Path, layout: str = "separate", mtp_depth: int = 1, s
     for file in main_dir.glob("*.safetensors"):
         main_state.update(load_file(str(file)))
     extra = mtp_tensors(main_state, config, mtp_depth, seed + 1, mtp_std)
+    if near_bigram is not None:
+        _near_bigram_mtp(extra, main_state, config.hidden_size, near_bigram)
     if layout == "separate":
         mtp_dir = root / "mtp"
         mtp_dir.mkdir(parents=True, exist_ok=True)
@@ -127,6 +195,10 @@ def make_tiny_export(root: Path, layout: str = "separate", mtp_depth: int = 1, s
             index = json.loads(index_file.read_text())
             index["weight_map"].update({k: "model-mtp.safetensors" for k in extra})
             index_file.write_text(json.dumps(index))
+        else:  # two shards and their index (transformers reads a lone model.safetensors before any index)
+            (main_dir / "model.safetensors").rename(main_dir / "model-main.safetensors")
+            _write_index(main_dir, {"model-main.safetensors": sorted(main_state),
+                                    "model-mtp.safetensors": sorted(extra)})
     return root
 
 
@@ -176,3 +248,46 @@ class NoisyTargetDraft(TargetAsDraft):
 
     def propose(self, tokens, k, pick):
         return super().propose(tokens, k, lambda logits: pick(logits * self.scale + self.bias))
+
+
+class BatchedNoisyTargetDraft:
+    """NoisyTargetDraft for batched generation (the ``draft.BatchDrafter`` protocol): a copy of the target
+    with a cache slot per sequence drafts, its logits flattened and shifted by a fixed random bias."""
+
+    def __init__(self, target, seed: int = 0, scale: float = 0.8, noise: float = 0.3) -> None:
+        import copy
+
+        self.model = copy.deepcopy(target)
+        gen = torch.Generator().manual_seed(seed)
+        self.bias = noise * torch.randn(target.config.vocab_size, generator=gen)
+        self.scale = scale
+
+    def reset(self, slots: int = 1) -> None:
+        self.model.reset_cache(slots)
+
+    def clear_slot(self, slot: int) -> None:
+        self.model.truncate_cache(0, slot)
+
+    def observe_rows(self, slots, hiddens, starts) -> None:
+        pass
+
+    def propose_rows(self, slots, seqs, ks, picks):
+        feeds = []
+        for slot, seq in zip(slots, seqs):
+            self.model.truncate_cache(min(self.model.slot_length(slot), len(seq) - 1), slot)
+            feeds.append(seq[self.model.slot_length(slot):])
+        drafts = [[] for _ in slots]
+        dists = [[] for _ in slots]
+        for j in range(1, max(ks, default=0) + 1):
+            live = [i for i, k in enumerate(ks) if k >= j]
+            logits, _ = self.model.forward_rows([slots[i] for i in live], [feeds[i] for i in live], last_only=True)
+            for r, i in enumerate(live):
+                token, dist = picks[i](logits[r] * self.scale + self.bias)
+                drafts[i].append(token)
+                dists[i].append(dist)
+                feeds[i] = [token]
+        return drafts, dists
+
+    def rollback_rows(self, slots, committed) -> None:
+        for slot, n in zip(slots, committed):
+            self.model.truncate_cache(min(self.model.slot_length(slot), n - 1), slot)

@@ -131,15 +131,17 @@ def test_cli_prompt_file_and_errors(export_d1, tmp_path):
     assert bad_k.returncode == 2 and "--speculative" in bad_k.stderr
 
 
-def test_bfloat16_runs_close_to_fp32(export_d1, gen_d1):
-    gen = load_generator(export_d1, dtype="bfloat16")
+@pytest.mark.parametrize("family", ["d1", "glm"])
+def test_bfloat16_runs_close_to_fp32(request, family):
+    export, fp32 = request.getfixturevalue(f"export_{family}"), request.getfixturevalue(f"gen_{family}")
+    gen = load_generator(export, dtype="bfloat16")
     ids = gen.encode("def add(a, b):")
     gen.target.reset_cache()
-    gen_d1.target.reset_cache()
+    fp32.target.reset_cache()
     low, _ = gen.target.forward(ids)
-    ref, _ = gen_d1.target.forward(ids)
+    ref, _ = fp32.target.forward(ids)
     assert (low - ref).abs().max() < 0.1 * ref.abs().max()
     result = gen.generate(ids, max_new_tokens=6, speculative_k=2, temperature=0.8, seed=1, ignore_eos=True)
     assert len(result.tokens) == 6
     with pytest.raises(UserError, match="dtype"):
-        load_generator(export_d1, dtype="int8")
+        load_generator(export, dtype="int8")

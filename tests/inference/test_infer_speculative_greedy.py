@@ -12,9 +12,11 @@ PROMPT = "def add(a, b):\n    return"
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
-def test_greedy_speculative_equals_plain_d1(gen_d1, k):
-    plain = gen_d1.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
-    spec = gen_d1.generate(PROMPT, max_new_tokens=40, ignore_eos=True, speculative_k=k)
+@pytest.mark.parametrize("fixture", ["gen_d1", "gen_glm"])
+def test_greedy_speculative_equals_plain_d1(request, fixture, k):
+    gen = request.getfixturevalue(fixture)
+    plain = gen.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
+    spec = gen.generate(PROMPT, max_new_tokens=40, ignore_eos=True, speculative_k=k)
     assert spec.tokens == plain.tokens
     assert spec.text == plain.text
     assert spec.stats.rounds > 0 and len(spec.stats.acceptance_per_position) == k
@@ -82,7 +84,8 @@ def test_target_cache_rolls_back_to_accepted_prefix(gen_d1, bad):
 
 def _reference_mtp_caches(gen, tokens, lengths):
     """Fresh MTP modules run over the committed tokens from scratch (megatron's depth recipe):
-    module m at position t reads h_{m-1}(t) and token t+m. Returns each module's first latents."""
+    module m at position t reads h_{m-1}(t) and token t+m. Returns each module's first ``length`` cache
+    entries, every buffer (MLA: latent, k_rot; GQA: k, v)."""
     target = gen.target
     target.reset_cache()
     _, hidden = target.forward(tokens[:-1])
@@ -91,7 +94,7 @@ def _reference_mtp_caches(gen, tokens, lengths):
         module.reset_cache()
         usable = len(tokens) - 1 - m  # positions whose token t+m exists
         post, _, _ = module.step(hidden[:usable], tokens[m : usable + m], 0)
-        refs.append(module.cache._latent[:, :, :length].clone())
+        refs.append({name: module.cache.read(name)[:length].clone() for name in module.cache.buffers})
         hidden = post
     return refs
 
@@ -122,7 +125,7 @@ class _OracleDrafts:
 
     def rollback(self, committed):
         self.inner.rollback(committed)
-        self.snapshots.append((committed, [(mod.cache.length, mod.cache._latent[:, :, : mod.cache.length].clone())
+        self.snapshots.append((committed, [(mod.cache.length, {n: mod.cache.read(n).clone() for n in mod.cache.buffers})
                                            for mod in self.inner.modules]))
 
     def cache_lengths(self):
@@ -130,7 +133,7 @@ class _OracleDrafts:
 
 
 @pytest.mark.parametrize("bad", [1, 2, None], ids=["reject-first", "accept-one", "accept-all"])
-@pytest.mark.parametrize("fixture", ["gen_d1", "gen_d2"])
+@pytest.mark.parametrize("fixture", ["gen_d1", "gen_d2", "gen_glm"])
 def test_mtp_cache_after_rollback_equals_recompute(request, fixture, bad):
     """After (partial) acceptance the kept MTP caches are exactly what the final sequence implies."""
     gen = request.getfixturevalue(fixture)
@@ -152,8 +155,10 @@ def test_mtp_cache_after_rollback_equals_recompute(request, fixture, bad):
         assert lengths[0] == min(before - 1, committed - 2)
         assert all(length <= min(before - 1, committed - 1 - m) for m, length in enumerate(lengths, start=1))
         refs = _reference_mtp_caches(gen, seq[:committed], lengths)
-        for (_, latent), ref in zip(caches, refs):
-            assert torch.allclose(latent, ref, atol=1e-5)
+        for (_, kept), ref in zip(caches, refs):
+            assert kept.keys() == ref.keys()
+            for name in ref:
+                assert torch.allclose(kept[name], ref[name], atol=1e-5), name
         before = committed
 
 
