@@ -86,7 +86,7 @@ def test_config_json_both_ways_and_its_family():
 
 @pytest.mark.parametrize("change, words", [
     ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling type 'yarn'"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn'"),
     ({"sliding_window": 4096}, "'sliding_window' is not understood"),
     ({"architectures": ["LlamaForCausalLM"]}, "is not Glm4MoeForCausalLM"),
     ({"n_group": 2, "topk_group": 1, "num_experts_per_tok": 3}, "router_topk/router_group_topk"),
@@ -107,3 +107,16 @@ def test_glm_release_shapes_match_their_published_sizes():
         embeddings = 2 * 151552 * cfg.model.hidden_size
         assert abs(counts["main"] / total - 1) < 0.02, (name, counts)
         assert abs((counts["main_active"] - embeddings) / active - 1) < 0.02, (name, counts)
+
+
+def test_converter_and_decoder_read_a_config_json_alike():
+    """One reader: where a file spells the rotary settings twice (top level and transformers 5's
+    rope_parameters), the importer and the decoder take the same values, transformers' (rope_parameters)."""
+    from megatron_mtp.models.glm4_moe.hf_config_json import parse_hf_config
+
+    cfg = load_config(TINY)
+    raw = to_hf_config(cfg.model, cfg.mtp, vocab_size=4096, num_nextn_predict_layers=1).to_dict()
+    raw["rope_parameters"] = {"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.25}
+    model, _, _ = from_hf_config(raw)
+    view = parse_hf_config(raw)
+    assert (model.rope_theta, model.rotary_percent) == (view.rope_theta, view.partial_rotary_factor) == (50000.0, 0.25)

@@ -18,9 +18,10 @@ from typing import Any, Mapping, Optional
 
 from megatron_mtp.config.model import ModelConfig, MTPConfig
 from megatron_mtp.errors import UserError
+from megatron_mtp.models.glm4_moe.hf_config_json import READ_KEYS, parse_hf_config
 from megatron_mtp.models.glm4_moe.hf_mapping import head_dim, query_groups, rotary_percent
 from megatron_mtp.models.hf_common import carry_source_fields as _carry
-from megatron_mtp.models.hf_common import check_group_routing, check_mtp_export, read_value
+from megatron_mtp.models.hf_common import check_group_routing, check_mtp_export
 
 NOT_CARRIED = {
     "quantization_config": "the weights are dequantized on import",
@@ -42,19 +43,14 @@ _IGNORED = frozenset({
     "tf_legacy_loss", "use_bfloat16", "torch_dtype", "dtype", "bos_token_id", "eos_token_id", "architectures",
     "model_type", "quantization_config",
 })
-_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-_READ = {
-    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "initializer_range", "rms_norm_eps",
-    "tie_word_embeddings", "rope_parameters", "rope_theta", "partial_rotary_factor", "rope_scaling",
-    "attention_bias", "attention_dropout", "moe_intermediate_size", "num_experts_per_tok", "n_shared_experts",
-    "n_routed_experts", "routed_scaling_factor", "n_group", "topk_group", "first_k_dense_replace", "norm_topk_prob",
-    "use_qk_norm", "num_nextn_predict_layers", "num_mtp_layers", *_REQUIRED,
-}
+_READ = READ_KEYS
+"""What the converter reads: the typed view's keys (hf_config_json.READ_KEYS)."""
 
 
 @dataclass(frozen=True)
-class Glm4MoeHFConfig:
-    """A config.json of the GLM-4.5 format (``values``, in the release's key order)."""
+class Glm4MoeConfigFile:
+    """A config.json of the GLM-4.5 format as an export writes it (``values``, in the release's key
+    order); hf_config_json.Glm4MoeHFConfig is the typed view every reader uses."""
 
     values: dict
 
@@ -64,7 +60,7 @@ class Glm4MoeHFConfig:
 
 def to_hf_config(model: ModelConfig, mtp: MTPConfig, *, vocab_size: int, num_nextn_predict_layers: int,
                  torch_dtype: str = "bfloat16", bos_token_id: Optional[int] = None,
-                 eos_token_id: Optional[int] = None) -> Glm4MoeHFConfig:
+                 eos_token_id: Optional[int] = None) -> Glm4MoeConfigFile:
     """The HF config of a model with this architecture (vocab from the weights)."""
     check_mtp_export(model, mtp, num_nextn_predict_layers, "GLM-4.5")
     moe = model.num_experts > 0
@@ -109,85 +105,61 @@ def to_hf_config(model: ModelConfig, mtp: MTPConfig, *, vocab_size: int, num_nex
         "torch_dtype": torch_dtype,
         "use_cache": True,
     }
-    return Glm4MoeHFConfig(values)
-
-
-def _rope(raw: Mapping[str, Any], where: str) -> tuple[float, float]:
-    """(rope_theta, partial_rotary_factor), from the top level or transformers' rope_parameters."""
-    params = raw.get("rope_parameters") or {}
-    scaling = raw.get("rope_scaling") or {}
-    if not isinstance(params, Mapping) or not isinstance(scaling, Mapping):
-        raise UserError(f"{where}: the rope settings must be a mapping")
-    kind = scaling.get("rope_type", scaling.get("type")) or params.get("rope_type") or "default"
-    if kind != "default":
-        raise UserError(f"{where}: rope scaling type '{kind}' cannot be represented (only plain RoPE)")
-    theta = read_value(raw, "rope_theta", float, None, where) or read_value(params, "rope_theta", float, 10000.0, where)
-    factor = read_value(raw, "partial_rotary_factor", float, None, where)
-    if factor is None:
-        factor = read_value(params, "partial_rotary_factor", float, 0.5, where)  # transformers' default
-    return theta, factor
+    return Glm4MoeConfigFile(values)
 
 
 def from_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> tuple[ModelConfig, MTPConfig, int]:
-    """(model section, mtp section, vocab size) for an HF GLM-4.5 config.json dict."""
+    """(model section, mtp section, vocab size) for an HF GLM-4.5 config.json dict, read through the
+    typed view the decoder reads too (hf_config_json.parse_hf_config: transformers' defaults and rope
+    precedence), plus what only the converter refuses (other architectures, unknown fields)."""
     if not isinstance(raw, Mapping):
         raise UserError(f"{where} must hold a JSON object")
     archs = list(raw.get("architectures") or ())
     if archs and "Glm4MoeForCausalLM" not in archs:
         raise UserError(f"{where}: architectures {archs} is not Glm4MoeForCausalLM")
-    for key in _REQUIRED:
-        if raw.get(key) is None:
-            raise UserError(f"{where} has no '{key}'; it is required for a GLM-4.5 model")
     for key in raw:
         if key not in _READ and key not in _IGNORED:
             raise UserError(f"{where}: field '{key}' is not understood by the converter; it cannot be represented")
-    if read_value(raw, "hidden_act", str, "silu", where) != "silu":
-        raise UserError(f"{where}: 'hidden_act' = {raw['hidden_act']!r} cannot be represented (only SwiGLU MLPs)")
-    if read_value(raw, "attention_dropout", float, 0.0, where) != 0.0:
-        raise UserError(f"{where}: 'attention_dropout' = {raw['attention_dropout']!r} cannot be represented")
-    theta, factor = _rope(raw, where)
-    heads = read_value(raw, "num_attention_heads", int, None, where)
-    hidden = read_value(raw, "hidden_size", int, None, where)
-    vocab = read_value(raw, "vocab_size", int, None, where)
-    experts = read_value(raw, "n_routed_experts", int, 128, where)
-    groups = read_value(raw, "n_group", int, 1, where)
-    num_layers = read_value(raw, "num_hidden_layers", int, None, where)
-    spelling = "num_nextn_predict_layers" if "num_nextn_predict_layers" in raw else "num_mtp_layers"
-    depth = read_value(raw, spelling, int, 0, where)
-    dim = read_value(raw, "head_dim", int, None, where)
+    view = parse_hf_config(raw, where)
+    if view.hidden_act != "silu":
+        raise UserError(f"{where}: 'hidden_act' = {view.hidden_act!r} cannot be represented (only SwiGLU MLPs)")
+    if view.attention_dropout != 0.0:
+        raise UserError(f"{where}: 'attention_dropout' = {view.attention_dropout!r} cannot be represented")
+    heads, hidden, vocab = view.num_attention_heads, view.hidden_size, view.vocab_size
+    experts, groups, num_layers = view.n_routed_experts, view.n_group, view.num_hidden_layers
     model = ModelConfig(
         family="glm4_moe",
         num_layers=num_layers,
         hidden_size=hidden,
-        ffn_hidden_size=read_value(raw, "intermediate_size", int, None, where),
+        ffn_hidden_size=view.intermediate_size,
         num_attention_heads=heads,
-        num_query_groups=read_value(raw, "num_key_value_heads", int, heads, where),
-        head_dim=None if dim is None or (hidden % heads == 0 and dim == hidden // heads) else dim,
-        rotary_percent=factor,
-        qk_layernorm=read_value(raw, "use_qk_norm", bool, False, where),
-        add_qkv_bias=read_value(raw, "attention_bias", bool, False, where),
+        num_query_groups=view.num_key_value_heads,
+        head_dim=None if hidden % heads == 0 and view.head_dim == hidden // heads else view.head_dim,
+        rotary_percent=view.partial_rotary_factor,
+        qk_layernorm=view.use_qk_norm,
+        add_qkv_bias=view.attention_bias,
         vocab_size=vocab,
         make_vocab_size_divisible_by=math.gcd(vocab, 128),
-        max_position_embeddings=read_value(raw, "max_position_embeddings", int, 131072, where),
-        rope_theta=theta,
+        max_position_embeddings=view.max_position_embeddings,
+        rope_theta=view.rope_theta,
         num_experts=experts,
-        first_k_dense=min(read_value(raw, "first_k_dense_replace", int, 1, where), num_layers) if experts else 0,
-        moe_ffn_hidden_size=read_value(raw, "moe_intermediate_size", int, 1408, where),
-        num_shared_experts=read_value(raw, "n_shared_experts", int, 1, where) if experts else 0,
-        router_topk=read_value(raw, "num_experts_per_tok", int, 8, where) if experts else 1,
+        first_k_dense=min(view.first_k_dense_replace, num_layers) if experts else 0,
+        moe_ffn_hidden_size=view.moe_intermediate_size,
+        num_shared_experts=view.n_shared_experts if experts else 0,
+        router_topk=view.num_experts_per_tok if experts else 1,
         router_num_groups=groups if groups > 1 else None,
-        router_group_topk=read_value(raw, "topk_group", int, 1, where) if groups > 1 else None,
+        router_group_topk=view.topk_group if groups > 1 else None,
         router_score_function="sigmoid",
-        router_topk_scaling_factor=read_value(raw, "routed_scaling_factor", float, 1.0, where),
-        router_norm_topk_prob=read_value(raw, "norm_topk_prob", bool, True, where),
+        router_topk_scaling_factor=view.routed_scaling_factor,
+        router_norm_topk_prob=view.norm_topk_prob,
         router_enable_expert_bias=True,
-        norm_epsilon=read_value(raw, "rms_norm_eps", float, 1e-5, where),
-        init_method_std=read_value(raw, "initializer_range", float, 0.02, where),
-        tie_embeddings=read_value(raw, "tie_word_embeddings", bool, False, where),
+        norm_epsilon=view.rms_norm_eps,
+        init_method_std=view.initializer_range,
+        tie_embeddings=view.tie_word_embeddings,
     )
     if experts:
         check_group_routing(model, where)
-    return model, MTPConfig(num_layers=depth), vocab
+    return model, MTPConfig(num_layers=view.num_nextn_predict_layers), vocab
 
 
 def carry_source_fields(written: Mapping[str, Any], source: Optional[Mapping[str, Any]],
