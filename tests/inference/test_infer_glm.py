@@ -23,7 +23,9 @@ PROMPT = "def add(a, b):\n    return"
 
 
 def _hf_model(main_dir):
-    return hf_model_class("glm4_moe").from_pretrained(main_dir, attn_implementation="eager").eval()
+    # fp32, as our decoder runs, whatever the export stores (bf16 by default)
+    model_class = hf_model_class("glm4_moe")
+    return model_class.from_pretrained(main_dir, dtype=torch.float32, attn_implementation="eager").eval()
 
 
 @pytest.mark.parametrize(
