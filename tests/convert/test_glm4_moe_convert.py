@@ -125,9 +125,16 @@ def test_transformers_drafts_with_our_mtp_layer(glm_run, tmp_path):
     model._keys_to_ignore_on_load_unexpected = [r"model\.layers\.4\."]  # as OUT/SERVING.md tells
     assert "model._keys_to_ignore_on_load_unexpected" in (inline / "SERVING.md").read_text()
     ids = torch.tensor([[5, 17, 300, 42, 9, 77, 3]])
+    model.generation_config.eos_token_id = None  # a fixed number of tokens, as ignore_eos below
     plain = model.generate(ids, max_new_tokens=16, do_sample=False)
     drafted = model.generate(ids, max_new_tokens=16, do_sample=False, use_mtp=True)
     assert torch.equal(plain, drafted)
+    # and our decoder drafts with the same export: speculative greedy == transformers' plain greedy
+    from megatron_mtp.inference.generate import load_generator
+
+    ours = load_generator(inline).generate(ids[0].tolist(), max_new_tokens=16, ignore_eos=True, speculative_k=1)
+    assert ours.tokens == plain[0, ids.shape[1]:].tolist()
+    assert ours.stats.target_forwards <= 16
 
 
 def test_fp8_export_quantises_q_k_v_and_round_trips(glm_run, tmp_path):
