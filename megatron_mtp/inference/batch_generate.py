@@ -30,7 +30,7 @@ from megatron_mtp.errors import UserError
 from megatron_mtp.inference.expert_counts import ExpertCounts, expert_line
 from megatron_mtp.inference.results import GenerationResult, Output
 from megatron_mtp.inference.sampling import SamplingParams, draw, probabilities
-from megatron_mtp.inference.stats import GenerationStats
+from megatron_mtp.inference.stats import AcceptanceCounts, GenerationStats
 from megatron_mtp.inference.text_stream import TextStream
 from megatron_mtp.inference.verify import verify
 
@@ -40,8 +40,9 @@ OnText = Callable[[int, str, "GenerationResult | None"], None]
 
 
 @dataclass
-class BatchStats:
-    """Counters of a batched run; derived ratios are properties (and appear in ``to_dict``)."""
+class BatchStats(AcceptanceCounts):
+    """Counters of a batched run (rounds: sequence-rounds that judged drafts); derived ratios are
+    properties (and appear in ``to_dict``)."""
 
     sequences: int = 0
     batch_size: int = 0
@@ -57,24 +58,13 @@ class BatchStats:
     target_time_s: float = 0.0  # decode forwards
     draft_forwards: int = 0
     draft_time_s: float = 0.0
-    rounds: int = 0  # sequence-rounds that judged drafts
-    round_tokens: int = 0
-    reached: list[int] = field(default_factory=list)
-    accepted: list[int] = field(default_factory=list)
     acceptance_per_sequence: list[float] = field(default_factory=list)  # input order; judged drafts only
     experts: dict = field(default_factory=dict)  # expert_counts.py's summary over the whole run
 
-    def record_round(self, stats: GenerationStats, k: int, n_accepted: int) -> None:
+    def record_sequence_round(self, stats: GenerationStats, k: int, n_accepted: int) -> None:
+        """One sequence's verification round, in its own counts and the batch's."""
         stats.record_round(k, n_accepted)
-        if len(self.reached) < k:
-            self.reached.extend([0] * (k - len(self.reached)))
-            self.accepted.extend([0] * (k - len(self.accepted)))
-        for i in range(min(n_accepted + 1, k)):
-            self.reached[i] += 1
-        for i in range(n_accepted):
-            self.accepted[i] += 1
-        self.rounds += 1
-        self.round_tokens += n_accepted + 1
+        self.record_round(k, n_accepted)
 
     @property
     def decode_forwards(self) -> int:
@@ -94,19 +84,6 @@ class BatchStats:
     def tokens_per_sequence_forward(self) -> float:
         """Committed tokens per sequence and decode forward (1 for plain decoding)."""
         return self.decode_tokens / self.decode_rows if self.decode_rows else 0.0
-
-    @property
-    def acceptance_per_position(self) -> list[float]:
-        return [a / r if r else 0.0 for a, r in zip(self.accepted, self.reached)]
-
-    @property
-    def acceptance_rate(self) -> float:
-        judged = sum(self.reached)
-        return sum(self.accepted) / judged if judged else 0.0
-
-    @property
-    def mean_accept_length(self) -> float:
-        return self.round_tokens / self.rounds if self.rounds else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -257,7 +234,7 @@ class _BatchRun:
             s.stats.decode_forwards += 1
             if k:
                 s.stats.draft_steps += k
-                self.stats.record_round(s.stats, k, a)
+                self.stats.record_sequence_round(s.stats, k, a)
             before = len(s.out.tokens)
             self._commit(s, tokens)
             self.stats.decode_tokens += len(s.out.tokens) - before

@@ -9,25 +9,14 @@ from megatron_mtp.inference.expert_counts import expert_line
 
 
 @dataclass
-class GenerationStats:
-    """Counters filled while generating; derived ratios are properties (and appear in ``to_dict``)."""
+class AcceptanceCounts:
+    """Verification rounds and the drafts they judged and accepted per draft position (one sequence,
+    or every sequence of a batch), with the ratios derived from them."""
 
-    prompt_tokens: int = 0
-    new_tokens: int = 0
-    speculative_k: int = 0
-    finish_reason: str = ""
-    wall_time_s: float = 0.0
-    prefill_time_s: float = 0.0
-    target_forwards: int = 0  # including the prefill
-    target_time_s: float = 0.0  # decode-phase target forwards only (no prefill)
-    decode_forwards: int = 0
-    draft_steps: int = 0
-    draft_time_s: float = 0.0
     rounds: int = 0  # verification rounds
     round_tokens: int = 0  # tokens the rounds produced (accepted + 1 each), before EOS/length cuts
     reached: list[int] = field(default_factory=list)  # per draft position: rounds that judged it
     accepted: list[int] = field(default_factory=list)  # per draft position: rounds that accepted it
-    experts: dict = field(default_factory=dict)  # routed experts touched per forward kind (expert_counts.py)
 
     def record_round(self, k: int, n_accepted: int) -> None:
         if len(self.reached) < k:
@@ -55,6 +44,24 @@ class GenerationStats:
     def mean_accept_length(self) -> float:
         """Tokens emitted per verification round (accepted drafts + the target's token)."""
         return self.round_tokens / self.rounds if self.rounds else 0.0
+
+
+@dataclass
+class GenerationStats(AcceptanceCounts):
+    """Counters filled while generating; derived ratios are properties (and appear in ``to_dict``)."""
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    speculative_k: int = 0
+    finish_reason: str = ""
+    wall_time_s: float = 0.0
+    prefill_time_s: float = 0.0
+    target_forwards: int = 0  # including the prefill
+    target_time_s: float = 0.0  # decode-phase target forwards only (no prefill)
+    decode_forwards: int = 0
+    draft_steps: int = 0
+    draft_time_s: float = 0.0
+    experts: dict = field(default_factory=dict)  # routed experts touched per forward kind (expert_counts.py)
 
     @property
     def tokens_per_target_forward(self) -> float:
