@@ -4,13 +4,27 @@ what an export carries back of the config.json a checkpoint was imported from.""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Union
 
 from megatron_mtp.config.model import ModelConfig, MTPConfig
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.tensor_table import mtp_is_moe
 
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+EosIds = Union[int, tuple[int, ...], None]
+"""config.json's eos_token_id: one id, several, or none."""
+_SCALARS: dict[str, Callable[[Any], Any]] = {"int": int, "float": float, "bool": bool, "str": str, "dict": dict}
+
+
+def scalar_kind(annotation: str) -> Optional[Callable[[Any], Any]]:
+    """The converter of a typed view's field annotation ("int", "Optional[float]"...); None for others."""
+    inner = annotation[len("Optional["):-1] if annotation.startswith("Optional[") else annotation
+    return _SCALARS.get(inner)
+
+
+def eos_ids(value: Any) -> EosIds:
+    """config.json's eos_token_id as an int or a tuple of ints."""
+    return tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else int(value)
 
 
 def read_value(raw: Mapping[str, Any], key: str, kind: Callable[[Any], Any], default: Any, where: str) -> Any:
@@ -21,7 +35,7 @@ def read_value(raw: Mapping[str, Any], key: str, kind: Callable[[Any], Any], def
     try:
         return kind(value)
     except (TypeError, ValueError):
-        raise UserError(f"{where}: field '{key}' has a malformed value {value!r}") from None
+        raise UserError(f"{where}: field '{key}' has a malformed value {value!r}; correct it in that file.") from None
 
 
 def mtp_depth(raw: Mapping[str, Any], where: str = "config.json") -> int:

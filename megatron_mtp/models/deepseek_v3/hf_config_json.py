@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Mapping, Optional
 
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.hf_common import mtp_depth
+from megatron_mtp.models.hf_common import EosIds, eos_ids, mtp_depth, scalar_kind
 from megatron_mtp.models.hf_common import read_value as _value
-
-EosIds = Union[int, tuple[int, ...], None]
 
 
 @dataclass(frozen=True)
@@ -152,14 +150,9 @@ class DeepseekV3HFConfig:
 
 _FIELDS = dataclasses.fields(DeepseekV3HFConfig)
 _REQUIRED = tuple(f.name for f in _FIELDS if f.default is dataclasses.MISSING)
-_SCALARS: dict[str, Callable[[Any], Any]] = {"int": int, "float": float, "bool": bool, "str": str, "dict": dict}
 READ_KEYS = frozenset({f.name for f in _FIELDS} | {"rope_parameters", "num_mtp_layers", "dtype"})
 """Every config.json key the view reads."""
 
-
-def _scalar_kind(annotation: str) -> Optional[Callable[[Any], Any]]:
-    inner = annotation[len("Optional["):-1] if annotation.startswith("Optional[") else annotation
-    return _SCALARS.get(inner)
 
 
 
@@ -191,9 +184,6 @@ def _rope(raw: Mapping[str, Any], max_positions: int, where: str) -> tuple[float
     )
 
 
-def _eos(value: Any) -> EosIds:
-    return tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else int(value)
-
 
 def parse_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> DeepseekV3HFConfig:
     """The view of a config.json dict; a missing required field or a malformed one is a UserError."""
@@ -204,7 +194,7 @@ def parse_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> Deeps
             raise UserError(f"{where} has no '{key}'; it is required for a DeepSeek-V3/V2 model")
     values = {}
     for f in _FIELDS:
-        kind = _scalar_kind(f.type)
+        kind = scalar_kind(f.type)
         if kind is not None:
             values[f.name] = _value(raw, f.name, kind, None if f.default is dataclasses.MISSING else f.default, where)
     model_type, experts = values["model_type"], values["n_routed_experts"]
@@ -222,7 +212,7 @@ def parse_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> Deeps
         norm_topk_prob=_value(raw, "norm_topk_prob", bool, model_type != "deepseek_v2", where),
         rope_theta=theta,
         rope_scaling=yarn,
-        eos_token_id=_value(raw, "eos_token_id", _eos, None, where),
+        eos_token_id=_value(raw, "eos_token_id", eos_ids, None, where),
         torch_dtype=values["torch_dtype"] or _value(raw, "dtype", str, None, where),
     )
     return DeepseekV3HFConfig(**values)

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Mapping, Optional
 
 from megatron_mtp.errors import UserError
-
-EosIds = Union[int, tuple[int, ...], None]
+from megatron_mtp.models.hf_common import EosIds, eos_ids, mtp_depth, scalar_kind
+from megatron_mtp.models.hf_common import read_value as _value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,29 +89,12 @@ class Glm4MoeHFConfig:
 
 _FIELDS = dataclasses.fields(Glm4MoeHFConfig)
 _REQUIRED = tuple(f.name for f in _FIELDS if f.default is dataclasses.MISSING)
-_SCALARS: dict[str, Callable[[Any], Any]] = {"int": int, "float": float, "bool": bool, "str": str, "dict": dict}
 _ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
 READ_KEYS = frozenset({f.name for f in _FIELDS} | {"rope_parameters", "rope_scaling", "num_mtp_layers", "dtype"})
 """Every config.json key the view reads."""
 
 
-def _value(raw: Mapping[str, Any], key: str, kind: Callable[[Any], Any], default: Any, where: str) -> Any:
-    value = raw.get(key)
-    if value is None:
-        return default
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise UserError(f"{where}: field '{key}' has a malformed value {value!r}; fix config.json.") from None
 
-
-def _scalar_kind(annotation: str) -> Optional[Callable[[Any], Any]]:
-    inner = annotation[len("Optional["):-1] if annotation.startswith("Optional[") else annotation
-    return _SCALARS.get(inner)
-
-
-def _eos(value: Any) -> EosIds:
-    return tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else int(value)
 
 
 def _rope(raw: Mapping[str, Any], where: str) -> dict[str, float]:
@@ -136,7 +119,7 @@ def parse_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> Glm4M
             raise UserError(f"{where} has no '{key}'; it is required for a GLM-4.5-family model.")
     values = {}
     for f in _FIELDS:
-        kind = _scalar_kind(f.type)
+        kind = scalar_kind(f.type)
         if kind is not None:
             values[f.name] = _value(raw, f.name, kind, None if f.default is dataclasses.MISSING else f.default, where)
     heads = values["num_attention_heads"]
@@ -144,12 +127,11 @@ def parse_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> Glm4M
         raise UserError(f"{where}: num_attention_heads ({heads}) must be a positive multiple of num_key_value_heads "
                         f"({values['num_key_value_heads']}).")
     head_dim = values["head_dim"] or values["hidden_size"] // heads
-    spelling = "num_nextn_predict_layers" if "num_nextn_predict_layers" in raw else "num_mtp_layers"
     values.update(
         architectures=tuple(str(a) for a in raw.get("architectures") or ()),
         head_dim=head_dim,
-        num_nextn_predict_layers=_value(raw, spelling, int, 0, where),
-        eos_token_id=_value(raw, "eos_token_id", _eos, None, where),
+        num_nextn_predict_layers=mtp_depth(raw, where),
+        eos_token_id=_value(raw, "eos_token_id", eos_ids, None, where),
         torch_dtype=values["torch_dtype"] or _value(raw, "dtype", str, None, where),
         **_rope(raw, where),
     )
