@@ -122,3 +122,24 @@ def test_eval_compare_shows_the_loaded_model_beside_the_trained_mtp(mtp_only, ba
     assert trained["tokens"] == loaded["tokens"] > 0
     assert trained["lm_loss"] == loaded["lm_loss"]  # the same main model, bit for bit
     assert len(trained["mtp_acceptance"]) == 1 and loaded["mtp_acceptance"] == []  # the base had no MTP module
+
+
+def test_glm_model_gets_mtp_trained_alone_on_its_frozen_base(tmp_path, train, metrics):
+    """The same for the GLM-4.5 family (grouped-query attention): a model without MTP gets a module
+    copied from its last layer, trained alone against the main model's own predictions (targets self);
+    its main weights stay bitwise, the optimizer holds the MTP parameters alone, the module learns."""
+    base = tmp_path / "glm_base"
+    train(base, steps=1, config="glm4_moe_tiny_cpu",
+          overrides=("mtp.num_layers=0", *FROZEN, "checkpoint.save_interval=1"))
+    run = tmp_path / "glm_mtp_only"
+    train(run, steps=3, config="glm4_moe_tiny_cpu",
+          overrides=(*MTP_ONLY, f"checkpoint.load={base}", "mtp.init=copy_last_layer", "mtp.targets=self"))
+    with TorchDistReader(_latest(base)) as src, TorchDistReader(_latest(run)) as got:
+        main_keys = [k for k in src.keys() if not k.startswith("optimizer")]
+        assert any("linear_qkv" in k for k in main_keys)
+        changed = [k for k in main_keys if not torch.equal(src.read(k), got.read(k))]
+        assert not changed, changed[:5]
+        params = {k.split(".", 3)[3] for k in got.keys() if k.startswith("optimizer.state.")}
+        assert params and all(p.startswith("mtp.") for p in params), sorted(params)[:5]
+    losses = [r["train/mtp_loss_1"] for r in metrics(run) if "train/mtp_loss_1" in r]
+    assert len(losses) == 3 and losses[-1] < losses[0]
