@@ -31,6 +31,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import cli_main, write_json  # noqa: E402  (a sibling of this script)
+
 PROMPTS = [
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
     "import json\n\n\ndef load_config(path):\n",
@@ -206,22 +209,12 @@ def run(argv: list[str] | None = None) -> dict:
     report = {"bandwidth_bytes_per_s": bandwidth, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
               "repeats": args.repeats, "rows": rows}
     if args.json:
-        out = Path(args.json)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=2))
-        tmp.rename(out)
+        write_json(args.json, report)
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    from megatron_mtp.errors import UserError
-
-    try:
-        run(argv)
-    except UserError as exc:
-        print(f"bench_batched_decode: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return cli_main("bench_batched_decode", run, argv)
 
 
 if __name__ == "__main__":

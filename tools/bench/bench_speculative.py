@@ -21,10 +21,12 @@ sampling the streams differ).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import cli_main, write_json  # noqa: E402  (a sibling of this script)
 
 HELD_OUT_PROMPTS = [
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
@@ -168,22 +170,12 @@ def run(argv: list[str] | None = None) -> dict:
               f"{row['predicted_with_verify']:>8.3f} {row['mean_accept_length']:>7.3f} {row['alpha']:>6.3f} "
               f"{row['c']:>6.3f} {row['v']:>5.2f} {row['runs_identical_to_plain']:>5.2f}  {per_pos}")
     if args.json:
-        out = Path(args.json)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(report, indent=2))
-        tmp.rename(out)
+        write_json(args.json, report)
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    from megatron_mtp.errors import UserError
-
-    try:
-        run(argv)
-    except UserError as exc:
-        print(f"bench_speculative: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return cli_main("bench_speculative", run, argv)
 
 
 if __name__ == "__main__":
