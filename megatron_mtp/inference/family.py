@@ -21,7 +21,8 @@ from typing import Any, Callable, Mapping
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.gqa import GQAttention
-from megatron_mtp.inference.layers import DecoderLayer, HFConfig, MLAttention, Rotary
+from megatron_mtp.inference.layers import DecoderLayer, HFConfig, Rotary
+from megatron_mtp.inference.mla import MLAttention
 from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
 from megatron_mtp.models.deepseek_v3.hf_config_json import parse_hf_config as parse_deepseek_v3
 from megatron_mtp.models.glm4_moe.hf_config_json import Glm4MoeHFConfig

@@ -28,7 +28,8 @@ from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.draft import HiddenBuffer, PickFn
 from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.inference.layers import DecoderLayer, MLAttention, RMSNorm
+from megatron_mtp.inference.layers import DecoderLayer, RMSNorm
+from megatron_mtp.inference.mla import MLAttention
 from megatron_mtp.inference.model_dir import ExportDirs, _load_into, decodable_config
 from megatron_mtp.inference.target import TargetModel
 from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
