@@ -27,7 +27,7 @@ _COMMAND_MODULES = (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="megatron-mtp",
-        description="Pretrain DeepSeek-V3-style MoE models with Multi-Token Prediction.",
+        description="Pretrain MoE models with Multi-Token Prediction (DeepSeek-V3 and GLM-4.5 families).",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True

@@ -2,13 +2,13 @@
 
     .venv/bin/python tools/smallest_layout.py configs/glm4_5.yaml --gpu h100 [key.path=value ...]
 
-Searches world sizes of whole nodes (8 GPUs each by default) from one node up, and at each the layouts
-TP in {1,2,4,8} x PP in {1,2,4,...,32} x EP in {1,2,4,...,64} (expert TP 1, virtual pipeline off, an
-even layer split: `parallel.pipeline_layout=null`) that the config's own checks accept. Prints, for
-the first world size with a fitting layout, every fitting layout by worst-rank memory, and the
-command that reproduces the best one. The plan is the one `megatron-mtp plan` prints (exact state
-bytes; saved activations and workspace estimated as it states). Runs in seconds per layout, no
-process group.
+Searches world sizes of whole nodes (8 GPUs each by default) from one node up, one node at a time,
+and at each the layouts TP in {1,2,4,8} x PP in {1,2,4,...,32} x EP in {1,2,4,...,64} (expert TP 1,
+virtual pipeline off, an even layer split: `parallel.pipeline_layout=null`) that the config's own
+checks accept. Prints, for the first world size with a fitting layout, every fitting layout by
+worst-rank memory, and the command that reproduces the best one. The plan is the one `megatron-mtp
+plan` prints (exact state bytes; saved activations and workspace estimated as it states). Runs in
+seconds per layout, no process group.
 """
 
 from __future__ import annotations
@@ -33,7 +33,12 @@ def main() -> int:
     from megatron_mtp.plan.gpus import parse_gpu
     from megatron_mtp.plan.memory import make_plan
 
-    gpu = parse_gpu(args.gpu)
+    try:
+        gpu = parse_gpu(args.gpu)
+        validate(load_config(args.config, list(args.overrides)))  # the user's own mistakes, before any layout
+    except UserError as exc:
+        print(f"smallest_layout: error: {exc}", file=sys.stderr)
+        return 2
     nodes = 1
     while nodes <= args.max_nodes:
         world = nodes * args.gpus_per_node
@@ -67,7 +72,7 @@ def main() -> int:
                 f"--gpus-per-node {args.gpus_per_node}",
                 f"--gpu {args.gpu}"]))
             return 0
-        nodes *= 2
+        nodes += 1
     print(f"no layout up to {args.max_nodes} nodes fits {args.config} on {gpu.name}", file=sys.stderr)
     return 1
 

@@ -26,6 +26,8 @@ MEANING = (
     "model.family", "model.num_layers", "model.hidden_size", "model.ffn_hidden_size", "model.num_attention_heads",
     "model.q_lora_rank", "model.kv_lora_rank", "model.qk_head_dim", "model.qk_pos_emb_head_dim", "model.v_head_dim",
     "model.rope_theta", "model.yarn", "model.norm_epsilon", "model.tie_embeddings",
+    # grouped-query attention (glm4_moe)
+    "model.num_query_groups", "model.head_dim", "model.rotary_percent", "model.qk_layernorm", "model.add_qkv_bias",
     # the MoE layout and routing
     "model.num_experts", "model.first_k_dense", "model.moe_ffn_hidden_size", "model.num_shared_experts",
     "model.router_topk", "model.router_num_groups", "model.router_group_topk", "model.router_score_function",

@@ -62,7 +62,9 @@ class ModelConfig:
     """An RMSNorm of width head_dim on each query and key head before RoPE (HF use_qk_norm)."""
     add_qkv_bias: bool = False
     """A bias on the query, key and value projections, never on the output one (HF attention_bias)."""
-    # --- MLA (family deepseek_v3; ignored by glm4_moe)
+    rope_theta: float = 10000.0
+    """RoPE base (both families)."""
+    # --- MLA (family deepseek_v3; ignored by glm4_moe, which refuses YaRN)
     q_lora_rank: Optional[int] = 64
     """Rank of the query down-projection (null: full-rank queries, as in DeepSeek-V2-Lite)."""
     kv_lora_rank: int = 32
@@ -73,8 +75,6 @@ class ModelConfig:
     """Per-head decoupled rotary dimension (HF qk_rope_head_dim)."""
     v_head_dim: int = 32
     """Per-head value dimension."""
-    rope_theta: float = 10000.0
-    """RoPE base."""
     yarn: YarnConfig = field(default_factory=YarnConfig)
     """YaRN context-extension parameters."""
     # --- MoE
@@ -133,7 +133,9 @@ class MTPConfig:
     (no saved activations; pipeline stages without an MTP layer do no backward at all) and its weights,
     router expert biases included, are saved exactly as loaded. Gradients are reduced once after the
     last micro-batch (parallel.overlap_grad_reduce / overlap_param_gather do not apply: there is no
-    base backward to overlap with). training/README.md, "Frozen base"."""
+    base backward to overlap with). A new run loads only the weights of checkpoint.load (its optimizer
+    state and progress belong to other parameters, whatever checkpoint.load_optimizer says); resuming the
+    run's own checkpoint restores everything. training/README.md, "Frozen base"."""
     targets: Literal["tokens", "self", "mix"] = "tokens"
     """What MTP depth k at position i learns: tokens, the data token i+1+k (cross-entropy); self, the main
     model's own next-token distribution at position i+k from the same forward (detached,

@@ -98,6 +98,9 @@ def check_attention(cfg: Config) -> None:
                 raise UserError(f"model.{name} is a grouped-query attention field and model.family={m.family} "
                                 "uses MLA; remove it or set model.family=glm4_moe")
         return
+    if m.yarn.factor != 1.0:
+        raise UserError(f"model.yarn.factor={m.yarn.factor} asks for YaRN, which model.family=glm4_moe does not "
+                        "have (GLM-4.5 uses plain RoPE over rotary_percent of each head); remove model.yarn")
     groups = m.num_query_groups or m.num_attention_heads
     if groups < 1 or m.num_attention_heads % groups:
         raise UserError(f"model.num_query_groups={m.num_query_groups} must be positive and divide "

@@ -11,7 +11,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = convert.add_subparsers(dest="convert_command", metavar="DIRECTION")
     sub.required = True
 
-    to_hf = sub.add_parser("to-hf", help="megatron-mtp checkpoint -> Hugging Face DeepSeek-V3 directory")
+    to_hf = sub.add_parser("to-hf", help="megatron-mtp checkpoint -> Hugging Face directory of its family "
+                           "(DeepSeek-V3 or GLM-4.5)")
     to_hf.add_argument("checkpoint", help="run directory, its checkpoints/ directory, a checkpoints/step_N "
                        "directory or the checkpoints/latest file")
     to_hf.add_argument("out", help="output directory (must not exist)")
@@ -34,11 +35,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     to_hf.add_argument("--max-shard-size", type=float, default=4.0, help="safetensors shard size in GiB (default 4)")
     to_hf.set_defaults(func=run_to_hf)
 
-    from_hf = sub.add_parser("from-hf", help="Hugging Face DeepSeek-V3/V2 directory -> megatron-mtp checkpoint")
+    from_hf = sub.add_parser("from-hf", help="Hugging Face DeepSeek-V3/V2 or GLM-4.5 directory -> megatron-mtp "
+                             "checkpoint")
     from_hf.add_argument("hf_dir",
                          help="HF model directory (bf16 or FP8 release), or a separate export with main/ and mtp/")
     from_hf.add_argument("out", help="output checkpoint directory (must not exist)")
-    from_hf.add_argument("--mtp-dir", help="separate MTP directory (release or NextN naming)")
+    from_hf.add_argument("--mtp-dir", help="separate MTP directory (release or NextN naming); its MTP tensors replace "
+                         "any the main directory holds inline")
     from_hf.add_argument("--no-mtp", action="store_true", help="leave MTP layers out even if the source has them")
     from_hf.add_argument("--tp", type=int, default=1, help="tensor-parallel size recorded in config.yaml")
     from_hf.add_argument("--pp", type=int, default=1, help="pipeline-parallel size recorded in config.yaml")

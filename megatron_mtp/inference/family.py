@@ -25,6 +25,7 @@ from megatron_mtp.inference.layers import DecoderLayer, HFConfig, Rotary
 from megatron_mtp.inference.mla import MLAttention
 from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
 from megatron_mtp.models.deepseek_v3.hf_config_json import parse_hf_config as parse_deepseek_v3
+from megatron_mtp.models.family import hf_family_name
 from megatron_mtp.models.glm4_moe.hf_config_json import Glm4MoeHFConfig
 from megatron_mtp.models.glm4_moe.hf_config_json import parse_hf_config as parse_glm4_moe
 
@@ -57,11 +58,12 @@ SUPPORTED = "DeepSeek-V3 (model_type deepseek_v3) and GLM-4.5/4.6/4.7 (model_typ
 
 
 def family_for(raw: Mapping[str, Any], where: str | Path) -> InferenceFamily:
-    """The family of a config.json dict: by ``model_type``, else by ``architectures``."""
+    """The family of a config.json dict: by ``model_type``, else by ``architectures`` (models/family.py)."""
     model_type = raw.get("model_type")
     architectures = raw.get("architectures") or []
+    name = hf_family_name(raw)  # models/family.py: the importer reads the file as the same family
     for family in FAMILIES:
-        if model_type == family.model_type or (model_type is None and family.architectures[0] in architectures):
+        if family.model_type == name:
             return family
     raise UserError(f"{where}: model_type {model_type!r} (architectures {list(architectures)}) is not a family "
                     f"megatron-mtp generate decodes; it decodes {SUPPORTED} exports.")

@@ -140,6 +140,9 @@ def decodable_config(raw: dict, where: Path) -> HFConfig:
         raise UserError(f"{where}: only scoring_func 'sigmoid' (DeepSeek-V3 routing) is supported.")
     if config.hidden_act != "silu":
         raise UserError(f"{where}: only hidden_act 'silu' is supported.")
+    if config.n_routed_experts and not 1 <= config.topk_group <= config.n_group:
+        raise UserError(f"{where}: n_group ({config.n_group}) and topk_group ({config.topk_group}) must satisfy "
+                        "1 <= topk_group <= n_group; fix them in config.json.")
     if config.n_routed_experts and config.n_routed_experts % config.n_group:
         raise UserError(f"{where}: n_routed_experts ({config.n_routed_experts}) is not a multiple of n_group "
                         f"({config.n_group}); the router splits the experts into equal groups.")

@@ -4,7 +4,7 @@
 change it (checkpoint/resume_rules.py). The trainer, ``plan``, the analytic sizes and the converter
 reach the family's model build, tensor table, layer kinds and Hugging Face config through
 ``get_family`` (a Hugging Face directory's family through ``family_of_hf_config``, by its
-``model_type``). The inference decoder still reads DeepSeek-V3 configs only.
+``model_type``, else its ``architectures``: ``hf_family_name``, which the inference decoder asks too).
 """
 
 from __future__ import annotations
@@ -58,12 +58,21 @@ def get_family(name: str) -> ModuleType:
     return module
 
 
-def family_of_hf_config(raw) -> ModuleType:
-    """The family that reads a Hugging Face config.json dict, by its ``model_type``; DeepSeek-V3's
-    reader for any other (it names what it cannot read)."""
-    model_type = raw.get("model_type") if hasattr(raw, "get") else None
+def hf_family_name(raw) -> str | None:
+    """The family a Hugging Face config.json dict declares: by its ``model_type``, or, in a file without
+    one, by its ``architectures``; None for any other (the importer and the decoder both ask this)."""
+    if not hasattr(raw, "get"):
+        return None
+    model_type, architectures = raw.get("model_type"), raw.get("architectures") or ()
     for name in FAMILIES:
         family = get_family(name)
-        if model_type in family.HF_MODEL_TYPES:
-            return family
-    return get_family("deepseek_v3")
+        if model_type in family.HF_MODEL_TYPES or (
+                model_type is None and any(a in family.HF_ARCHITECTURES for a in architectures)):
+            return name
+    return None
+
+
+def family_of_hf_config(raw) -> ModuleType:
+    """The family that reads a Hugging Face config.json dict (``hf_family_name``); DeepSeek-V3's reader
+    for any other (it names what it cannot read)."""
+    return get_family(hf_family_name(raw) or "deepseek_v3")

@@ -216,8 +216,8 @@ def attention(d: Dims, k: Kernels, modules: frozenset) -> Saved:
 
 def gqa_attention(d: Dims, k: Kernels, modules: frozenset) -> Saved:
     """Grouped-query self-attention with its input norm (fused into linear_qkv under TE), optional
-    per-head q/k norms and partial RoPE. An estimate from the module structure: unlike MLA's, it is
-    not yet checked against a measured rank (tests/dist/test_plan_activations.py)."""
+    per-head q/k norms and partial RoPE. An estimate from the module structure, checked against real
+    ranks at one layout (tests/dist/test_plan_exact.py, glm_tp2_ep2: 0.99 and 1.055 of measured)."""
     out, n, a, t = Saved(), d.local, d.act_bytes, d.tokens
     _norm(out, "input_norm", d.hidden, n, d, k)
     out.add("input_norm.output", d.hidden * n * _linear_input(d, k))  # linear_qkv's input

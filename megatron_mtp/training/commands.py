@@ -137,6 +137,11 @@ def eval_main(path: str, overrides: list[str], as_json: bool, text_file: str | N
 
     try:
         paths = [path] + ([compare] if compare else [])
+        if compare:  # both named checkpoints exist, before the first is evaluated
+            from megatron_mtp.checkpoint.run_dir import resolve_checkpoint
+
+            for p in paths:
+                resolve_checkpoint(p)
         results = [_evaluate_checkpoint(p, overrides, text_file, steps) for p in paths]
         if torch.distributed.get_rank() == 0:
             if as_json:

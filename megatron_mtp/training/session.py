@@ -85,7 +85,9 @@ def open_training(cfg: Config, run_dir: Path) -> Session:
         notes += [own.note] if own.note else []
     elif cfg.checkpoint.load:
         src = resolve_checkpoint(cfg.checkpoint.load, what="checkpoint.load")
-        state = ckpt_io.load_checkpoint(src.path, components, ranks, load_optimizer=cfg.checkpoint.load_optimizer,
+        # a frozen base trains an optimizer of the MTP parameters alone: never the source's (mtp.freeze_base)
+        take_optimizer = cfg.checkpoint.load_optimizer and not cfg.mtp.freeze_base
+        state = ckpt_io.load_checkpoint(src.path, components, ranks, load_optimizer=take_optimizer,
                                         fully_parallel=fully_parallel, cfg=cfg)
         loaded_from = src.path
         notes += [src.note] if src.note else []

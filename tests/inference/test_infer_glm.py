@@ -173,8 +173,9 @@ def _write_config(tmp_path, **changes) -> Path:
         ({"partial_rotary_factor": 0.01, "rope_parameters": None}, "rotated dimensions"),
         ({"hidden_size": None}, "has no 'hidden_size'"),
         ({"head_dim": "wide"}, "malformed value"),
+        ({"n_group": 0}, "1 <= topk_group <= n_group"),
     ],
-    ids=["other-family", "yarn", "kv-heads", "rotary-dims", "no-hidden", "bad-head-dim"],
+    ids=["other-family", "yarn", "kv-heads", "rotary-dims", "no-hidden", "bad-head-dim", "no-groups"],
 )
 def test_unsupported_glm_configs_are_one_sentence(tmp_path, changes, words):
     from megatron_mtp.inference.generate import load_generator

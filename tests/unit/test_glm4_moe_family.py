@@ -24,6 +24,7 @@ NO_IDS = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     (("model.head_dim=null", "model.hidden_size=130"), "set model.head_dim"),
     (("recompute.granularity=selective", "recompute.modules=[mla_up_proj]"), "has no MLA"),
     (("mtp.style=parallel",), "deepseek_v3 only"),
+    (("model.yarn.factor=4",), "does not have"),
 ])
 def test_bad_glm_settings_are_one_sentence(override, words):
     from megatron_mtp.config.validate import validate
@@ -120,3 +121,14 @@ def test_converter_and_decoder_read_a_config_json_alike():
     model, _, _ = from_hf_config(raw)
     view = parse_hf_config(raw)
     assert (model.rope_theta, model.rotary_percent) == (view.rope_theta, view.partial_rotary_factor) == (50000.0, 0.25)
+
+
+@pytest.mark.parametrize("change", ["model.rotary_percent=1.0", "model.qk_layernorm=false", "model.num_query_groups=1",
+                                    "model.head_dim=64", "model.add_qkv_bias=false"])
+def test_resume_refuses_a_change_of_the_attention_fields(change, tmp_path):
+    from megatron_mtp.checkpoint.resume_rules import refuse_meaning_changes
+
+    saved, now = load_config(TINY), load_config(TINY, [change])
+    refuse_meaning_changes(saved, saved, tmp_path / "step_0000003", tmp_path)
+    with pytest.raises(UserError, match=change.split("=")[0]):
+        refuse_meaning_changes(saved, now, tmp_path / "step_0000003", tmp_path)

@@ -118,13 +118,14 @@ def model_config(path: str, gen):
     from megatron_mtp.checkpoint.run_dir import resolve_checkpoint
     from megatron_mtp.config.root import Config
     from megatron_mtp.inference.model_dir import find_export_dirs
-    from megatron_mtp.models.deepseek_v3.hf_config import from_hf_config
+    from megatron_mtp.models.family import family_of_hf_config
 
     root = Path(path)
     if not ((root / "config.json").is_file() or (root / "main" / "config.json").is_file()):
         return read_config(resolve_checkpoint(path).path)
     where = find_export_dirs(root).main_dir / "config.json"
-    model, mtp, _ = from_hf_config(json.loads(where.read_text()), str(where))
+    raw = json.loads(where.read_text())
+    model, mtp, _ = family_of_hf_config(raw).from_hf_config(raw, str(where))
     style = "parallel" if hasattr(gen.drafter, "heads") else "sequential"
     return Config(model=model, mtp=dataclasses.replace(mtp, num_layers=gen.drafter.depth, style=style))
 
@@ -138,6 +139,8 @@ def bench_model(path: str, batches: list[int], ks: list[int], prompts: list[str]
     gen = load_generator(path)
     if not gen.has_mtp:
         raise UserError(f"{path} has no MTP module to draft with; train it with mtp.num_layers >= 1.")
+    if not gen.config.n_routed_experts:
+        raise UserError(f"{path} is a dense model; this benchmark compares the experts MoE forwards touch.")
     cfg = model_config(path, gen)
     vocab = resolve_vocab(cfg)
     ks = [k for k in ks if k <= getattr(gen.drafter, "max_draft", k)]
