@@ -82,7 +82,14 @@ def _open_inputs(hf_dir: Path, mtp_dir: Optional[Path]) -> tuple[HFDir, Optional
         if mtp_dir is None and (hf_dir / "mtp" / "config.json").is_file():
             mtp_dir = hf_dir / "mtp"
         hf_dir = hf_dir / "main"
-    return HFDir(hf_dir), HFDir(mtp_dir) if mtp_dir is not None else None
+    main, mtp = HFDir(hf_dir), HFDir(mtp_dir) if mtp_dir is not None else None
+    if mtp is not None:  # a draft of another model would only show up as missing or left-over tensors
+        keys = ("hidden_size", "vocab_size") + (() if is_heads_config(mtp.config) else ("model_type",))
+        for key in keys:
+            if key in mtp.config and mtp.config.get(key) != main.config.get(key):
+                raise UserError(f"the MTP directory '{mtp.path}' has {key} {mtp.config.get(key)!r} but the model "
+                                f"'{main.path}' has {main.config.get(key)!r}; pass the MTP directory of this model")
+    return main, mtp
 
 
 def _mtp_depth(main: HFDir, mtp: Optional[HFDir], with_mtp: bool) -> int:

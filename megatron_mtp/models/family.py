@@ -31,7 +31,21 @@ INTERFACE = (
 )
 
 
-def lazy_members(package: str, where: dict[str, str], constants: tuple[str, ...]):
+MEMBER_MODULES = {
+    "build_transformer_config": "transformer_config", "megatron_layout": "transformer_config",
+    "build_model": "model",
+    "TABLE": "hf_mapping", "param_table": "hf_mapping", "layer_rules": "hf_mapping", "block_rules": "hf_mapping",
+    "mtp_own_rules": "hf_mapping", "HEAD_NORM": "hf_mapping", "is_moe_layer": "hf_mapping",
+    "moe_layer_count": "hf_mapping", "mtp_is_moe": "hf_mapping", "ATTENTION_ORDER": "hf_mapping",
+    "parameter_counts": "size", "training_flops_per_token": "size", "layer_sizes": "size",
+    "mtp_own_size": "size", "kv_cache_elements_per_token": "size", "decode_attention_flops": "size",
+    "to_hf_config": "hf_config", "from_hf_config": "hf_config", "carry_source_fields": "hf_config",
+}
+"""Where each member of INTERFACE lives inside a family folder (every family lays its folder out the same
+way; the constants ATTENTION, HF_ARCHITECTURES and HF_MODEL_TYPES sit in its __init__.py)."""
+
+
+def lazy_members(package: str, constants: tuple[str, ...], where: dict[str, str] = MEMBER_MODULES):
     """(``__getattr__``, ``__dir__``) of a family package whose interface members live in its modules
     (``where``: member -> module), imported when first used, so that naming a family imports neither
     torch nor megatron-core."""

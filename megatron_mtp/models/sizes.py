@@ -102,11 +102,11 @@ def training_flops_per_token(cfg: Config, padded_vocab: int, mtp_layers: int, ta
 def mtp_only_flops_per_token(family, cfg: Config, padded_vocab: int, mtp_layers: int) -> float:
     """FLOPs per token of an MTP-only step (mtp.freeze_base) of any family (its
     ``training_flops_per_token``): the main model's forward, then each sequential MTP module forward
-    and backward; the frozen output head's backward takes only the input gradient (2 × its forward in
-    all) and eh_proj's only the weight gradient (its input is detached)."""
+    and backward, except the frozen output head's weight gradient (its backward takes only the input
+    gradient: 2 × its forward in all). eh_proj's input gradient stays: enorm and hnorm, before it,
+    are trainable MTP parameters."""
     full = family.training_flops_per_token(cfg, padded_vocab, mtp_layers) / 3.0
     base = family.training_flops_per_token(cfg, padded_vocab, 0) / 3.0
     head = 2 * padded_vocab * cfg.model.hidden_size
-    eh_proj = 2 * 2 * cfg.model.hidden_size * cfg.model.hidden_size
     mtp_forward = full - base  # per module: its layer, eh_proj and the head
-    return base + 3.0 * mtp_forward - mtp_layers * (head + eh_proj)
+    return base + 3.0 * mtp_forward - mtp_layers * head

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.to_hf import export_to_hf
+from megatron_mtp.errors import UserError
 from tests.convert.helpers import hf_tensors, megatron_cli, run, same_tree
 
 
@@ -50,3 +52,14 @@ def test_mtp_only_refusals_are_one_sentence(trained_run, tmp_path):
                 "--for", "vllm"], timeout=300, check=False)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "--mtp only" in proc.stderr and not (tmp_path / "o").exists()
+
+
+def test_mtp_dir_of_another_model_is_one_sentence(trained_run, tmp_path):
+    release = export_to_hf(trained_run, tmp_path / "release", mtp="none", dtype="fp32")
+    draft = export_to_hf(trained_run, tmp_path / "draft", mtp="only", dtype="fp32")
+    config = json.loads((draft / "config.json").read_text())
+    config["hidden_size"] *= 2  # the draft of a wider model
+    (draft / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="has hidden_size .* pass the MTP directory of this model") as info:
+        import_from_hf(release, tmp_path / "ckpt", mtp_dir=draft)
+    assert "\n" not in str(info.value) and not (tmp_path / "ckpt").exists()
