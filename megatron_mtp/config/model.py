@@ -113,6 +113,21 @@ class ModelConfig:
     """Share the input embedding with the output head (DeepSeek-V3: false)."""
 
 
+def gqa_head_dim(m: ModelConfig) -> int:
+    """Grouped-query attention's head width: model.head_dim, else hidden_size / num_attention_heads."""
+    return m.head_dim or m.hidden_size // m.num_attention_heads
+
+
+def gqa_query_groups(m: ModelConfig) -> int:
+    """Key/value groups: model.num_query_groups, else one per query head."""
+    return m.num_query_groups or m.num_attention_heads
+
+
+def gqa_rotary_percent(m: ModelConfig) -> float:
+    """The share of each head RoPE rotates: model.rotary_percent, else GLM-4.5's 0.5."""
+    return 0.5 if m.rotary_percent is None else m.rotary_percent
+
+
 @dataclass
 class MTPConfig:
     num_layers: int = 1

@@ -10,6 +10,7 @@ import math
 from typing import Optional
 
 from megatron_mtp.config import pipeline_layout
+from megatron_mtp.config.model import gqa_head_dim, gqa_query_groups, gqa_rotary_percent
 from megatron_mtp.config.parallel_sizes import ParallelSizes, parallel_sizes
 from megatron_mtp.config.performance import RECOMPUTE_MODULES
 from megatron_mtp.config.root import Config
@@ -101,18 +102,18 @@ def check_attention(cfg: Config) -> None:
     if m.yarn.factor != 1.0:
         raise UserError(f"model.yarn.factor={m.yarn.factor} asks for YaRN, which model.family=glm4_moe does not "
                         "have (GLM-4.5 uses plain RoPE over rotary_percent of each head); remove model.yarn")
-    groups = m.num_query_groups or m.num_attention_heads
+    groups = gqa_query_groups(m)
     if groups < 1 or m.num_attention_heads % groups:
         raise UserError(f"model.num_query_groups={m.num_query_groups} must be positive and divide "
                         f"model.num_attention_heads={m.num_attention_heads}")
     if groups % tp:
         raise UserError(f"model.num_query_groups={groups} is not divisible by parallel.tensor={tp}; every "
                         "tensor-parallel rank must hold whole key/value groups")
-    head_dim = m.head_dim or m.hidden_size // m.num_attention_heads
+    head_dim = gqa_head_dim(m)
     if head_dim < 1 or (m.head_dim is None and m.hidden_size % m.num_attention_heads):
         raise UserError(f"model.head_dim is null and model.hidden_size={m.hidden_size} is not divisible by "
                         f"model.num_attention_heads={m.num_attention_heads}; set model.head_dim")
-    share = 0.5 if m.rotary_percent is None else m.rotary_percent
+    share = gqa_rotary_percent(m)
     rotated = head_dim * share
     if not 0.0 < share <= 1.0 or rotated != int(rotated) or int(rotated) % 2:
         raise UserError(f"model.rotary_percent={m.rotary_percent} must be in (0, 1] and rotate an even number "

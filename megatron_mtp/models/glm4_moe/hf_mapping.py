@@ -15,6 +15,9 @@ from __future__ import annotations
 from typing import Optional
 
 from megatron_mtp.config.model import ModelConfig
+from megatron_mtp.config.model import gqa_head_dim as head_dim
+from megatron_mtp.config.model import gqa_query_groups as query_groups
+from megatron_mtp.config.model import gqa_rotary_percent as rotary_percent  # noqa: F401  (hf_config, model)
 from megatron_mtp.models.tensor_table import (  # noqa: F401  (the family's table interface)
     EMBEDDING,
     FINAL_NORM,
@@ -35,18 +38,6 @@ from megatron_mtp.models.tensor_table import (  # noqa: F401  (the family's tabl
     mtp_own_rules,
     nextn_name,
 )
-
-
-def head_dim(m: ModelConfig) -> int:
-    return m.head_dim or m.hidden_size // m.num_attention_heads
-
-
-def query_groups(m: ModelConfig) -> int:
-    return m.num_query_groups or m.num_attention_heads
-
-
-def rotary_percent(m: ModelConfig) -> float:
-    return 0.5 if m.rotary_percent is None else m.rotary_percent
 
 
 def _qkv_rows(m: ModelConfig) -> int:
