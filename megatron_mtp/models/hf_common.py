@@ -38,6 +38,25 @@ def read_value(raw: Mapping[str, Any], key: str, kind: Callable[[Any], Any], def
         raise UserError(f"{where}: field '{key}' has a malformed value {value!r}; correct it in that file.") from None
 
 
+def read_view_fields(raw: Mapping[str, Any], view: type, where: str, model_name: str) -> dict[str, Any]:
+    """The scalar fields of a typed config.json view (a dataclass: fields without a default are
+    required), read from ``raw`` with their defaults; a file that is not an object, lacks a required
+    field or holds a malformed value is a UserError."""
+    if not isinstance(raw, Mapping):
+        raise UserError(f"{where} must hold a JSON object.")
+    fields = dataclasses.fields(view)
+    for f in fields:
+        if f.default is dataclasses.MISSING and raw.get(f.name) is None:
+            raise UserError(f"{where} has no '{f.name}'; it is required for a {model_name} model.")
+    values = {}
+    for f in fields:
+        kind = scalar_kind(f.type)
+        if kind is not None:
+            default = None if f.default is dataclasses.MISSING else f.default
+            values[f.name] = read_value(raw, f.name, kind, default, where)
+    return values
+
+
 def mtp_depth(raw: Mapping[str, Any], where: str = "config.json") -> int:
     """MTP depth an HF config declares: ``num_nextn_predict_layers`` (or ``num_mtp_layers``), else 0."""
     spelling = "num_nextn_predict_layers" if "num_nextn_predict_layers" in raw else "num_mtp_layers"

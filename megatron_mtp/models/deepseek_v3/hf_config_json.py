@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.hf_common import EosIds, eos_ids, mtp_depth, scalar_kind
+from megatron_mtp.models.hf_common import EosIds, eos_ids, mtp_depth, read_view_fields
 from megatron_mtp.models.hf_common import read_value as _value
 
 
@@ -149,12 +149,8 @@ class DeepseekV3HFConfig:
 
 
 _FIELDS = dataclasses.fields(DeepseekV3HFConfig)
-_REQUIRED = tuple(f.name for f in _FIELDS if f.default is dataclasses.MISSING)
 READ_KEYS = frozenset({f.name for f in _FIELDS} | {"rope_parameters", "num_mtp_layers", "dtype"})
 """Every config.json key the view reads."""
-
-
-
 
 
 def _rope(raw: Mapping[str, Any], max_positions: int, where: str) -> tuple[float, Optional[YarnScaling]]:
@@ -184,19 +180,9 @@ def _rope(raw: Mapping[str, Any], max_positions: int, where: str) -> tuple[float
     )
 
 
-
 def parse_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> DeepseekV3HFConfig:
     """The view of a config.json dict; a missing required field or a malformed one is a UserError."""
-    if not isinstance(raw, Mapping):
-        raise UserError(f"{where} must hold a JSON object")
-    for key in _REQUIRED:
-        if raw.get(key) is None:
-            raise UserError(f"{where} has no '{key}'; it is required for a DeepSeek-V3/V2 model")
-    values = {}
-    for f in _FIELDS:
-        kind = scalar_kind(f.type)
-        if kind is not None:
-            values[f.name] = _value(raw, f.name, kind, None if f.default is dataclasses.MISSING else f.default, where)
+    values = read_view_fields(raw, DeepseekV3HFConfig, where, "DeepSeek-V3/V2")
     model_type, experts = values["model_type"], values["n_routed_experts"]
     if experts and values["moe_intermediate_size"] is None:
         raise UserError(f"{where} has no 'moe_intermediate_size'; it is required for a DeepSeek-V3/V2 model")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.hf_common import EosIds, eos_ids, mtp_depth, scalar_kind
+from megatron_mtp.models.hf_common import EosIds, eos_ids, mtp_depth, read_view_fields
 from megatron_mtp.models.hf_common import read_value as _value
 
 
@@ -88,13 +88,9 @@ class Glm4MoeHFConfig:
 
 
 _FIELDS = dataclasses.fields(Glm4MoeHFConfig)
-_REQUIRED = tuple(f.name for f in _FIELDS if f.default is dataclasses.MISSING)
 _ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
 READ_KEYS = frozenset({f.name for f in _FIELDS} | {"rope_parameters", "rope_scaling", "num_mtp_layers", "dtype"})
 """Every config.json key the view reads."""
-
-
-
 
 
 def _rope(raw: Mapping[str, Any], where: str) -> dict[str, float]:
@@ -112,16 +108,7 @@ def _rope(raw: Mapping[str, Any], where: str) -> dict[str, float]:
 
 def parse_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> Glm4MoeHFConfig:
     """The view of a config.json dict; a missing required field or a malformed one is a UserError."""
-    if not isinstance(raw, Mapping):
-        raise UserError(f"{where} must hold a JSON object.")
-    for key in _REQUIRED:
-        if raw.get(key) is None:
-            raise UserError(f"{where} has no '{key}'; it is required for a GLM-4.5-family model.")
-    values = {}
-    for f in _FIELDS:
-        kind = scalar_kind(f.type)
-        if kind is not None:
-            values[f.name] = _value(raw, f.name, kind, None if f.default is dataclasses.MISSING else f.default, where)
+    values = read_view_fields(raw, Glm4MoeHFConfig, where, "GLM-4.5-family")
     heads = values["num_attention_heads"]
     if heads < 1 or values["num_key_value_heads"] < 1 or heads % values["num_key_value_heads"]:
         raise UserError(f"{where}: num_attention_heads ({heads}) must be a positive multiple of num_key_value_heads "
