@@ -32,17 +32,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import cli_main, write_json  # noqa: E402  (a sibling of this script)
+from _report import cli_main, write_json  # noqa: E402  (siblings of this script)
+from bench_speculative import HELD_OUT_PROMPTS  # noqa: E402
 
 PROMPTS = [
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    "import json\n\n\ndef load_config(path):\n",
-    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
-    "for line in open('data.txt'):\n    fields = line.split(',')\n",
-    "def binary_search(items, target):\n    lo, hi = 0, len(items) - 1\n",
-    "# Compute the mean and standard deviation of a list\ndef stats(values):\n",
-    "The function below parses a date string and returns a datetime object.\n",
-    "if __name__ == '__main__':\n    import argparse\n    parser = argparse.ArgumentParser()\n",
+    *HELD_OUT_PROMPTS,  # bench_speculative.py's, then more: enough for B = 16
     "def read_lines(path, encoding='utf-8'):\n    with open(path, encoding=encoding) as f:\n",
     "class Matrix:\n    def __init__(self, rows, cols):\n        self.rows = rows\n",
     "try:\n    import numpy as np\nexcept ImportError:\n",
