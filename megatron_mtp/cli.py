@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
             args.overrides = list(args.overrides or []) + extra
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    from megatron_mtp.platform.known_warnings import silence_everywhere_harmless
+
+    silence_everywhere_harmless()  # before a command imports megatron-core or torch
     try:
         if args.command == "eval":  # an HF export (FP8 included) is imported once; convert sits above training
             from megatron_mtp.convert.import_cache import checkpoint_of

@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime
 import shlex
 
-from megatron_mtp.errors import EXIT_RESUME
+from megatron_mtp.errors import EXIT_RESUME, EXIT_USAGE
 from megatron_mtp.launch.job_plan import JobPlan
 from megatron_mtp.platform.job_env import gpu_job_env
 
@@ -153,12 +153,8 @@ def _launch(plan: JobPlan) -> list[str]:
         "--wait=300",
         '--output="$LOG_DIR/rank-%t.log"',
     ]
-    if plan.container_image:
-        mounts = ",".join(m.spec() for m in plan.container_mounts)
-        srun.append(f"--container-image={shlex.quote(plan.container_image)}")
-        if mounts:
-            srun.append(f"--container-mounts={shlex.quote(mounts)}")
-        srun.append(f"--container-workdir={shlex.quote(plan.job_workdir)}")
+    container = _container_flags(plan)
+    srun += container
     rank_env = (
         "'export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID "
         "LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE; exec \"$@\"' rank-env"
@@ -167,7 +163,15 @@ def _launch(plan: JobPlan) -> list[str]:
         shlex.quote(plan.python), "-m", "megatron_mtp", "train", shlex.quote(plan.job_snapshot_path),
         "--run-dir", shlex.quote(plan.job_run_dir),
     ]
+    check = ["srun", "--nodes=1", "--ntasks=1", *container, shlex.quote(plan.python), "-m",
+             "megatron_mtp.launch.env_check", *([] if plan.cpu else ["--te"])]
     lines = [
+        "# ---- Environment: torch, megatron-core (and Transformer Engine on GPUs) in the tested ranges,",
+        "# checked where the ranks will run (inside the image), before any rank starts.",
+        " ".join(check) + " || "
+        f'{{ say "the job environment is not one megatron-mtp is tested on (above); not starting training"; '
+        f"exit {EXIT_USAGE}; }}",
+        "",
         "# ---- Launch: one task per rank; each maps the Slurm task ids to torch.distributed's names.",
         "# srun writes the rank logs on the host side (outside any container).",
         'LOG_DIR="$RUN_DIR/logs/slurm-${SLURM_JOB_ID}/restart-${RESTART}"',
@@ -183,6 +187,16 @@ def _launch(plan: JobPlan) -> list[str]:
         "",
     ]
     return lines
+
+
+def _container_flags(plan: JobPlan) -> list[str]:
+    if not plan.container_image:
+        return []
+    flags = [f"--container-image={shlex.quote(plan.container_image)}"]
+    mounts = ",".join(m.spec() for m in plan.container_mounts)
+    if mounts:
+        flags.append(f"--container-mounts={shlex.quote(mounts)}")
+    return flags + [f"--container-workdir={shlex.quote(plan.job_workdir)}"]
 
 
 def _outcome(plan: JobPlan) -> list[str]:

@@ -19,6 +19,7 @@ one spelling.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Mapping
 
 from megatron_mtp.platform import Platform
@@ -55,6 +56,9 @@ def _swap_local_modules(spec, keys_as_te: KeysAsTe):
                 submodules=walk(node.submodules) if node.submodules is not None else None,
             )
             return _with_te_checkpoint_names(node, keys_as_te) if node.module is TransformerLayer else node
+        if isinstance(node, functools.partial):  # megatron-core 0.19's builders: partial(MLP.as_mlp_submodule, ...)
+            return functools.partial(node.func, *[walk(a) for a in node.args],
+                                     **{k: walk(v) for k, v in node.keywords.items()})
         if isinstance(node, list):
             return [walk(n) for n in node]
         if dataclasses.is_dataclass(node) and not isinstance(node, type):
@@ -73,10 +77,11 @@ def _with_te_checkpoint_names(layer_spec, keys_as_te: KeysAsTe):
     """A local TransformerLayer spec whose checkpoint keys use TE's fused-norm names."""
     from megatron.core.transformer.mlp import MLP
 
+    from megatron_mtp.platform.megatron_core import spec_module
+
     sub = layer_spec.submodules
     keys = dict(keys_as_te)
-    mlp = sub.mlp
-    if getattr(mlp, "module", None) is MLP:  # dense layer: TE fuses its pre-MLP norm into fc1
+    if spec_module(sub.mlp) is MLP:  # dense layer: TE fuses its pre-MLP norm into fc1
         keys.update(_DENSE_MLP_KEYS_AS_TE)
     return dataclasses.replace(layer_spec, submodules=dataclasses.replace(sub, sharded_state_dict_keys_map=keys))
 

@@ -49,27 +49,25 @@ class MTPObjectiveGPTModel(GPTModel):
             return super().forward(*args, **kwargs)
 
     def _postprocess(self, hidden_states, input_ids, position_ids, labels, rotary_pos_emb, rotary_pos_cos,
-                     rotary_pos_sin, mtp_in_postprocess=None, loss_mask=None, decoder_input=None,
-                     attention_mask=None, inference_params=None, packed_seq_params=None, sequence_len_offset=None,
-                     runtime_gather_output=None, extra_block_kwargs=None, inference_context=None):
+                     rotary_pos_sin, mtp_in_postprocess=None, loss_mask=None, **kw):
+        # kw: megatron-core's other keywords, which differ between its lines (platform/megatron_core.py)
         if not (self.post_process and mtp_in_postprocess and labels is not None):
             # a stage without the loss, or decoding: megatron-core's own path
             return super()._postprocess(
                 hidden_states, input_ids, position_ids, labels, rotary_pos_emb, rotary_pos_cos, rotary_pos_sin,
-                mtp_in_postprocess=mtp_in_postprocess, loss_mask=loss_mask, decoder_input=decoder_input,
-                attention_mask=attention_mask, inference_params=inference_params,
-                packed_seq_params=packed_seq_params, sequence_len_offset=sequence_len_offset,
-                runtime_gather_output=runtime_gather_output, extra_block_kwargs=extra_block_kwargs,
-                inference_context=inference_context)
+                mtp_in_postprocess=mtp_in_postprocess, loss_mask=loss_mask, **kw)
+        runtime_gather_output, packed_seq_params = kw.get("runtime_gather_output"), kw.get("packed_seq_params")
+        block_kwargs = {name: kw[name] for name in ("padding_mask",) if name in kw}  # 0.19's MTP block takes it
         output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
         grad_for_mtp = self.freeze_base and self.training and self._grad_outside
         with torch.set_grad_enabled(grad_for_mtp or torch.is_grad_enabled()):
             stacked = self.mtp(
                 input_ids=input_ids, position_ids=position_ids,
                 hidden_states=hidden_states.detach() if self.freeze_base else hidden_states,
-                attention_mask=attention_mask, inference_params=inference_params, rotary_pos_emb=rotary_pos_emb,
-                rotary_pos_cos=rotary_pos_cos, rotary_pos_sin=rotary_pos_sin, packed_seq_params=packed_seq_params,
-                sequence_len_offset=sequence_len_offset, embedding=self.embedding, **(extra_block_kwargs or {}))
+                attention_mask=kw.get("attention_mask"), inference_params=kw.get("inference_params"),
+                rotary_pos_emb=rotary_pos_emb, rotary_pos_cos=rotary_pos_cos, rotary_pos_sin=rotary_pos_sin,
+                packed_seq_params=packed_seq_params, sequence_len_offset=kw.get("sequence_len_offset"),
+                embedding=self.embedding, **block_kwargs, **(kw.get("extra_block_kwargs") or {}))
             depth = self.config.mtp_num_layers
             main_hidden, *mtp_hidden = torch.chunk(stacked, 1 + depth, dim=0)
             mtp_logits = [self.output_layer(h, weight=output_weight, runtime_gather_output=runtime_gather_output)[0]
@@ -93,7 +91,9 @@ class MTPObjectiveGPTModel(GPTModel):
     def _depth_terms(self, mtp_logits, main_logits, labels, loss_mask, packed_seq_params) -> list:
         """(λ/D)·loss_k per token (divided by the tokens unless per-token loss) for each depth k,
         recording each depth's mean loss for logging as megatron-core does."""
-        from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper, roll_tensor
+        from megatron.core.transformer.multi_token_prediction import roll_tensor
+
+        from megatron_mtp.platform.megatron_core import record_mtp_loss
 
         depth = len(mtp_logits)
         shifted_labels = labels.clone()
@@ -119,7 +119,7 @@ class MTPObjectiveGPTModel(GPTModel):
                 loss = loss + (1.0 - self.self_weight if self.targets == "mix" else 1.0) * by_tokens
             loss = mask * loss
             if self.training:
-                MTPLossLoggingHelper.save_loss_to_tracker(
+                record_mtp_loss(
                     torch.sum(loss).detach() / num_tokens, k, depth,
                     avg_group=parallel_state.get_data_parallel_group(with_context_parallel=True))
             terms.append(scale * loss if self.config.calculate_per_token_loss else scale * loss / num_tokens)

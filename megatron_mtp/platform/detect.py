@@ -71,6 +71,9 @@ def detect(device: str = "auto", backend: str = "auto", fp8: Optional[str] = Non
 def setup(device: str = "auto", backend: str = "auto", fp8: Optional[str] = None) -> Platform:
     """Detect the platform once per process and make megatron-core run on it."""
     global _CURRENT
+    from megatron_mtp.platform.megatron_core import check_supported
+
+    check_supported()
     plat = detect(device, backend, fp8)
     silence_known_harmless(plat)
     checkpoint_writer.apply()

@@ -45,7 +45,53 @@ KNOWN_HARMLESS = (
                  "on CPU the local multi-tensor kernels are the only ones there are", cpu_only=True),
     KnownWarning(UserWarning, r"Transformer Engine and Apex are not installed\. Falling back to Torch optimizers",
                  "on CPU torch's Adam is the optimizer (the platform layer picks its fastest path)", cpu_only=True),
+    KnownWarning(UserWarning, r"MimoModelConfig is experimental",
+                 "megatron-core 0.19 defines its multimodal model config when its optimizer package is imported; "
+                 "no multimodal model is built here"),
+    KnownWarning(UserWarning, r"torch\.distributed is disabled, unavailable or uninitialized",
+                 "megatron-core 0.19's torch_dist reader passes no_dist=True to torch.distributed.checkpoint on "
+                 "purpose (its own planner already agreed on the shards), and torch warns whenever it does"),
 )
+
+
+@dataclass(frozen=True)
+class KnownLogLine:
+    logger: str
+    message: str
+    """Regex matched against the start of the log message."""
+    reason: str
+
+
+KNOWN_LOG_LINES = (
+    KnownLogLine("megatron.core.models.gpt.gpt_model", r"GPTModel IS DEPRECATED",
+                 "megatron-core 0.19 asks new code to use HybridModel, whose migration is for Mamba-style hybrid "
+                 "stacks; GPTModel still builds the DeepSeek-V3/GLM decoder and MTP block, on 0.16 as on 0.19"),
+    KnownLogLine("megatron.core.distributed.distributed_data_parallel", r"DistributedDataParallel: full_param_layout",
+                 "megatron-core 0.19 then computes the layout itself, exactly as a caller would "
+                 "(DistributedOptimizer.compute_full_param_layout with DDP's own bucket and group sizes)"),
+    KnownLogLine("megatron.core.dist_checkpointing.strategies.torch", r"MCore's async save is deprecated",
+                 "megatron-core 0.19's synchronous save always runs its built-in writer (strategy.save passes "
+                 "async_strategy='mcore'), so every save logs it; NVRx (nvidia-resiliency-ext) is a separate package"),
+    KnownLogLine("megatron.core.dist_checkpointing.strategies.common", r"load_common is deprecated",
+                 "megatron-core 0.19 reads common.pt, which our checkpoints keep so that 0.16 can resume them "
+                 "(platform/megatron_core.py, write_legacy_common); the same state is inside the shards too"),
+    KnownLogLine("torch.utils.cpp_extension", r"No CUDA runtime is found",
+                 "torch's CUDA build (the one the index serves for Python 3.12) says so when imported on a machine "
+                 "without a GPU; the run is on CPU and compiles no CUDA extension"),
+)
+
+
+class _DropKnownLines:
+    """A logging filter dropping the records whose message starts with one of the known patterns."""
+
+    def __init__(self, patterns):
+        import re
+
+        self.patterns = [re.compile(p) for p in patterns]
+
+    def filter(self, record) -> bool:
+        text = str(record.msg)
+        return not any(p.match(text) for p in self.patterns)
 
 
 QUIET_LOGGERS = {
@@ -57,12 +103,26 @@ QUIET_LOGGERS = {
 
 def silence_known_harmless(platform: Optional[object] = None) -> None:
     """Install the filters (platform: a Platform; None counts as CPU)."""
+    is_cpu = platform is None or getattr(platform, "is_cpu", True)
+    silence_everywhere_harmless()
+    for known in KNOWN_HARMLESS:
+        if known.cpu_only and is_cpu:
+            warnings.filterwarnings("ignore", message=known.message, category=known.category, module=known.module)
+
+
+def silence_everywhere_harmless() -> None:
+    """The filters that hold on any platform (the CLI installs them before a command imports anything)."""
     import logging
 
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    is_cpu = platform is None or getattr(platform, "is_cpu", True)
+    by_logger: dict[str, list[str]] = {}
+    for line in KNOWN_LOG_LINES:
+        by_logger.setdefault(line.logger, []).append(line.message)
+    for name, patterns in by_logger.items():
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropKnownLines) for f in log.filters):
+            log.addFilter(_DropKnownLines(patterns))
     for known in KNOWN_HARMLESS:
-        if known.cpu_only and not is_cpu:
-            continue
-        warnings.filterwarnings("ignore", message=known.message, category=known.category, module=known.module)
+        if not known.cpu_only:
+            warnings.filterwarnings("ignore", message=known.message, category=known.category, module=known.module)

@@ -37,6 +37,7 @@ from megatron_mtp.checkpoint.run_dir import CHECKPOINTS_DIR, LATEST, complete_st
 from megatron_mtp.errors import RunError
 from megatron_mtp.output import describe_failure, free_bytes, size_text
 from megatron_mtp.platform import all_reduce_sum
+from megatron_mtp.platform.megatron_core import write_legacy_common
 from megatron_mtp.training.checkpoint_state import sharded_state_dict
 from megatron_mtp.training.components import TrainState
 
@@ -202,6 +203,7 @@ class CheckpointSaver:
 
     def _publish(self, save: _Save, record: dict) -> None:
         if self.rank0:
+            write_legacy_common(save.tmp)  # megatron-core 0.19 writes none; 0.16 needs it
             write_checkpoint_info(save.tmp, self.cfg, record, self.tokenizer)
             if save.final.exists():  # re-saving a step (a signal right after a periodic save, a rollback)
                 shutil.rmtree(save.final)

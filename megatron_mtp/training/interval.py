@@ -59,14 +59,14 @@ class IntervalStats:
     def _holds_losses(self) -> bool:
         return self.ranks.is_last_stage and self.ranks.tp_rank == 0
 
-    def add_step(self, reported: list, mtp_tracker: dict, metrics: MTPMetrics | None, lam: float, lr: float,
+    def add_step(self, reported: list, mtp_losses, metrics: MTPMetrics | None, lam: float, lr: float,
                  grad_norm: float | None) -> None:
         """One optimizer step: the schedule's per-micro-batch reports and megatron-core's trackers."""
         if self._holds_losses and reported:
             self.sums["lm_loss"] += sum(micro_batch_mean(r) for r in reported) / len(reported)
             self.sums["replica_steps"] += 1
-            if "values" in mtp_tracker and self.depth:
-                self.sums["mtp_loss"] += mtp_tracker["values"].double().cpu() / self.num_micro
+            if mtp_losses is not None and self.depth:
+                self.sums["mtp_loss"] += mtp_losses.double().cpu() / self.num_micro
         if metrics is not None:
             if self._holds_losses:
                 for name in ("accepted", "correct", "judged"):

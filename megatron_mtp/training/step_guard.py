@@ -64,13 +64,12 @@ def agree(loss_nonfinite: bool, stop_signal: bool, lm_loss: Optional[float]) -> 
     return Agreement(bool(total[0] > 0), bool(total[1] > 0), float(total[2]) / holders if holders else None)
 
 
-def losses_finite(reported: list, mtp_tracker: dict) -> bool:
+def losses_finite(reported: list, mtp_losses) -> bool:
     """Whether this rank's LM losses (schedule reports) and per-depth MTP losses are finite."""
     for item in reported or []:
         if not math.isfinite(float(item["lm_sum"])):
             return False
-    values = mtp_tracker.get("values")
-    return values is None or bool(torch.isfinite(values).all())
+    return mtp_losses is None or bool(torch.isfinite(mtp_losses).all())
 
 
 @dataclass

@@ -148,7 +148,8 @@ class Trainer:
         micro-batches through megatron-core's schedule, the guarded optimizer step, the LR step.
         Returns the step's outcome and whether any rank received a stop signal."""
         from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker
-        from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+        from megatron_mtp.platform import megatron_core
 
         cfg, components = self.cfg, self.components
         lam = mtp_lambda(cfg, state.consumed_tokens)
@@ -166,10 +167,10 @@ class Trainer:
         )
         if cfg.mtp.freeze_base:  # what the schedule does after its backward passes
             components.config.finalize_model_grads_func(components.model)
-        tracker = MTPLossLoggingHelper.tracker
+        mtp_losses = megatron_core.mtp_loss_values()
         holds_loss = self.ranks.is_last_stage and self.ranks.tp_rank == 0 and bool(reported)
         lm_loss = sum(micro_batch_mean(r) for r in reported) / len(reported) if holds_loss else None
-        nonfinite = not losses_finite(reported, tracker) or state.step + 1 in self.inject_nonfinite
+        nonfinite = not losses_finite(reported, mtp_losses) or state.step + 1 in self.inject_nonfinite
         agreed = agree(nonfinite, signal_here, lm_loss)
         outcome = guarded_optimizer_step(components.optimizer, agreed.loss_nonfinite)
         state.step += 1
@@ -178,15 +179,14 @@ class Trainer:
         if outcome.stepped:
             components.scheduler.step(increment=1)
             self.skipped_in_a_row = 0
-            self.interval.add_step(reported, tracker, self.metrics, lam,
+            self.interval.add_step(reported, mtp_losses, self.metrics, lam,
                                    components.optimizer.param_groups[0]["lr"], outcome.grad_norm)
             self._collect_balance_loss()
         else:
             self._skipped(state, outcome)
         if self.metrics is not None:
             self.metrics.reset()
-        if "values" in tracker:
-            MTPLossLoggingHelper.clean_loss_in_tracker()
+        megatron_core.clear_mtp_tracker()
         clear_aux_losses_tracker()  # megatron-core accumulates per-layer aux losses until cleared
         if outcome.stepped and self.spike is not None and agreed.lm_loss is not None:
             seen = agreed.lm_loss * (100.0 if state.step in self.inject_spike else 1.0)
@@ -250,11 +250,10 @@ class Trainer:
         self.interval.extra["train/rolled_back_from_step"] = float(start)
 
     def _collect_balance_loss(self) -> None:
-        from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+        from megatron_mtp.platform.megatron_core import moe_layer_values
 
-        for name, entry in get_moe_layer_wise_logging_tracker().items():
-            if "load_balancing" in name:
-                self.interval.add_balance_loss(entry["values"])
+        for values in moe_layer_values("load_balancing"):
+            self.interval.add_balance_loss(values)
 
     # ------------------------------------------------------------ logging
     def _log_published(self) -> None:

@@ -16,6 +16,7 @@ from tests.convert.helpers import hf_tensors, same_tree
 from tests.convert.mtp_reference import mtp_logits
 
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.mcore
 
 
 def _hf_model(path):

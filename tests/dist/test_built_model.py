@@ -14,7 +14,7 @@ from megatron_mtp.models.deepseek_v3.hf_mapping import param_table
 from megatron_mtp.models.deepseek_v3.size import parameter_counts
 from megatron_mtp.plan.params import chunk_params
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.mcore]
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs" / "tiny_cpu.yaml")
 STYLES = {"sequential": ["mtp.num_layers=2"], "parallel": ["mtp.style=parallel", "mtp.num_layers=2"]}

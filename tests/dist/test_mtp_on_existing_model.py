@@ -11,7 +11,7 @@ import torch
 
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.mcore]
 
 FROZEN = ("optimizer.lr=0", "optimizer.min_lr=0")  # one step that changes no weight: the loaded ones are saved
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from scalars import compare_scalars, values
 
-pytestmark = pytest.mark.dist
+pytestmark = [pytest.mark.dist, pytest.mark.mcore]
 
 LAYOUTS = {
     "tp2": (2, ("parallel.tensor=2",)),

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.mcore
 
 
 @pytest.mark.parametrize("depth", [1, 2])

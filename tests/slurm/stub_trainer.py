@@ -17,6 +17,13 @@ import time
 
 
 def main(argv: list[str]) -> int:
+    if argv[:2] == ["-m", "megatron_mtp.launch.env_check"]:
+        # the job's environment check: the real one, run by the interpreter the test names
+        # (STUB_CHECK_PYTHON, exported by submit_helpers.submit_cli) on this checkout
+        python = os.environ["STUB_CHECK_PYTHON"]
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        os.execve(python, [python, *argv], env)
     assert argv[:3] == ["-m", "megatron_mtp", "train"], argv
     run_dir = argv[argv.index("--run-dir") + 1]
     rank = int(os.environ["RANK"])

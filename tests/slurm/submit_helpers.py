@@ -13,7 +13,8 @@ STUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stub_trainer.py
 
 def submit_cli(args: list[str], env: dict[str, str], cwd: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """`megatron-mtp submit ARGS` in a subprocess (the console script's module form)."""
-    env = dict(env, OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""))
+    env = dict({"STUB_CHECK_PYTHON": sys.executable, **env}, OMP_NUM_THREADS="1",
+               PYTHONPATH=REPO + os.pathsep + env.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-m", "megatron_mtp", "submit", *args], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=timeout)
 

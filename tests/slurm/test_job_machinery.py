@@ -149,3 +149,23 @@ def test_time_limit_warning_signal_requeues(slurm_cluster, tmp_path):
     first = read(os.path.join(run_dir, "logs", f"slurm-{job}", "restart-0", "rank-0.log"))
     assert "saved at step" in first
     slurm_cluster.run("scancel", job)
+
+
+def test_job_on_an_untested_environment_fails_before_any_rank_starts(slurm_cluster, tmp_path):
+    # the check the job runs inside its image, run here on the node itself (no image): an
+    # interpreter without torch stands for an image without the tested packages
+    run_dir = str(tmp_path / "run")
+    env = dict(slurm_cluster.env(), STUB_CHECK_PYTHON="/usr/bin/python3")
+    if not os.path.exists("/usr/bin/python3"):
+        pytest.skip("no system python3 without torch to stand for a wrong image")
+    proc = submit_cli([_config(tmp_path), "--cpu", "--python", STUB, "--env", "STUB_STEPS=3", "--run-dir", run_dir,
+                       "--time", "10"], env, str(tmp_path))
+    job = submitted_job_id(proc)
+    fields = slurm_cluster.wait_for(job, lambda f: f["JobState"] in ("COMPLETED", "FAILED", "CANCELLED"), 60,
+                                    "FAILED")
+    batch_log = read(os.path.join(run_dir, "logs", f"slurm-{job}.out"))
+    assert fields["JobState"] == "FAILED" and fields["ExitCode"].startswith("2:"), (fields, batch_log)
+    errors = [line for line in batch_log.splitlines() if "job environment: error:" in line]
+    assert len(errors) == 1 and "torch is not installed in the job's Python" in errors[0], batch_log
+    assert "not starting training" in batch_log
+    assert not glob.glob(os.path.join(run_dir, "stub", "env-*")), "a rank started"

@@ -10,6 +10,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.mcore
+
 
 def test_patched_targets_exist():
     from megatron_mtp.platform import cpu
@@ -29,10 +33,30 @@ def test_no_te_targets_exist():
 
 
 def test_megatron_core_version_in_tested_range():
+    import sys
     from importlib.metadata import version
 
+    from megatron_mtp.platform import megatron_core
+
     major, minor = (int(x) for x in version("megatron-core").split(".")[:2])
-    assert (major, minor) == (0, 16), "the platform layer is tested against megatron-core 0.16.x"
+    assert (major, minor) in megatron_core.TESTED_LINES
+    # pip's markers in pyproject.toml pick 0.16 for Python 3.11 and 0.19 for 3.12
+    assert megatron_core.TESTED_LINES[(major, minor)] == f"{sys.version_info[0]}.{sys.version_info[1]}"
+    megatron_core.check_supported()
+
+
+@pytest.mark.parametrize("ver", ["0.15.3", "0.17.0", "0.18.1", "0.20.0", "1.0.0"])
+def test_untested_megatron_core_is_refused_in_one_sentence(ver):
+    from megatron_mtp.errors import UserError
+    from megatron_mtp.platform import megatron_core
+
+    with pytest.raises(UserError) as err:
+        megatron_core.check_supported(ver)
+    text = str(err.value)
+    assert f"megatron-core {ver} is installed" in text and "0.16.x (Python 3.11) and 0.19.x (Python 3.12)" in text
+    assert "\n" not in text
+    megatron_core.check_supported("0.16.1")
+    megatron_core.check_supported("0.19.2")
 
 
 def test_cpu_patches_redirect_cuda_placements():

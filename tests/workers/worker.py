@@ -142,7 +142,9 @@ def _reset_framework_state(groups_before: set) -> None:
         rng = modules["megatron.core.tensor_parallel.random"]
         rng._CUDA_RNG_STATE_TRACKER, rng._CUDA_RNG_STATE_TRACKER_INITIALIZED = None, False
     if "megatron.core.transformer.moe.moe_utils" in modules:
-        modules["megatron.core.transformer.moe.moe_utils"].get_moe_layer_wise_logging_tracker().clear()
+        from megatron_mtp.platform.megatron_core import reset_moe_tracker
+
+        reset_moe_tracker()
     if "megatron.core.transformer.multi_token_prediction" in modules:
         modules["megatron.core.transformer.multi_token_prediction"].MTPLossLoggingHelper.tracker = {}
     # megatron-core's DDP hooks each parameter's gradient accumulator with a closure over the DDP: a cycle

@@ -216,7 +216,8 @@ class ParallelHeadsGPTModel(GPTModel):
     def _postprocess(self, hidden_states, input_ids, position_ids, labels, rotary_pos_emb, rotary_pos_cos,
                      rotary_pos_sin, mtp_in_postprocess=None, loss_mask=None, decoder_input=None,
                      attention_mask=None, inference_params=None, packed_seq_params=None, sequence_len_offset=None,
-                     runtime_gather_output=None, extra_block_kwargs=None, inference_context=None):
+                     runtime_gather_output=None, extra_block_kwargs=None, inference_context=None, **_):
+        # **_: keywords megatron-core 0.19 adds (padding_mask, output_processor...), unused by the heads
         if not self.post_process:
             return hidden_states
         if inference_context is not None and not self.training:
@@ -236,11 +237,9 @@ class ParallelHeadsGPTModel(GPTModel):
 
     def _head_losses(self, hidden_states, labels, loss_mask, output_weight, runtime_gather_output, head_kwargs):
         """Run every head, record its CE, and attach (λ/n)·CE_k to ``hidden_states`` (returned)."""
-        from megatron.core.transformer.multi_token_prediction import (
-            MTPLossAutoScaler,
-            MTPLossLoggingHelper,
-            roll_tensor,
-        )
+        from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler, roll_tensor
+
+        from megatron_mtp.platform.megatron_core import record_mtp_loss
 
         n = self.num_heads
         packed = head_kwargs["packed_seq_params"]
@@ -262,7 +261,7 @@ class ParallelHeadsGPTModel(GPTModel):
             mask, num_tokens = roll_tensor(mask, shifts=-1, dims=-1, cp_group=self.cp_group, packed_seq_params=packed)
             loss = self.compute_language_model_loss(shifted_labels, logits) * mask
             if self.training:
-                MTPLossLoggingHelper.save_loss_to_tracker(
+                record_mtp_loss(
                     torch.sum(loss) / num_tokens, k, n,
                     avg_group=parallel_state.get_data_parallel_group(with_context_parallel=True))
             term = scale * loss if self.config.calculate_per_token_loss else scale * loss / num_tokens

@@ -34,17 +34,17 @@ def group_of(path: tuple) -> str:
 
 
 def measure(config: str, case: dict) -> dict:
-    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
     from megatron_mtp.config import load_config
     from megatron_mtp.plan.memory import resolve_vocab
     from megatron_mtp.platform import setup
+    from megatron_mtp.platform.megatron_core import reset_moe_tracker
     from megatron_mtp.training.components import build_components, unwrap
     from megatron_mtp.training.distributed import destroy, init_distributed
 
     # megatron-core's loss trackers are process-global and sized by the first model that fills them
-    get_moe_layer_wise_logging_tracker().clear()
+    reset_moe_tracker()
     MTPLossLoggingHelper.tracker.clear()
     b, s = case["batch"], case["seq"]
     cfg = load_config(config, case["overrides"] + [f"training.seq_length={s}", f"training.micro_batch_size={b}",

@@ -1,0 +1,186 @@
+"""The megatron-core lines we support, and the few places where their APIs differ.
+
+Design note. Two lines are tested: 0.16.x (the newest for Python 3.11) and 0.19.x (Python 3.12,
+what current clusters and NGC containers run). Everything else is one code path. What differs, and
+is answered here alone:
+  - the MTP loss tracker: 0.16 keeps each depth's loss in ``tracker["values"]`` through
+    ``save_loss_to_tracker``; 0.19 keeps ``loss_values`` (beside its own acceptance counts,
+    ``correct_values``/``total_values``) through ``save_metrics_to_tracker``, and clears with
+    ``clean_metrics_in_tracker``. Reading the old key on 0.19 gives no MTP loss at all, which is how
+    a run logged ``mtp1_loss 0.0000`` while training normally.
+  - the MTP layer's transformer layer: the module attribute ``transformer_layer`` became
+    ``mtp_model_layer`` in 0.17. Checkpoint keys keep ``transformer_layer.`` on both lines (0.19's
+    ``sharded_state_dict`` maps the new name back for GPT models), so only code that walks modules
+    or the plain ``state_dict`` needs ``MTP_LAYER_ATTR``.
+  - layer specs: 0.19 describes a TransformerLayer's ``mlp`` as ``functools.partial(
+    MLP.as_mlp_submodule, submodules=...)`` where 0.16 had ``ModuleSpec(module=MLP, ...)``;
+    ``spec_module`` names the class either way.
+  - GPTModel._postprocess takes more keywords on 0.19 (``padding_mask``, ``output_processor``...):
+    subclasses pass unknown ones through.
+A megatron-core outside both lines is refused at start-up (``check_supported``) in one sentence,
+never run on a path nobody tested.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib.metadata import PackageNotFoundError, version
+from typing import Optional
+
+from megatron_mtp.errors import UserError
+
+TESTED_LINES = {(0, 16): "3.11", (0, 19): "3.12"}
+"""(major, minor) of each tested megatron-core line -> the Python it is tested on."""
+
+
+def tested_lines_text() -> str:
+    return " and ".join(f"{a}.{b}.x (Python {py})" for (a, b), py in TESTED_LINES.items())
+
+
+@functools.lru_cache(maxsize=None)
+def installed_version() -> Optional[str]:
+    try:
+        return version("megatron-core")
+    except PackageNotFoundError:
+        return None
+
+
+def line(ver: Optional[str] = None) -> tuple[int, int]:
+    """(major, minor) of the installed (or given) megatron-core."""
+    ver = ver if ver is not None else installed_version()
+    if ver is None:
+        return (0, 0)
+    parts = ver.split(".")
+    try:
+        return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
+    except (IndexError, ValueError):
+        return (0, 0)
+
+
+def check_supported(ver: Optional[str] = None) -> None:
+    """One sentence for a megatron-core outside the tested lines (or none installed)."""
+    ver = ver if ver is not None else installed_version()
+    if ver is None:
+        raise UserError(f"megatron-core is not installed; install one of the tested lines, {tested_lines_text()} "
+                        "(tools/setup_env.sh does it)")
+    if line(ver) not in TESTED_LINES:
+        raise UserError(f"megatron-core {ver} is installed, but megatron-mtp is tested only on {tested_lines_text()}; "
+                        "install a tested line (pip install -e . picks the one for this Python)")
+
+
+def is_019() -> bool:
+    return line() >= (0, 17)
+
+
+MTP_LAYER_ATTR = "mtp_model_layer" if is_019() else "transformer_layer"
+"""Attribute of a MultiTokenPredictionLayer that holds its transformer layer (module names only;
+checkpoint keys say ``transformer_layer`` on both lines)."""
+
+
+def spec_module(node):
+    """The module class a spec node builds: ModuleSpec.module, a partial of a class's builder
+    (``MLP.as_mlp_submodule``), a plain class, else None."""
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    if isinstance(node, ModuleSpec):
+        return node.module
+    if isinstance(node, functools.partial):
+        owner = getattr(node.func, "__self__", None)
+        return owner if isinstance(owner, type) else node.func
+    return node if isinstance(node, type) else None
+
+
+# --- the MTP loss tracker -------------------------------------------------------------------------
+
+def record_mtp_loss(loss, depth_index: int, depth: int, avg_group, correct=None, total=None) -> None:
+    """Add one depth's mean loss of a micro-batch to megatron-core's tracker (and, on 0.19, its
+    acceptance counts: zero where the caller measures acceptance itself)."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    if is_019():
+        import torch
+
+        zero = torch.zeros((), device=loss.device)
+        MTPLossLoggingHelper.save_metrics_to_tracker(
+            loss, zero if correct is None else correct, zero if total is None else total,
+            depth_index, depth, avg_group=avg_group)
+    else:
+        MTPLossLoggingHelper.save_loss_to_tracker(loss, depth_index, depth, avg_group=avg_group)
+
+
+def _tracker() -> dict:
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    return MTPLossLoggingHelper.tracker
+
+
+def mtp_loss_values():
+    """This rank's per-depth MTP losses summed over the step's micro-batches ([D] tensor), or None."""
+    return _tracker().get("loss_values" if is_019() else "values")
+
+
+def mtp_acceptance_counts():
+    """0.19's own per-depth (correct, total) counts of the step, or None (0.16, or not tracked)."""
+    tracker = _tracker()
+    if not is_019() or "correct_values" not in tracker:
+        return None
+    return tracker["correct_values"], tracker["total_values"]
+
+
+def clear_mtp_tracker() -> None:
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    if mtp_loss_values() is None:
+        return
+    if is_019():
+        MTPLossLoggingHelper.clean_metrics_in_tracker()
+    else:
+        MTPLossLoggingHelper.clean_loss_in_tracker()
+
+
+# --- the MoE per-layer metrics tracker ------------------------------------------------------------
+
+def moe_layer_values(name_part: str) -> list:
+    """Per-layer value tensors of megatron-core's MoE metrics whose name contains name_part (0.16: the
+    layer-wise logging dict; 0.19: MoEMetricsTracker, whose dict view is rebuilt at every call)."""
+    if is_019():
+        from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
+
+        return [entry.values for name, entry in get_moe_metrics_tracker().metrics.items() if name_part in name]
+    from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+    return [entry["values"] for name, entry in get_moe_layer_wise_logging_tracker().items() if name_part in name]
+
+
+def reset_moe_tracker() -> None:
+    """Forget every MoE metric entry (a process that runs several models in turn: their layer counts
+    differ). clear_aux_losses_tracker only zeroes the values."""
+    if is_019():
+        from megatron.core.transformer.moe import moe_logging
+
+        moe_logging._MOE_METRICS_TRACKER = None
+    else:
+        from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
+
+        get_moe_layer_wise_logging_tracker().clear()
+
+
+# --- checkpoint format ----------------------------------------------------------------------------
+
+def write_legacy_common(ckpt_dir) -> None:
+    """0.19 keeps a checkpoint's non-tensor state as one object inside the torch_dist shards, where
+    0.16 reads it from ``common.pt`` (and finds nothing else). Writing the same state to common.pt
+    after a 0.19 save keeps every checkpoint readable by both lines; 0.19 itself prefers common.pt
+    when present (its loader's legacy branch), so both lines load the same dict. No-op on 0.16."""
+    import os
+
+    path = os.path.join(str(ckpt_dir), "common.pt")
+    if not is_019() or os.path.exists(path):
+        return
+    import torch
+    from megatron.core.dist_checkpointing.serialization import load_common_state_dict
+
+    common = load_common_state_dict(str(ckpt_dir))
+    tmp = path + ".tmp"
+    torch.save(common, tmp)
+    os.replace(tmp, path)
