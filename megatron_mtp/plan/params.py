@@ -23,6 +23,7 @@ from megatron_mtp.config.parallel_sizes import ParallelSizes
 from megatron_mtp.config.pipeline_layout import Stage
 from megatron_mtp.config.root import Config
 from megatron_mtp.models.family import get_family
+from megatron_mtp.platform.megatron_core import MTP_LAYER_ATTR  # module names (plan mirrors named_parameters)
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ def chunk_params(cfg: Config, sizes: ParallelSizes, stage: Stage, padded_vocab: 
             p = f"mtp.layers.{i}."
             # enorm, hnorm, eh_proj, then the layer, then the module's final norm
             own = [_param(cfg, sizes, p, rule, te) for rule in get_family(m.family).mtp_own_rules()]
-            out += own[:-1] + _layer(cfg, sizes, f"{p}transformer_layer.", mtp_is_moe(cfg), te) + own[-1:]
+            out += own[:-1] + _layer(cfg, sizes, f"{p}{MTP_LAYER_ATTR}.", mtp_is_moe(cfg), te) + own[-1:]
     if last and not (m.tie_embeddings and with_embedding):  # tied: the embedding's weight
         out.append(Param("output_layer.weight", vocab_rows * h, shared_embedding=m.tie_embeddings and sizes.pp > 1))
     if not sequential:  # the heads are registered after GPTModel's own modules
@@ -138,7 +139,7 @@ def parallel_head_params(cfg: Config, sizes: ParallelSizes, heads: int, te: bool
     out: list[Param] = []
     for i in range(heads):
         p = f"mtp_heads.layers.{i}."
-        out += _layer(cfg, sizes, f"{p}transformer_layer.", mtp_is_moe(cfg), te)
+        out += _layer(cfg, sizes, f"{p}{MTP_LAYER_ATTR}.", mtp_is_moe(cfg), te)
         out.append(_param(cfg, sizes, p, get_family(cfg.model.family).HEAD_NORM, te))
     return out
 

@@ -184,3 +184,44 @@ def write_legacy_common(ckpt_dir) -> None:
     tmp = path + ".tmp"
     torch.save(common, tmp)
     os.replace(tmp, path)
+
+
+# --- optimizer state ------------------------------------------------------------------------------
+
+SCHEDULE_KEYS = ("max_lr", "min_lr", "start_wd", "end_wd")
+"""Per-group schedule values that 0.19 also uses to pair a saved parameter group with a live one."""
+
+
+def align_saved_param_groups(saved, live_groups: list) -> None:
+    """0.19 pairs each saved optimizer parameter group with a live one by a tuple that includes the
+    group's max_lr/min_lr (and weight-decay ends), so a resume with another optimizer.lr (which the
+    resume rules allow: the schedule is the new config's) finds no pair and raises KeyError. Give each
+    saved group the live values of the group it pairs with on the other keys; 0.16 pairs without
+    them, and the live values are what both lines then train with. No-op on 0.16."""
+    if not is_019():
+        return
+    from megatron.core.optimizer.optimizer import param_group_identifier_keys
+
+    others = [k for k in param_group_identifier_keys if k not in SCHEDULE_KEYS]
+
+    def ident(group):
+        return tuple(group.get(k, group.get(f"pre_{k}")) for k in others)
+
+    live = {}
+    for group in live_groups:
+        live.setdefault(ident(group), group)
+
+    def walk(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("param_groups"), list):
+                for group in node["param_groups"]:
+                    match = live.get(ident(group))
+                    if match is not None:
+                        group.update({k: match[k] for k in SCHEDULE_KEYS if k in match})
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(saved)

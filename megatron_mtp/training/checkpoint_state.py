@@ -107,6 +107,9 @@ def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: b
                 raise RuntimeError(f"loading {ckpt}: unexpected {unexpected[:3]}, missing {missing[:3]}")
     if not load_optimizer:
         return TrainState()
+    from megatron_mtp.platform.megatron_core import align_saved_param_groups
+
+    align_saved_param_groups(loaded["optimizer"], components.optimizer.param_groups)
     components.optimizer.load_state_dict(loaded["optimizer"])
     components.scheduler.load_state_dict(loaded["scheduler"])
     if "rng_state" in loaded:

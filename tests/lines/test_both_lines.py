@@ -147,6 +147,10 @@ def test_conversion_writes_the_same_bytes_on_both_lines(lines):
     assert any(str(f).endswith(".safetensors") for f in files)
     assert files == sorted(p.relative_to(exports["other"]) for p in exports["other"].rglob("*") if p.is_file())
     for rel in files:
+        if rel.name == "SERVING.md":  # the serving commands name the export's own path
+            texts = [(exports[n] / rel).read_text().replace(str(exports[n]), "OUT") for n in ("here", "other")]
+            assert texts[0] == texts[1]
+            continue
         assert filecmp.cmp(exports["here"] / rel, exports["other"] / rel, shallow=False), rel
     # and back: each line imports the other's export; both re-export it to the same bytes
     again = {}
