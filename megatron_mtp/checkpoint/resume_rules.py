@@ -33,7 +33,7 @@ MEANING = (
     "model.router_topk", "model.router_num_groups", "model.router_group_topk", "model.router_score_function",
     "model.router_topk_scaling_factor", "model.router_norm_topk_prob", "model.router_enable_expert_bias",
     # the MTP modules
-    "mtp.num_layers", "mtp.style",
+    "mtp.num_layers", "mtp.style", "mtp.repeated_layer",
     # what token ids mean
     "model.vocab_size", "data.tokenizer", "data.default_corpus_vocab_size",
 )

@@ -137,6 +137,13 @@ class MTPConfig:
     """sequential: DeepSeek-V3's chained modules (depth k also reads the embedding of token t+k);
     parallel: Gloeckle et al.'s independent heads, one decoder layer each on the trunk's last hidden
     state, sharing the output layer (models/deepseek_v3/parallel_heads.py)."""
+    repeated_layer: bool = False
+    """One MTP module applied mtp.num_layers times (megatron-core 0.19's mtp_use_repeated_layer; refused on
+    0.16): depth k reads depth k-1's output and the embedding of token t+k exactly as D modules would, but
+    the D depths share one module's weights, gradients and optimizer state. Style sequential only.
+    Checkpoints hold that one module (``mtp.layers.0``); exports write it as one MTP layer
+    (``num_nextn_predict_layers: 1``) and SERVING.md asks for D draft tokens, which vLLM and SGLang draw
+    by applying the one module again, as `generate --speculative D` does."""
     init: Literal["random", "copy_last_layer"] = "random"
     """MTP modules a checkpoint.load (weights only) does not hold, e.g. of a model imported without
     MTP: drawn at random like a new run's, or their transformer layer copied from the checkpoint's
@@ -166,3 +173,8 @@ class MTPConfig:
     loss_weight_schedule: list[tuple[int, float]] = field(default_factory=lambda: [(0, 0.3)])
     """λ by consumed training tokens: [[tokens, λ], ...]; λ of the last entry whose start ≤ tokens
     consumed applies. DeepSeek-V3: [[0, 0.3], [10e12, 0.1]]. The objective is lm + (λ/D)·Σ_d CE_d."""
+
+    @property
+    def modules(self) -> int:
+        """How many MTP modules hold weights: 1 with repeated_layer, else num_layers (the depth)."""
+        return min(self.num_layers, 1) if self.repeated_layer else self.num_layers

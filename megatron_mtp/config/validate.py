@@ -197,6 +197,9 @@ def _mtp_style(cfg: Config) -> None:
     if mtp.style == "parallel" and cfg.model.family != "deepseek_v3":
         raise UserError(f"mtp.style=parallel is built for model.family=deepseek_v3 only, not {cfg.model.family}; "
                         "use mtp.style=sequential (GLM-4.5's own MTP layout)")
+    if mtp.repeated_layer and (mtp.num_layers == 0 or mtp.style != "sequential"):
+        raise UserError("mtp.repeated_layer applies one sequential MTP module at every depth and needs "
+                        "mtp.num_layers > 0 and mtp.style=sequential; set those or drop mtp.repeated_layer")
     if mtp.head_by_head_backward and mtp.style != "parallel":
         raise UserError("mtp.head_by_head_backward needs mtp.style=parallel (sequential modules chain their "
                         "hidden states, so their losses cannot be back-propagated one at a time)")

@@ -121,6 +121,8 @@ class Export:
     """MLA's cached width per token (None: not MLA)."""
     speculative: Optional[int] = None
     """Draft tokens per step asked for with --speculative (None: each engine's default)."""
+    repeats: int = 1
+    """Depths the one exported module was trained for (mtp.repeated_layer: mtp.num_layers), else 1."""
     family: str = "deepseek_v3"
     """The model family (models/<family>/)."""
     architecture: str = "DeepseekV3ForCausalLM"
@@ -254,15 +256,20 @@ def vllm_argv(e: Export, draft: bool) -> list[str]:
         # the draft's depth comes from the target's config.json, which says 0 in main/
         argv += ["--hf-overrides", json.dumps({"num_nextn_predict_layers": e.depth})]
         spec["model"] = str(e.mtp_dir)
-    spec["num_speculative_tokens"] = e.speculative or e.depth
+    spec["num_speculative_tokens"] = e.speculative or e.depth * e.repeats
     return argv + ["--speculative-config", json.dumps(spec)]
+
+
+def sglang_steps(e: Export) -> int:
+    """NEXTN steps: --speculative, else the depth a repeated module was trained for, else SGLang's default."""
+    return e.speculative or (e.repeats if e.repeats > 1 else SGLANG_DEFAULT_STEPS)
 
 
 def sglang_argv(e: Export, draft: bool) -> list[str]:
     argv = ["python", "-m", "sglang.launch_server", "--model-path", str(e.main_dir), *_dtype_flag(e)]
     if not draft:
         return argv
-    steps = e.speculative or SGLANG_DEFAULT_STEPS
+    steps = sglang_steps(e)
     argv += ["--speculative-algorithm", "NEXTN"]
     if e.layout in ("separate", "nextn"):
         argv += ["--speculative-draft-model-path", str(e.mtp_dir)]
@@ -345,13 +352,15 @@ def _draft_words(e: Export) -> str:
     if e.parallel_heads:
         return (f"{e.depth} parallel MTP head" + ("s" if e.depth > 1 else "") + " in mtp/ (no engine below loads "
                 f"them; `megatron-mtp generate {e.out} --speculative K` drafts K <= {e.depth} tokens with them)")
+    if e.repeats > 1:
+        return f"1 MTP module trained to draft {e.repeats} tokens by applying it again (mtp.repeated_layer)"
     return f"{e.depth} MTP module" + ("s" if e.depth > 1 else "")
 
 
 def _section_vllm(e: Export, blocked: list[Problem]) -> list[str]:
     out = ["## vLLM", "", "Main model:", "", *_block(render_vllm(e, False))]
     if e.depth and not any(p.blocks == "draft" for p in blocked):
-        k = e.speculative or e.depth
+        k = e.speculative or e.depth * e.repeats
         where = "read from mtp/" if e.layout == "separate" else "read from the same directory"
         out += [f"With the MTP draft ({k} draft token{'s' if k > 1 else ''} per step, {where}):", "",
                 *_block(render_vllm(e, True))]
@@ -368,7 +377,7 @@ def _section_vllm(e: Export, blocked: list[Problem]) -> list[str]:
 def _section_sglang(e: Export, blocked: list[Problem]) -> list[str]:
     out = ["## SGLang", "", "Main model:", "", *_block(render_sglang(e, False))]
     if e.depth and not any(p.blocks == "draft" for p in blocked):
-        steps = e.speculative or SGLANG_DEFAULT_STEPS
+        steps = sglang_steps(e)
         where = "read from mtp/" if e.layout in ("separate", "nextn") else "read from the same directory"
         out += [f"With the MTP draft (NEXTN: the MTP module applied {steps} times per step, {where}):", "",
                 *_block(render_sglang(e, True))]

@@ -73,7 +73,7 @@ class Piece:
 def select_params(reader: TorchDistReader, cfg: Config, step: Path) -> list[Param]:
     """The table rows present in the checkpoint; every model tensor must be claimed by one."""
     param_table = get_family(cfg.model.family).param_table
-    table = [p for p in param_table(cfg.model, cfg.mtp.num_layers, style=cfg.mtp.style) if p.mcore in reader]
+    table = [p for p in param_table(cfg.model, cfg.mtp.modules, style=cfg.mtp.style) if p.mcore in reader]
     claimed = {p.mcore for p in table}
     for key in reader.keys():
         if key.startswith(MODEL_KEY_PREFIXES) and key not in claimed:
@@ -82,7 +82,7 @@ def select_params(reader: TorchDistReader, cfg: Config, step: Path) -> list[Para
                 "(config/weights mismatch); the export would drop it"
             )
     produced = {name for p in table for name in p.hf_names()}
-    for param in param_table(cfg.model, cfg.mtp.num_layers, spec="local", style=cfg.mtp.style):
+    for param in param_table(cfg.model, cfg.mtp.modules, spec="local", style=cfg.mtp.style):
         for name in param.hf_names():
             if name not in produced:
                 raise UserError(
@@ -150,7 +150,7 @@ def plan_export(cfg: Config, vocab: int, mode: MtpMode, mtp_layout: MtpLayout = 
                 dtype: str = "bf16") -> dict[str, list[PlannedTensor]]:
     """The tensors ("main"/"mtp" part -> planned tensors) an export of a checkpoint with this config
     writes, from the config alone (the export of a real checkpoint plans the same from its metadata)."""
-    params = get_family(cfg.model.family).param_table(cfg.model, cfg.mtp.num_layers, spec="te", style=cfg.mtp.style)
+    params = get_family(cfg.model.family).param_table(cfg.model, cfg.mtp.modules, spec="te", style=cfg.mtp.style)
     pieces = plan_pieces(params, lambda key: expected_shape(key, cfg.model, vocab), cfg.model.num_layers, mode,
                          mtp_layout)
     return _plans(pieces, DTYPES[dtype], dtype == "fp8")
@@ -217,7 +217,7 @@ def hf_configs(
     """config.json of each part. main/ of the separate layouts says ``num_nextn_predict_layers: 0``:
     it holds no MTP layer, and an engine told otherwise would look for its draft there (SGLang
     silently loads nothing); SGLang's NextN directory is its one-module form (``num_hidden_layers: 1``)."""
-    depth = cfg.mtp.num_layers if mode != "none" else 0
+    depth = cfg.mtp.modules if mode != "none" else 0
     family = get_family(cfg.model.family)
     full = family.to_hf_config(cfg.model, cfg.mtp, vocab_size=vocab, num_nextn_predict_layers=depth,
                         torch_dtype="float32" if dtype == "fp32" else "bfloat16",
@@ -245,7 +245,8 @@ def serving_export(cfg: Config, out: Path, mode: MtpMode, mtp_layout: MtpLayout,
     m, family = cfg.model, get_family(cfg.model.family)
     return serving.Export(
         out=out, layout=serving.layout_name(mode, mtp_layout), dtype=dtype, num_layers=m.num_layers,
-        depth=cfg.mtp.num_layers if mode != "none" else 0, hidden_size=m.hidden_size, moe=m.num_experts > 0,
+        depth=cfg.mtp.modules if mode != "none" else 0, repeats=cfg.mtp.num_layers if cfg.mtp.repeated_layer else 1,
+        hidden_size=m.hidden_size, moe=m.num_experts > 0,
         tied=m.tie_embeddings, speculative=speculative, parallel_heads=cfg.mtp.style == "parallel",
         family=cfg.model.family, architecture=family.HF_ARCHITECTURES[0],
         # MLA caches one latent + rotary key per token: the "head size" of vLLM's MLA kernels
@@ -321,10 +322,10 @@ def export_to_hf(
     if mtp != "none" and not has_mtp:
         raise UserError(f"checkpoint '{step}' has no MTP layers; export it with --mtp none" +
                         ("" if not only else " (--mtp only writes MTP layers alone)"))
-    if mtp_layout == "nextn" and cfg.mtp.num_layers > 1:
+    if mtp_layout == "nextn" and cfg.mtp.modules > 1:
         raise UserError(
             f"--mtp-layout nextn writes SGLang's NextN directory, which holds one MTP module, and checkpoint "
-            f"'{step}' has {cfg.mtp.num_layers}; export with --mtp-layout hf"
+            f"'{step}' has {cfg.mtp.modules}; export with --mtp-layout hf"
         )
     if speculative is not None and mtp == "none":
         raise UserError("--speculative sets the draft tokens of the MTP serving commands, and an export with "

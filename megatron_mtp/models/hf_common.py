@@ -66,8 +66,8 @@ def mtp_depth(raw: Mapping[str, Any], where: str = "config.json") -> int:
 def check_mtp_export(model: ModelConfig, mtp: MTPConfig, depth: int, format_name: str) -> None:
     """What every family's HF format needs of the MTP layers an export writes: no more than the config
     has, and MoE ones (every engine builds the MTP layer as a MoE layer from first_k_dense_replace on)."""
-    if depth > mtp.num_layers:
-        raise UserError(f"asked for {depth} MTP layers but the config has mtp.num_layers={mtp.num_layers}")
+    if depth > mtp.modules:
+        raise UserError(f"asked for {depth} MTP layers but the config has {mtp.modules} MTP module(s)")
     check_group_routing(model, "model config")
     if model.num_experts > 0 and depth and not mtp_is_moe(model):
         raise UserError(

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from megatron_mtp.config import Config, pipeline_layout
 from megatron_mtp.models.tensor_table import is_moe_layer
-from megatron_mtp.platform import Platform
+from megatron_mtp.platform import Platform, megatron_core
 from megatron_mtp.platform.features import Features
 
 
@@ -102,6 +102,7 @@ def common_kwargs(cfg: Config, platform: Platform, features: Features, mtp_loss_
         # MTP
         mtp_num_layers=cfg.mtp.num_layers or None,
         mtp_loss_scaling_factor=mtp_loss_scale,
+        **megatron_core.transformer_config_extras(cfg.mtp),
     )
     if moe:
         kwargs.update(

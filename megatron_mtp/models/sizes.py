@@ -75,7 +75,7 @@ def parameter_counts(cfg: Config, padded_vocab: int, table: Table) -> dict[str, 
     return {
         "main": main,
         "main_active": m.num_layers * per_layer_common + mlp_active + embed + head + m.hidden_size,
-        "mtp_unique": cfg.mtp.num_layers * mtp_layer,
+        "mtp_unique": cfg.mtp.modules * mtp_layer,
     }
 
 

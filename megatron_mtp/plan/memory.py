@@ -387,6 +387,9 @@ def assumptions(plan: Plan) -> list[str]:
         out.append(f"MTP: {cfg.mtp.num_layers} parallel heads on the loss stage, no embedding copy there" + (
             "; head by head: each head's graph freed in the forward, its parameter gradients (and the output "
             "layer's) held per micro-batch instead" if cfg.mtp.head_by_head_backward else ""))
+    if cfg.mtp.repeated_layer and sequential_mtp(cfg):
+        out.append(f"mtp.repeated_layer: one MTP module applied {cfg.mtp.num_layers} times: its weights, gradients "
+                   f"and optimizer state counted once, its activations {cfg.mtp.num_layers} times")
     if cfg.mtp.freeze_base:
         out.append("mtp.freeze_base: only the MTP modules take gradients and optimizer state and sit in DDP "
                    "buffers; the main model runs forward only (no saved activations), so each rank holds the "

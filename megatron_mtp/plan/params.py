@@ -122,7 +122,7 @@ def chunk_params(cfg: Config, sizes: ParallelSizes, stage: Stage, padded_vocab: 
     if has_final_norm(cfg, stage, last):
         out.append(Param("decoder.final_layernorm.weight", h))
     if sequential:
-        for i in range(stage.mtp_layers):
+        for i in range(min(stage.mtp_layers, cfg.mtp.modules)):  # mtp.repeated_layer: one module for all depths
             p = f"mtp.layers.{i}."
             # enorm, hnorm, eh_proj, then the layer, then the module's final norm
             own = [_param(cfg, sizes, p, rule, te) for rule in get_family(m.family).mtp_own_rules()]

@@ -72,6 +72,18 @@ def is_019() -> bool:
     return line() >= (0, 17)
 
 
+def transformer_config_extras(mtp) -> dict:
+    """TransformerConfig fields that only 0.19 has, for ``mtp`` (config.MTPConfig); refused on 0.16 in
+    one sentence (called before any process group starts, and again when the config is built)."""
+    if not mtp.repeated_layer:
+        return {}
+    if not is_019():
+        raise UserError(f"mtp.repeated_layer needs megatron-core 0.19 (mtp_use_repeated_layer), and this "
+                        f"environment has megatron-core {installed_version()}; run it on Python 3.12 with "
+                        "megatron-core 0.19 (tools/setup_env.sh python3.12), or drop mtp.repeated_layer")
+    return {"mtp_use_repeated_layer": True}
+
+
 MTP_LAYER_ATTR = "mtp_model_layer" if is_019() else "transformer_layer"
 """Attribute of a MultiTokenPredictionLayer that holds its transformer layer (module names only;
 checkpoint keys say ``transformer_layer`` on both lines)."""

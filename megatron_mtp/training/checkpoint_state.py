@@ -129,9 +129,9 @@ def _new_mtp_modules(ckpt: Path, cfg, components: Components, sd: dict) -> tuple
     from megatron_mtp.checkpoint.info import read_config
 
     saved = read_config(ckpt)
-    if cfg.mtp.style != "sequential" or saved.mtp.style != "sequential" or cfg.mtp.num_layers <= saved.mtp.num_layers:
+    if cfg.mtp.style != "sequential" or saved.mtp.style != "sequential" or cfg.mtp.modules <= saved.mtp.modules:
         return set(), {}
-    prefixes = {f"mtp.layers.{d}." for d in range(saved.mtp.num_layers, cfg.mtp.num_layers)}
+    prefixes = {f"mtp.layers.{d}." for d in range(saved.mtp.modules, cfg.mtp.modules)}
     last = f"decoder.layers.{cfg.model.num_layers - 1}."
     copies: dict = {}
     for key in _model_keys(components):

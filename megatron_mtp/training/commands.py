@@ -60,7 +60,7 @@ def _note_if_not_exportable(cfg: Config) -> None:
     family = get_family(cfg.model.family)
     try:
         family.to_hf_config(cfg.model, cfg.mtp, vocab_size=cfg.model.vocab_size or 1,
-                            num_nextn_predict_layers=cfg.mtp.num_layers)
+                            num_nextn_predict_layers=cfg.mtp.modules)
     except UserError as exc:
         print(f"megatron-mtp train: note: this model cannot be exported to the Hugging Face "
               f"{family.HF_ARCHITECTURES[0]} format as configured ({exc})", flush=True)

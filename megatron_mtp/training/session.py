@@ -17,7 +17,7 @@ from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, find_checkpoint, reso
 from megatron_mtp.config import Config
 from megatron_mtp.config.validate import validate
 from megatron_mtp.config.vocab import padded_vocab_size
-from megatron_mtp.platform import Platform
+from megatron_mtp.platform import Platform, megatron_core
 from megatron_mtp.platform import setup as setup_platform
 from megatron_mtp.training import checkpoint_state as ckpt_io
 from megatron_mtp.training.components import Components, TrainState, build_components
@@ -66,6 +66,7 @@ def open_training(cfg: Config, run_dir: Path) -> Session:
 
     _, world = env_world()
     validate(cfg, world)
+    megatron_core.transformer_config_extras(cfg.mtp)
     resolved = resolve_data(cfg)
     cfg = _with_vocab(cfg, resolved.tokenizer)
     check_data_config(cfg, resolved)

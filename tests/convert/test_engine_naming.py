@@ -31,6 +31,7 @@ SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
 VARIANTS = {  # the default model, changed where an engine has a limit
     "one_layer": ["model.num_layers=1", "model.first_k_dense=0"],
     "two_mtp_modules": ["mtp.num_layers=2"],
+    "repeated_layer": ["mtp.num_layers=3", "mtp.repeated_layer=true"],
     "dense": ["model.num_experts=0", "model.router_num_groups=null", "model.router_group_topk=null"],
     "tied": ["model.tie_embeddings=true"],
     "full_rank_queries": ["model.q_lora_rank=null"],
@@ -278,7 +279,7 @@ def planned(case: tuple, layout: str) -> Optional[tuple[serving.Export, dict[Pat
     _, path, overrides = case
     cfg = load_config(path, overrides)
     mode, naming = LAYOUTS[layout]
-    if naming == "nextn" and cfg.mtp.num_layers > 1:
+    if naming == "nextn" and cfg.mtp.modules > 1:
         return None  # refused by to-hf
     vocab = cfg.model.vocab_size or 4096
     plan = plan_export(cfg, vocab, mode, naming)
@@ -327,6 +328,22 @@ def test_vllm_draft_tokens_follow_the_depth(k, ok):
     export = dataclasses.replace(export, speculative=k)
     assert vllm_served(export, files)[1].ok == ok
     assert ("draft-tokens" not in {p.fact for p in serving.problems("vllm", export)}) == ok
+
+
+@pytest.mark.parametrize("layout", ["inline", "separate", "nextn"])
+def test_a_repeated_mtp_layer_exports_one_module_and_serves_the_depth_it_was_trained_for(layout):
+    case = ("repeated", TINY, VARIANTS["repeated_layer"])
+    export, files = planned(case, layout)
+    config, names = files[export.mtp_dir]
+    layers = {int(re.match(r"model\.layers\.(\d+)\.", n).group(1)) for n in names if n.startswith("model.layers.")}
+    decoder = load_config(TINY).model.num_layers
+    mtp = {n for n in layers if n >= decoder} if layout != "nextn" else layers  # NextN renumbers from 0
+    assert config["num_nextn_predict_layers"] == 1 and mtp == ({0} if layout == "nextn" else {decoder})
+    assert export.depth == 1 and export.repeats == 3
+    argv = serving.vllm_argv(export, True)
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 3
+    assert serving.sglang_steps(export) == 3
+    assert "1 MTP module trained to draft 3 tokens" in serving._draft_words(export)
 
 
 def test_the_plan_is_what_the_export_writes(trained_run, export_fp32, tmp_path):

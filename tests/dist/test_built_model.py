@@ -13,11 +13,15 @@ from megatron_mtp.config.validate import validate
 from megatron_mtp.models.deepseek_v3.hf_mapping import param_table
 from megatron_mtp.models.deepseek_v3.size import parameter_counts
 from megatron_mtp.plan.params import chunk_params
+from megatron_mtp.platform import megatron_core
 
 pytestmark = [pytest.mark.dist, pytest.mark.mcore]
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs" / "tiny_cpu.yaml")
 STYLES = {"sequential": ["mtp.num_layers=2"], "parallel": ["mtp.style=parallel", "mtp.num_layers=2"]}
+REPEATED = ["mtp.num_layers=3", "mtp.repeated_layer=true"]
+if megatron_core.is_019():  # megatron-core 0.19's mtp_use_repeated_layer (refused on 0.16: tests/unit/test_platform.py)
+    STYLES["repeated"] = REPEATED
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +75,23 @@ def test_plan_parameter_inventory_is_the_built_model(built):
     (stage,) = pipeline_layout.stages(cfg.model.num_layers, 2, 1, None, None)
     planned = [[p.name, p.numel] for p in chunk_params(cfg, sizes, stage, 256, last=True, te=False)]
     assert built["sequential"]["chunk_params"] == planned
+
+
+@pytest.mark.skipif(not megatron_core.is_019(), reason="mtp.repeated_layer needs megatron-core 0.19")
+def test_a_repeated_mtp_layer_is_one_module_in_the_model_the_plan_the_table_and_the_counts(built):
+    facts, cfg = built["repeated"], _cfg("repeated")
+    mtp_keys = {k for k in facts["sharded_keys"] if k.startswith("mtp.")}
+    assert mtp_keys and all(k.startswith("mtp.layers.0.") for k in mtp_keys), sorted(mtp_keys)
+    table = {p.mcore for p in param_table(cfg.model, cfg.mtp.modules, spec="te", mtp_copies=False)}
+    assert {k for k in mtp_keys if not k.endswith("_extra_state")} <= table | {k for k in mtp_keys if "embedding" in k}
+    assert table <= set(facts["sharded_keys"])
+    counts = parameter_counts(cfg, 256)
+    assert counts["mtp_unique"] == sum(c for n, c in facts["params"] if n.startswith("mtp."))
+    assert counts["mtp_unique"] * 3 == parameter_counts(_cfg("sequential").replace(
+        mtp=load_config(TINY, ["mtp.num_layers=3"]).mtp), 256)["mtp_unique"]
+    (stage,) = pipeline_layout.stages(cfg.model.num_layers, 3, 1, None, None)
+    planned = [[p.name, p.numel] for p in chunk_params(cfg, validate(cfg, 1), stage, 256, last=True, te=False)]
+    assert facts["chunk_params"] == planned
 
 
 GLM = str(ROOT / "configs" / "glm4_moe_tiny_cpu.yaml")

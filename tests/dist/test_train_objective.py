@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from megatron_mtp.platform import megatron_core
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.mcore
 
 
-@pytest.mark.parametrize("depth", [1, 2])
-def test_gradient_equals_hand_computed_objective(depth, script):
-    proc = script("objective_check.py", depth, ROOT / "configs" / "tiny_cpu.yaml", timeout=600)
+def _objective(script, depth, *overrides):
+    proc = script("objective_check.py", depth, ROOT / "configs" / "tiny_cpu.yaml", *overrides, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(results) == {"0.3", "0.1"}
@@ -21,6 +22,20 @@ def test_gradient_equals_hand_computed_objective(depth, script):
         assert r["max_rel_err"] < 1e-5, (lam, r)
     # λ changed between the two forwards and the objective followed it
     assert results["0.3"]["objective"] > results["0.1"]["objective"]
+    return results
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_gradient_equals_hand_computed_objective(depth, script):
+    _objective(script, depth)
+
+
+@pytest.mark.skipif(not megatron_core.is_019(), reason="mtp.repeated_layer needs megatron-core 0.19")
+def test_a_repeated_mtp_layer_takes_the_gradient_of_every_depth_into_one_module(script):
+    """One module at depths 1 and 2: its gradient is the sum of both depths' terms of the objective."""
+    shared = _objective(script, 2, "mtp.repeated_layer=true")["0.3"]
+    one = _objective(script, 1)["0.3"]
+    assert shared["trainable"] == one["trainable"]  # the second depth added no parameter
 
 
 @pytest.fixture(scope="module")

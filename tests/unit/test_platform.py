@@ -59,6 +59,28 @@ def test_untested_megatron_core_is_refused_in_one_sentence(ver):
     megatron_core.check_supported("0.19.2")
 
 
+def test_a_repeated_mtp_layer_is_megatron_core_0_19s_and_refused_on_0_16_in_one_sentence():
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from megatron_mtp.config import load_config
+    from megatron_mtp.errors import UserError
+    from megatron_mtp.platform import megatron_core
+
+    mtp = load_config(None, ["mtp.num_layers=2", "mtp.repeated_layer=true"]).mtp
+    assert megatron_core.transformer_config_extras(load_config(None, []).mtp) == {}
+    if megatron_core.is_019():
+        extras = megatron_core.transformer_config_extras(mtp)
+        assert extras == {"mtp_use_repeated_layer": True}
+        assert set(extras) <= set(TransformerConfig.__dataclass_fields__)
+        return
+    assert "mtp_use_repeated_layer" not in TransformerConfig.__dataclass_fields__
+    with pytest.raises(UserError) as err:
+        megatron_core.transformer_config_extras(mtp)
+    text = str(err.value)
+    assert "mtp.repeated_layer needs megatron-core 0.19" in text and megatron_core.installed_version() in text
+    assert "\n" not in text
+
+
 def test_cpu_patches_redirect_cuda_placements():
     # in a subprocess: the patches are process-wide
     code = textwrap.dedent("""
