@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
             from megatron_mtp.convert.import_cache import checkpoint_of
 
             args.checkpoint = checkpoint_of(args.checkpoint)
+            if getattr(args, "compare", None):
+                args.compare = checkpoint_of(args.compare)
         result = args.func(args)
     except UserError as exc:
         if not isinstance(exc, RunError) or os.environ.get("RANK", "0") == "0":

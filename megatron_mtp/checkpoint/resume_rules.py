@@ -10,6 +10,16 @@ sentence. Everything else may change on resume: the parallel layout (checkpoints
 schedule and learning rate, intervals, recompute and the other memory and speed controls, the loss
 weights, the data blend, the router's bias update rate and the aux-loss coefficient. mtp.freeze_base
 may not change either: the optimizer state holds the MTP parameters alone, or every parameter.
+
+A new run that starts from another run's weights (checkpoint.load) follows the same rule for the
+main model: every field of MEANING outside mtp.* must be the checkpoint's, since a weights-only load
+of another vocabulary zero-pads the embedding, of fewer layers drops some, and of another width ends
+in megatron-core's shape mismatch. Only the MTP modules may differ, because that is what MTP-only
+training exists for: a run may add sequential modules (mtp.init draws or copies them) or load fewer
+than the checkpoint holds (each left out is named in a note); it may not turn modules into parallel
+heads or change their number of heads (a load initialises no head), and new modules need
+checkpoint.load_optimizer=false (the optimizer state belongs to other parameters). mtp.repeated_layer
+may differ: its one module is module 0 of the checkpoint.
 """
 
 from __future__ import annotations
@@ -74,3 +84,43 @@ def refuse_meaning_changes(saved: Config, now: Config, step_dir: Path, run_dir: 
                         f"the checkpoint's weights or token ids mean; keep those values to resume, or train the "
                         f"new config elsewhere with --run-dir, or start a new run from these weights with "
                         f"--run-dir NEW checkpoint.load={step_dir} checkpoint.load_optimizer=false")
+
+
+def _mtp_words(mtp) -> str:
+    if not mtp.num_layers:
+        return "no MTP"
+    if mtp.style == "parallel":
+        return f"{mtp.num_layers} parallel MTP head{'s' if mtp.num_layers > 1 else ''}"
+    return f"{mtp.modules} sequential MTP module{'s' if mtp.modules > 1 else ''}"
+
+
+def refuse_load_changes(saved: Config, now: Config, src: Path, load_optimizer: bool) -> list[str]:
+    """checkpoint.load of ``src`` into a new run (design note above): one sentence naming every main-model
+    field that differs, or the MTP change a load cannot make; otherwise the notes to print."""
+    where = f"cannot start this run from checkpoint.load={src}"
+    changes = [c for c in meaning_changes(saved, now) if not c.startswith(("mtp.", "data."))]
+    if changes:
+        raise UserError(f"{where}: {'; '.join(changes)}, which changes what the checkpoint's weights or token ids "
+                        f"mean (a weights-only load may change only the MTP modules); keep the checkpoint's values "
+                        f"(its config.yaml), or train this config from scratch without checkpoint.load")
+    before, after = saved.mtp, now.mtp
+    heads = "parallel" in (before.style, after.style) and before.num_layers and after.num_layers
+    if heads and (before.style != after.style or before.num_layers != after.num_layers):
+        raise UserError(f"{where}: the checkpoint has {_mtp_words(before)} and this run {_mtp_words(after)}, and a "
+                        "load neither turns modules into heads nor initialises heads; keep the checkpoint's "
+                        f"mtp.style={before.style} and mtp.num_layers={before.num_layers}")
+    if after.style == "parallel" and after.num_layers and not before.num_layers:
+        raise UserError(f"{where}: the checkpoint has no MTP and this run {_mtp_words(after)}, which a load does "
+                        "not initialise; use sequential MTP modules (mtp.style=sequential, which mtp.init "
+                        "initialises) or train the heads from scratch")
+    sequential = after.style == "sequential" and before.style == "sequential"
+    if sequential and after.modules > before.modules and load_optimizer and not after.freeze_base:
+        raise UserError(f"{where}: this run adds MTP modules (the checkpoint has {_mtp_words(before)}, this run "
+                        f"{_mtp_words(after)}) and checkpoint.load_optimizer=true would load an optimizer state "
+                        "that has none for them; set checkpoint.load_optimizer=false")
+    notes = []
+    if sequential and after.modules < before.modules:
+        left = range(after.modules, before.modules)
+        notes.append(f"checkpoint.load: {src} has {_mtp_words(before)}; this run loads {_mtp_words(after)} and "
+                     f"leaves out {', '.join(f'mtp.layers.{d}' for d in left)}")
+    return notes

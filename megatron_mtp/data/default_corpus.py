@@ -109,6 +109,14 @@ def select_files(max_bytes: int, root: Optional[str] = None) -> tuple[list[tuple
     return train, valid
 
 
+def validation_text(max_bytes: int = DEFAULT_MAX_BYTES) -> str:
+    """The held-out files' text, one blank line between files: the default corpus's validation split
+    for a model with a tokenizer of its own (``eval`` of an imported model), whose special tokens
+    are not this corpus's."""
+    _, valid = select_files(max_bytes)
+    return "\n\n".join(text for _, text in valid)
+
+
 def corpus_key(vocab_size: int, max_bytes: int) -> str:
     import tokenizers
 

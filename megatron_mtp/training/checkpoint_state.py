@@ -95,9 +95,13 @@ def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: b
     elif saved.get("world_size") != ranks.world_size:
         sd.pop("rng_state")  # per-rank RNG streams only make sense at the same world size
     new_mtp, copies = (_new_mtp_modules(ckpt, cfg, components, sd) if cfg is not None and not load_optimizer
-                       else (set(), {}))
+                       else (set(), []))
     loaded = dist_checkpointing.load(sd, str(ckpt), sharded_strategy=_load_strategy(ckpt, fully_parallel))
-    copied = dist_checkpointing.load(copies, str(ckpt)) if copies else {}  # every rank: the config decides
+    # one load per new module: each reads the same last-layer tensors, which one load can't read twice
+    copied: dict = {}
+    for module_copies in copies:  # every rank: the config decides
+        for key, chunk_sd in dist_checkpointing.load(module_copies, str(ckpt)).items():
+            copied.setdefault(key, {}).update(chunk_sd)
     for key, chunk in zip(_model_keys(components), components.model):
         result = unwrap(chunk).load_state_dict({**loaded[key], **copied.get(key, {})}, strict=not new_mtp)
         if new_mtp:
@@ -117,33 +121,34 @@ def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: b
     return TrainState(**{k: int(v) for k, v in loaded["train_state"].items()})
 
 
-def _new_mtp_modules(ckpt: Path, cfg, components: Components, sd: dict) -> tuple[set[str], dict]:
+def _new_mtp_modules(ckpt: Path, cfg, components: Components, sd: dict) -> tuple[set[str], list[dict]]:
     """Sequential MTP modules this run has and the checkpoint lacks (a weights-only load of a model
     trained or imported with fewer). Their entries leave the state dict to load, so they keep their
-    initial weights; with mtp.init=copy_last_layer their transformer layer's entries come back as a
-    second state dict whose keys name the checkpoint's last decoder layer (same keys below the layer
-    prefix; read in a load of its own, since one load can't read a tensor twice on a rank).
-    Returns (their module prefixes, that second state dict)."""
+    initial weights; with mtp.init=copy_last_layer each module's transformer-layer entries come back as
+    a state dict of its own whose keys name the checkpoint's last decoder layer (same keys below the
+    layer prefix; each read in a load of its own, since one load can't read a tensor twice on a rank).
+    Returns (their module prefixes, those state dicts)."""
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
     from megatron_mtp.checkpoint.info import read_config
 
     saved = read_config(ckpt)
     if cfg.mtp.style != "sequential" or saved.mtp.style != "sequential" or cfg.mtp.modules <= saved.mtp.modules:
-        return set(), {}
-    prefixes = {f"mtp.layers.{d}." for d in range(saved.mtp.modules, cfg.mtp.modules)}
+        return set(), []
+    order = [f"mtp.layers.{d}." for d in range(saved.mtp.modules, cfg.mtp.modules)]
     last = f"decoder.layers.{cfg.model.num_layers - 1}."
-    copies: dict = {}
+    copies: list[dict] = [{} for _ in order]
     for key in _model_keys(components):
-        chunk, copies[key] = sd[key], {}
-        for name in [n for n in chunk if n.startswith(tuple(prefixes))]:
+        chunk = sd[key]
+        for name in [n for n in chunk if n.startswith(tuple(order))]:
             entry = chunk.pop(name)
-            layer = next(p for p in prefixes if name.startswith(p)) + "transformer_layer."
+            index = next(i for i, p in enumerate(order) if name.startswith(p))
+            layer = order[index] + "transformer_layer."
             if (cfg.mtp.init == "copy_last_layer" and isinstance(entry, (ShardedTensor, ShardedTensorFactory))
                     and entry.key.startswith(layer)):
                 entry.key = last + entry.key[len(layer):]
-                copies[key][name] = entry
-    return prefixes, (copies if cfg.mtp.init == "copy_last_layer" else {})
+                copies[index].setdefault(key, {})[name] = entry
+    return set(order), ([c for c in copies if c] if cfg.mtp.init == "copy_last_layer" else [])
 
 
 def _check_shard_files(ckpt: Path) -> None:

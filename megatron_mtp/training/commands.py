@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
 from pathlib import Path
+from typing import Any, Optional
 
 from megatron_mtp import strict_json
 from megatron_mtp.config import Config
@@ -86,27 +88,65 @@ def _eval_config(ckpt: Path, overrides: list[str]) -> Config:
     return from_dict(RootConfig, data)
 
 
-def _evaluate_checkpoint(path: str, overrides: list[str], text_file: str | None, steps: int | None) -> dict:
+@dataclasses.dataclass(frozen=True)
+class EvalData:
+    """The one token stream and batch shape every side of an evaluation is scored on (the first
+    checkpoint's shape): a text (--text-file, or the default corpus's held-out files for a checkpoint
+    with a tokenizer of its own and no datasets, e.g. an imported model), else the first checkpoint's
+    validation data."""
+
+    seq_length: int
+    micro_batch_size: int
+    data: Any
+    """The first checkpoint's data config (validation datasets), used when ``text`` is None."""
+    text: Optional[str] = None
+    where: str = ""
+    max_windows: Optional[int] = None
+
+
+def _eval_data(first: Config, text_file: Optional[str], steps: Optional[int]) -> EvalData:
+    from megatron_mtp.training.text_eval import read_text_file
+
+    t = first.training
+    shape = {"seq_length": t.seq_length, "micro_batch_size": t.micro_batch_size, "data": first.data}
+    if text_file:
+        return EvalData(**shape, text=read_text_file(text_file), where=f"--text-file {text_file}")
+    if first.data.paths is None and first.data.tokenizer is not None:
+        from megatron_mtp.data.default_corpus import validation_text
+
+        return EvalData(**shape, text=validation_text(first.data.default_corpus_max_bytes),
+                        where="the default corpus's held-out files",
+                        max_windows=(steps or first.logging.eval_steps) * t.global_batch_size)
+    return EvalData(**shape)
+
+
+def _side_config(ckpt: Path, overrides: list[str], data: EvalData) -> Config:
+    """This side's config, scored at the shared batch shape (and on the shared datasets)."""
+    cfg = _eval_config(ckpt, overrides)
+    t = cfg.training
+    dp = max(t.global_batch_size // t.micro_batch_size, 1)
+    training = dataclasses.replace(t, seq_length=data.seq_length, micro_batch_size=data.micro_batch_size,
+                                   global_batch_size=data.micro_batch_size * dp)
+    if data.text is not None:
+        return cfg.replace(training=training)
+    return cfg.replace(training=training, data=data.data)
+
+
+def _evaluate_checkpoint(ckpt: Path, cfg: Config, data: EvalData, steps: Optional[int]) -> dict:
     """One checkpoint's evaluation (megatron-core's parallel state is torn down after it; the world
     process group stays for the next)."""
     from megatron.core import parallel_state
 
-    from megatron_mtp.checkpoint.run_dir import resolve_checkpoint
     from megatron_mtp.training.evaluation import evaluate, evaluate_batches, session_metrics
     from megatron_mtp.training.session import open_checkpoint_for_eval
 
-    resolved = resolve_checkpoint(path)
-    if resolved.note:
-        print(f"megatron-mtp eval: note: {resolved.note}", file=sys.stderr)
-    ckpt = resolved.path
-    cfg = _eval_config(ckpt, overrides)
     session = open_checkpoint_for_eval(ckpt, cfg)
     try:
         metrics = session_metrics(session)
-        if text_file:
-            from megatron_mtp.training.text_eval import text_file_batches
+        if data.text is not None:
+            from megatron_mtp.training.text_eval import text_batches
 
-            batches, num_micro = text_file_batches(session, text_file)
+            batches, num_micro = text_batches(session, data.text, data.where, data.max_windows)
             result = evaluate_batches(session, batches, num_micro, metrics, cfg.training.micro_batch_size,
                                       cfg.training.seq_length)
         else:
@@ -129,20 +169,28 @@ def _evaluate_checkpoint(path: str, overrides: list[str], text_file: str | None,
 
 def eval_main(path: str, overrides: list[str], as_json: bool, text_file: str | None, steps: int | None,
               compare: str | None = None) -> int:
-    """Evaluate a checkpoint; with `compare`, another one on the same tokens, side by side (e.g. an
-    MTP-only run and the model it started from: the acceptance per depth before and after)."""
+    """Evaluate a checkpoint; with `compare`, another one on the same tokens at the same batch shape,
+    side by side (e.g. an MTP-only run and the model it started from: the acceptance per depth before
+    and after)."""
     import torch
 
+    from megatron_mtp.checkpoint.run_dir import resolve_checkpoint
     from megatron_mtp.training.distributed import destroy
 
     try:
-        paths = [path] + ([compare] if compare else [])
-        if compare:  # both named checkpoints exist, before the first is evaluated
-            from megatron_mtp.checkpoint.run_dir import resolve_checkpoint
-
-            for p in paths:
-                resolve_checkpoint(p)
-        results = [_evaluate_checkpoint(p, overrides, text_file, steps) for p in paths]
+        resolved = [resolve_checkpoint(p) for p in [path] + ([compare] if compare else [])]  # all exist first
+        for r in resolved:
+            if r.note:
+                print(f"megatron-mtp eval: note: {r.note}", file=sys.stderr)
+        configs = [_eval_config(r.path, overrides) for r in resolved]
+        data = _eval_data(configs[0], text_file, steps)
+        sides = [_side_config(r.path, overrides, data) for r in resolved]
+        vocabs = {c.model.vocab_size for c in sides}
+        if len(vocabs) > 1:
+            raise UserError(f"--compare needs two models of one vocabulary, and {resolved[0].path} has "
+                            f"{sides[0].model.vocab_size} tokens where {resolved[1].path} has "
+                            f"{sides[1].model.vocab_size}; compare checkpoints of the same tokenizer")
+        results = [_evaluate_checkpoint(r.path, cfg, data, steps) for r, cfg in zip(resolved, sides)]
         if torch.distributed.get_rank() == 0:
             if as_json:
                 print(strict_json.dumps(results[0] if not compare else {"checkpoints": results}))

@@ -62,3 +62,23 @@ def claim_run_dir(run_dir: Path, start_fresh: bool, ranks) -> tuple[Optional[run
     if float(refused[0]) > 0:
         raise RunError(problem or "rank 0 could not claim the run directory")
     return lock, notes
+
+
+def run_dir_state(run_dir: Path) -> tuple[bool, bool, bool]:
+    """(run dir, checkpoints/, lock file) exist: what forget_claim restores after a failed start."""
+    return run_dir.exists(), (run_dir / CHECKPOINTS_DIR).exists(), (run_dir / run_lock.LOCK_FILE).exists()
+
+
+def forget_claim(run_dir: Path, before: tuple[bool, bool, bool]) -> None:
+    """Undo what claim_run_dir created when the start failed after it (rank 0, lock released): an empty
+    checkpoints/, the lock file, and the run directory if it is empty now and was not there before."""
+    had_dir, had_checkpoints, had_lock = before
+    try:
+        if not had_checkpoints and (run_dir / CHECKPOINTS_DIR).is_dir():
+            (run_dir / CHECKPOINTS_DIR).rmdir()  # only if empty: a failed start wrote no checkpoint
+        if not had_lock:
+            (run_dir / run_lock.LOCK_FILE).unlink(missing_ok=True)
+        if not had_dir:
+            run_dir.rmdir()
+    except OSError:
+        pass  # something else is in it now: keep it

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from megatron_mtp.checkpoint.info import read_config
-from megatron_mtp.checkpoint.resume_rules import refuse_meaning_changes
+from megatron_mtp.checkpoint.resume_rules import refuse_load_changes, refuse_meaning_changes
 from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, find_checkpoint, resolve_checkpoint
 from megatron_mtp.config import Config
 from megatron_mtp.config.validate import validate
@@ -23,7 +23,7 @@ from megatron_mtp.training import checkpoint_state as ckpt_io
 from megatron_mtp.training.components import Components, TrainState, build_components
 from megatron_mtp.training.distributed import Ranks, env_world, init_distributed
 from megatron_mtp.training.finite_weights import refuse_nonfinite_loaded_weights
-from megatron_mtp.training.run_dir_claim import claim_run_dir
+from megatron_mtp.training.run_dir_claim import claim_run_dir, forget_claim, run_dir_state
 
 
 @dataclass
@@ -50,19 +50,22 @@ def _with_vocab(cfg: Config, tokenizer) -> Config:
     return cfg.replace(model=dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
 
 
-def _check_start_point(cfg: Config, run_dir: Path) -> None:
+def _check_start_point(cfg: Config, run_dir: Path) -> list[str]:
     """Before any process group starts or anything is written: the run's own checkpoint must mean what
     this config means (checkpoint/resume_rules.py; checkpoint.start_fresh moves it aside instead), and
-    a checkpoint.load for a new run must name a complete checkpoint."""
+    a checkpoint.load for a new run must name a complete checkpoint whose main model is this config's.
+    Returns the notes of a load that leaves MTP modules out."""
     own = None if cfg.checkpoint.start_fresh else find_checkpoint(run_dir)
     if own is not None:
         refuse_meaning_changes(read_config(own.path), cfg, own.path, run_dir)
     elif cfg.checkpoint.load:
-        resolve_checkpoint(cfg.checkpoint.load, what="checkpoint.load")
+        src = resolve_checkpoint(cfg.checkpoint.load, what="checkpoint.load")
+        return refuse_load_changes(read_config(src.path), cfg, src.path, cfg.checkpoint.load_optimizer)
+    return []
 
 
 def open_training(cfg: Config, run_dir: Path) -> Session:
-    from megatron_mtp.data.datasets import build_datasets, check_data_config, resolve_data
+    from megatron_mtp.data.datasets import check_data_config, resolve_data
 
     _, world = env_world()
     validate(cfg, world)
@@ -70,10 +73,24 @@ def open_training(cfg: Config, run_dir: Path) -> Session:
     resolved = resolve_data(cfg)
     cfg = _with_vocab(cfg, resolved.tokenizer)
     check_data_config(cfg, resolved)
-    _check_start_point(cfg, run_dir)
+    load_notes = _check_start_point(cfg, run_dir)
     platform = setup_platform(cfg.training.device, cfg.parallel.backend, cfg.training.fp8)
     ranks = init_distributed(cfg, platform)
+    before = run_dir_state(run_dir)
     lock, notes = claim_run_dir(run_dir, cfg.checkpoint.start_fresh, ranks)
+    try:
+        return _open_claimed(cfg, run_dir, platform, ranks, resolved, lock, notes + load_notes)
+    except BaseException:
+        if lock is not None:  # nothing of this attempt stays to make the next one different
+            lock.release()
+            forget_claim(run_dir, before)
+        raise
+
+
+def _open_claimed(cfg: Config, run_dir: Path, platform: Platform, ranks: Ranks, resolved, lock,
+                  notes: list[str]) -> Session:
+    from megatron_mtp.data.datasets import build_datasets
+
     components = build_components(cfg, platform, padded_vocab_size(cfg.model.vocab_size, cfg))
 
     state, loaded_from = TrainState(), None

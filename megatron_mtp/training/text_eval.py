@@ -14,23 +14,31 @@ import torch
 from megatron_mtp.errors import UserError
 
 
-def text_file_batches(session, text_file: str):
-    cfg, ranks = session.cfg, session.ranks
-    if session.tokenizer is None:
-        raise UserError(f"checkpoint {session.loaded_from} has no tokenizer/ directory, so --text-file cannot be "
-                        "tokenized")
+def read_text_file(text_file: str) -> str:
+    """--text-file's text, in one sentence when it can't be read."""
     path = Path(text_file)
+    if path.is_dir():
+        raise UserError(f"--text-file {text_file} is a directory; give a UTF-8 text file")
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise UserError(f"--text-file {text_file} does not exist") from None
     except UnicodeDecodeError as exc:
         raise UserError(f"--text-file {text_file} is not UTF-8 text (byte {exc.start}); convert it to UTF-8") from None
+
+
+def text_batches(session, text: str, where: str, max_windows: int | None = None):
+    """Micro-batches of ``text`` (what ``where`` names) at the session's sequence length and micro-batch
+    size: every window, or the first ``max_windows``."""
+    cfg, ranks = session.cfg, session.ranks
+    if session.tokenizer is None:
+        raise UserError(f"checkpoint {session.loaded_from} has no tokenizer/ directory, so {where} cannot be "
+                        "tokenized")
     ids = session.tokenizer.encode(text)
     s = cfg.training.seq_length
-    n_windows = len(ids) // s
+    n_windows = len(ids) // s if max_windows is None else min(len(ids) // s, max_windows)
     if n_windows == 0:
-        raise UserError(f"--text-file {text_file} has {len(ids)} tokens, fewer than one window of "
+        raise UserError(f"{where} has {len(ids)} tokens, fewer than one window of "
                         f"training.seq_length={s}; use a longer file or a smaller seq_length")
     windows = torch.tensor(ids[: n_windows * s], dtype=torch.long).view(n_windows, s)
     mbs = cfg.training.micro_batch_size

@@ -168,6 +168,21 @@ def test_eval_loss_equals_loss_from_transformers_logits(trained_run, export_fp32
     assert abs(result["lm_loss"] - loss.item()) < 1e-4
 
 
+def test_eval_compare_scores_a_run_and_its_export_on_the_same_tokens(trained_run, export_fp32):
+    """An HF export is evaluated without --text-file, and either side of --compare may be one: both
+    sides get one token stream at one batch shape (the first side's data, or for an export the default
+    corpus's held-out text in its own tokenizer), so the same weights give the same losses."""
+    from tests.convert.helpers import megatron_cli
+
+    for first, second in ((trained_run, export_fp32), (export_fp32, trained_run)):
+        proc = megatron_cli("eval", str(first), "--compare", str(second), "--steps", "1", "--json")
+        run_side, export_side = json.loads(proc.stdout.strip().splitlines()[-1])["checkpoints"][::(
+            1 if first == trained_run else -1)]
+        assert run_side["tokens"] == export_side["tokens"] > 0, (first, run_side, export_side)
+        assert abs(run_side["lm_loss"] - export_side["lm_loss"]) < 1e-5
+        assert all(abs(a - b) < 1e-5 for a, b in zip(run_side["mtp_loss"], export_side["mtp_loss"], strict=True))
+
+
 def test_v2_style_softmax_model_without_expert_bias(export_fp32, tmp_path):
     from safetensors.torch import load_file, save_file
 

@@ -30,12 +30,12 @@ def base(tmp_path_factory, train):
 
 def test_new_mtp_modules_on_a_model_without_mtp(tmp_path, base, train):
     runs = {}
-    for init in ("random", "copy_last_layer"):
+    for init, depth in (("random", 1), ("copy_last_layer", 2)):  # two new modules: each copies the last layer
         runs[init] = tmp_path / init
         proc = train(runs[init], steps=1, overrides=(
-            "mtp.num_layers=1", f"mtp.init={init}", f"checkpoint.load={base}", "checkpoint.load_optimizer=false",
+            f"mtp.num_layers={depth}", f"mtp.init={init}", f"checkpoint.load={base}", "checkpoint.load_optimizer=false",
             *FROZEN, "checkpoint.save_interval=1"))
-        assert "train/mtp_loss_1" in proc.stdout or "mtp1_loss" in proc.stdout
+        assert f"mtp{depth}_loss" in proc.stdout
     with TorchDistReader(_latest(base)) as src, TorchDistReader(_latest(runs["random"])) as rnd, \
             TorchDistReader(_latest(runs["copy_last_layer"])) as cpy:
         # the expert bias moves by its own update rule, not the learning rate
@@ -50,9 +50,42 @@ def test_new_mtp_modules_on_a_model_without_mtp(tmp_path, base, train):
         for key in layer:
             twin = key.replace("mtp.layers.0.transformer_layer.", f"decoder.layers.{last}.")
             assert torch.equal(cpy.read(key), src.read(twin)), key
+            assert torch.equal(cpy.read(key.replace("mtp.layers.0.", "mtp.layers.1.")), src.read(twin)), key
             if "layernorm" not in key and "norm_weight" not in key:
                 assert not torch.equal(rnd.read(key), src.read(twin)), key  # random: its own weights
         assert torch.equal(cpy.read("mtp.layers.0.eh_proj.weight"), rnd.read("mtp.layers.0.eh_proj.weight"))
+    # a load that leaves a module out says which
+    proc = train(tmp_path / "fewer", steps=1, overrides=(
+        "mtp.num_layers=1", f"checkpoint.load={_latest(runs['copy_last_layer'])}", "checkpoint.load_optimizer=false"))
+    assert "has 2 sequential MTP modules; this run loads 1 sequential MTP module and leaves out mtp.layers.1" \
+        in proc.stdout, proc.stdout[-2000:]
+
+
+GLM_TINY = ("model.num_layers=2",)
+
+
+@pytest.mark.parametrize("change, says", [
+    (("model.vocab_size=2048",), "model.vocab_size is 1024 in the checkpoint and 2048 now"),
+    (("model.num_layers=3",), "model.num_layers is 2 in the checkpoint and 3 now"),
+    (("model.num_layers=1", "model.first_k_dense=0"), "model.num_layers is 2 in the checkpoint and 1 now"),
+    (("model.hidden_size=256",), "model.hidden_size is 128 in the checkpoint and 256 now"),
+    (("mtp.style=parallel", "mtp.num_layers=1"), "the checkpoint has no MTP and this run 1 parallel MTP head"),
+    (("mtp.num_layers=1",), "set checkpoint.load_optimizer=false"),
+], ids=["vocab", "more-layers", "fewer-layers", "hidden", "heads", "optimizer"])
+def test_a_load_that_changes_the_main_model_is_one_sentence_and_leaves_nothing(tmp_path, base, train, change, says):
+    run = tmp_path / "run"
+    proc = train(run, steps=1, check=False, overrides=(f"checkpoint.load={base}", *change))
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and says in err[-1] and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert err[-1].startswith(f"megatron-mtp train: error: cannot start this run from checkpoint.load={base}")
+    assert not run.exists()  # no lock, no checkpoints/: the next attempt starts as this one did
+
+
+def test_a_load_of_another_family_is_one_sentence(tmp_path, base, train):
+    proc = train(tmp_path / "glm", steps=1, check=False, config="glm4_moe_tiny_cpu",
+                 overrides=(f"checkpoint.load={base}",))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "model.family is 'deepseek_v3' in the checkpoint and 'glm4_moe' now" in proc.stderr, proc.stderr[-2000:]
 
 
 MTP_ONLY = ("mtp.num_layers=1", "mtp.freeze_base=true", "checkpoint.load_optimizer=false", "checkpoint.save_interval=1",
