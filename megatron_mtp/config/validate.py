@@ -102,6 +102,11 @@ def check_attention(cfg: Config) -> None:
     if m.yarn.factor != 1.0:
         raise UserError(f"model.yarn.factor={m.yarn.factor} asks for YaRN, which model.family=glm4_moe does not "
                         "have (GLM-4.5 uses plain RoPE over rotary_percent of each head); remove model.yarn")
+    for name, null in (("num_query_groups", "one key/value head per query head"),
+                       ("head_dim", "model.hidden_size / model.num_attention_heads")):
+        value = getattr(m, name)
+        if value is not None and value < 1:
+            raise UserError(f"model.{name} is {value}; set a positive number, or null for {null}")
     groups = gqa_query_groups(m)
     if groups < 1 or m.num_attention_heads % groups:
         raise UserError(f"model.num_query_groups={m.num_query_groups} must be positive and divide "

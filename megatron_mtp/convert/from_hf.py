@@ -19,6 +19,7 @@ Streaming: one mcore tensor (routed experts: one expert) is assembled and writte
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -55,6 +56,8 @@ class _Sources:
     def __init__(self, main: HFDir, mtp: Optional[HFDir], num_layers: int) -> None:
         self.dirs = {"main": main}
         self.where: dict[str, tuple[str, str]] = {n: ("main", n) for n in main.names()}
+        self.replaced: set[int] = set()
+        """MTP modules (0-based) the main directory holds inline and the MTP directory replaces."""
         if mtp is not None:
             self.dirs["mtp"] = mtp
             nextn = any(str(a).endswith("NextN") for a in mtp.config.get("architectures") or [])
@@ -63,6 +66,8 @@ class _Sources:
                 if nextn and name.startswith("model.layers."):
                     _, _, index, rest = name.split(".", 3)
                     release = f"model.layers.{int(index) + num_layers}.{rest}"
+                if self.where.get(release, ("",))[0] == "main" and is_mtp_hf_name(release, num_layers):
+                    self.replaced.add(int(release.split(".", 3)[2]) - num_layers)
                 self.where[release] = ("mtp", name)  # the MTP directory's draft wins over one inline in main
 
     def __contains__(self, name: str) -> bool:
@@ -170,6 +175,10 @@ def import_from_hf(
     if model_cfg.num_experts and model_cfg.num_experts % ep:
         raise UserError(f"--ep {ep} does not divide the {model_cfg.num_experts} routed experts")
     src = _Sources(main, mtp, model_cfg.num_layers)
+    if src.replaced and with_mtp:
+        layers = ", ".join(f"model.layers.{model_cfg.num_layers + d}" for d in sorted(src.replaced))
+        print(f"note: '{main.path}' holds MTP weights inline ({layers}); the MTP directory '{mtp.path}' replaces "
+              "them", file=sys.stderr, flush=True)
     # the trainer writes TE spellings on every platform
     params = param_table(model_cfg, depth, spec="te", mtp_copies=False, style=style)
     for p in params:

@@ -27,15 +27,39 @@ def eos_ids(value: Any) -> EosIds:
     return tuple(int(v) for v in value) if isinstance(value, (list, tuple)) else int(value)
 
 
+def _strict(kind: Callable[[Any], Any], value: Any) -> Any:
+    """JSON's own types only: an int field takes an integer (2.0 too, never 2.5, "2" or true), a float
+    field a number, a bool field true or false (never the string "false"), a str field a string."""
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise ValueError
+    if kind in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError
+    if kind is int and isinstance(value, float) and not value.is_integer():
+        raise ValueError
+    if kind is str and not isinstance(value, str):
+        raise ValueError
+    if kind is dict and not isinstance(value, Mapping):
+        raise ValueError
+    return kind(value)
+
+
+_KIND_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "an object"}
+
+
 def read_value(raw: Mapping[str, Any], key: str, kind: Callable[[Any], Any], default: Any, where: str) -> Any:
-    """``kind(raw[key])``, ``default`` when absent or null; a malformed value is a UserError naming it."""
+    """``raw[key]`` as ``kind`` (JSON's own types: ``_strict``), ``default`` when absent or null; a
+    malformed value is a UserError naming it."""
     value = raw.get(key)
     if value is None:
         return default
     try:
-        return kind(value)
+        return _strict(kind, value) if kind in _KIND_WORDS else kind(value)
     except (TypeError, ValueError):
-        raise UserError(f"{where}: field '{key}' has a malformed value {value!r}; correct it in that file.") from None
+        wanted = f"; it must be {_KIND_WORDS[kind]}" if kind in _KIND_WORDS else ""
+        raise UserError(f"{where}: field '{key}' has a malformed value {value!r}{wanted}; correct it in that "
+                        "file.") from None
 
 
 def read_view_fields(raw: Mapping[str, Any], view: type, where: str, model_name: str) -> dict[str, Any]:
@@ -54,7 +78,27 @@ def read_view_fields(raw: Mapping[str, Any], view: type, where: str, model_name:
         if kind is not None:
             default = None if f.default is dataclasses.MISSING else f.default
             values[f.name] = read_value(raw, f.name, kind, default, where)
+            if f.default is dataclasses.MISSING and kind is int and values[f.name] < 1:  # the sizes
+                raise UserError(f"{where}: field '{f.name}' is {values[f.name]}; it must be a positive integer; "
+                                "correct it in that file.")
     return values
+
+
+def missing_or_value(raw: Mapping[str, Any], key: str, value: Any) -> str:
+    """How an error names a field's value: ``(8)``, or ``(not in the file; transformers' default 8)``."""
+    return f"({value})" if raw.get(key) is not None else f"(not in the file; transformers' default {value})"
+
+
+_NOTED: set[str] = set()
+
+
+def note_once(text: str) -> None:
+    """A note on stderr, once per process (a config.json is read by several steps of one command)."""
+    import sys
+
+    if text not in _NOTED:
+        _NOTED.add(text)
+        print(f"note: {text}", file=sys.stderr, flush=True)
 
 
 def mtp_depth(raw: Mapping[str, Any], where: str = "config.json") -> int:

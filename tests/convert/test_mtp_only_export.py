@@ -24,7 +24,7 @@ def test_mtp_only_is_the_separate_layouts_mtp_directory(trained_run, export_fp32
     assert not (tmp_path / "draft" / "tokenizer.json").exists()
 
 
-def test_mtp_dir_pairs_a_new_draft_with_a_release_that_has_its_own(trained_run, export_fp32, tmp_path):
+def test_mtp_dir_pairs_a_new_draft_with_a_release_that_has_its_own(trained_run, export_fp32, tmp_path, capfd):
     release = export_to_hf(trained_run, tmp_path / "release", mtp="inline", dtype="fp32")
     draft = export_to_hf(trained_run, tmp_path / "draft", mtp="only", dtype="fp32")
     changed = None
@@ -35,7 +35,11 @@ def test_mtp_dir_pairs_a_new_draft_with_a_release_that_has_its_own(trained_run, 
         save_file(tensors, str(f), metadata={"format": "pt"})
         changed = name
     assert changed is not None
+    capfd.readouterr()
     ckpt = import_from_hf(release, tmp_path / "ckpt", mtp_dir=draft)
+    said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("note:")]
+    assert said == [f"note: '{release}' holds MTP weights inline (model.layers.4); the MTP directory '{draft}' "
+                    "replaces them"], said
     with TorchDistReader(ckpt) as got, TorchDistReader(trained_run / "checkpoints" /
                                                        (trained_run / "checkpoints" / "latest").read_text().strip()
                                                        ) as src:

@@ -25,6 +25,9 @@ NO_IDS = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     (("recompute.granularity=selective", "recompute.modules=[mla_up_proj]"), "has no MLA"),
     (("mtp.style=parallel",), "deepseek_v3 only"),
     (("model.yarn.factor=4",), "does not have"),
+    (("model.num_query_groups=0",), "model.num_query_groups is 0; set a positive number, or null for one key/value"),
+    (("model.head_dim=-48",), r"model.head_dim is -48; set a positive number, or null for model.hidden_size /"),
+    (("model.head_dim=0",), "model.head_dim is 0; set a positive number"),
 ])
 def test_bad_glm_settings_are_one_sentence(override, words):
     from megatron_mtp.config.validate import validate
@@ -97,6 +100,36 @@ def test_what_glm_config_json_cannot_represent_is_refused(change, words):
     written = to_hf_config(cfg.model, cfg.mtp, vocab_size=4096, num_nextn_predict_layers=1).to_dict()
     with pytest.raises(UserError, match=words):
         from_hf_config({**written, **change})
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"num_key_value_heads": 2.5}, "field 'num_key_value_heads' has a malformed value 2.5; it must be an integer"),
+    ({"use_qk_norm": "false"}, "field 'use_qk_norm' has a malformed value 'false'; it must be true or false"),
+    ({"num_hidden_layers": -1}, "field 'num_hidden_layers' is -1; it must be a positive integer"),
+    ({"hidden_size": True}, "field 'hidden_size' has a malformed value True; it must be an integer"),
+    ({"rms_norm_eps": "1e-5"}, "field 'rms_norm_eps' has a malformed value '1e-5'; it must be a number"),
+    ({"num_key_value_heads": None, "num_attention_heads": 4},
+     r"num_key_value_heads \(not in the file; transformers' default 8\)"),
+])
+def test_glm_config_json_values_of_the_wrong_kind_are_one_sentence(change, words):
+    cfg = load_config(TINY)
+    written = to_hf_config(cfg.model, cfg.mtp, vocab_size=4096, num_nextn_predict_layers=1).to_dict()
+    with pytest.raises(UserError, match=words) as err:
+        from_hf_config({**written, **change})
+    assert "\n" not in str(err.value)
+    assert from_hf_config({**written, "num_key_value_heads": 2.0})[0].num_query_groups == 2  # an integral number
+
+
+def test_two_rotary_settings_that_disagree_are_named_in_one_note(capsys):
+    cfg = load_config(TINY)
+    raw = to_hf_config(cfg.model, cfg.mtp, vocab_size=4096, num_nextn_predict_layers=1).to_dict()
+    raw.update(rope_theta=10000.0, rope_parameters={"rope_type": "default", "rope_theta": 50000.0,
+                                                     "partial_rotary_factor": raw["partial_rotary_factor"]})
+    assert from_hf_config(raw)[0].rope_theta == 50000.0
+    from_hf_config(raw)  # read again: noted once
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert notes == ["note: config.json: rope_parameters gives rope_theta 50000.0 and the top level 10000.0; "
+                     "50000.0 is used, as transformers does"], notes
 
 
 def test_glm_release_shapes_match_their_published_sizes():

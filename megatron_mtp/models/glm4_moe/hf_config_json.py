@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.hf_common import EosIds, eos_ids, mtp_depth, read_view_fields
+from megatron_mtp.models.hf_common import EosIds, eos_ids, missing_or_value, mtp_depth, note_once, read_view_fields
 from megatron_mtp.models.hf_common import read_value as _value
 
 
@@ -102,8 +102,14 @@ def _rope(raw: Mapping[str, Any], where: str) -> dict[str, float]:
         raise UserError(f"{where}: rope type '{kind}' is not supported for a GLM-4.5-family model (only the "
                         "default RoPE, which GLM-4.5/4.6/4.7 use).")
     defaults = {"rope_theta": 10000.0, "partial_rotary_factor": 0.5}
-    return {key: _value(params if params.get(key) is not None else raw, key, float, defaults[key], where)
-            for key in _ROPE_KEYS}
+    out = {key: _value(params if params.get(key) is not None else raw, key, float, defaults[key], where)
+           for key in _ROPE_KEYS}
+    for key in _ROPE_KEYS:
+        top = _value(raw, key, float, None, where)
+        if params.get(key) is not None and top is not None and top != out[key]:
+            note_once(f"{where}: rope_parameters gives {key} {params[key]} and the top level {raw[key]}; "
+                      f"{params[key]} is used, as transformers does")
+    return out
 
 
 def parse_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> Glm4MoeHFConfig:
@@ -111,8 +117,9 @@ def parse_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> Glm4M
     values = read_view_fields(raw, Glm4MoeHFConfig, where, "GLM-4.5-family")
     heads = values["num_attention_heads"]
     if heads < 1 or values["num_key_value_heads"] < 1 or heads % values["num_key_value_heads"]:
+        kv = missing_or_value(raw, "num_key_value_heads", values["num_key_value_heads"])
         raise UserError(f"{where}: num_attention_heads ({heads}) must be a positive multiple of num_key_value_heads "
-                        f"({values['num_key_value_heads']}).")
+                        f"{kv}.")
     head_dim = values["head_dim"] or values["hidden_size"] // heads
     values.update(
         architectures=tuple(str(a) for a in raw.get("architectures") or ()),
