@@ -127,6 +127,28 @@ class Prediction:
         return self.tokens_per_round * self.plain_ms / self.round_ms
 
 
+def check_serve_layout(cfg: Config, serve: ServeLayout) -> None:
+    """The serving layout must be one an engine can build: whole experts per expert-parallel GPU and
+    whole attention heads (and key/value heads, or copies of them) per tensor-parallel GPU."""
+    m = cfg.model
+    if serve.ep > 1 and not m.num_experts:
+        raise UserError(f"--serve-ep is {serve.ep} and this model has no routed experts; use --serve-ep 1")
+    if m.num_experts and m.num_experts % serve.ep:
+        raise UserError(f"--serve-ep {serve.ep} does not divide the model's {m.num_experts} routed experts; give a "
+                        f"divisor of {m.num_experts} (every expert-parallel GPU holds whole experts)")
+    if m.num_attention_heads % serve.tp:
+        raise UserError(f"--serve-tp {serve.tp} does not divide the model's {m.num_attention_heads} attention heads; "
+                        f"give a divisor of {m.num_attention_heads}")
+    if get_family(m.family).ATTENTION == "gqa":
+        from megatron_mtp.config.model import gqa_query_groups
+
+        kv = gqa_query_groups(m)
+        if kv % serve.tp and serve.tp % kv:
+            raise UserError(f"--serve-tp {serve.tp} neither divides the model's {kv} key/value heads nor is a "
+                            f"multiple of them (which engines serve by copying each); give a divisor or a multiple "
+                            f"of {kv}")
+
+
 def predict(cfg: Config, padded_vocab: int, gpu: Gpu, acceptance: list[float], serve: ServeLayout,
             batches=BATCHES, drafts=DRAFTS) -> list[Prediction]:
     if not cfg.mtp.num_layers or cfg.mtp.style != "sequential":
@@ -136,6 +158,7 @@ def predict(cfg: Config, padded_vocab: int, gpu: Gpu, acceptance: list[float], s
         raise UserError(f"the memory bandwidth of '{gpu.name}' is unknown; use --gpu h100, h200 or b200")
     if not acceptance or any(not 0.0 <= a <= 1.0 for a in acceptance):
         raise UserError(f"--acceptance {acceptance} must be rates between 0 and 1 (e.g. 0.85 or 0.9,0.8,0.7)")
+    check_serve_layout(cfg, serve)
     out = []
     m = cfg.model
     fp8 = serve.weight_bytes <= 1

@@ -73,8 +73,29 @@ def test_moe_verification_touches_more_experts_and_the_gain_returns_with_the_bat
     (["--serve-tp", "0"], "--serve-tp is 0"),
     (["mtp.num_layers=0"], "needs a sequential MTP module"),
     (["--gpu", "96"], "bandwidth of '96 GiB GPU' is unknown"),
+    (["--serve-ep", "100000"], "--serve-ep 100000 does not divide the model's 256 routed experts"),
 ])
 def test_bad_input_is_one_sentence(args, words):
     proc = subprocess.run([sys.executable, "-m", "megatron_mtp", "plan", V3, "--speculative", *args],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and words in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize("config, tp, ep, words", [
+    ("deepseek_v3_671b", 1, 3, "--serve-ep 3 does not divide the model's 256 routed experts"),
+    ("deepseek_v3_671b", 1, 1000, "--serve-ep 1000 does not divide"),
+    ("deepseek_v3_671b", 256, 1, "--serve-tp 256 does not divide the model's 128 attention heads"),
+    ("glm4_5", 3, 1, "--serve-tp 3 neither divides the model's 8 key/value heads nor is a multiple of them"),
+    ("glm4_5", 1, 160, None), ("glm4_5", 16, 8, None), ("glm4_5", 4, 1, None),
+])
+def test_a_serving_layout_an_engine_cannot_build_is_one_sentence(config, tp, ep, words):
+    from megatron_mtp.config import load_config
+    from megatron_mtp.errors import UserError
+    from megatron_mtp.plan.speculative import ServeLayout, check_serve_layout
+
+    cfg = load_config(str(ROOT / "configs" / f"{config}.yaml"))
+    if words is None:
+        check_serve_layout(cfg, ServeLayout(tp=tp, ep=ep))
+        return
+    with pytest.raises(UserError, match=words):
+        check_serve_layout(cfg, ServeLayout(tp=tp, ep=ep))
