@@ -28,6 +28,7 @@ import fcntl
 import os
 import secrets
 import shutil
+import socket
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence, Union
 
@@ -126,8 +127,46 @@ def describe_failure(exc: BaseException, where: Path, needed_bytes: Optional[int
 
 
 def temp_name(out: Path) -> Path:
-    """``.NAME.tmp-PID-RANDOM`` beside ``out``: no two writers share one, even across machines."""
-    return out.parent / f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    """``.NAME.tmp-HOST-PID-RANDOM`` beside ``out``: no two writers share one, even across machines, and
+    the next writer can tell whether the one that left it is gone (remove_stale_temps)."""
+    return out.parent / f".{out.name}.tmp-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _writer_gone(host: Optional[str], pid: int) -> bool:
+    """True when the process that made a temporary no longer runs (only decidable on its own host)."""
+    if host is not None and host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def remove_stale_temps(out: Path) -> list[str]:
+    """Remove the temporaries of earlier writers of ``out`` that are gone (a ``kill -9``, a lost node:
+    at 671B scale, hundreds of GB of partial shards) and say so on stderr; returns what was removed."""
+    import sys
+
+    removed = []
+    prefix = f".{out.name}.tmp-"
+    try:
+        siblings = [p for p in out.parent.iterdir() if p.name.startswith(prefix)]
+    except OSError:
+        return removed
+    for path in siblings:
+        parts = path.name[len(prefix):].rsplit("-", 2)  # HOST-PID-RANDOM (HOST may hold '-'), or PID-RANDOM
+        host, pid = (parts[0], parts[1]) if len(parts) == 3 else (None, parts[0])
+        if not pid.isdigit() or not _writer_gone(host, int(pid)):
+            continue
+        size = tree_bytes(path)
+        _remove(path)
+        removed.append(str(path))
+        print(f"note: removed {path} ({size_text(size)}), left by an earlier writer of '{out}' (pid {pid}) that is "
+              "gone", file=sys.stderr, flush=True)
+    return removed
 
 
 def tree_bytes(path: Path) -> int:
@@ -257,6 +296,7 @@ def staged_dir(out: PathLike, what: str = "output", needed_bytes: Optional[int] 
     ``may_exist_empty``: an empty directory at ``out`` is replaced. Failures: see the module docstring."""
     out = Path(out).absolute()
     check_output_free(out, what, may_exist_empty, make_parents)
+    remove_stale_temps(out)  # before the space check: what they hold is what this write may need
     tmp = temp_name(out)
     try:
         check_space(out, needed_bytes, what)

@@ -163,3 +163,39 @@ def test_two_processes_writing_one_output(tmp_path):
     assert procs[1].returncode == 2 and "appeared while this command was writing it" in b_out, b_out + b_err
     assert sorted(p.name for p in out.parent.iterdir()) == ["go", "out", "staged-a", "staged-b"]
     assert (out / "data").read_bytes() == b"a" * 100_000
+
+
+_KILLED_WRITER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from megatron_mtp.output import staged_dir
+    with staged_dir(sys.argv[1]) as tmp:
+        (Path(tmp) / "shard").write_bytes(b"x" * 100_000)
+        print("writing", flush=True)
+        time.sleep(600)
+""")
+
+
+def test_the_temporary_of_a_killed_writer_is_removed_by_the_next_and_said(tmp_path, capfd):
+    out = tmp_path / "out"
+    writers = [subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(out)], cwd=REPO, text=True,
+                                stdout=subprocess.PIPE) for _ in range(2)]
+    try:
+        for w in writers:
+            assert w.stdout.readline().strip() == "writing"
+        writers[0].kill()  # SIGKILL: no handler runs, its partial shard stays behind
+        writers[0].wait()
+        before = _left(tmp_path)
+        assert len(before) == 2 and all(n.startswith(".out.tmp-") for n in before)
+        capfd.readouterr()
+        with staged_dir(out) as tmp:
+            (tmp / "shard").write_bytes(b"y")
+        err = capfd.readouterr().err
+        dead = f".out.tmp-{os.uname().nodename}-{writers[0].pid}-"
+        assert f"note: removed {tmp_path}/{dead}" in err and f"(pid {writers[0].pid}) that is gone" in err, err
+        # the live writer's temporary stays; the dead one's is gone; the output is ours
+        assert _left(tmp_path) == sorted(["out", next(n for n in before if f"-{writers[1].pid}-" in n)])
+    finally:
+        for w in writers:
+            w.kill()
+            w.wait()
