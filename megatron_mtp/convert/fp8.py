@@ -37,8 +37,13 @@ def dequantize_blockwise(
             f"'{name}_scale_inv' has shape {tuple(scale_inv.shape)} but weight {tuple(weight.shape)} with "
             f"{br}x{bc} blocks needs {expected}; the checkpoint's scales do not match its weights"
         )
-    out = torch.empty((rows, cols), dtype=out_dtype)
     scale = scale_inv.to(torch.float32)
+    bad = ~(torch.isfinite(scale) & (scale > 0))
+    if bool(bad.any()):
+        i, j = (int(v) for v in bad.nonzero()[0])
+        raise UserError(f"'{name}_scale_inv' holds {float(scale[i, j])!r} for block ({i}, {j}) and FP8 block scales "
+                        "must be finite and above 0; the checkpoint's scales are damaged, download it again")
+    out = torch.empty((rows, cols), dtype=out_dtype)
     for i in range(expected[0]):
         r0, r1 = i * br, min((i + 1) * br, rows)
         row_scale = scale[i].repeat_interleave(bc)[:cols]

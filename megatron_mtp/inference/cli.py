@@ -56,10 +56,12 @@ def _read_prompt(args: argparse.Namespace) -> str:
     if args.prompt is not None:
         return str(args.prompt)
     path = Path(args.prompt_file)
+    if path.is_dir():
+        raise UserError(f"prompt file {path} is a directory; pass a file whose content is the prompt to --prompt-file.")
     if not path.is_file():
         raise UserError(f"prompt file {path} does not exist; pass an existing file to --prompt-file.")
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the prompt
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"prompt file {path} cannot be read as UTF-8 text ({exc}).") from exc
 

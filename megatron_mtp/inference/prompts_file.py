@@ -1,4 +1,5 @@
-"""Reading `generate --prompts-file F`: one prompt per line, or JSON Lines when F ends in `.jsonl`.
+"""Reading `generate --prompts-file F`: one prompt per line, or JSON Lines when F ends in `.jsonl` or
+`.ndjson` (in any case). A UTF-8 byte-order mark at the start of F is not part of the first prompt.
 
 A `.jsonl` line is an object with a "prompt" (text, or a list of token ids) and, optionally, its own
 "max_new_tokens". Blank lines are skipped in both formats; every prompt keeps the number of its line,
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from megatron_mtp.errors import UserError
+
+JSON_LINES_SUFFIXES = (".jsonl", ".ndjson")
 
 
 @dataclass(frozen=True)
@@ -40,13 +43,15 @@ def _json_prompt(text: str, where: str, default_budget: int) -> tuple[str | list
 
 def read_prompts_file(path: Path, default_budget: int) -> list[FilePrompt]:
     """The prompts of F in file order; a UserError names the file and line of what is wrong."""
+    if path.is_dir():
+        raise UserError(f"prompts file {path} is a directory; pass a file of prompts to --prompts-file.")
     if not path.is_file():
         raise UserError(f"prompts file {path} does not exist; pass an existing file to --prompts-file.")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"prompts file {path} cannot be read as UTF-8 text ({exc}).") from exc
-    jsonl = path.suffix == ".jsonl"
+    jsonl = path.suffix.lower() in JSON_LINES_SUFFIXES
     out = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():

@@ -143,6 +143,19 @@ def test_fp8_release_format_imports_dequantised(export_fp32, tmp_path):
     assert torch.equal(reader.read("decoder.layers.0.self_attention.linear_q_up_proj.weight"),
                        expected["model.layers.0.self_attn.q_b_proj.weight"])
     assert not any(k.endswith("_scale_inv") for k in reader.keys())
+    # a damaged scale (0 or below) is one sentence for the importer and the decoder, not silent zeros
+    name = "model.layers.0.self_attn.q_b_proj.weight_scale_inv"
+    tensors[name] = tensors[name].clone()
+    tensors[name][0, 0] = 0.0
+    save_file(tensors, str(fp8 / "model.safetensors"))
+    with pytest.raises(UserError, match=r"'model.layers.0.self_attn.q_b_proj.weight_scale_inv' holds 0.0 for block "
+                                        r"\(0, 0\) and FP8 block scales must be finite and above 0"):
+        import_from_hf(fp8, tmp_path / "ckpt2")
+    assert not (tmp_path / "ckpt2").exists()
+    from megatron_mtp.inference.generate import load_generator
+
+    with pytest.raises(UserError, match="must be finite and above 0"):
+        load_generator(fp8)
 
 
 @pytest.mark.parametrize("layout", ["separate", "inline"])

@@ -142,3 +142,24 @@ def test_bad_jsonl_line_names_it(tmp_path, text):
     path.write_text('{"prompt": "ok"}\n' + text + "\n")
     with pytest.raises(UserError, match=f"line 2 of {path}"):
         read_prompts_file(path, 8)
+
+
+@pytest.mark.parametrize("name", ["p.JSONL", "p.ndjson", "p.NDJSON"])
+def test_json_lines_are_known_by_any_of_their_suffixes(tmp_path, name):
+    from megatron_mtp.inference.prompts_file import read_prompts_file
+
+    path = tmp_path / name
+    path.write_text('{"prompt": "def f():", "max_new_tokens": 3}\n')
+    (prompt,) = read_prompts_file(path, 8)
+    assert (prompt.prompt, prompt.max_new_tokens) == ("def f():", 3)
+
+
+def test_a_byte_order_mark_is_no_part_of_the_first_prompt_and_a_directory_is_named(tmp_path):
+    from megatron_mtp.errors import UserError
+    from megatron_mtp.inference.prompts_file import read_prompts_file
+
+    path = tmp_path / "p.txt"
+    path.write_bytes("\ufeffdef f():\nx = 1\n".encode("utf-8"))
+    assert [p.prompt for p in read_prompts_file(path, 8)] == ["def f():", "x = 1"]
+    with pytest.raises(UserError, match=f"prompts file {tmp_path} is a directory"):
+        read_prompts_file(tmp_path, 8)
