@@ -145,7 +145,7 @@ def state_bytes(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vo
         if distributed:
             rank = edp_rank if b.expert else dp_rank
             ranks = range(b.dp) if rank is None else [rank]
-            optimizer += max(b.shard_elements(r) * (main + moments) + 4 * b.shard_params(r) for r in ranks)
+            optimizer += max(e * (main + moments) + 4 * n for e, n in map(b.shard, ranks))
         else:
             optimizer += unpadded * (main + moments) + 4 * len(b.params)
     if t.fp8 is not None and tgt.te and not _fp8_params(cfg, tgt):

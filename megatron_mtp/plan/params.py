@@ -15,6 +15,9 @@ buffer, sharded over the expert data-parallel group) only when EP > 1.
 
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -160,23 +163,50 @@ class Buffer:
     params: tuple[tuple[int, int], ...]
     """(start, end) of each parameter in the buffer."""
 
-    def shard_elements(self, dp_rank: int) -> int:
-        """Parameter elements inside data-parallel rank `dp_rank`'s slice of every bucket."""
-        total = 0
+    def _slice(self, lo: int, hi: int) -> tuple[int, int]:
+        """(elements, parameters) of the buffer inside [lo, hi). Parameters lie in increasing,
+        non-overlapping ranges, so the ones that meet the slice are a run found by bisection, and only
+        its first and last can be cut: O(log n) per slice instead of a walk over every parameter."""
+        i0 = bisect.bisect_right(self._ends, lo)
+        i1 = bisect.bisect_left(self._starts, hi)
+        if i1 <= i0:
+            return 0, 0
+        elements = self._prefix[i1] - self._prefix[i0]
+        elements -= max(0, lo - self._starts[i0]) + max(0, self._ends[i1 - 1] - hi)
+        return elements, i1 - i0
+
+    @functools.cached_property
+    def _starts(self) -> list[int]:
+        return [s for s, _ in self.params]
+
+    @functools.cached_property
+    def _ends(self) -> list[int]:
+        return [e for _, e in self.params]
+
+    @functools.cached_property
+    def _prefix(self) -> list[int]:
+        return [0, *itertools.accumulate(e - s for s, e in self.params)]
+
+    def _rank_slices(self, dp_rank: int):
         for b_start, b_end in self.buckets:
             size = (b_end - b_start) // self.dp
-            lo, hi = b_start + dp_rank * size, b_start + (dp_rank + 1) * size
-            total += sum(max(0, min(hi, e) - max(lo, s)) for s, e in self.params if s < b_end and e > b_start)
-        return total
+            yield b_start + dp_rank * size, b_start + (dp_rank + 1) * size
+
+    def shard(self, dp_rank: int) -> tuple[int, int]:
+        """(shard_elements, shard_params) of `dp_rank` in one pass."""
+        elements = params = 0
+        for lo, hi in self._rank_slices(dp_rank):
+            e, n = self._slice(lo, hi)
+            elements, params = elements + e, params + n
+        return elements, params
+
+    def shard_elements(self, dp_rank: int) -> int:
+        """Parameter elements inside data-parallel rank `dp_rank`'s slice of every bucket."""
+        return sum(self._slice(lo, hi)[0] for lo, hi in self._rank_slices(dp_rank))
 
     def shard_params(self, dp_rank: int) -> int:
         """Parameters with at least one element in that slice (each gets an Adam step counter)."""
-        count = 0
-        for b_start, b_end in self.buckets:
-            size = (b_end - b_start) // self.dp
-            lo, hi = b_start + dp_rank * size, b_start + (dp_rank + 1) * size
-            count += sum(1 for s, e in self.params if min(hi, e) > max(lo, s))
-        return count
+        return sum(self._slice(lo, hi)[1] for lo, hi in self._rank_slices(dp_rank))
 
 
 def _pad(n: int, divisor: int) -> int:

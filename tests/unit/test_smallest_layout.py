@@ -31,3 +31,42 @@ def test_the_printed_layout_fits_and_one_node_fewer_does_not():
     # minimal: at 8 GPUs the same search finds nothing
     fewer = _search("configs/glm4_5.yaml", "--gpu", "h100", "--max-nodes", "1", *FROZEN)
     assert fewer.returncode == 1 and "no layout up to 1 nodes fits" in fewer.stderr
+
+
+def test_nothing_fits_stops_after_the_most_sharded_layouts_and_says_so():
+    out = _search("configs/glm4_5.yaml", "--gpu", "1", "--max-nodes", "16")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 3, out.stderr
+    assert lines[1].startswith("  16 node(s), 128 GPUs: 4 most sharded layouts planned, 0 fit; lowest worst rank")
+    assert lines[2].startswith("no layout up to 16 nodes fits configs/glm4_5.yaml on 1 GiB GPU: even at 128 GPUs "
+                               "the lowest worst rank is")
+
+
+def test_a_data_parallel_shard_counts_what_a_walk_over_every_parameter_counts():
+    """Buffer.shard bisects; the walk below is megatron-core's definition, parameter by parameter."""
+    import random
+
+    from megatron_mtp.plan.params import Buffer
+
+    rng = random.Random(0)
+    for _ in range(200):
+        dp, pos, params = rng.choice([1, 2, 3, 8, 16]), 0, []
+        for _ in range(rng.randint(1, 30)):
+            pos += rng.choice([0, 0, 3, 64])
+            n = rng.randint(1, 500)
+            params.append((pos, pos + n))
+            pos += n
+        buckets, start = [], 0
+        for cut in sorted(rng.sample(range(1, pos + 1), k=min(3, pos))) + [pos]:
+            if cut > start:
+                end = start + -(-(cut - start) // dp) * dp
+                buckets.append((start, end))
+                start = end
+        b = Buffer(expert=False, fp8=False, dp=dp, numel=start, buckets=tuple(buckets), params=tuple(params))
+        for r in range(dp):
+            walk_elements = walk_params = 0
+            for b0, b1 in b.buckets:
+                lo, hi = b0 + r * ((b1 - b0) // dp), b0 + (r + 1) * ((b1 - b0) // dp)
+                walk_elements += sum(max(0, min(hi, e) - max(lo, s)) for s, e in params)
+                walk_params += sum(1 for s, e in params if min(hi, e) > max(lo, s))
+            assert b.shard(r) == (walk_elements, walk_params) == (b.shard_elements(r), b.shard_params(r))
