@@ -1,12 +1,37 @@
-"""The one error type users see.
+"""The one error type users see, and the one style of its sentence.
 
 Every bad input (config, file, command line, checkpoint) raises ``UserError`` with one sentence:
-what is wrong, where, and what to do. The CLI prints it without a traceback and exits with 2.
+what is wrong, where, and what to do. The CLI prints it without a traceback as
+``megatron-mtp COMMAND: error: SENTENCE`` and exits with 2.
+
+The style (``sentence``, applied by ``UserError`` itself, so no message can miss it): one line; one
+sentence, its clauses joined by semicolons, never a second sentence; no final period, as argparse
+writes its own errors on the same line shape. ``is_one_sentence`` is the check the tests apply to
+every command's refusals (tests/unit/test_error_style.py).
 """
+
+import re
+
+_NEW_SENTENCE = re.compile(r"[.!?] [A-Z]")
+
+
+def sentence(text: object) -> str:
+    """``text`` in the house style: whitespace (newlines included) folded to single spaces, a final
+    period dropped (an ellipsis kept)."""
+    out = " ".join(str(text).split())
+    return out[:-1] if out.endswith(".") and not out.endswith("..") else out
+
+
+def is_one_sentence(text: str) -> bool:
+    """One line, no final period, and no sentence starting inside it (". " followed by a capital)."""
+    return bool(text) and "\n" not in text and sentence(text) == text and not _NEW_SENTENCE.search(text)
 
 
 class UserError(Exception):
-    """A problem with the user's input, reported as one clear sentence."""
+    """A problem with the user's input, reported as one clear sentence (``sentence``)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*((sentence(args[0]),) + args[1:] if args else args))
 
 
 class RunError(UserError):

@@ -18,7 +18,7 @@ import yaml
 
 from megatron_mtp.convert import serving
 from megatron_mtp.convert.to_hf import export_to_hf
-from megatron_mtp.errors import UserError
+from megatron_mtp.errors import UserError, is_one_sentence
 from tests.convert.helpers import megatron_cli
 
 L = 4  # the default model: 4 layers, hidden 128, MTP depth 1
@@ -30,7 +30,7 @@ def _nothing_written(parent: Path, name: str) -> None:
 
 
 def _one_sentence(message: str) -> None:
-    assert "\n" not in message and ". " not in message and not message.endswith("."), message
+    assert is_one_sentence(message), message
 
 
 def _step_with(trained_run, tmp_path, **model_or_mtp) -> Path:

@@ -13,6 +13,7 @@ from megatron_mtp import output
 from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
 from megatron_mtp.cli import main
 from megatron_mtp.convert.safetensors_io import ShardedSafetensorsWriter
+from megatron_mtp.errors import is_one_sentence
 
 # command -> (its arguments before OUT, the writer methods that put weights on disk, a step inside the
 # staged write where another writer can finish first, the files a finished output holds)
@@ -47,6 +48,7 @@ def _one_sentence(capsys, argv: list[str], start: str) -> str:
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith(f"megatron-mtp {argv[0]}: error: {start}"), err
+    assert is_one_sentence(err.split(" error: ", 1)[1]), err
     return err
 
 

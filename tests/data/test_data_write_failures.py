@@ -17,6 +17,7 @@ import pytest
 from megatron_mtp.cli import main
 from megatron_mtp.data.indexed import IndexedWriter, check_indexed_pair
 from megatron_mtp.data.preprocess import preprocess
+from megatron_mtp.errors import is_one_sentence
 
 REPO = Path(__file__).resolve().parents[2]
 FULL = "the filesystem is full ("
@@ -27,6 +28,7 @@ def _one_sentence(capsys, command: str, start: str) -> str:
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith(f"megatron-mtp {command}: error: {start}"), err
+    assert is_one_sentence(err.split(" error: ", 1)[1]), err
     return err
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from megatron_mtp.errors import is_one_sentence
 from tests.workers.pool import POOL
 
 pytestmark = pytest.mark.dist
@@ -30,6 +31,7 @@ def _state(run: Path) -> dict:
 def _one_sentence(stderr: str, *needles: str) -> str:
     lines = [line for line in stderr.splitlines() if "error:" in line]
     assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert is_one_sentence(lines[0].split(" error: ", 1)[1]), lines[0]
     for needle in needles:
         assert needle in lines[0], lines[0]
     return lines[0]

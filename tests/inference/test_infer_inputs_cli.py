@@ -7,13 +7,13 @@ import json
 import pytest
 from infer_tiny_model import make_tiny_export
 
-from megatron_mtp.errors import UserError
+from megatron_mtp.errors import UserError, is_one_sentence
 from megatron_mtp.inference.generate import load_generator
 from tests.workers.pool import POOL
 
 
 def _one_sentence(message: str) -> None:
-    assert message and "\n" not in message and message.rstrip().endswith((".", ")"))
+    assert is_one_sentence(message), message
 
 
 def test_missing_dir_is_one_sentence(tmp_path):

@@ -17,7 +17,7 @@ from megatron_mtp.checkpoint.run_dir import (
     resolve_checkpoint,
     write_manifest,
 )
-from megatron_mtp.errors import UserError
+from megatron_mtp.errors import UserError, is_one_sentence
 
 SHARD = "__0_0.distcp"
 
@@ -47,7 +47,7 @@ def _one_sentence(path, *needles: str) -> str:
     with pytest.raises(UserError) as info:
         resolve_checkpoint(path)
     message = str(info.value)
-    assert "\n" not in message and message.startswith(f"checkpoint {path} is incomplete ("), message
+    assert is_one_sentence(message) and message.startswith(f"checkpoint {path} is incomplete ("), message
     for needle in needles:
         assert needle in message, message
     return message
