@@ -132,17 +132,20 @@ def temp_name(out: Path) -> Path:
     return out.parent / f".{out.name}.tmp-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def _writer_gone(host: Optional[str], pid: int) -> bool:
-    """True when the process that made a temporary no longer runs (only decidable on its own host)."""
-    if host is not None and host != socket.gethostname():
-        return False
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (one of another user's counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return True
-    except OSError:
         return False
-    return False
+    except OSError:
+        return True
+    return True
+
+
+def _writer_gone(host: Optional[str], pid: int) -> bool:
+    """True when the process that made a temporary no longer runs (only decidable on its own host)."""
+    return (host is None or host == socket.gethostname()) and not pid_alive(pid)
 
 
 def remove_stale_temps(out: Path) -> list[str]:

@@ -37,6 +37,7 @@ from megatron_mtp.convert.to_hf import export_to_hf
 from megatron_mtp.data.default_corpus import default_cache_dir
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.family import SUPPORTED
+from megatron_mtp.output import pid_alive
 
 
 def checkpoint_dir_of(path: Path) -> Path | None:
@@ -120,23 +121,13 @@ def _evict(keep: Path) -> None:
             continue
         if ".tmp" in entry.name:
             pid = entry.name.rsplit(".tmp", 1)[1]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 shutil.rmtree(entry, ignore_errors=True)
             continue
         mark = entry / MARK
         entries.append((mark.stat().st_mtime_ns if mark.is_file() else 0, entry))
     for _, entry in sorted(entries, reverse=True)[CACHE_ENTRIES - 1:]:
         shutil.rmtree(entry, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def hf_dir_for(path: Path) -> Path:

@@ -35,6 +35,12 @@ def test_optimizer_cannot_move_between_ep1_and_ep2(tmp_path, train):
     assert proc.returncode != 0
     assert "expert parallel size 2 and cannot be resharded to 1" in proc.stderr
     assert "checkpoint.load_optimizer=false" in proc.stderr
+    # the same refusal for a new run's checkpoint.load comes after the run directory is claimed (the
+    # optimizer is built by then): the failed start leaves no lock, no checkpoints/, no directory
+    failed = tmp_path / "failed"
+    proc = train(failed, nproc=2, steps=1, overrides=(f"checkpoint.load={run}", "parallel.expert=1"), check=False)
+    assert proc.returncode != 0 and "cannot be resharded to 1" in proc.stderr, proc.stderr[-2000:]
+    assert not failed.exists(), sorted(p.name for p in failed.rglob("*"))
     # weights-only start from it at EP1 works
     fresh = tmp_path / "fresh"
     train(fresh, nproc=2, steps=1, overrides=(f"checkpoint.load={run}", "checkpoint.load_optimizer=false"))
