@@ -62,12 +62,18 @@ def meaning_changes(saved: Config, now: Config) -> list[str]:
     vocabulary when only the padding rule changed it."""
     changes = [f"{name} is {_field(saved, name)!r} in the checkpoint and {_field(now, name)!r} now"
                for name in MEANING if _field(saved, name) != _field(now, name)]
-    if not changes and saved.model.vocab_size is not None and now.model.vocab_size is not None:
-        before, after = padded_vocab_size(saved.model.vocab_size, saved), padded_vocab_size(now.model.vocab_size, now)
-        if before != after:
-            changes.append(f"the padded vocabulary is {before} in the checkpoint and {after} now "
-                           "(model.make_vocab_size_divisible_by or the tensor-parallel size)")
-    return changes
+    return changes + ([] if changes else _padding_change(saved, now))
+
+
+def _padding_change(saved: Config, now: Config) -> list[str]:
+    """The padded vocabulary, when the vocabulary is the same and only the padding rule changed it."""
+    if saved.model.vocab_size is None or saved.model.vocab_size != now.model.vocab_size:
+        return []
+    before, after = padded_vocab_size(saved.model.vocab_size, saved), padded_vocab_size(now.model.vocab_size, now)
+    if before == after:
+        return []
+    return [f"the padded vocabulary is {before} in the checkpoint and {after} now "
+            "(model.make_vocab_size_divisible_by or the tensor-parallel size)"]
 
 
 def refuse_meaning_changes(saved: Config, now: Config, step_dir: Path, run_dir: Path) -> None:
@@ -98,7 +104,8 @@ def refuse_load_changes(saved: Config, now: Config, src: Path, load_optimizer: b
     """checkpoint.load of ``src`` into a new run (design note above): one sentence naming every main-model
     field that differs, or the MTP change a load cannot make; otherwise the notes to print."""
     where = f"cannot start this run from checkpoint.load={src}"
-    changes = [c for c in meaning_changes(saved, now) if not c.startswith(("mtp.", "data."))]
+    changes = [c for c in meaning_changes(saved, now) if not c.startswith(("mtp.", "data.", "the padded"))]
+    changes += [] if changes else _padding_change(saved, now)
     if changes:
         raise UserError(f"{where}: {'; '.join(changes)}, which changes what the checkpoint's weights or token ids "
                         f"mean (a weights-only load may change only the MTP modules); keep the checkpoint's values "

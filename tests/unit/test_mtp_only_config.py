@@ -66,3 +66,40 @@ def test_resume_may_not_turn_freeze_base_on_or_off(tmp_path):
             refuse_meaning_changes(saved, now, tmp_path / "step_0000003", tmp_path)
         text = str(info.value)
         assert "mtp.freeze_base is" in text and "checkpoint.load_optimizer=false" in text and text.count(". ") == 0
+
+
+def _tiny(*overrides: str):
+    return load_config(TINY, ["model.vocab_size=4096", *overrides])
+
+
+@pytest.mark.parametrize("saved, now, notes", [
+    ((), ("data.tokenizer=/another/copy", "data.paths=[/d]"), []),  # the data may change, the vocabulary not
+    (("mtp.num_layers=0",), ("mtp.num_layers=2", "checkpoint.load_optimizer=false"), []),  # new modules: mtp.init
+    (("mtp.num_layers=1",), ("mtp.num_layers=3", "mtp.repeated_layer=true"), []),  # its one module is module 0
+    (("mtp.num_layers=3",), ("mtp.num_layers=3", "mtp.repeated_layer=true"), ["leaves out mtp.layers.1, mtp.layers.2"]),
+    (("mtp.num_layers=2",), ("mtp.num_layers=1",), ["leaves out mtp.layers.1"]),
+    (("parallel.tensor=2",), ("parallel.tensor=1", "optimizer.lr=1e-5"), []),  # the same padded vocabulary
+])
+def test_what_a_weights_only_load_may_change(saved, now, notes, tmp_path):
+    from megatron_mtp.checkpoint.resume_rules import refuse_load_changes
+
+    got = refuse_load_changes(_tiny(*saved), _tiny(*now), tmp_path, _tiny(*now).checkpoint.load_optimizer)
+    assert len(got) == len(notes) and all(n in g for n, g in zip(notes, got)), got
+
+
+@pytest.mark.parametrize("saved, now, words", [
+    ((), ("model.make_vocab_size_divisible_by=1000",), "the padded vocabulary is 4096 in the checkpoint and 5000"),
+    ((), ("model.vocab_size=8192",), "model.vocab_size is 4096 in the checkpoint and 8192 now"),
+    ((), ("model.family=glm4_moe",), "model.family is 'deepseek_v3' in the checkpoint and 'glm4_moe' now"),
+    (("mtp.num_layers=2",), ("mtp.style=parallel", "mtp.num_layers=2"), "neither turns modules into heads"),
+    (("mtp.num_layers=0",), ("mtp.num_layers=1",), "set checkpoint.load_optimizer=false"),
+])
+def test_what_a_weights_only_load_may_not_change_is_one_sentence(saved, now, words, tmp_path):
+    from megatron_mtp.checkpoint.resume_rules import refuse_load_changes
+    from megatron_mtp.errors import is_one_sentence
+
+    after = _tiny(*now)
+    with pytest.raises(UserError, match=words) as err:
+        refuse_load_changes(_tiny(*saved), after, tmp_path, after.checkpoint.load_optimizer)
+    assert is_one_sentence(str(err.value)) and str(err.value).startswith(
+        f"cannot start this run from checkpoint.load={tmp_path}:")
