@@ -20,7 +20,7 @@ the planned export of every shipped config.
   1); it looks for it at layer ``num_hidden_layers``, or at layer 0 when that is 1 (so a one-layer
   main model needs the NextN layout); its fused eh-norm kernel needs bf16/fp16 and a hidden size
   that is a multiple of 256 in 512..8192, and fails at the first draft step otherwise.
-- transformers 5.x drafts with ``generate(..., use_mtp=True)`` (batch size 1) from the main model's
+- transformers 5.x drafts with ``generate(..., use_mtp=True)`` (one sequence at a time) from the main model's
   directory; it knows MTP layers only at literal layer indices (DeepSeek-V3: 61; GLM-4.5: 92 and 46,
   the 355B's and the Air's), so other shapes name theirs.
 - Every engine builds the MTP block as a MoE layer: a dense model cannot have a draft.
@@ -328,7 +328,7 @@ def transformers_mtp_code(e: Export) -> str:
         patterns = ", ".join(f'r"{p}"' for p in mtp_ignore_patterns(e))
         lines.append(f"model._keys_to_ignore_on_load_unexpected = [{patterns}]  # the MTP layers")
     lines += [
-        "out = model.generate(ids, max_new_tokens=32, do_sample=False, use_mtp=True)  # batch size 1",
+        "out = model.generate(ids, max_new_tokens=32, do_sample=False, use_mtp=True)  # one sequence at a time",
         "print(tokenizer.decode(out[0]))",
     ]
     return "\n".join(lines)
@@ -396,7 +396,7 @@ def _section_transformers(e: Export, blocked: list[Problem]) -> list[str]:
     if e.depth and not any(p.blocks == "draft" for p in blocked):
         out += ["With the MTP draft, continue with the lines below. `generate(..., use_mtp=True)` is assisted "
                 f"decoding with the model's own MTP layers: one draft token per MTP module ({e.depth} per step "
-                "here), batch size 1 only, greedy or sampling, and the MTP weights are read from disk again on "
+                "here), one sequence at a time, greedy or sampling, and the MTP weights are read from disk again on "
                 f"every call. transformers looks for MTP layers only at the literal layer {known} (the "
                 "releases' one module), so the code names this export's.", "",
                 *_block(transformers_mtp_code(e), "python"),

@@ -6,7 +6,7 @@ dense MLP, sigmoid-routed MoE, the decoder layer, the MTP module around it) is s
 
 | family | model_type / architecture | config view (``models/...``) | attention |
 |---|---|---|---|
-| DeepSeek-V3 | ``deepseek_v3`` / ``DeepseekV3ForCausalLM`` | ``deepseek_v3/hf_config_json.py`` | MLA (layers.py) |
+| DeepSeek-V3 | ``deepseek_v3`` / ``DeepseekV3ForCausalLM`` | ``deepseek_v3/hf_config_json.py`` | MLA (mla.py) |
 | GLM-4.5 | ``glm4_moe`` / ``Glm4MoeForCausalLM`` | ``glm4_moe/hf_config_json.py`` | GQA (gqa.py) |
 
 The attention class owns its cache layout (``cache_dims``: the named buffers kv_cache.KVCache holds per

@@ -1,4 +1,4 @@
-"""Plain and speculative (MTP-drafted) generation, batch size 1.
+"""Plain and speculative (MTP-drafted) generation of one sequence (batch_generate.py: many at once).
 
 One round of speculative decoding (seq[N-1] is the pending token, target cache = N-1 positions):
 1. the drafter proposes d_1..d_K (see draft.py for which hidden/token goes where);

@@ -17,7 +17,7 @@ end (:meth:`KVCache.write`), reads every row's entries padded to the longest spa
 j for query i of row b unless ``j <= start_b + i``: causal, and blind to other rows' longer spans and
 to padding. Padding entries are written past a row's length, so they are never visible and the
 next write overwrites them; buffers start at zero so no unwritten entry can be NaN (a masked key
-still multiplies its value by 0). Rollback per sequence is ``truncate(slot, n)``: O(1).
+still multiplies its value by 0). Rollback per sequence is ``truncate(length, slot)``: O(1).
 """
 
 from __future__ import annotations

@@ -175,7 +175,7 @@ def moe_layer_count(model: ModelConfig) -> int:
 
 
 def mtp_is_moe(model: ModelConfig) -> bool:
-    """MTP layers and parallel heads are built like the last decoder layer (the families' specs.py)."""
+    """MTP layers and parallel heads are built like the last decoder layer (models/megatron_specs.py)."""
     return is_moe_layer(model, model.num_layers - 1)
 
 
