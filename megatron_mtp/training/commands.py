@@ -190,6 +190,8 @@ def eval_main(path: str, overrides: list[str], as_json: bool, text_file: str | N
             raise UserError(f"--compare needs two models of one vocabulary, and {resolved[0].path} has "
                             f"{sides[0].model.vocab_size} tokens where {resolved[1].path} has "
                             f"{sides[1].model.vocab_size}; compare checkpoints of the same tokenizer")
+        if data.text is not None and len(resolved) == 2:
+            _refuse_two_tokenizers(resolved[0].path, resolved[1].path, data.where)
         results = [_evaluate_checkpoint(r.path, cfg, data, steps) for r, cfg in zip(resolved, sides)]
         if torch.distributed.get_rank() == 0:
             if as_json:
@@ -208,6 +210,23 @@ def eval_main(path: str, overrides: list[str], as_json: bool, text_file: str | N
         return 0
     finally:
         destroy()
+
+
+def _json(path: Path) -> Any:
+    import json
+
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _refuse_two_tokenizers(first: Path, second: Path, where: str) -> None:
+    """A text is one token stream for both sides only through one tokenizer."""
+    from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR
+
+    files = [ckpt / TOKENIZER_DIR / "tokenizer.json" for ckpt in (first, second)]
+    if all(f.is_file() for f in files) and _json(files[0]) != _json(files[1]):
+        raise UserError(f"--compare scores {where} through each checkpoint's tokenizer, and {first} and {second} "
+                        "have different ones, so the two sides would see different tokens; compare checkpoints of "
+                        "one tokenizer")
 
 
 def _side_by_side(results: list[dict]) -> str:

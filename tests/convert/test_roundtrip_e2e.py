@@ -183,6 +183,24 @@ def test_eval_compare_scores_a_run_and_its_export_on_the_same_tokens(trained_run
         assert all(abs(a - b) < 1e-5 for a, b in zip(run_side["mtp_loss"], export_side["mtp_loss"], strict=True))
 
 
+def test_eval_compare_of_two_tokenizers_on_one_text_is_one_sentence(trained_run, export_fp32, tmp_path):
+    import shutil
+
+    from tests.convert.helpers import run
+
+    other = tmp_path / "other"
+    shutil.copytree(export_fp32, other)
+    tokenizer = json.loads((other / "main" / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[300:302]
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # the same size, other ids
+    (other / "main" / "tokenizer.json").write_text(json.dumps(tokenizer))
+    proc = run(["-m", "megatron_mtp", "eval", str(other), "--compare", str(trained_run), "--steps", "1"],
+               timeout=600, check=False)
+    assert proc.returncode == 2 and "have different ones, so the two sides would see different tokens" \
+        in proc.stderr, proc.stderr[-2000:]
+
+
 def test_v2_style_softmax_model_without_expert_bias(export_fp32, tmp_path):
     from safetensors.torch import load_file, save_file
 
