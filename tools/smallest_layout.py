@@ -2,6 +2,8 @@
 
     .venv/bin/python tools/smallest_layout.py configs/glm4_5.yaml --gpu h100 [key.path=value ...]
 
+The same as `megatron-mtp plan CONFIG --smallest` (megatron_mtp/plan/smallest.py), kept as a caller.
+
 Searches world sizes of whole nodes (8 GPUs each by default) from one node up, one node at a time,
 and at each the layouts TP in {1,2,4,8} x PP in {1,2,4,...,32} x EP in {1,2,4,...,64} (expert TP 1,
 virtual pipeline off, an even layer split: `parallel.pipeline_layout=null`) that the config's own
@@ -16,7 +18,6 @@ plans is one progress line on stderr. A tenth of a second or less per layout, no
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 
 
@@ -29,79 +30,14 @@ def main() -> int:
     ap.add_argument("--max-nodes", type=int, default=128)
     args = ap.parse_intermixed_args()
 
-    from megatron_mtp.config import load_config
-    from megatron_mtp.config.validate import validate
     from megatron_mtp.errors import UserError
-    from megatron_mtp.plan.gpus import parse_gpu
-    from megatron_mtp.plan.memory import make_plan
+    from megatron_mtp.plan.smallest import smallest
 
     try:
-        gpu = parse_gpu(args.gpu)
-        validate(load_config(args.config, list(args.overrides)))  # the user's own mistakes, before any layout
+        return smallest(args.config, args.overrides, args.gpu, args.gpus_per_node, args.max_nodes)
     except UserError as exc:
         print(f"smallest_layout: error: {exc}", file=sys.stderr)
         return 2
-    def plans(nodes: int, most_sharded: int | None = None) -> list[tuple]:
-        """(worst-rank bytes, fits, tp, pp, ep, worst pipeline rank) of every layout the config takes (or
-        of the ``most_sharded`` ones with the largest TP x PP x EP)."""
-        world = nodes * args.gpus_per_node
-        out = []
-        combos = [c for c in itertools.product((1, 2, 4, 8), (1, 2, 4, 8, 16, 32), (1, 2, 4, 8, 16, 32, 64))
-                  if not (world % (c[0] * c[1]) or world % (c[1] * c[2]))]
-        if most_sharded is not None:
-            combos.sort(key=lambda c: -c[0] * c[1] * c[2])
-        for tp, pp, ep in combos:
-            if most_sharded is not None and len(out) == most_sharded:
-                break
-            layout = [f"parallel.tensor={tp}", f"parallel.pipeline={pp}", f"parallel.expert={ep}",
-                      "parallel.expert_tensor=1", "parallel.virtual_pipeline=null", "parallel.pipeline_layout=null",
-                      f"parallel.world_size={world}"]
-            try:
-                cfg = load_config(args.config, [*args.overrides, *layout])
-                validate(cfg)
-                plan = make_plan(cfg, world, gpu, cpu=False, imbalance=1.0)
-            except UserError:
-                continue  # a layout the config can't take (heads, experts or layers don't divide)
-            out.append((plan.worst.total, plan.fits, tp, pp, ep, plan.worst.pp_rank))
-        best = min(out, default=None)
-        which = "most sharded " if most_sharded is not None else ""
-        print(f"  {nodes} node(s), {world} GPUs: {len(out)} {which}layouts planned, {sum(o[1] for o in out)} fit"
-              + (f"; lowest worst rank {best[0] / 2**30:.1f} GiB" if best else ""), file=sys.stderr, flush=True)
-        return out
-
-    gib = gpu.memory_bytes / 2**30
-    print(f"smallest_layout: {args.config} on {gpu.name} ({gib:.1f} GiB), whole nodes of {args.gpus_per_node} "
-          f"GPUs; first the most sharded layouts at {args.max_nodes} nodes, then from one node up", file=sys.stderr,
-          flush=True)
-    largest = plans(args.max_nodes, most_sharded=4)  # if nothing fits there, no smaller layout will
-    if not any(fits for _, fits, *_ in largest):
-        if not largest:
-            print(f"no layout of TP x PP x EP fits the config's own checks at {args.max_nodes} nodes", file=sys.stderr)
-            return 1
-        total, _, tp, pp, ep, _ = min(largest)
-        print(f"no layout up to {args.max_nodes} nodes fits {args.config} on {gpu.name}: even at "
-              f"{args.max_nodes * args.gpus_per_node} GPUs the lowest worst rank is {total / 2**30:.1f} GiB "
-              f"(TP{tp} x PP{pp} x EP{ep}) of {gib:.1f} GiB", file=sys.stderr)
-        return 1
-    for nodes in range(1, args.max_nodes + 1):
-        world = nodes * args.gpus_per_node
-        fits = sorted((total, tp, pp, ep, rank) for total, ok, tp, pp, ep, rank in plans(nodes) if ok)
-        if not fits:
-            continue
-        print(f"{args.config} on {gpu.name} ({gib:.1f} GiB): smallest fitting world "
-              f"{world} GPUs ({nodes} node(s) x {args.gpus_per_node})")
-        for total, tp, pp, ep, rank in fits:
-            print(f"  TP{tp} x PP{pp} x EP{ep} x DP{world // (tp * pp)}: worst rank {total / 2**30:.1f} GiB "
-                  f"(pipeline rank {rank})")
-        _, tp, pp, ep, _ = fits[0]
-        print("reproduce: megatron-mtp plan " + " ".join([
-            args.config, *args.overrides, f"parallel.tensor={tp}", f"parallel.pipeline={pp}",
-            f"parallel.expert={ep}", "parallel.expert_tensor=1", "parallel.virtual_pipeline=null",
-            "parallel.pipeline_layout=null", f"parallel.world_size={world}", f"--nodes {nodes}",
-            f"--gpus-per-node {args.gpus_per_node}",
-            f"--gpu {args.gpu}"]))
-        return 0
-    return 1
 
 
 if __name__ == "__main__":

@@ -17,6 +17,11 @@ tools/setup_env.sh || exit 1
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 (
+  # DeepSpeed's CPUAdam is built by JIT the first time on a machine (about 40 s, then cached under
+  # ~/.cache/torch_extensions): build it here, beside lane 1, which waits on torch's build lock if it
+  # gets to its DeepSpeed test first
+  .venv/bin/python -c 'import torch; from deepspeed.ops.adam import DeepSpeedCPUAdam as A; A([torch.nn.Parameter(torch.zeros(1))])' \
+    >"$logs/deepspeed" 2>&1 || echo "(DeepSpeed's CPUAdam was not built ahead: see its test)" >>"$logs/deepspeed"
   tools/setup_env.sh python3.12 >"$logs/setup312" 2>&1 || { echo "setup of the Python 3.12 environment failed"; exit 3; }
   echo "== lane 2: $(.venv-py312/bin/python --version), megatron-core $(.venv-py312/bin/python -c 'from importlib.metadata import version; print(version("megatron-core"))')"
   .venv-py312/bin/python -m pytest -m "mcore and not slow" -q -p no:cacheprovider --ignore=tests/lines

@@ -25,6 +25,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="tokens the busiest expert-parallel rank receives over the balanced average (default 1)")
     parser.add_argument("--mfu", type=float, metavar="X", help="model FLOPs utilisation (0-1) for a time estimate")
     parser.add_argument("--json", action="store_true", help="print one strict JSON object instead of the table")
+    small = parser.add_argument_group(
+        "smallest layout", "--smallest searches instead for the fewest whole nodes of --gpus-per-node (default 8) "
+        "--gpu GPUs, and the TP x PP x EP layouts there, that this plan says fit (plan/smallest.py)")
+    small.add_argument("--smallest", action="store_true", help="print the smallest fitting world and its layouts")
+    small.add_argument("--max-nodes", type=int, default=128, help="nodes to search up to (default 128)")
     spec = parser.add_argument_group(
         "speculative decoding", "--speculative predicts instead whether MTP drafts pay when serving this model "
         "on --gpu, by batch size and draft length (design note and assumptions: plan/speculative.py)")
@@ -95,6 +100,13 @@ def run_plan(args: argparse.Namespace) -> int:
             raise UserError(f"'{item}' is neither an option nor a key.path=value override")
     if args.mfu is not None and not 0 < args.mfu <= 1:
         raise UserError(f"--mfu {args.mfu} must be a fraction between 0 and 1 (e.g. 0.4)")
+    if args.smallest:
+        from megatron_mtp.plan.smallest import smallest
+
+        if args.speculative:
+            raise UserError("--smallest and --speculative are two different questions; ask one at a time")
+        return smallest(args.config, list(args.overrides), args.gpu or "h100", args.gpus_per_node or 8,
+                        args.max_nodes)
     cfg = load_config(args.config, list(args.overrides))
     if args.speculative:
         return run_speculative(args, cfg)

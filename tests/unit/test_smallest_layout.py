@@ -1,4 +1,5 @@
-"""tools/smallest_layout.py: the layout it prints fits by `plan`, and no layout of one node fewer does."""
+"""`plan --smallest` (and tools/smallest_layout.py, which calls it): the layout it prints fits by `plan`, no
+layout of one node fewer does, and a search where nothing fits stops early."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def test_the_printed_layout_fits_and_one_node_fewer_does_not():
 
 
 def test_nothing_fits_stops_after_the_most_sharded_layouts_and_says_so():
-    out = _search("configs/glm4_5.yaml", "--gpu", "1", "--max-nodes", "16")
+    out = subprocess.run([sys.executable, "-m", "megatron_mtp", "plan", "configs/glm4_5.yaml", "--smallest",
+                          "--gpu", "1", "--max-nodes", "16"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 3, out.stderr
     assert lines[1].startswith("  16 node(s), 128 GPUs: 4 most sharded layouts planned, 0 fit; lowest worst rank")

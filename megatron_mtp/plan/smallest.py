@@ -1,0 +1,98 @@
+"""`megatron-mtp plan CONFIG --smallest`: the fewest whole nodes, and the layouts there, that the plan
+says fit a config on a GPU kind.
+
+Searches world sizes of whole nodes (--gpus-per-node each, 8 by default) from one node up, and at each
+the layouts TP in {1,2,4,8} x PP in {1,2,4,...,32} x EP in {1,2,4,...,64} (expert TP 1, virtual
+pipeline off, an even layer split: `parallel.pipeline_layout=null`) that the config's own checks
+accept. Prints, for the first world size with a fitting layout, every fitting layout by worst-rank
+memory, and the `plan` command that reproduces the best one. The plan is the one `megatron-mtp plan`
+prints (exact state bytes; saved activations and workspace estimated as it states). It plans the
+most sharded layouts at the most GPUs (--max-nodes) first and stops there when none fits even then;
+each node count it plans is one progress line on stderr. A tenth of a second or less per layout, no
+process group.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from types import SimpleNamespace
+
+from megatron_mtp.config import load_config
+from megatron_mtp.config.validate import validate
+from megatron_mtp.errors import UserError
+from megatron_mtp.plan.gpus import parse_gpu
+from megatron_mtp.plan.memory import make_plan
+
+
+def smallest(config: str, overrides: list[str], gpu_name: str = "h100", gpus_per_node: int = 8,
+             max_nodes: int = 128) -> int:
+    """Print the search's result; 0 when a layout fits, 1 when none does up to ``max_nodes``."""
+    if gpus_per_node < 1 or max_nodes < 1:
+        raise UserError(f"--gpus-per-node ({gpus_per_node}) and --max-nodes ({max_nodes}) must be at least 1")
+    gpu = parse_gpu(gpu_name)
+    validate(load_config(config, list(overrides)))  # the user's own mistakes, before any layout
+    args = SimpleNamespace(config=config, overrides=list(overrides), gpu=gpu_name, gpus_per_node=gpus_per_node,
+                           max_nodes=max_nodes)
+
+    def plans(nodes: int, most_sharded: int | None = None) -> list[tuple]:
+        """(worst-rank bytes, fits, tp, pp, ep, worst pipeline rank) of every layout the config takes (or
+        of the ``most_sharded`` ones with the largest TP x PP x EP)."""
+        world = nodes * args.gpus_per_node
+        out = []
+        combos = [c for c in itertools.product((1, 2, 4, 8), (1, 2, 4, 8, 16, 32), (1, 2, 4, 8, 16, 32, 64))
+                  if not (world % (c[0] * c[1]) or world % (c[1] * c[2]))]
+        if most_sharded is not None:
+            combos.sort(key=lambda c: -c[0] * c[1] * c[2])
+        for tp, pp, ep in combos:
+            if most_sharded is not None and len(out) == most_sharded:
+                break
+            layout = [f"parallel.tensor={tp}", f"parallel.pipeline={pp}", f"parallel.expert={ep}",
+                      "parallel.expert_tensor=1", "parallel.virtual_pipeline=null", "parallel.pipeline_layout=null",
+                      f"parallel.world_size={world}"]
+            try:
+                cfg = load_config(args.config, [*args.overrides, *layout])
+                validate(cfg)
+                plan = make_plan(cfg, world, gpu, cpu=False, imbalance=1.0)
+            except UserError:
+                continue  # a layout the config can't take (heads, experts or layers don't divide)
+            out.append((plan.worst.total, plan.fits, tp, pp, ep, plan.worst.pp_rank))
+        best = min(out, default=None)
+        which = "most sharded " if most_sharded is not None else ""
+        print(f"  {nodes} node(s), {world} GPUs: {len(out)} {which}layouts planned, {sum(o[1] for o in out)} fit"
+              + (f"; lowest worst rank {best[0] / 2**30:.1f} GiB" if best else ""), file=sys.stderr, flush=True)
+        return out
+
+    gib = gpu.memory_bytes / 2**30
+    print(f"plan --smallest: {args.config} on {gpu.name} ({gib:.1f} GiB), whole nodes of {args.gpus_per_node} "
+          f"GPUs; first the most sharded layouts at {args.max_nodes} nodes, then from one node up", file=sys.stderr,
+          flush=True)
+    largest = plans(args.max_nodes, most_sharded=4)  # if nothing fits there, no smaller layout will
+    if not any(fits for _, fits, *_ in largest):
+        if not largest:
+            print(f"no layout of TP x PP x EP fits the config's own checks at {args.max_nodes} nodes", file=sys.stderr)
+            return 1
+        total, _, tp, pp, ep, _ = min(largest)
+        print(f"no layout up to {args.max_nodes} nodes fits {args.config} on {gpu.name}: even at "
+              f"{args.max_nodes * args.gpus_per_node} GPUs the lowest worst rank is {total / 2**30:.1f} GiB "
+              f"(TP{tp} x PP{pp} x EP{ep}) of {gib:.1f} GiB", file=sys.stderr)
+        return 1
+    for nodes in range(1, args.max_nodes + 1):
+        world = nodes * args.gpus_per_node
+        fits = sorted((total, tp, pp, ep, rank) for total, ok, tp, pp, ep, rank in plans(nodes) if ok)
+        if not fits:
+            continue
+        print(f"{args.config} on {gpu.name} ({gib:.1f} GiB): smallest fitting world "
+              f"{world} GPUs ({nodes} node(s) x {args.gpus_per_node})")
+        for total, tp, pp, ep, rank in fits:
+            print(f"  TP{tp} x PP{pp} x EP{ep} x DP{world // (tp * pp)}: worst rank {total / 2**30:.1f} GiB "
+                  f"(pipeline rank {rank})")
+        _, tp, pp, ep, _ = fits[0]
+        print("reproduce: megatron-mtp plan " + " ".join([
+            args.config, *args.overrides, f"parallel.tensor={tp}", f"parallel.pipeline={pp}",
+            f"parallel.expert={ep}", "parallel.expert_tensor=1", "parallel.virtual_pipeline=null",
+            "parallel.pipeline_layout=null", f"parallel.world_size={world}", f"--nodes {nodes}",
+            f"--gpus-per-node {args.gpus_per_node}",
+            f"--gpu {args.gpu}"]))
+        return 0
+    return 1
