@@ -132,7 +132,7 @@ def temp_name(out: Path) -> Path:
     return out.parent / f".{out.name}.tmp-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def pid_alive(pid: int) -> bool:
+def _pid_alive(pid: int) -> bool:
     """Whether process ``pid`` of this host runs (one of another user's counts as running)."""
     try:
         os.kill(pid, 0)
@@ -145,7 +145,18 @@ def pid_alive(pid: int) -> bool:
 
 def _writer_gone(host: Optional[str], pid: int) -> bool:
     """True when the process that made a temporary no longer runs (only decidable on its own host)."""
-    return (host is None or host == socket.gethostname()) and not pid_alive(pid)
+    return (host is None or host == socket.gethostname()) and not _pid_alive(pid)
+
+
+def stale_temp_writer(path: Path) -> Optional[str]:
+    """The pid of the writer that made temporary ``path`` (a ``temp_name``) when that writer is gone,
+    else None (not a temporary, or its writer runs or is on another host)."""
+    head, sep, tail = path.name.rpartition(".tmp-")
+    if not sep or not head.startswith("."):
+        return None
+    parts = tail.rsplit("-", 2)  # HOST-PID-RANDOM (HOST may hold '-'), or PID-RANDOM of older versions
+    host, pid = (parts[0], parts[1]) if len(parts) == 3 else (None, parts[0])
+    return pid if pid.isdigit() and _writer_gone(host, int(pid)) else None
 
 
 def remove_stale_temps(out: Path) -> list[str]:
@@ -160,9 +171,8 @@ def remove_stale_temps(out: Path) -> list[str]:
     except OSError:
         return removed
     for path in siblings:
-        parts = path.name[len(prefix):].rsplit("-", 2)  # HOST-PID-RANDOM (HOST may hold '-'), or PID-RANDOM
-        host, pid = (parts[0], parts[1]) if len(parts) == 3 else (None, parts[0])
-        if not pid.isdigit() or not _writer_gone(host, int(pid)):
+        pid = stale_temp_writer(path)
+        if pid is None:
             continue
         size = tree_bytes(path)
         _remove(path)

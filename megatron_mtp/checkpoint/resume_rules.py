@@ -57,23 +57,22 @@ def _field(cfg: Config, dotted: str) -> Any:
     return value.__dict__ if hasattr(value, "__dataclass_fields__") else value
 
 
-def meaning_changes(saved: Config, now: Config) -> list[str]:
+LOAD_MEANING = tuple(name for name in MEANING if not name.startswith(("mtp.", "data.")))
+"""What a weights-only checkpoint.load keeps of MEANING: the MTP modules follow their own rules
+(refuse_load_changes) and the data may change (the vocabulary's size still may not)."""
+
+
+def meaning_changes(saved: Config, now: Config, fields: tuple[str, ...] = MEANING) -> list[str]:
     """'FIELD is A in the checkpoint and B now' for each field of MEANING that differs, and the padded
     vocabulary when only the padding rule changed it."""
     changes = [f"{name} is {_field(saved, name)!r} in the checkpoint and {_field(now, name)!r} now"
-               for name in MEANING if _field(saved, name) != _field(now, name)]
-    return changes + ([] if changes else _padding_change(saved, now))
-
-
-def _padding_change(saved: Config, now: Config) -> list[str]:
-    """The padded vocabulary, when the vocabulary is the same and only the padding rule changed it."""
-    if saved.model.vocab_size is None or saved.model.vocab_size != now.model.vocab_size:
-        return []
-    before, after = padded_vocab_size(saved.model.vocab_size, saved), padded_vocab_size(now.model.vocab_size, now)
-    if before == after:
-        return []
-    return [f"the padded vocabulary is {before} in the checkpoint and {after} now "
-            "(model.make_vocab_size_divisible_by or the tensor-parallel size)"]
+               for name in fields if _field(saved, name) != _field(now, name)]
+    if not changes and saved.model.vocab_size is not None and now.model.vocab_size is not None:
+        before, after = padded_vocab_size(saved.model.vocab_size, saved), padded_vocab_size(now.model.vocab_size, now)
+        if before != after:
+            changes.append(f"the padded vocabulary is {before} in the checkpoint and {after} now "
+                           "(model.make_vocab_size_divisible_by or the tensor-parallel size)")
+    return changes
 
 
 def refuse_meaning_changes(saved: Config, now: Config, step_dir: Path, run_dir: Path) -> None:
@@ -104,8 +103,7 @@ def refuse_load_changes(saved: Config, now: Config, src: Path, load_optimizer: b
     """checkpoint.load of ``src`` into a new run (design note above): one sentence naming every main-model
     field that differs, or the MTP change a load cannot make; otherwise the notes to print."""
     where = f"cannot start this run from checkpoint.load={src}"
-    changes = [c for c in meaning_changes(saved, now) if not c.startswith(("mtp.", "data.", "the padded"))]
-    changes += [] if changes else _padding_change(saved, now)
+    changes = meaning_changes(saved, now, LOAD_MEANING)
     if changes:
         raise UserError(f"{where}: {'; '.join(changes)}, which changes what the checkpoint's weights or token ids "
                         f"mean (a weights-only load may change only the MTP modules); keep the checkpoint's values "

@@ -132,6 +132,11 @@ class Export:
     engine loads."""
 
     @property
+    def draft_tokens(self) -> int:
+        """Draft tokens per step the serving commands ask for: --speculative, else one per trained depth."""
+        return self.speculative or self.depth * self.repeats
+
+    @property
     def transformers_finds_mtp(self) -> bool:
         """Whether transformers finds this export's MTP layers without being told where they are."""
         return self.depth == 1 and self.num_layers in TRANSFORMERS_MTP_LAYERS.get(self.family, ())
@@ -256,7 +261,7 @@ def vllm_argv(e: Export, draft: bool) -> list[str]:
         # the draft's depth comes from the target's config.json, which says 0 in main/
         argv += ["--hf-overrides", json.dumps({"num_nextn_predict_layers": e.depth})]
         spec["model"] = str(e.mtp_dir)
-    spec["num_speculative_tokens"] = e.speculative or e.depth * e.repeats
+    spec["num_speculative_tokens"] = e.draft_tokens
     return argv + ["--speculative-config", json.dumps(spec)]
 
 
@@ -360,7 +365,7 @@ def _draft_words(e: Export) -> str:
 def _section_vllm(e: Export, blocked: list[Problem]) -> list[str]:
     out = ["## vLLM", "", "Main model:", "", *_block(render_vllm(e, False))]
     if e.depth and not any(p.blocks == "draft" for p in blocked):
-        k = e.speculative or e.depth * e.repeats
+        k = e.draft_tokens
         where = "read from mtp/" if e.layout == "separate" else "read from the same directory"
         out += [f"With the MTP draft ({k} draft token{'s' if k > 1 else ''} per step, {where}):", "",
                 *_block(render_vllm(e, True))]

@@ -19,7 +19,6 @@ deletes the step being read), so:
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -37,7 +36,7 @@ from megatron_mtp.convert.to_hf import export_to_hf
 from megatron_mtp.data.default_corpus import default_cache_dir
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.family import SUPPORTED
-from megatron_mtp.output import pid_alive
+from megatron_mtp.output import stale_temp_writer, temp_name
 
 
 def checkpoint_dir_of(path: Path) -> Path | None:
@@ -84,8 +83,7 @@ def _export(ckpt: Path) -> Path:
         return out
     if out.exists():  # an entry left incomplete (or by an older version): rebuilt
         shutil.rmtree(out, ignore_errors=True)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = temp_name(out)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     print(f"exporting {ckpt} to Hugging Face format in {out} (a cache of the {CACHE_ENTRIES} most recently "
           f"decoded checkpoints; delete {cache_root()} to clear it)", file=sys.stderr)
@@ -119,9 +117,8 @@ def _evict(keep: Path) -> None:
     for entry in cache_root().iterdir():
         if entry == keep or not entry.is_dir():
             continue
-        if ".tmp" in entry.name:
-            pid = entry.name.rsplit(".tmp", 1)[1]
-            if pid.isdigit() and not pid_alive(int(pid)):
+        if entry.name.startswith("."):  # a temporary (output.temp_name): removed once its writer is gone
+            if stale_temp_writer(entry) is not None:
                 shutil.rmtree(entry, ignore_errors=True)
             continue
         mark = entry / MARK

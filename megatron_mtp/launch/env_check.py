@@ -23,16 +23,11 @@ TE_MIN = (2, 0)
 """Transformer Engine: 2.0 or newer (the `gpu` extra's pin)."""
 
 
-def _major_minor(text: str) -> tuple[int, int]:
-    parts = text.split("+")[0].split(".")
-    return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
-
-
 def check_environment(need_te: bool) -> list[str]:
     """What this interpreter reports, one line a package; raises UserError on the first problem."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from megatron_mtp.platform.megatron_core import check_supported
+    from megatron_mtp.platform.megatron_core import check_supported, major_minor
 
     where = f"the job's Python {sys.version.split()[0]} ({sys.executable})"
     try:
@@ -40,7 +35,7 @@ def check_environment(need_te: bool) -> list[str]:
     except PackageNotFoundError:
         raise UserError(f"torch is not installed in {where}; use an image with torch {TORCH_RANGE_TEXT}") from None
     low, high = TORCH_RANGE
-    if not low <= _major_minor(torch_version) < high:
+    if not low <= major_minor(torch_version) < high:
         raise UserError(f"torch {torch_version} in {where} is outside the tested range {TORCH_RANGE_TEXT}; "
                         "use an image with a tested torch")
     try:
@@ -57,7 +52,7 @@ def check_environment(need_te: bool) -> list[str]:
             except PackageNotFoundError:
                 raise UserError(f"Transformer Engine is not installed in {where}; use an image with transformer-"
                                 f"engine >= {TE_MIN[0]}.{TE_MIN[1]} (NGC PyTorch containers have it)") from None
-        if _major_minor(te_version) < TE_MIN:
+        if major_minor(te_version) < TE_MIN:
             raise UserError(f"Transformer Engine {te_version} in {where} is older than the tested "
                             f"{TE_MIN[0]}.{TE_MIN[1]}; use a newer image")
         try:

@@ -193,20 +193,14 @@ class Buffer:
             yield b_start + dp_rank * size, b_start + (dp_rank + 1) * size
 
     def shard(self, dp_rank: int) -> tuple[int, int]:
-        """(shard_elements, shard_params) of `dp_rank` in one pass."""
+        """(elements, parameters) inside data-parallel rank `dp_rank`'s slice of every bucket: the
+        parameter elements its optimizer holds, and the parameters with at least one element there
+        (each gets an Adam step counter)."""
         elements = params = 0
         for lo, hi in self._rank_slices(dp_rank):
             e, n = self._slice(lo, hi)
             elements, params = elements + e, params + n
         return elements, params
-
-    def shard_elements(self, dp_rank: int) -> int:
-        """Parameter elements inside data-parallel rank `dp_rank`'s slice of every bucket."""
-        return sum(self._slice(lo, hi)[0] for lo, hi in self._rank_slices(dp_rank))
-
-    def shard_params(self, dp_rank: int) -> int:
-        """Parameters with at least one element in that slice (each gets an Adam step counter)."""
-        return sum(self._slice(lo, hi)[1] for lo, hi in self._rank_slices(dp_rank))
 
 
 def _pad(n: int, divisor: int) -> int:

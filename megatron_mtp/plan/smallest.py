@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import sys
-from types import SimpleNamespace
 
 from megatron_mtp.config import load_config
 from megatron_mtp.config.validate import validate
@@ -32,13 +31,12 @@ def smallest(config: str, overrides: list[str], gpu_name: str = "h100", gpus_per
         raise UserError(f"--gpus-per-node ({gpus_per_node}) and --max-nodes ({max_nodes}) must be at least 1")
     gpu = parse_gpu(gpu_name)
     validate(load_config(config, list(overrides)))  # the user's own mistakes, before any layout
-    args = SimpleNamespace(config=config, overrides=list(overrides), gpu=gpu_name, gpus_per_node=gpus_per_node,
-                           max_nodes=max_nodes)
+    overrides = list(overrides)
 
     def plans(nodes: int, most_sharded: int | None = None) -> list[tuple]:
         """(worst-rank bytes, fits, tp, pp, ep, worst pipeline rank) of every layout the config takes (or
         of the ``most_sharded`` ones with the largest TP x PP x EP)."""
-        world = nodes * args.gpus_per_node
+        world = nodes * gpus_per_node
         out = []
         combos = [c for c in itertools.product((1, 2, 4, 8), (1, 2, 4, 8, 16, 32), (1, 2, 4, 8, 16, 32, 64))
                   if not (world % (c[0] * c[1]) or world % (c[1] * c[2]))]
@@ -51,7 +49,7 @@ def smallest(config: str, overrides: list[str], gpu_name: str = "h100", gpus_per
                       "parallel.expert_tensor=1", "parallel.virtual_pipeline=null", "parallel.pipeline_layout=null",
                       f"parallel.world_size={world}"]
             try:
-                cfg = load_config(args.config, [*args.overrides, *layout])
+                cfg = load_config(config, [*overrides, *layout])
                 validate(cfg)
                 plan = make_plan(cfg, world, gpu, cpu=False, imbalance=1.0)
             except UserError:
@@ -64,35 +62,35 @@ def smallest(config: str, overrides: list[str], gpu_name: str = "h100", gpus_per
         return out
 
     gib = gpu.memory_bytes / 2**30
-    print(f"plan --smallest: {args.config} on {gpu.name} ({gib:.1f} GiB), whole nodes of {args.gpus_per_node} "
-          f"GPUs; first the most sharded layouts at {args.max_nodes} nodes, then from one node up", file=sys.stderr,
+    print(f"plan --smallest: {config} on {gpu.name} ({gib:.1f} GiB), whole nodes of {gpus_per_node} "
+          f"GPUs; first the most sharded layouts at {max_nodes} nodes, then from one node up", file=sys.stderr,
           flush=True)
-    largest = plans(args.max_nodes, most_sharded=4)  # if nothing fits there, no smaller layout will
+    largest = plans(max_nodes, most_sharded=4)  # if nothing fits there, no smaller layout will
     if not any(fits for _, fits, *_ in largest):
         if not largest:
-            print(f"no layout of TP x PP x EP fits the config's own checks at {args.max_nodes} nodes", file=sys.stderr)
+            print(f"no layout of TP x PP x EP fits the config's own checks at {max_nodes} nodes", file=sys.stderr)
             return 1
         total, _, tp, pp, ep, _ = min(largest)
-        print(f"no layout up to {args.max_nodes} nodes fits {args.config} on {gpu.name}: even at "
-              f"{args.max_nodes * args.gpus_per_node} GPUs the lowest worst rank is {total / 2**30:.1f} GiB "
+        print(f"no layout up to {max_nodes} nodes fits {config} on {gpu.name}: even at "
+              f"{max_nodes * gpus_per_node} GPUs the lowest worst rank is {total / 2**30:.1f} GiB "
               f"(TP{tp} x PP{pp} x EP{ep}) of {gib:.1f} GiB", file=sys.stderr)
         return 1
-    for nodes in range(1, args.max_nodes + 1):
-        world = nodes * args.gpus_per_node
+    for nodes in range(1, max_nodes + 1):
+        world = nodes * gpus_per_node
         fits = sorted((total, tp, pp, ep, rank) for total, ok, tp, pp, ep, rank in plans(nodes) if ok)
         if not fits:
             continue
-        print(f"{args.config} on {gpu.name} ({gib:.1f} GiB): smallest fitting world "
-              f"{world} GPUs ({nodes} node(s) x {args.gpus_per_node})")
+        print(f"{config} on {gpu.name} ({gib:.1f} GiB): smallest fitting world "
+              f"{world} GPUs ({nodes} node(s) x {gpus_per_node})")
         for total, tp, pp, ep, rank in fits:
             print(f"  TP{tp} x PP{pp} x EP{ep} x DP{world // (tp * pp)}: worst rank {total / 2**30:.1f} GiB "
                   f"(pipeline rank {rank})")
         _, tp, pp, ep, _ = fits[0]
         print("reproduce: megatron-mtp plan " + " ".join([
-            args.config, *args.overrides, f"parallel.tensor={tp}", f"parallel.pipeline={pp}",
+            config, *overrides, f"parallel.tensor={tp}", f"parallel.pipeline={pp}",
             f"parallel.expert={ep}", "parallel.expert_tensor=1", "parallel.virtual_pipeline=null",
             "parallel.pipeline_layout=null", f"parallel.world_size={world}", f"--nodes {nodes}",
-            f"--gpus-per-node {args.gpus_per_node}",
-            f"--gpu {args.gpu}"]))
+            f"--gpus-per-node {gpus_per_node}",
+            f"--gpu {gpu_name}"]))
         return 0
     return 1

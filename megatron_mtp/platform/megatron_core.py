@@ -45,16 +45,19 @@ def installed_version() -> Optional[str]:
         return None
 
 
-def line(ver: Optional[str] = None) -> tuple[int, int]:
-    """(major, minor) of the installed (or given) megatron-core."""
-    ver = ver if ver is not None else installed_version()
-    if ver is None:
-        return (0, 0)
-    parts = ver.split(".")
+def major_minor(ver: str) -> tuple[int, int]:
+    """(major, minor) of a version string ("2.13.0+cpu", "0.19.2", "2.1rc1"); (0, 0) for one that has none."""
+    parts = ver.split("+")[0].split(".")
     try:
         return int(parts[0]), int("".join(ch for ch in parts[1] if ch.isdigit()) or 0)
     except (IndexError, ValueError):
         return (0, 0)
+
+
+def line(ver: Optional[str] = None) -> tuple[int, int]:
+    """(major, minor) of the installed (or given) megatron-core."""
+    ver = ver if ver is not None else installed_version()
+    return (0, 0) if ver is None else major_minor(ver)
 
 
 def check_supported(ver: Optional[str] = None) -> None:

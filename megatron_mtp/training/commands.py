@@ -120,9 +120,8 @@ def _eval_data(first: Config, text_file: Optional[str], steps: Optional[int]) ->
     return EvalData(**shape)
 
 
-def _side_config(ckpt: Path, overrides: list[str], data: EvalData) -> Config:
-    """This side's config, scored at the shared batch shape (and on the shared datasets)."""
-    cfg = _eval_config(ckpt, overrides)
+def _side_config(cfg: Config, data: EvalData) -> Config:
+    """A side's config (``_eval_config``), scored at the shared batch shape (and on the shared datasets)."""
     t = cfg.training
     dp = max(t.global_batch_size // t.micro_batch_size, 1)
     training = dataclasses.replace(t, seq_length=data.seq_length, micro_batch_size=data.micro_batch_size,
@@ -184,7 +183,7 @@ def eval_main(path: str, overrides: list[str], as_json: bool, text_file: str | N
                 print(f"megatron-mtp eval: note: {r.note}", file=sys.stderr)
         configs = [_eval_config(r.path, overrides) for r in resolved]
         data = _eval_data(configs[0], text_file, steps)
-        sides = [_side_config(r.path, overrides, data) for r in resolved]
+        sides = [_side_config(cfg, data) for cfg in configs]
         vocabs = {c.model.vocab_size for c in sides}
         if len(vocabs) > 1:
             raise UserError(f"--compare needs two models of one vocabulary, and {resolved[0].path} has "
