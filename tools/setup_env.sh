@@ -47,7 +47,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 stamp=$VENV/.megatron_mtp_pyproject.sha256
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ('megatron_mtp', 'torch', 'megatron.core')))" 2>/dev/null; then
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$VENV/bin/python" -I -c "import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in ('megatron_mtp', 'torch', 'megatron.core')))" 2>/dev/null; then
   echo "setup_env.sh: installing into $VENV ($("$PY" --version))" >&2
   "$VENV/bin/python" -m pip install -q --upgrade pip
   # Pinned first: an unpinned torch would pull a newer build. Python 3.11 gets the CPU build (a local
@@ -56,7 +56,16 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$VENV/bin/python" -c "impo
   "$VENV/bin/python" -m pip install -q -e ".[test]"
   echo "$want" > "$stamp"
 fi
-# an environment shared between checkouts imports the package from this one
-if [ "$("$VENV/bin/python" -c 'import megatron_mtp, os; print(os.path.dirname(os.path.dirname(os.path.realpath(megatron_mtp.__file__))))' 2>/dev/null)" != "$(pwd -P)" ]; then
+# An environment shared between checkouts imports the package from this one. The checks run with
+# -I: without it the current directory (this checkout) is on sys.path and hides where the installed
+# package really points.
+imported_from() {
+  "$VENV/bin/python" -I -c 'import megatron_mtp, os; print(os.path.dirname(os.path.dirname(os.path.realpath(megatron_mtp.__file__))))' 2>/dev/null
+}
+if [ "$(imported_from)" != "$(pwd -P)" ]; then
   "$VENV/bin/python" -m pip install -q --no-deps -e .
+  if [ "$(imported_from)" != "$(pwd -P)" ]; then
+    echo "setup_env.sh: $VENV imports megatron_mtp from '$(imported_from)', not from $(pwd -P), even after reinstalling it; remove $VENV and run this script again" >&2
+    exit 1
+  fi
 fi
