@@ -1,4 +1,5 @@
-"""Batched generation with MTP drafts and continuous batching.
+"""The decode loop: one prompt or many, with MTP drafts and continuous batching (one prompt is a batch
+of one through the same code: ``Generator.generate``).
 
 Up to ``batch_size`` sequences decode together, each in a cache slot (kv_cache.py). A step:
 1. admit: free slots take the next prompts; their prefills run as one forward of rows of different
@@ -6,14 +7,18 @@ Up to ``batch_size`` sequences decode together, each in a cache slot (kv_cache.p
 2. draft: each sequence gets its own K = min(--speculative, tokens it may still emit - 1); draft step
    j runs once over the sequences with K >= j (draft.py, parallel_draft.py);
 3. verify: ONE target forward over every active sequence, row b = [pending_b, d_b1..d_bK_b]
-   (B·(K+1) tokens); with --speculative 0, or when every K is 0, this is a plain step of B tokens;
-4. per sequence: verify.py accepts a_b drafts and emits one token; the target slot is cut to
-   N_b + a_b, the drafter keeps the verified hidden states and rolls its slot back (per sequence);
-5. EOS, stop strings and the token budget are checked token by token per sequence (as batch 1);
-   a finished sequence frees its slot for the next prompt at once.
+   (B·(K+1) tokens; ``seq[N-1]`` is the pending token, the target cache holds N-1 positions); with
+   --speculative 0, or when every K is 0, this is a plain step of B tokens;
+4. per sequence: verify.py accepts a_b drafts and emits one token (correction or bonus); the target
+   slot is cut to N_b + a_b (inputs seq[N-1], d_1..d_a are final), the drafter keeps the verified
+   hidden states and rolls its slot back;
+5. EOS, stop strings and the token budget are checked token by token per sequence over the a+1 new
+   tokens, so a sequence ends at exactly the token plain decoding would end at; a finished sequence
+   frees its slot for the next prompt at once.
 Every sequence samples with its own generator seeded ``seed + index``, drawing in the same order as
 a batch-1 run, so sequence i is the batch-1 run with seed ``seed + i``; greedy output equals plain
-greedy decoding of each prompt alone (tested).
+greedy decoding of each prompt alone (tested). A sequence's ``target_time_s``/``draft_time_s`` are
+the times of the decode forwards and draft steps it took part in (shared with the others of its batch).
 """
 
 from __future__ import annotations
@@ -22,17 +27,22 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from megatron_mtp.errors import UserError
+from megatron_mtp.inference.draft import Drafter, PickFn
 from megatron_mtp.inference.expert_counts import ExpertCounts, expert_line
+from megatron_mtp.inference.options import DecodeOptions, check_budget
 from megatron_mtp.inference.results import GenerationResult, Output
-from megatron_mtp.inference.sampling import SamplingParams, draw, probabilities
+from megatron_mtp.inference.sampling import draw, probabilities
 from megatron_mtp.inference.stats import AcceptanceCounts, GenerationStats
 from megatron_mtp.inference.text_stream import TextStream
 from megatron_mtp.inference.verify import verify
+
+if TYPE_CHECKING:
+    from megatron_mtp.inference.generate import Generator
 
 #: streaming: called with (prompt index, newly final text, None) as text becomes final, and once with
 #: (index, the rest of the text, its result) when the sequence finishes
@@ -138,20 +148,22 @@ class _Seq:
 
 
 class _BatchRun:
-    """One generate_batch() call: the queue, the slots and the step loop."""
+    """One decode run: the queue, the slots and the step loop."""
 
-    def __init__(self, g: Any, params: SamplingParams, k: int, drafter: Any, batch_size: int,
+    def __init__(self, g: Generator, options: DecodeOptions, drafter: Drafter | None, slots: int,
                  on_text: OnText | None) -> None:
-        self.g, self.params, self.k, self.drafter, self.on_text = g, params, k, drafter, on_text
-        self.slots = batch_size
-        self.stats = BatchStats(batch_size=batch_size, speculative_k=k)
+        self.g, self.params, self.drafter, self.on_text = g, options.sampling, drafter, on_text
+        self.k = options.speculative_k if drafter is not None else 0
+        self.slots = slots
+        self.stats = BatchStats(batch_size=slots, speculative_k=self.k)
         self.experts = ExpertCounts()
-        self.experts.attach(g.target, drafter if k else None)
+        self.experts.attach(g.target, drafter)
         self.active: dict[int, _Seq] = {}
-        self.free = list(range(batch_size))[::-1]
+        self.free = list(range(slots))[::-1]
         self.results: dict[int, GenerationResult] = {}
 
-    def pick(self, s: _Seq) -> Callable[[torch.Tensor], tuple[int, torch.Tensor | None]]:
+    def pick(self, s: _Seq) -> PickFn:
+        """The token pick of sequence ``s``: argmax, or a draw from its sampling distribution with its generator."""
         def pick(logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
             if self.params.greedy:
                 return int(torch.argmax(logits).item()), None
@@ -163,7 +175,7 @@ class _BatchRun:
     def run(self, queue: deque[_Seq]) -> None:
         target = self.g.target
         target.reset_cache(self.slots)
-        if self.k:
+        if self.drafter is not None:
             self.drafter.reset(self.slots)
         while queue or self.active:
             admitted = []
@@ -182,11 +194,11 @@ class _BatchRun:
         for s in seqs:
             s.started = t0
             target.truncate_cache(0, s.slot)
-            if self.k:
+            if self.drafter is not None:
                 self.drafter.clear_slot(s.slot)
         slots = [s.slot for s in seqs]
         logits, hidden = target.forward_rows(slots, [s.tokens for s in seqs], last_only=True)
-        if self.k:
+        if self.drafter is not None:
             self.drafter.observe_rows(slots, list(torch.split(hidden, [len(s.tokens) for s in seqs])), [0] * len(seqs))
         self.stats.prefill_forwards += 1
         self.stats.prefill_time_s += time.perf_counter() - t0
@@ -202,18 +214,22 @@ class _BatchRun:
         slots = [s.slot for s in seqs]
         drafts: list[list[int]] = [[] for _ in seqs]
         dists: list[list[torch.Tensor | None]] = [[] for _ in seqs]
+        draft_time = 0.0
         if any(ks):
+            assert self.drafter is not None
             t0 = time.perf_counter()
             with self.experts.phase("draft"):
                 drafts, dists = self.drafter.propose_rows(slots, [s.tokens for s in seqs], ks,
                                                           [self.pick(s) for s in seqs])
-            self.stats.draft_time_s += time.perf_counter() - t0
+            draft_time = time.perf_counter() - t0
+            self.stats.draft_time_s += draft_time
             self.stats.draft_forwards += max(ks)
         kind = "verify" if any(ks) else "plain"
         t0 = time.perf_counter()
         with self.experts.phase(kind):
             logits, hidden = self.g.target.forward_rows(slots, [[s.tokens[-1]] + d for s, d in zip(seqs, drafts)])
-        self.stats.target_time_s += time.perf_counter() - t0
+        target_time = time.perf_counter() - t0
+        self.stats.target_time_s += target_time
         self.stats.verify_forwards += kind == "verify"
         self.stats.plain_forwards += kind == "plain"
         self.stats.decode_rows += len(seqs)
@@ -223,17 +239,18 @@ class _BatchRun:
             n_accepted, extra = verify(row, d, q, self.params, s.rng)
             self.g.target.truncate_cache(len(s.tokens) + n_accepted, s.slot)
             verified.append((n_accepted, extra))
-        if self.k:
+        new = [d[:a] + [extra] for d, (a, extra) in zip(drafts, verified)]
+        if self.drafter is not None:
             self.drafter.observe_rows(slots, [h[: a + 1] for h, (a, _) in zip(torch.split(hidden, sizes), verified)],
                                       [len(s.tokens) - 1 for s in seqs])
-        new = [d[:a] + [extra] for d, (a, extra) in zip(drafts, verified)]
-        if self.k:
             self.drafter.rollback_rows(slots, [len(s.tokens) + len(t) for s, t in zip(seqs, new)])
         for s, k, (a, _), tokens in zip(seqs, ks, verified, new):
             s.stats.target_forwards += 1
             s.stats.decode_forwards += 1
+            s.stats.target_time_s += target_time
             if k:
                 s.stats.draft_steps += k
+                s.stats.draft_time_s += draft_time
                 self.stats.record_sequence_round(s.stats, k, a)
             before = len(s.out.tokens)
             self._commit(s, tokens)
@@ -268,51 +285,38 @@ class _BatchRun:
 
 
 def generate_batch(
-    g: Any,
+    g: Generator,
     prompts: list[str | list[int]],
-    batch_size: int = 8,
-    max_new_tokens: int | list[int] = 64,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int = 0,
-    speculative_k: int = 0,
-    stop: list[str] | None = None,
-    ignore_eos: bool = False,
+    max_new_tokens: int | list[int],
+    options: DecodeOptions,
     labels: list[str] | None = None,
     on_text: OnText | None = None,
-    drafter: Any | None = None,
+    drafter: Drafter | None = None,
 ) -> BatchResult:
-    """Generate for every prompt (``max_new_tokens`` one for all or one per prompt), ``batch_size`` at
-    a time; ``labels`` name the prompts in errors ("the prompt on line 3 of F"); ``on_text`` streams;
-    ``drafter`` replaces the model's own (a ``draft.BatchDrafter``)."""
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise UserError(f"--batch-size is {batch_size!r}; it must be a whole number of at least 1.")
+    """Generate for every prompt (``max_new_tokens`` one for all or one per prompt),
+    ``options.batch_size`` at a time; ``labels`` name the prompts in errors ("the prompt on line 3 of
+    F"); ``on_text`` streams; ``drafter`` replaces the model's own."""
     if not prompts:
         raise UserError("there are no prompts to generate from; give at least one.")
     budgets = list(max_new_tokens) if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
     labels = labels or [f"prompt {i + 1}" for i in range(len(prompts))]
     if len(budgets) != len(prompts) or len(labels) != len(prompts):
         raise ValueError("max_new_tokens and labels need one entry per prompt")
-    for budget in sorted(set(budgets), key=str):
-        params, drafter, stops = g.check_options(budget, temperature, top_k, top_p, speculative_k, stop,
-                                                 drafter or g.drafter)
+    budgets = [check_budget(budget) for budget in budgets]
+    drafter = options.for_model(g, drafter or g.drafter)
     if on_text is not None and g.tokenizer is None:
         raise UserError(f"{g.source} has no tokenizer.json, so --stream has no text to print; drop --stream.")
-    limit = g.config.max_position_embeddings
-    eos = set() if ignore_eos else set(g.config.eos_token_ids)
+    eos = options.eos(g)
+    stops = list(options.stop)
     queue: deque[_Seq] = deque()
     for i, (prompt, budget, label) in enumerate(zip(prompts, budgets, labels)):
         ids = g.prompt_ids(prompt, label)
-        if len(ids) + budget + speculative_k > limit:
-            raise UserError(f"{label} has {len(ids)} tokens, which with {budget} new tokens and {speculative_k} "
-                            f"drafts exceeds the model's {limit} positions (max_position_embeddings); shorten it or "
-                            "lower --max-new-tokens.")
+        options.check_length(g, len(ids), budget, label)
         queue.append(_Seq(index=i, tokens=list(ids), out=Output(g, budget, stops, eos),
-                          rng=torch.Generator().manual_seed(int(seed) + i),
-                          stats=GenerationStats(speculative_k=speculative_k),
+                          rng=torch.Generator().manual_seed(options.seed + i),
+                          stats=GenerationStats(speculative_k=options.speculative_k if drafter is not None else 0),
                           stream=TextStream(stops) if on_text is not None else None))
-    run = _BatchRun(g, params, speculative_k, drafter, min(batch_size, len(prompts)), on_text)
+    run = _BatchRun(g, options, drafter, min(options.batch_size, len(prompts)), on_text)
     start = time.perf_counter()
     run.run(queue)
     stats = run.stats

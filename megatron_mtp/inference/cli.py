@@ -9,9 +9,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from megatron_mtp import strict_json
 from megatron_mtp.errors import UserError
+
+if TYPE_CHECKING:
+    from megatron_mtp.inference.options import DecodeOptions
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -66,9 +70,14 @@ def _read_prompt(args: argparse.Namespace) -> str:
         raise UserError(f"prompt file {path} cannot be read as UTF-8 text ({exc}).") from exc
 
 
-def _sampling(args: argparse.Namespace) -> dict:
-    return {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "seed": args.seed,
-            "speculative_k": args.speculative, "stop": args.stop, "ignore_eos": args.ignore_eos}
+def _options(args: argparse.Namespace) -> DecodeOptions:
+    """The decode options, checked (options.py) before the model loads."""
+    from megatron_mtp.inference.options import DecodeOptions, check_budget
+
+    check_budget(args.max_new_tokens)
+    return DecodeOptions(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                         speculative_k=args.speculative, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
+                         batch_size=args.batch_size)
 
 
 class _Printer:
@@ -94,45 +103,34 @@ class _Printer:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    if args.speculative < 0:
-        raise UserError(f"--speculative must be >= 0 (got {args.speculative}); use 0 for plain decoding.")
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size is {args.batch_size}; it must be at least 1 (the sequences decoded together).")
+    options = _options(args)
     if args.prompts_file is not None:
-        return _run_batch(args)
+        return _run_batch(args, options)
     prompt = _read_prompt(args)
     from megatron_mtp.inference.generate import load_generator
 
     generator = load_generator(args.model, dtype=args.dtype)
-    if args.stream:  # the batched loop streams; one prompt decodes exactly as the batch-1 loop
-        printer = _Printer(args.json, several=False)
-        batch = generator.generate_batch([prompt], batch_size=1, max_new_tokens=args.max_new_tokens,
-                                         on_text=printer, **_sampling(args))
-        lines = batch.stats.summary_lines()
-    else:
-        result = generator.generate(prompt, max_new_tokens=args.max_new_tokens, **_sampling(args))
+    printer = _Printer(args.json, several=False) if args.stream else None
+    result = generator.generate(prompt, args.max_new_tokens, options=options, on_text=printer)
+    if printer is None:  # streamed: already printed
         print(strict_json.dumps(result.to_dict()) if args.json else result.text)
-        lines = result.stats.summary_lines()
     if args.stats:
-        for line in lines:
+        for line in result.stats.summary_lines():
             print(line, file=sys.stderr)
     return 0
 
 
-def _run_batch(args: argparse.Namespace) -> int:
+def _run_batch(args: argparse.Namespace, options: DecodeOptions) -> int:
     from megatron_mtp.inference.prompts_file import read_prompts_file
 
-    if args.max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens is {args.max_new_tokens}; it must be at least 1.")
     prompts = read_prompts_file(Path(args.prompts_file), args.max_new_tokens)
     from megatron_mtp.inference.generate import load_generator
 
     generator = load_generator(args.model, dtype=args.dtype)
     several = len(prompts) > 1
     printer = _Printer(args.json, several) if args.stream else None
-    batch = generator.generate_batch([p.prompt for p in prompts], batch_size=args.batch_size,
-                                     max_new_tokens=[p.max_new_tokens for p in prompts],
-                                     labels=[p.label for p in prompts], on_text=printer, **_sampling(args))
+    batch = generator.generate_batch([p.prompt for p in prompts], [p.max_new_tokens for p in prompts],
+                                     options=options, labels=[p.label for p in prompts], on_text=printer)
     for index, result in enumerate(batch.results if not args.stream else []):  # streamed: already printed
         if args.json:
             print(strict_json.dumps({"index": index, **result.to_dict()}))

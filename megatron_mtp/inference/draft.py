@@ -14,14 +14,13 @@ Draft step j (1..K) uses module ``m = min(j, D)`` and predicts ``seq[N-1+j]``:
 
 Depth-mode entries of module m at position t are exact (equal to what megatron computes on
 the final sequence) while ``t + m <= N'-2`` for the new committed length ``N'``: the token they
-consumed is committed and was not a rejected draft. :meth:`MTPDrafter.rollback` cuts each
+consumed is committed and was not a rejected draft. :meth:`MTPDrafter.rollback_rows` cuts each
 module's cache to that length; the target-hidden buffer is cut to the target cache length.
 
 Batches: every sequence has a slot (kv_cache.py) and its own N, depth lengths and hidden buffers;
 ``*_rows`` methods take the slots of a batch with, per sequence, its tokens and its own K (a sequence
 near its token budget drafts fewer). Draft step j runs ONE forward over the sequences with K >= j,
-each row catching up over its own positions (rows of different lengths); the batch-1 methods
-(:class:`Drafter`) are the same code on slot 0.
+each row catching up over its own positions (rows of different lengths); one prompt is a batch of one.
 """
 
 from __future__ import annotations
@@ -40,21 +39,8 @@ PickFn = Callable[[torch.Tensor], tuple[int, torch.Tensor | None]]
 
 
 class Drafter(Protocol):
-    """What the batch-1 generator needs from a draft model."""
-
-    def reset(self) -> None: ...
-
-    def observe_target(self, hidden: torch.Tensor, start: int) -> None: ...
-
-    def propose(self, tokens: list[int], k: int, pick: PickFn) -> tuple[list[int], list[torch.Tensor | None]]: ...
-
-    def rollback(self, committed: int) -> None: ...
-
-    def cache_lengths(self) -> list[int]: ...
-
-
-class BatchDrafter(Protocol):
-    """What batched generation needs: the same operations per slot (one entry per row)."""
+    """What the decode loop needs from a draft model: per slot (one entry per row of a batch), observe the
+    target's hidden states, propose drafts, roll back to the committed tokens."""
 
     def reset(self, slots: int = 1) -> None: ...
 
@@ -185,17 +171,6 @@ class MTPDrafter:
                 assert module.cache is not None
                 module.cache.truncate(min(keep, module.cache.lengths[slot]), slot)
                 self._hidden[m][slot].truncate(keep)
-
-    # batch 1 (the Drafter protocol): slot 0
-    def observe_target(self, hidden: torch.Tensor, start: int) -> None:
-        self.observe_rows([0], [hidden], [start])
-
-    def propose(self, tokens: list[int], k: int, pick: PickFn) -> tuple[list[int], list[torch.Tensor | None]]:
-        drafts, dists = self.propose_rows([0], [tokens], [k], [pick])
-        return drafts[0], dists[0]
-
-    def rollback(self, committed: int) -> None:
-        self.rollback_rows([0], [committed])
 
     def cache_lengths(self, slot: int = 0) -> list[int]:
         return [module.cache.lengths[slot] if module.cache is not None else 0 for module in self.modules]

@@ -128,17 +128,6 @@ class ParallelHeadsDrafter:
                 assert head.cache is not None
                 head.cache.truncate(min(head.cache.lengths[slot], n - 1), slot)
 
-    # batch 1 (the Drafter protocol): slot 0
-    def observe_target(self, hidden: torch.Tensor, start: int) -> None:
-        self.observe_rows([0], [hidden], [start])
-
-    def propose(self, tokens: list[int], k: int, pick: PickFn) -> tuple[list[int], list[torch.Tensor | None]]:
-        drafts, dists = self.propose_rows([0], [tokens], [k], [pick])
-        return drafts[0], dists[0]
-
-    def rollback(self, committed: int) -> None:
-        self.rollback_rows([0], [committed])
-
     def cache_lengths(self, slot: int = 0) -> list[int]:
         return [head.cache.lengths[slot] if head.cache is not None else 0 for head in self.heads]
 

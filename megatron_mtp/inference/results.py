@@ -1,5 +1,5 @@
-"""What one generation returns, and the token-by-token check of when it ends (shared by the batch-1
-loop of generate.py and the batched loop of batch_generate.py)."""
+"""What one generation returns, and the token-by-token check of when it ends (the decode loop's,
+batch_generate.py)."""
 
 from __future__ import annotations
 

@@ -23,11 +23,11 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
-            raise UserError(f"temperature must be >= 0 (got {self.temperature}); use 0 for greedy decoding.")
+            raise UserError(f"--temperature is {self.temperature}; it must be at least 0 (0 for greedy decoding).")
         if self.top_k < 0:
-            raise UserError(f"top_k must be >= 0 (got {self.top_k}); use 0 to disable it.")
+            raise UserError(f"--top-k is {self.top_k}; it must be at least 0 (0 turns it off).")
         if not 0 < self.top_p <= 1:
-            raise UserError(f"top_p must be in (0, 1] (got {self.top_p}); use 1 to disable it.")
+            raise UserError(f"--top-p is {self.top_p}; it must be above 0 and at most 1 (1 turns it off).")
 
     @property
     def greedy(self) -> bool:

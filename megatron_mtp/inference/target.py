@@ -44,11 +44,6 @@ class TargetModel(nn.Module):
     def reset_cache(self, slots: int = 1) -> None:
         self.caches = [layer.new_cache(self.dtype, slots) for layer in self.model.layers]
 
-    @property
-    def cache_length(self) -> int:
-        """Slot 0's cached positions (batch-1 decoding)."""
-        return self.caches[0].length if self.caches else 0
-
     def slot_length(self, slot: int) -> int:
         return self.caches[0].lengths[slot]
 

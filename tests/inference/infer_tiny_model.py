@@ -203,64 +203,17 @@ def make_tiny_export(root: Path, layout: str = "separate", mtp_depth: int = 1, s
 
 
 class TargetAsDraft:
-    """A perfect draft: a second copy of the target that drafts by running the target itself."""
+    """A perfect draft (the ``draft.Drafter`` protocol): a second copy of the target, with a cache slot per
+    sequence, drafts by running the target itself."""
 
     def __init__(self, target) -> None:
         import copy
 
         self.model = copy.deepcopy(target)
 
-    def reset(self) -> None:
-        self.model.reset_cache()
-
-    def observe_target(self, hidden, start) -> None:
-        pass
-
-    def propose(self, tokens, k, pick):
-        n = len(tokens)
-        self.model.truncate_cache(min(self.model.cache_length, n - 1))
-        feed = tokens[self.model.cache_length:]
-        drafts, dists = [], []
-        for _ in range(k):
-            logits, _ = self.model.forward(feed, last_only=True)
-            token, dist = pick(logits[-1])
-            drafts.append(token)
-            dists.append(dist)
-            feed = [token]
-        return drafts, dists
-
-    def rollback(self, committed: int) -> None:
-        self.model.truncate_cache(min(self.model.cache_length, committed - 1))
-
-    def cache_lengths(self):
-        return [self.model.cache_length]
-
-
-class NoisyTargetDraft(TargetAsDraft):
-    """A good-but-imperfect draft: the target's logits, flattened and shifted by a fixed random bias,
-    so q overlaps p without equalling it (many acceptances AND many rejections)."""
-
-    def __init__(self, target, seed: int = 0, scale: float = 0.8, noise: float = 0.3) -> None:
-        super().__init__(target)
-        gen = torch.Generator().manual_seed(seed)
-        self.bias = noise * torch.randn(target.config.vocab_size, generator=gen)
-        self.scale = scale
-
-    def propose(self, tokens, k, pick):
-        return super().propose(tokens, k, lambda logits: pick(logits * self.scale + self.bias))
-
-
-class BatchedNoisyTargetDraft:
-    """NoisyTargetDraft for batched generation (the ``draft.BatchDrafter`` protocol): a copy of the target
-    with a cache slot per sequence drafts, its logits flattened and shifted by a fixed random bias."""
-
-    def __init__(self, target, seed: int = 0, scale: float = 0.8, noise: float = 0.3) -> None:
-        import copy
-
-        self.model = copy.deepcopy(target)
-        gen = torch.Generator().manual_seed(seed)
-        self.bias = noise * torch.randn(target.config.vocab_size, generator=gen)
-        self.scale = scale
+    def shape(self, logits):
+        """The draft logits made from the target's (here: the target's own)."""
+        return logits
 
     def reset(self, slots: int = 1) -> None:
         self.model.reset_cache(slots)
@@ -282,7 +235,7 @@ class BatchedNoisyTargetDraft:
             live = [i for i, k in enumerate(ks) if k >= j]
             logits, _ = self.model.forward_rows([slots[i] for i in live], [feeds[i] for i in live], last_only=True)
             for r, i in enumerate(live):
-                token, dist = picks[i](logits[r] * self.scale + self.bias)
+                token, dist = picks[i](self.shape(logits[r]))
                 drafts[i].append(token)
                 dists[i].append(dist)
                 feeds[i] = [token]
@@ -291,3 +244,17 @@ class BatchedNoisyTargetDraft:
     def rollback_rows(self, slots, committed) -> None:
         for slot, n in zip(slots, committed):
             self.model.truncate_cache(min(self.model.slot_length(slot), n - 1), slot)
+
+
+class NoisyTargetDraft(TargetAsDraft):
+    """A good-but-imperfect draft: the target's logits, flattened and shifted by a fixed random bias,
+    so q overlaps p without equalling it (many acceptances AND many rejections)."""
+
+    def __init__(self, target, seed: int = 0, scale: float = 0.8, noise: float = 0.3) -> None:
+        super().__init__(target)
+        gen = torch.Generator().manual_seed(seed)
+        self.bias = noise * torch.randn(target.config.vocab_size, generator=gen)
+        self.scale = scale
+
+    def shape(self, logits):
+        return logits * self.scale + self.bias

@@ -93,6 +93,8 @@ def test_batched_greedy_equals_each_prompt_alone(request, fixture, k):
     batch = _check_equal_to_plain(gen, k)
     assert batch.stats.prefill_forwards > 1  # slots were refilled (continuous batching)
     assert (batch.stats.verify_forwards > 0) == (k > 0)
+    # every sequence's times are those of the forwards it took part in (a batch of one is generate())
+    assert all(r.stats.target_time_s > 0 and (r.stats.draft_target_time_ratio > 0) == (k > 0) for r in batch.results)
 
 
 @pytest.mark.parametrize("fixture", ["gen_d1", "gen_d2"])

@@ -101,8 +101,11 @@ def test_cli_batch_json_stream_and_errors(export_d1, tmp_path):
         assert [e["tokens"] for e in events if e.get("index") == index and e.get("done")] == [lines[index]["tokens"]]
 
     one = _cli(str(export_d1), "--prompt", "def add(a, b):", "--max-new-tokens", "6", "--ignore-eos",
-               "--speculative", "2", "--stream")
+               "--speculative", "2", "--stream", "--stats")
     assert one.returncode == 0 and one.stdout == lines[0]["text"] + "\n"
+    # one prompt's statistics, not a batch summary
+    assert one.stderr.startswith("new tokens: 6 in") and "draft/target time ratio" in one.stderr, one.stderr
+    assert "prompts, batch size" not in one.stderr
 
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")

@@ -30,8 +30,9 @@ def test_leviathan_formulas():
 
 
 def test_bench_smoke(export_d1, tmp_path, capsys):
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("def add(a, b):\\n    return\nfor i in range(3):\n")
+    prompts = tmp_path / "prompts.jsonl"  # read as `generate --prompts-file` reads it: a prompt's own budget too
+    prompts.write_text('{"prompt": "def add(a, b):\\n    return"}\n'
+                       '{"prompt": "for i in range(3):", "max_new_tokens": 5}\n')
     out = tmp_path / "bench.json"
     assert _bench().main([str(export_d1), "--ks", "1,2", "--max-new-tokens", "8", "--prompts-file", str(prompts),
                           "--json", str(out)]) == 0

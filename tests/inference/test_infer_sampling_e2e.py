@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from infer_tiny_model import BatchedNoisyTargetDraft, NoisyTargetDraft
+from infer_tiny_model import NoisyTargetDraft
 from target_joint import exact_joint, joint_pvalue
 
 from megatron_mtp.inference.sampling import SamplingParams
@@ -52,7 +52,7 @@ def _batched_counts(gen, prompt_ids, depth, k, **params):
     """SAMPLES copies of the prompt, 16 at a time: rounds verify 16 sequences at once, each accepting its own
     number of drafts, each sampling with its own generator; drafts from a noisy copy of the target."""
     batch = gen.generate_batch([prompt_ids] * SAMPLES, batch_size=16, max_new_tokens=depth + 1, speculative_k=k,
-                               ignore_eos=True, drafter=BatchedNoisyTargetDraft(gen.target), **params)
+                               ignore_eos=True, drafter=NoisyTargetDraft(gen.target), **params)
     counts = {}
     for result in batch.results:
         key = tuple(result.tokens[:depth])

@@ -139,7 +139,7 @@ def test_speculative_sampling_matches_target_distribution(gen_small_vocab):
 def test_the_chi_square_test_sees_a_lossy_rule(gen_small_vocab, monkeypatch):
     """Guard: a lossy rule (accept every draft the target's top-k allows, i.e. emit the draft distribution
     there) fails the same test."""
-    import megatron_mtp.inference.generate as generate_module
+    import megatron_mtp.inference.batch_generate as batch_module
 
     def accept_in_support(target_logits, drafts, dists, params, generator):
         p_rows = probabilities(target_logits, params)
@@ -148,7 +148,7 @@ def test_the_chi_square_test_sees_a_lossy_rule(gen_small_vocab, monkeypatch):
                 return i, int(torch.multinomial(p_rows[i], 1, generator=generator))
         return len(drafts), int(torch.multinomial(p_rows[len(drafts)], 1, generator=generator))
 
-    monkeypatch.setattr(generate_module, "verify", accept_in_support)
+    monkeypatch.setattr(batch_module, "verify", accept_in_support)
     gen = gen_small_vocab
     prompt_ids = [2, 5, 3, 1, 6]
     joint = exact_joint(gen, prompt_ids, SamplingParams(**PARAMS), depth=3)

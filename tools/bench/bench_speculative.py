@@ -12,8 +12,9 @@ Leviathan-predicted speedup next to it:
   with-verify    (1 + sum_i prod_{j<=i} a_j) / (K c + v)      v = t_verify(K+1 tokens) / t_target(1 token)
 t_target is one plain decode forward; on CPU verifying K+1 tokens costs more than one token
 (v > 1), which the Leviathan formula ignores; "with-verify" accounts for it.
-EOS is ignored so every run generates exactly --max-new-tokens tokens. Each setting and prompt runs
---repeats times with the same seed and the fastest run is timed (robust to other load on the machine).
+EOS is ignored so every run generates exactly --max-new-tokens tokens (or a .jsonl prompt's own).
+Each setting and prompt runs --repeats times with the same seed and the fastest run is timed (robust
+to other load on the machine).
 "same" is the fraction of runs whose tokens equal the plain run's (must be 1.00 at temperature 0; with
 sampling the streams differ).
 """
@@ -49,7 +50,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--prompts-file",
-                        help="one prompt per line (\\n escapes allowed); default: built-in held-out prompts")
+                        help="prompts as `megatron-mtp generate --prompts-file` reads them (one per line, or .jsonl "
+                             "objects with their own max_new_tokens); default: built-in held-out prompts")
     parser.add_argument("--repeats", type=int, default=3,
                         help="identical runs per prompt and setting; the fastest is timed (default 3)")
     parser.add_argument("--dtype", default="float32")
@@ -57,30 +59,22 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _prompts(args: argparse.Namespace) -> list[str]:
-    from megatron_mtp.errors import UserError
-
+def _prompts(args: argparse.Namespace) -> list[tuple[str | list[int], int]]:
+    """(prompt, new tokens) pairs: the built-in held-out prompts, or --prompts-file read as `generate` reads it."""
     if not args.prompts_file:
-        return HELD_OUT_PROMPTS
-    path = Path(args.prompts_file)
-    if not path.is_file():
-        raise UserError(f"prompts file {path} does not exist; pass a file with one prompt per line.")
-    prompts = [line.replace("\\n", "\n") for line in path.read_text().splitlines() if line.strip()]
-    if not prompts:
-        raise UserError(f"prompts file {path} has no prompts; put one prompt per line.")
-    return prompts
+        return [(prompt, args.max_new_tokens) for prompt in HELD_OUT_PROMPTS]
+    from megatron_mtp.inference.prompts_file import read_prompts_file
+
+    return [(p.prompt, p.max_new_tokens) for p in read_prompts_file(Path(args.prompts_file), args.max_new_tokens)]
 
 
 def predicted_speedups(alpha: float, per_position: list[float], k: int, c: float, v: float) -> dict[str, float]:
-    """Leviathan's formula, its per-position variant, and the variant that charges the verify cost."""
-    if alpha >= 1.0:
-        expected = float(k + 1)
-    else:
-        expected = (1 - alpha ** (k + 1)) / (1 - alpha)
-    chain, per_pos = 1.0, 1.0
-    for a in per_position[:k]:
-        chain *= a
-        per_pos += chain
+    """Leviathan's formula, its per-position variant, and the variant that charges the verify cost; the
+    tokens per round are `megatron-mtp plan --speculative`'s (plan/speculative.py)."""
+    from megatron_mtp.plan.speculative import tokens_per_round
+
+    expected = tokens_per_round([alpha], k)  # 1 + a + … + a^K = (1 - a^(K+1)) / (1 - a)
+    per_pos = tokens_per_round(per_position, k) if per_position else 1.0
     return {
         "leviathan": expected / (k * c + 1),
         "per_position": per_pos / (k * c + 1),
@@ -110,13 +104,13 @@ def run(argv: list[str] | None = None) -> dict:
                   "draft_steps": 0, "rounds": 0, "round_tokens": 0, "reached": [0] * k, "accepted": [0] * k,
                   "identical": 0}
               for k in settings}
-    gen.generate(prompts[0], max_new_tokens=4, ignore_eos=True)  # warm-up (allocations, first-call costs)
+    gen.generate(prompts[0][0], max_new_tokens=4, ignore_eos=True)  # warm-up (allocations, first-call costs)
     # Every (setting, prompt) is run --repeats times with the same seed (identical tokens); the
     # fastest run's timings are kept, which filters out load from other processes on the machine.
     jobs = [(k, p, r) for r in range(args.repeats) for p in range(len(prompts)) for k in settings]
     fastest: dict[tuple[int, int], object] = {}
     for k, p, _ in tqdm(jobs, desc="bench", unit="run", file=sys.stderr):
-        res = gen.generate(prompts[p], max_new_tokens=args.max_new_tokens, seed=p, speculative_k=k,
+        res = gen.generate(prompts[p][0], max_new_tokens=prompts[p][1], seed=p, speculative_k=k,
                            ignore_eos=True, **sampling)
         best = fastest.get((k, p))
         if best is None or res.stats.wall_time_s < best.stats.wall_time_s:
