@@ -26,9 +26,9 @@ from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
 from megatron_mtp.convert.hf_source import copy_source_record
 from megatron_mtp.convert.progress import Progress
-from megatron_mtp.convert.safetensors_io import INDEX_NAME, HFDir, PlannedTensor, ShardedSafetensorsWriter
 from megatron_mtp.convert.serving import SERVING_FILE
 from megatron_mtp.errors import UserError
+from megatron_mtp.hf_dir.safetensors_io import INDEX_NAME, HFDir, PlannedTensor, ShardedSafetensorsWriter
 from megatron_mtp.models.hf_common import mtp_depth
 from megatron_mtp.models.tensor_table import MODEL_KEY_PREFIXES, MTP_KEY_PREFIXES, is_mtp_hf_name
 from megatron_mtp.output import staged_dir, tree_bytes

@@ -10,7 +10,7 @@ config.json keeps ``torch_dtype: bfloat16`` (the compute dtype) and gains ``quan
 
 Quantisation (DeepSeek's rule): per block, ``scale_inv = amax / 448`` (fp32) and the stored value is
 ``x / scale_inv`` rounded to the nearest e4m3 value; ``weight * scale_inv`` gives the weight back
-(convert/fp8.py). The block maximum maps to ±448 exactly, so each value is off by at most half an
+(hf_dir/fp8.py). The block maximum maps to ±448 exactly, so each value is off by at most half an
 e4m3 step at its magnitude: ``|error| <= scale_inv * 2**-4 * 2**floor(log2(|x| / scale_inv))``
 (``2**-10`` in the subnormal range), at most ``amax / 16``. An all-zero block gets scale 1.
 

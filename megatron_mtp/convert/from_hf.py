@@ -3,7 +3,7 @@ The family is config.json's ``model_type`` (models/family.py ``family_of_hf_conf
 
 Inputs: one HF directory (main only, or the release layout with MTP layers inline), a separate
 export (``DIR/main`` + ``DIR/mtp``), or ``mtp_dir`` given explicitly (release or SGLang NextN
-naming, or parallel MTP heads: convert/parallel_heads_export.py, imported as mtp.style parallel);
+naming, or parallel MTP heads: models/deepseek_v3/hf_heads_config.py, imported as mtp.style parallel);
 weights in bf16/fp16/fp32 or DeepSeek's FP8 release format (dequantised per 128x128 block).
 
 Output ``OUT`` is one self-contained checkpoint directory: torch_dist files holding only model
@@ -34,13 +34,13 @@ from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.config.parallel import ParallelConfig
 from megatron_mtp.config.validate import check_attention
 from megatron_mtp.convert.hf_source import record_source
-from megatron_mtp.convert.parallel_heads_export import is_heads_config, read_heads_config
 from megatron_mtp.convert.progress import Progress
-from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.convert.shapes import check_shape
-from megatron_mtp.convert.tokenizer_files import TOKENIZER_FILES
 from megatron_mtp.errors import UserError
+from megatron_mtp.hf_dir.safetensors_io import HFDir
+from megatron_mtp.hf_dir.tokenizer_files import TOKENIZER_FILES
 from megatron_mtp.models.deepseek_v3.hf_config_json import parse_hf_config
+from megatron_mtp.models.deepseek_v3.hf_heads_config import is_heads_config, read_heads_config
 from megatron_mtp.models.family import family_of_hf_config
 from megatron_mtp.models.hf_common import mtp_depth
 from megatron_mtp.models.tensor_table import Param, extra_state_keys, is_mtp_hf_name
@@ -99,7 +99,7 @@ def _open_inputs(hf_dir: Path, mtp_dir: Optional[Path]) -> tuple[HFDir, Optional
 
 def _mtp_depth(main: HFDir, mtp: Optional[HFDir], with_mtp: bool) -> int:
     declared = mtp_depth(main.config, str(main.path / "config.json"))
-    if mtp is not None and is_heads_config(mtp.config):  # parallel MTP heads (convert/parallel_heads_export.py)
+    if mtp is not None and is_heads_config(mtp.config):  # parallel MTP heads (models/deepseek_v3/hf_heads_config.py)
         main_view = parse_hf_config(main.config, str(main.path / "config.json"))
         return read_heads_config(mtp.config, str(mtp.path / "config.json"), main_view).num_heads if with_mtp else 0
     if mtp is not None:

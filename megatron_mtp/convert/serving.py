@@ -128,7 +128,7 @@ class Export:
     architecture: str = "DeepseekV3ForCausalLM"
     """What config.json's architectures says."""
     parallel_heads: bool = False
-    """The MTP part is parallel heads (mtp.style parallel, convert/parallel_heads_export.py), which no
+    """The MTP part is parallel heads (mtp.style parallel, models/deepseek_v3/hf_heads_config.py), which no
     engine loads."""
 
     @property

@@ -13,7 +13,7 @@ Layouts (``mtp``):
             draft (e.g. from mtp.freeze_base training) to ship next to an unchanged base release;
             ``from-hf BASE OUT2 --mtp-dir OUT`` pairs them again.
 Parallel MTP heads (mtp.style parallel) have no HF format: separate only, OUT/mtp in their own format
-(convert/parallel_heads_export.py); inline, nextn and ``--for`` are refused in one sentence each.
+(models/deepseek_v3/hf_heads_config.py); inline, nextn and ``--for`` are refused in one sentence each.
 
 Serving: ``serve_for`` (``--for``) picks the layout an engine loads with the fewest flags and
 refuses, before anything is written, what it cannot load or run (convert/serving.py); without it
@@ -46,10 +46,10 @@ from megatron_mtp.config import Config
 from megatron_mtp.convert import fp8_export, serving
 from megatron_mtp.convert.hf_source import GENERATION_CONFIG, generation_config, source_config, source_generation_config
 from megatron_mtp.convert.progress import Progress
-from megatron_mtp.convert.safetensors_io import PlannedTensor, ShardedSafetensorsWriter
 from megatron_mtp.convert.shapes import check_shape, expected_shape
-from megatron_mtp.convert.tokenizer_files import copy_tokenizer, special_token_ids
 from megatron_mtp.errors import UserError
+from megatron_mtp.hf_dir.safetensors_io import PlannedTensor, ShardedSafetensorsWriter
+from megatron_mtp.hf_dir.tokenizer_files import copy_tokenizer, special_token_ids
 from megatron_mtp.models.family import get_family
 from megatron_mtp.models.hf_common import TOKEN_ID_KEYS
 from megatron_mtp.models.tensor_table import EMBEDDING, MODEL_KEY_PREFIXES, MTP_KEY_PREFIXES, Param, nextn_name
@@ -228,8 +228,8 @@ def hf_configs(
         full = fp8_export.with_quantization(full)
     if mode in ("none", "inline"):
         return {"main": full}
-    if cfg.mtp.style == "parallel":  # the heads' own format (convert/parallel_heads_export.py)
-        from megatron_mtp.convert.parallel_heads_export import heads_config
+    if cfg.mtp.style == "parallel":  # the heads' own format (models/deepseek_v3/hf_heads_config.py)
+        from megatron_mtp.models.deepseek_v3.hf_heads_config import heads_config
 
         main = dict(full, num_nextn_predict_layers=0)
         return {"main": main, "mtp": heads_config(main, depth)}
@@ -308,7 +308,7 @@ def export_to_hf(
     reader = TorchDistReader(step)
     has_mtp = cfg.mtp.num_layers > 0 and any(k.startswith(MTP_KEY_PREFIXES) for k in reader.keys())
     if has_mtp and cfg.mtp.style == "parallel" and mtp not in ("none", "only"):
-        from megatron_mtp.convert.parallel_heads_export import refuse_layout
+        from megatron_mtp.convert.heads_layout import refuse_layout
 
         refuse_layout(serve_for, mtp or "separate", mtp_layout or "hf")
     only = mtp == "only"  # the MTP directory of the separate layout, written as OUT itself

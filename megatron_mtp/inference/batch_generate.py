@@ -27,22 +27,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.draft import Drafter, PickFn
 from megatron_mtp.inference.expert_counts import ExpertCounts, expert_line
-from megatron_mtp.inference.options import DecodeOptions, check_budget
+from megatron_mtp.inference.options import DecodeOptions, DecodingModel, check_budget
 from megatron_mtp.inference.results import GenerationResult, Output
 from megatron_mtp.inference.sampling import draw, probabilities
 from megatron_mtp.inference.stats import AcceptanceCounts, GenerationStats
 from megatron_mtp.inference.text_stream import TextStream
 from megatron_mtp.inference.verify import verify
-
-if TYPE_CHECKING:
-    from megatron_mtp.inference.generate import Generator
 
 #: streaming: called with (prompt index, newly final text, None) as text becomes final, and once with
 #: (index, the rest of the text, its result) when the sequence finishes
@@ -150,7 +147,7 @@ class _Seq:
 class _BatchRun:
     """One decode run: the queue, the slots and the step loop."""
 
-    def __init__(self, g: Generator, options: DecodeOptions, drafter: Drafter | None, slots: int,
+    def __init__(self, g: DecodingModel, options: DecodeOptions, drafter: Drafter | None, slots: int,
                  on_text: OnText | None) -> None:
         self.g, self.params, self.drafter, self.on_text = g, options.sampling, drafter, on_text
         self.k = options.speculative_k if drafter is not None else 0
@@ -285,7 +282,7 @@ class _BatchRun:
 
 
 def generate_batch(
-    g: Generator,
+    g: DecodingModel,
     prompts: list[str | list[int]],
     max_new_tokens: int | list[int],
     options: DecodeOptions,

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from megatron_mtp.checkpoint.finite import refuse_nonfinite, tensor_is_finite
-from megatron_mtp.convert.fp8 import is_block_fp8
-from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.errors import UserError
+from megatron_mtp.hf_dir.fp8 import is_block_fp8
+from megatron_mtp.hf_dir.safetensors_io import HFDir
 from megatron_mtp.inference.family import SUPPORTED, family_for
 from megatron_mtp.inference.layers import HFConfig
 from megatron_mtp.inference.mtp_module import MTPModule

@@ -10,16 +10,32 @@ number of parallel heads, a tokenizer for stop strings, the position limit) is c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from megatron_mtp.errors import UserError
+from megatron_mtp.inference.draft import Drafter
+from megatron_mtp.inference.layers import HFConfig
 from megatron_mtp.inference.sampling import SamplingParams
-
-if TYPE_CHECKING:
-    from megatron_mtp.inference.draft import Drafter
-    from megatron_mtp.inference.generate import Generator
+from megatron_mtp.inference.target import TargetModel
 
 MAX_SPECULATIVE_K = 16
+
+
+class DecodingModel(Protocol):
+    """What the decode loop and these checks use of a loaded model (``generate.Generator``)."""
+
+    target: TargetModel
+    drafter: Drafter | None
+    tokenizer: Any | None
+    source: Path
+
+    @property
+    def config(self) -> HFConfig: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def prompt_ids(self, prompt: str | list[int], label: str = "the prompt") -> list[int]: ...
 
 
 def _whole(value: Any) -> bool:
@@ -60,7 +76,7 @@ class DecodeOptions:
                                                             top_k=int(self.top_k), top_p=float(self.top_p)))
         object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
 
-    def for_model(self, g: Generator, drafter: Drafter | None) -> Drafter | None:
+    def for_model(self, g: DecodingModel, drafter: Drafter | None) -> Drafter | None:
         """The drafter this run drafts with (None for plain decoding), refusing what the model cannot do."""
         if self.stop and g.tokenizer is None:
             raise UserError(f"{g.source} has no tokenizer.json, so stop strings cannot be matched; drop --stop.")
@@ -75,7 +91,7 @@ class DecodeOptions:
                             f"MTP heads of {g.source} give (one position each); use K <= {limit}.")
         return drafter
 
-    def check_length(self, g: Generator, prompt_tokens: int, budget: int, label: str) -> None:
+    def check_length(self, g: DecodingModel, prompt_tokens: int, budget: int, label: str) -> None:
         """The prompt, its new tokens and the drafts of its last round fit the model's positions."""
         limit = g.config.max_position_embeddings
         if prompt_tokens + budget + self.speculative_k > limit:
@@ -83,6 +99,6 @@ class DecodeOptions:
                             f"{self.speculative_k} drafts exceeds the model's {limit} positions "
                             "(max_position_embeddings); shorten it or lower --max-new-tokens.")
 
-    def eos(self, g: Generator) -> set[int]:
+    def eos(self, g: DecodingModel) -> set[int]:
         """The tokens that end a sequence."""
         return set() if self.ignore_eos else set(g.config.eos_token_ids)

@@ -1,4 +1,4 @@
-"""Drafting with parallel MTP heads (``mtp.style: parallel``; export format: convert/parallel_heads_export.py).
+"""Drafting with parallel MTP heads (``mtp.style: parallel``; export format: models/deepseek_v3/hf_heads_config.py).
 
 Head k (1-based) is a decoder layer with its own KV cache over the TARGET's positions, fed the target's
 hidden state ``h_0(t)`` after ``model.norm``, then its own norm (``heads.{k-1}.norm``) and the target's
@@ -23,9 +23,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from megatron_mtp.convert.parallel_heads_export import is_heads_config, read_heads_config
-from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.errors import UserError
+from megatron_mtp.hf_dir.safetensors_io import HFDir
 from megatron_mtp.inference.draft import HiddenBuffer, PickFn
 from megatron_mtp.inference.kv_cache import KVCache, Rows
 from megatron_mtp.inference.layers import DecoderLayer, RMSNorm
@@ -33,6 +32,7 @@ from megatron_mtp.inference.mla import MLAttention
 from megatron_mtp.inference.model_dir import ExportDirs, _load_into, decodable_config
 from megatron_mtp.inference.target import TargetModel
 from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
+from megatron_mtp.models.deepseek_v3.hf_heads_config import is_heads_config, read_heads_config
 from megatron_mtp.models.deepseek_v3.hf_mapping import hf_head_prefix
 
 

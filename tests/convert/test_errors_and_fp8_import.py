@@ -12,10 +12,10 @@ from safetensors.torch import load_file, save_file
 
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.convert.drop_mtp import drop_mtp
-from megatron_mtp.convert.fp8 import dequantize_blockwise
 from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.to_hf import export_to_hf
 from megatron_mtp.errors import UserError
+from megatron_mtp.hf_dir.fp8 import dequantize_blockwise
 from tests.convert.helpers import reference_fp8_quantize, run
 
 

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from megatron_mtp.convert.fp8 import dequantize_blockwise
 from megatron_mtp.errors import UserError
+from megatron_mtp.hf_dir.fp8 import dequantize_blockwise
 
 pytestmark = pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="torch without float8")
 

@@ -15,11 +15,11 @@ from megatron_mtp.checkpoint.run_dir import resolve_checkpoint
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.convert import serving
 from megatron_mtp.convert.drop_mtp import drop_mtp
-from megatron_mtp.convert.fp8 import dequantize_blockwise
 from megatron_mtp.convert.fp8_export import quantize_blockwise
 from megatron_mtp.convert.from_hf import import_from_hf
-from megatron_mtp.convert.safetensors_io import HFDir
 from megatron_mtp.convert.to_hf import export_to_hf, plan_export
+from megatron_mtp.hf_dir.fp8 import dequantize_blockwise
+from megatron_mtp.hf_dir.safetensors_io import HFDir
 from megatron_mtp.models.deepseek_v3.hf_mapping import EMBEDDING
 from tests.convert.helpers import hf_tensors, reference_fp8_quantize, same_tree
 

@@ -12,8 +12,8 @@ import pytest
 from megatron_mtp import output
 from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
 from megatron_mtp.cli import main
-from megatron_mtp.convert.safetensors_io import ShardedSafetensorsWriter
 from megatron_mtp.errors import is_one_sentence
+from megatron_mtp.hf_dir.safetensors_io import ShardedSafetensorsWriter
 
 # command -> (its arguments before OUT, the writer methods that put weights on disk, a step inside the
 # staged write where another writer can finish first, the files a finished output holds)

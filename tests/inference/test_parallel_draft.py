@@ -11,9 +11,9 @@ from infer_tiny_model import make_tiny_export, tiny_config
 from safetensors.torch import load_file, save_file
 from target_joint import exact_joint, joint_pvalue
 
-from megatron_mtp.convert.parallel_heads_export import heads_config
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.sampling import SamplingParams, probabilities
+from megatron_mtp.models.deepseek_v3.hf_heads_config import heads_config
 
 PROMPT = "def add(a, b):\n    return"
 HEADS = 3

@@ -17,8 +17,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "megatron_mtp"
 # lowest first; a package may import any package before it and none after it
-LAYERS = ["errors", "output", "rms_norm", "strict_json", "config", "platform", "models", "plan", "data", "checkpoint",
-          "launch", "training", "convert", "inference", "cli", "__main__"]
+LAYERS = ["errors", "output", "rms_norm", "strict_json", "hf_dir", "config", "platform", "models", "plan", "data",
+          "checkpoint", "launch", "training", "convert", "inference", "cli", "__main__"]
 _MODULE_STRING = re.compile(r"^megatron_mtp(\.[A-Za-z_]\w*)+$")
 
 
@@ -174,3 +174,13 @@ def test_every_spelling_of_an_import_is_seen():
     found = set(imported_modules(file, source))
     assert {"megatron_mtp.strict_json", "megatron_mtp.training.checkpoint_saver", "megatron_mtp.data.tokenizer",
             "megatron_mtp.convert.cli"} <= found, found
+
+
+def test_the_decoder_reads_hf_directories_through_hf_dir():
+    """inference/ reads and loads HF directories through hf_dir/ (below convert/ and inference/); its one
+    use of convert/ is the on-the-fly export of a megatron checkpoint (checkpoint_source.py)."""
+    uses = sorted((str(file.relative_to(PACKAGE)), name) for file in (PACKAGE / "inference").rglob("*.py")
+                  for name in imported_modules(file, file.read_text(), exact=True)
+                  if name.startswith("megatron_mtp.convert"))
+    assert uses == [("inference/checkpoint_source.py", "megatron_mtp.convert.to_hf")], uses
+    assert "hf_dir" in import_graph()["inference"] and "hf_dir" in import_graph()["convert"]

@@ -65,11 +65,14 @@ class WorkerJob:
             return False
         for r in range(self.nproc):
             pid_file = self.dir / f"pid-{r}"
-            if pid_file.exists():
-                try:
-                    os.kill(int(pid_file.read_text()), 0)
-                except ProcessLookupError:
-                    return False
+            try:
+                pid = int(pid_file.read_text())
+            except (FileNotFoundError, ValueError):  # the rank has not started yet
+                continue
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
         return True
 
     def run(self, argv: list[str], timeout: float, sync_timeout: float, env: dict | None = None,

@@ -222,7 +222,9 @@ def main() -> None:
     # waiting for the next request can take as long as the tests between two requests
     wait_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(hours=6))
     groups_before = set(__import__("torch.distributed.distributed_c10d", fromlist=["_world"])._world.pg_map)
-    (inbox / f"pid-{rank}").write_text(str(os.getpid()))
+    pid_tmp = inbox / f"pid-{rank}.tmp"  # published whole: the pool reads it while the rank starts
+    pid_tmp.write_text(str(os.getpid()))
+    os.replace(pid_tmp, inbox / f"pid-{rank}")
     owner = int(os.environ.get("WORKER_POOL_OWNER", "0"))
     n = 0
     while True:

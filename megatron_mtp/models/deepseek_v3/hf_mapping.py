@@ -10,7 +10,7 @@ The table is built from the typed model config (``ModelConfig``) and the MTP dep
 (0-based) is HF layer ``num_hidden_layers + d``; the index always comes from the config.
 
 Parallel MTP heads (``mtp.style: parallel``, models/deepseek_v3/parallel_heads.py) have no Hugging Face
-format; they are exported to their own ``mtp/`` directory (convert/parallel_heads_export.py) as
+format; they are exported to their own ``mtp/`` directory (models/deepseek_v3/hf_heads_config.py) as
 ``heads.{i}.`` + the decoder-layer names of ``model.layers.N.`` (``self_attn.*``, ``mlp.*``, the two
 layer norms) and ``heads.{i}.norm.weight`` (the head's final norm); they share the main ``lm_head``.
 """

@@ -24,8 +24,8 @@ from typing import BinaryIO, Optional
 
 import torch
 
-from megatron_mtp.convert.fp8 import FP8_DTYPES, dequantize_blockwise
 from megatron_mtp.errors import UserError
+from megatron_mtp.hf_dir.fp8 import FP8_DTYPES, dequantize_blockwise
 
 INDEX_NAME = "model.safetensors.index.json"
 

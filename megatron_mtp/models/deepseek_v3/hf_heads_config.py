@@ -1,4 +1,5 @@
-"""Export format of parallel MTP heads (``mtp.style: parallel``): a ``mtp/`` directory of their own.
+"""The Hugging Face-side format of parallel MTP heads (``mtp.style: parallel``): a ``mtp/`` directory of their own,
+written by ``convert to-hf`` and read by ``convert from-hf`` and ``megatron-mtp generate``.
 
 There is no Hugging Face format for Gloeckle-style heads: DeepSeek-V3's layers ``num_hidden_layers + d``
 are sequential MTP modules (they read the next token's embedding), and every engine that loads them
@@ -91,18 +92,3 @@ def read_heads_config(raw: Mapping[str, Any], where: str, main: Optional[Deepsee
         raise UserError(f"{where} belongs to a different main model (num_hidden_layers, hidden_size or vocab_size "
                         "differ); export main and mtp from the same checkpoint")
     return HeadsConfig(num_heads=count, main=stored)
-
-
-def refuse_layout(serve_for: Optional[str], mtp: str, mtp_layout: str) -> None:
-    """What an export of parallel heads cannot be, one sentence each (serving engines: convert/serving.py)."""
-    from megatron_mtp.convert import serving
-
-    if serve_for is not None:
-        raise UserError(serving.parallel_heads_sentence(serving.FACTS[serve_for].title))
-    if mtp == "inline":
-        raise UserError("--mtp inline needs sequential MTP modules (the Hugging Face DeepSeek-V3 layers "
-                        "num_hidden_layers+d), and this checkpoint has parallel MTP heads, which have no Hugging "
-                        "Face format; export with --mtp separate (OUT/mtp holds the heads) or --mtp none")
-    if mtp_layout == "nextn":
-        raise UserError("--mtp-layout nextn is SGLang's layout for one sequential MTP module, and this checkpoint "
-                        "has parallel MTP heads; export with --mtp-layout hf (OUT/mtp holds the heads)")

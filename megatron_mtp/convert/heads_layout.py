@@ -1,0 +1,22 @@
+"""The export layouts parallel MTP heads cannot take (their format: models/deepseek_v3/hf_heads_config.py)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from megatron_mtp.errors import UserError
+
+
+def refuse_layout(serve_for: Optional[str], mtp: str, mtp_layout: str) -> None:
+    """What an export of parallel heads cannot be, one sentence each (serving engines: convert/serving.py)."""
+    from megatron_mtp.convert import serving
+
+    if serve_for is not None:
+        raise UserError(serving.parallel_heads_sentence(serving.FACTS[serve_for].title))
+    if mtp == "inline":
+        raise UserError("--mtp inline needs sequential MTP modules (the Hugging Face DeepSeek-V3 layers "
+                        "num_hidden_layers+d), and this checkpoint has parallel MTP heads, which have no Hugging "
+                        "Face format; export with --mtp separate (OUT/mtp holds the heads) or --mtp none")
+    if mtp_layout == "nextn":
+        raise UserError("--mtp-layout nextn is SGLang's layout for one sequential MTP module, and this checkpoint "
+                        "has parallel MTP heads; export with --mtp-layout hf (OUT/mtp holds the heads)")
