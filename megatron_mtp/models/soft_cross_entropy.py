@@ -14,16 +14,17 @@ from __future__ import annotations
 import torch
 
 
-def _all_reduce(x: torch.Tensor, group, op) -> torch.Tensor:
+def vocab_all_reduce(x: torch.Tensor, group, op) -> torch.Tensor:
+    """All-reduce over the ranks the vocabulary is split over (nothing to do without such a group)."""
     if group is not None and torch.distributed.is_initialized() and torch.distributed.get_world_size(group) > 1:
         torch.distributed.all_reduce(x, op=op, group=group)
     return x
 
 
-def _logsumexp(x: torch.Tensor, group) -> torch.Tensor:
+def vocab_logsumexp(x: torch.Tensor, group) -> torch.Tensor:
     """logsumexp over the last dimension of a vocabulary split over `group`."""
-    peak = _all_reduce(x.max(dim=-1, keepdim=True).values, group, torch.distributed.ReduceOp.MAX)
-    total = _all_reduce(torch.exp(x - peak).sum(dim=-1, keepdim=True), group, torch.distributed.ReduceOp.SUM)
+    peak = vocab_all_reduce(x.max(dim=-1, keepdim=True).values, group, torch.distributed.ReduceOp.MAX)
+    total = vocab_all_reduce(torch.exp(x - peak).sum(dim=-1, keepdim=True), group, torch.distributed.ReduceOp.SUM)
     return peak + torch.log(total)
 
 
@@ -32,9 +33,9 @@ class _SoftCrossEntropy(torch.autograd.Function):
     def forward(ctx, student, teacher, temperature, group):
         z = student.float()
         t = teacher.detach().float() / temperature
-        lse_z = _logsumexp(z, group)
-        p = torch.exp(t - _logsumexp(t, group))
-        pz = _all_reduce((p * z).sum(dim=-1, keepdim=True), group, torch.distributed.ReduceOp.SUM)
+        lse_z = vocab_logsumexp(z, group)
+        p = torch.exp(t - vocab_logsumexp(t, group))
+        pz = vocab_all_reduce((p * z).sum(dim=-1, keepdim=True), group, torch.distributed.ReduceOp.SUM)
         # one saved tensor, q - p; none of the inputs (megatron-core's CE later works in place on logits)
         ctx.save_for_backward(torch.exp(z - lse_z) - p)
         ctx.student_dtype = student.dtype

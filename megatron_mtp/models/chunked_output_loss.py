@@ -1,0 +1,123 @@
+"""The output layer and its cross entropy over chunks of tokens: per-token losses without the logits.
+
+Design note. The output layer's logits, z = h Wᵀ, are the largest activation of a language model
+([tokens, V/TP] in fp32 for the loss), and MTP computes them once per depth. Here the projection and
+the cross entropy run ``chunk`` tokens at a time, so only one chunk's logits exist, in the forward
+and in the backward alike:
+- forward, per chunk: z_c = h_c Wᵀ (in h's dtype, then fp32, as megatron-core's output layer and
+  cross entropy do), logsumexp(z_c) and the target terms; only the per-token logsumexp is kept;
+- backward, per chunk: z_c is computed again from the saved h_c, and with q = exp(z - lse) the
+  logit gradient is g·(q − target distribution); dh_c = dz_c W and dW += dz_cᵀ h_c.
+The vocabulary is split over tensor-parallel ranks as in megatron-core's vocab-parallel cross
+entropy: each rank holds W's rows [first, first + V/TP), and the max, the sum of exponentials and the
+target logit (or Σ p·z) are all-reduced over the group per chunk. dh is this rank's share; the caller
+feeds h through megatron-core's region op (identity forward, all-reduce or reduce-scatter backward),
+as the output layer does.
+
+Targets, per token, weight w of the soft part (``tokens``: 0, ``self``: 1, ``mix``: mtp.self_weight):
+  loss = (1 − w)·CE(onehot(label), q) + w·CE(p, q),  p = softmax(t / T),  t = h_teacher Wᵀ (detached),
+and CE(p, q) = lse(z) − Σ p·z. The teacher's logits are recomputed per chunk from its hidden state
+(the main model's, rolled to the depth's position), never stored.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from megatron_mtp.models.soft_cross_entropy import vocab_all_reduce, vocab_logsumexp
+
+SUM = torch.distributed.ReduceOp.SUM
+
+
+def _chunks(tokens: int, chunk: int):
+    for start in range(0, tokens, chunk):
+        yield slice(start, min(start + chunk, tokens))
+
+
+def _logits(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return (h @ weight.t()).float()
+
+
+def _target_logit(z: torch.Tensor, labels: torch.Tensor, first: int, group) -> torch.Tensor:
+    """z at each token's label, from the rank whose vocabulary slice holds it."""
+    local = labels - first
+    here = (local >= 0) & (local < z.shape[-1])
+    picked = torch.gather(z, -1, local.clamp(0, z.shape[-1] - 1).unsqueeze(-1)).squeeze(-1) * here
+    return vocab_all_reduce(picked, group, SUM)
+
+
+class _ChunkedOutputLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, teacher, soft_weight, temperature, chunk, group, first):
+        n = hidden.shape[0]
+        loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        lse_z = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        lse_t = torch.empty(n, dtype=torch.float32, device=hidden.device) if soft_weight else None
+        with torch.no_grad():
+            for c in _chunks(n, chunk):
+                z = _logits(hidden[c], weight)
+                lse = vocab_logsumexp(z, group).squeeze(-1)
+                lse_z[c] = lse
+                value = torch.zeros_like(lse)
+                if soft_weight < 1:
+                    value += (1 - soft_weight) * (lse - _target_logit(z, labels[c], first, group))
+                if soft_weight:
+                    t = _logits(teacher[c], weight) / temperature
+                    lt = vocab_logsumexp(t, group)
+                    lse_t[c] = lt.squeeze(-1)
+                    pz = vocab_all_reduce((torch.exp(t - lt) * z).sum(-1), group, SUM)
+                    value += soft_weight * (lse - pz)
+                loss[c] = value
+        ctx.save_for_backward(hidden, weight, labels, teacher, lse_z, lse_t)
+        ctx.setup = (soft_weight, temperature, chunk, first)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad):
+        hidden, weight, labels, teacher, lse_z, lse_t = ctx.saved_tensors
+        soft_weight, temperature, chunk, first = ctx.setup
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+            if ctx.needs_input_grad[1] else None
+        for c in _chunks(hidden.shape[0], chunk):
+            z = _logits(hidden[c], weight)
+            dz = torch.exp(z - lse_z[c].unsqueeze(-1))  # q
+            if soft_weight < 1:
+                local = labels[c] - first
+                here = (local >= 0) & (local < z.shape[-1])
+                rows = torch.nonzero(here).squeeze(-1)
+                dz[rows, local[rows]] -= 1 - soft_weight
+            if soft_weight:
+                t = _logits(teacher[c], weight) / temperature
+                dz -= soft_weight * torch.exp(t - lse_t[c].unsqueeze(-1))
+            dz *= grad[c].unsqueeze(-1)
+            dz = dz.to(hidden.dtype)
+            if grad_hidden is not None:
+                grad_hidden[c] = dz @ weight
+            if grad_weight is not None:
+                grad_weight += (dz.t() @ hidden[c]).float()
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None
+
+
+def chunked_output_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor | None = None,
+                        teacher: torch.Tensor | None = None, soft_weight: float = 0.0, temperature: float = 1.0,
+                        chunk: int = 1024, group=None, first: int = 0) -> torch.Tensor:
+    """Per-token loss [N] of ``hidden`` [N, h] through the output weight slice [V/TP, h] whose first row is
+    vocabulary entry ``first``: (1 − soft_weight)·CE to ``labels`` [N] plus soft_weight·CE to
+    softmax(``teacher`` Wᵀ / T) (``teacher`` [N, h], detached), ``chunk`` tokens at a time (module note).
+    Gradients reach ``hidden`` (this rank's share) and ``weight``."""
+    if not 0.0 <= soft_weight <= 1.0:
+        raise ValueError(f"soft_weight must be in [0, 1], got {soft_weight}")
+    if soft_weight < 1 and labels is None:
+        raise ValueError("labels are needed unless the loss is wholly soft (soft_weight 1)")
+    if soft_weight and teacher is None:
+        raise ValueError("a teacher hidden state is needed for a soft loss")
+    if chunk < 1:
+        raise ValueError(f"chunk must be at least 1 token, got {chunk}")
+    if labels is None:
+        labels = torch.zeros(hidden.shape[0], dtype=torch.long, device=hidden.device)
+    teacher = teacher.detach() if teacher is not None else hidden.new_empty(0)
+    return _ChunkedOutputLoss.apply(hidden, weight, labels.long(), teacher, float(soft_weight), float(temperature),
+                                    int(chunk), group, int(first))
