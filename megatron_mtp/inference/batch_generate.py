@@ -150,7 +150,7 @@ class _BatchRun:
     def __init__(self, g: DecodingModel, options: DecodeOptions, drafter: Drafter | None, slots: int,
                  on_text: OnText | None) -> None:
         self.g, self.params, self.drafter, self.on_text = g, options.sampling, drafter, on_text
-        self.k = options.speculative_k if drafter is not None else 0
+        self.k = options.speculative_k  # options.for_model gives a drafter exactly when K > 0
         self.slots = slots
         self.stats = BatchStats(batch_size=slots, speculative_k=self.k)
         self.experts = ExpertCounts()
@@ -311,7 +311,7 @@ def generate_batch(
         options.check_length(g, len(ids), budget, label)
         queue.append(_Seq(index=i, tokens=list(ids), out=Output(g, budget, stops, eos),
                           rng=torch.Generator().manual_seed(options.seed + i),
-                          stats=GenerationStats(speculative_k=options.speculative_k if drafter is not None else 0),
+                          stats=GenerationStats(speculative_k=options.speculative_k),
                           stream=TextStream(stops) if on_text is not None else None))
     run = _BatchRun(g, options, drafter, min(options.batch_size, len(prompts)), on_text)
     start = time.perf_counter()

@@ -76,7 +76,7 @@ def _options(args: argparse.Namespace) -> DecodeOptions:
 
     check_budget(args.max_new_tokens)
     return DecodeOptions(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                         speculative_k=args.speculative, stop=tuple(args.stop), ignore_eos=args.ignore_eos,
+                         speculative_k=args.speculative, stop=args.stop, ignore_eos=args.ignore_eos,
                          batch_size=args.batch_size)
 
 

@@ -80,9 +80,7 @@ class Generator:
         or the fields of ``DecodeOptions`` as keywords (temperature, top_k, top_p, seed, speculative_k,
         stop, ignore_eos, batch_size, default 8); ``drafter`` replaces the model's own."""
         if options is None:
-            decode.setdefault("batch_size", 8)
-            decode["stop"] = tuple(decode.get("stop") or ())
-            options = DecodeOptions(**decode)
+            options = DecodeOptions(**{"batch_size": 8, **decode})
         elif decode:
             raise TypeError(f"give either options or {sorted(decode)}, not both")
         return generate_batch(self, prompts, max_new_tokens, options, labels=labels, on_text=on_text,

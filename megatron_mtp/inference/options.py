@@ -9,6 +9,7 @@ number of parallel heads, a tokenizer for stop strings, the position limit) is c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -58,7 +59,7 @@ class DecodeOptions:
     top_p: float = 1.0
     seed: int = 0
     speculative_k: int = 0
-    stop: tuple[str, ...] = ()
+    stop: Sequence[str] | None = ()  # kept as a tuple, empty strings dropped
     ignore_eos: bool = False
     batch_size: int = 1
     sampling: SamplingParams = field(init=False)
@@ -74,7 +75,7 @@ class DecodeOptions:
             raise UserError(f"--seed is {self.seed!r}; it must be a whole number.")
         object.__setattr__(self, "sampling", SamplingParams(temperature=float(self.temperature),
                                                             top_k=int(self.top_k), top_p=float(self.top_p)))
-        object.__setattr__(self, "stop", tuple(s for s in self.stop if s))
+        object.__setattr__(self, "stop", tuple(s for s in (self.stop or ()) if s))
 
     def for_model(self, g: DecodingModel, drafter: Drafter | None) -> Drafter | None:
         """The drafter this run drafts with (None for plain decoding), refusing what the model cannot do."""

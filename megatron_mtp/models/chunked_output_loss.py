@@ -38,11 +38,16 @@ def _logits(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (h @ weight.t()).float()
 
 
+def _local_labels(labels: torch.Tensor, first: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each label's column in this rank's vocabulary slice (clamped into it) and whether the slice holds it."""
+    local = labels - first
+    return local.clamp(0, width - 1), (local >= 0) & (local < width)
+
+
 def _target_logit(z: torch.Tensor, labels: torch.Tensor, first: int, group) -> torch.Tensor:
     """z at each token's label, from the rank whose vocabulary slice holds it."""
-    local = labels - first
-    here = (local >= 0) & (local < z.shape[-1])
-    picked = torch.gather(z, -1, local.clamp(0, z.shape[-1] - 1).unsqueeze(-1)).squeeze(-1) * here
+    local, here = _local_labels(labels, first, z.shape[-1])
+    picked = torch.gather(z, -1, local.unsqueeze(-1)).squeeze(-1) * here
     return vocab_all_reduce(picked, group, SUM)
 
 
@@ -83,8 +88,7 @@ class _ChunkedOutputLoss(torch.autograd.Function):
             z = _logits(hidden[c], weight)
             dz = torch.exp(z - lse_z[c].unsqueeze(-1))  # q
             if soft_weight < 1:
-                local = labels[c] - first
-                here = (local >= 0) & (local < z.shape[-1])
+                local, here = _local_labels(labels[c], first, z.shape[-1])
                 rows = torch.nonzero(here).squeeze(-1)
                 dz[rows, local[rows]] -= 1 - soft_weight
             if soft_weight:
