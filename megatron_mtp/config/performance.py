@@ -44,6 +44,15 @@ class KernelConfig:
     """Fused vocab-parallel cross entropy: te (Transformer Engine), native (megatron-core's, any
     platform; it keeps the logits gradient in bf16, so fp32 runs are not bitwise equal), off. auto:
     te with Transformer Engine on GPU, else off."""
+    chunked_output_loss: Toggle = "auto"
+    """The output layer and its cross entropy over chunks of output_loss_chunk tokens, for the main head
+    and every MTP depth (both MTP styles, every mtp.targets): one chunk's logits exist at a time, in the
+    forward and in the backward, which recomputes them (models/chunked_output_loss.py). auto: on where it
+    saves memory (a micro-batch holds more tokens than a chunk) and no fused cross entropy runs
+    (cross_entropy_fusion resolves to off); true takes the place of the fused cross entropy."""
+    output_loss_chunk: int = 2048
+    """Tokens per chunk of chunked_output_loss: its logits, [chunk, vocabulary / TP] in fp32, are the
+    largest tensor it makes."""
     rope_fusion: Toggle = "auto"
     """Fused MLA YaRN RoPE kernel (Triton, GPU; needs YaRN rotary settings)."""
     gradient_accumulation_fusion: Toggle = "auto"

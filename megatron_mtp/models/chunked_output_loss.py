@@ -18,13 +18,21 @@ Targets, per token, weight w of the soft part (``tokens``: 0, ``self``: 1, ``mix
   loss = (1 − w)·CE(onehot(label), q) + w·CE(p, q),  p = softmax(t / T),  t = h_teacher Wᵀ (detached),
 and CE(p, q) = lse(z) − Σ p·z. The teacher's logits are recomputed per chunk from its hidden state
 (the main model's, rolled to the depth's position), never stored.
+
+Statistics. Given a ``ChunkStats``, the forward also keeps each token's argmax over the vocabulary
+(per chunk the slice's best logit and its index, resolved over TP once at the end) and its cross
+entropy to the label, lse(z) − z_label: what the acceptance metric reads from the whole logits
+otherwise (training/metrics.py). Both are outside autograd.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 
-from megatron_mtp.models.soft_cross_entropy import vocab_all_reduce, vocab_logsumexp
+from megatron_mtp.models.soft_cross_entropy import vocab_all_reduce, vocab_logsumexp, vocab_parallel_argmax
 
 SUM = torch.distributed.ReduceOp.SUM
 
@@ -51,10 +59,24 @@ def _target_logit(z: torch.Tensor, labels: torch.Tensor, first: int, group) -> t
     return vocab_all_reduce(picked, group, SUM)
 
 
+@dataclass
+class ChunkStats:
+    """What the forward found besides the loss, per token [N] (module note)."""
+
+    argmax: Optional[torch.Tensor] = None
+    """The global vocabulary index of each token's largest logit."""
+    token_ce: Optional[torch.Tensor] = None
+    """The cross entropy to each token's label."""
+
+
 class _ChunkedOutputLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, teacher, soft_weight, temperature, chunk, group, first):
+    def forward(ctx, hidden, weight, labels, teacher, soft_weight, temperature, chunk, group, first, stats):
         n = hidden.shape[0]
+        if stats is not None:
+            best = torch.empty(n, dtype=torch.float32, device=hidden.device)
+            best_index = torch.empty(n, dtype=torch.long, device=hidden.device)
+            stats.token_ce = torch.empty(n, dtype=torch.float32, device=hidden.device)
         loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse_z = torch.empty(n, dtype=torch.float32, device=hidden.device)
         lse_t = torch.empty(n, dtype=torch.float32, device=hidden.device) if soft_weight else None
@@ -64,8 +86,14 @@ class _ChunkedOutputLoss(torch.autograd.Function):
                 lse = vocab_logsumexp(z, group).squeeze(-1)
                 lse_z[c] = lse
                 value = torch.zeros_like(lse)
-                if soft_weight < 1:
-                    value += (1 - soft_weight) * (lse - _target_logit(z, labels[c], first, group))
+                if soft_weight < 1 or stats is not None:
+                    token_ce = lse - _target_logit(z, labels[c], first, group)
+                    if soft_weight < 1:
+                        value += (1 - soft_weight) * token_ce
+                    if stats is not None:
+                        stats.token_ce[c] = token_ce
+                        best[c], index = z.max(dim=-1)
+                        best_index[c] = index + first
                 if soft_weight:
                     t = _logits(teacher[c], weight) / temperature
                     lt = vocab_logsumexp(t, group)
@@ -73,6 +101,8 @@ class _ChunkedOutputLoss(torch.autograd.Function):
                     pz = vocab_all_reduce((torch.exp(t - lt) * z).sum(-1), group, SUM)
                     value += soft_weight * (lse - pz)
                 loss[c] = value
+            if stats is not None:
+                stats.argmax = vocab_parallel_argmax(best, best_index, group)
         ctx.save_for_backward(hidden, weight, labels, teacher, lse_z, lse_t)
         ctx.setup = (soft_weight, temperature, chunk, first)
         return loss
@@ -102,16 +132,18 @@ class _ChunkedOutputLoss(torch.autograd.Function):
                 grad_weight += (dz.t() @ hidden[c]).float()
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None, None
 
 
 def chunked_output_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor | None = None,
                         teacher: torch.Tensor | None = None, soft_weight: float = 0.0, temperature: float = 1.0,
-                        chunk: int = 1024, group=None, first: int = 0) -> torch.Tensor:
+                        chunk: int = 1024, group=None, first: int = 0,
+                        stats: Optional[ChunkStats] = None) -> torch.Tensor:
     """Per-token loss [N] of ``hidden`` [N, h] through the output weight slice [V/TP, h] whose first row is
     vocabulary entry ``first``: (1 − soft_weight)·CE to ``labels`` [N] plus soft_weight·CE to
     softmax(``teacher`` Wᵀ / T) (``teacher`` [N, h], detached), ``chunk`` tokens at a time (module note).
-    Gradients reach ``hidden`` (this rank's share) and ``weight``."""
+    Gradients reach ``hidden`` (this rank's share) and ``weight``. ``stats``: filled with each token's argmax
+    and cross entropy to its label (module note)."""
     if not 0.0 <= soft_weight <= 1.0:
         raise ValueError(f"soft_weight must be in [0, 1], got {soft_weight}")
     if soft_weight < 1 and labels is None:
@@ -124,4 +156,4 @@ def chunked_output_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torc
         labels = torch.zeros(hidden.shape[0], dtype=torch.long, device=hidden.device)
     teacher = teacher.detach() if teacher is not None else hidden.new_empty(0)
     return _ChunkedOutputLoss.apply(hidden, weight, labels.long(), teacher, float(soft_weight), float(temperature),
-                                    int(chunk), group, int(first))
+                                    int(chunk), group, int(first), stats)

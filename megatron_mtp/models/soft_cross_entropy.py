@@ -28,6 +28,20 @@ def vocab_logsumexp(x: torch.Tensor, group) -> torch.Tensor:
     return peak + torch.log(total)
 
 
+def vocab_parallel_argmax(local_max: torch.Tensor, global_index: torch.Tensor, group) -> torch.Tensor:
+    """The global argmax from each rank's best logit over its vocabulary slice (``local_max``) and that
+    entry's global index; the first rank wins ties, like an argmax over the whole vocabulary."""
+    world = torch.distributed.get_world_size(group) if group is not None and torch.distributed.is_initialized() else 1
+    if world == 1:
+        return global_index
+    maxes = [torch.empty_like(local_max) for _ in range(world)]
+    indices = [torch.empty_like(global_index) for _ in range(world)]
+    torch.distributed.all_gather(maxes, local_max.contiguous(), group=group)
+    torch.distributed.all_gather(indices, global_index.contiguous(), group=group)
+    best = torch.stack(maxes).argmax(dim=0)
+    return torch.stack(indices).gather(0, best.unsqueeze(0)).squeeze(0)
+
+
 class _SoftCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, student, teacher, temperature, group):

@@ -24,6 +24,8 @@ class Features:
     router_fusion: bool
     cross_entropy_fusion: Optional[str]
     """None, 'native' or 'te'."""
+    output_loss_chunk: Optional[int]
+    """Tokens per chunk of the chunked output-layer loss; None: the whole logits."""
     rope_fusion: bool
     gradient_accumulation_fusion: bool
     fp8_padding: bool
@@ -58,6 +60,8 @@ def resolve_features(cfg, platform: Platform) -> Features:
     gpu_te = not platform.is_cpu and platform.use_te
     yarn = cfg.model.yarn.factor != 1.0
     moe = cfg.model.num_experts > 0
+    fused_ce = _cross_entropy(k.cross_entropy_fusion, platform)
+    chunk = _output_loss_chunk(cfg, fused_ce)
     features = Features(
         grouped_gemm=_toggle(k.grouped_gemm, gpu_te and moe, platform, "kernels.grouped_gemm",
                              "Transformer Engine's grouped GEMM"),
@@ -65,7 +69,8 @@ def resolve_features(cfg, platform: Platform) -> Features:
                                "Transformer Engine >= 2.1"),
         router_fusion=_toggle(k.router_fusion, gpu_te and moe, platform, "kernels.router_fusion",
                               "Transformer Engine >= 2.6"),
-        cross_entropy_fusion=_cross_entropy(k.cross_entropy_fusion, platform),
+        cross_entropy_fusion=None if chunk else fused_ce,  # the chunked loss takes its place
+        output_loss_chunk=chunk,
         rope_fusion=_toggle(k.rope_fusion, not platform.is_cpu and yarn, platform, "kernels.rope_fusion",
                             "the Triton MLA YaRN RoPE kernel (and YaRN rotary settings)", te=False),
         gradient_accumulation_fusion=_toggle(k.gradient_accumulation_fusion, gpu_te, platform,
@@ -99,6 +104,20 @@ def resolve_features(cfg, platform: Platform) -> Features:
         raise UserError("optimizer.cpu_optimizer=deepspeed needs DeepSpeed; install the 'deepspeed' extra "
                         "(pip install 'megatron-mtp[deepspeed]') or use cpu_optimizer=torch")
     return features
+
+
+def _output_loss_chunk(cfg, fused_ce: Optional[str]) -> Optional[int]:
+    k = cfg.kernels
+    if k.output_loss_chunk < 1:
+        raise UserError(f"kernels.output_loss_chunk is {k.output_loss_chunk}; give the tokens per chunk of the "
+                        "chunked output loss, at least 1")
+    if k.chunked_output_loss == "auto":
+        tokens = cfg.training.seq_length * cfg.training.micro_batch_size
+        return k.output_loss_chunk if fused_ce is None and tokens > k.output_loss_chunk else None
+    if k.chunked_output_loss and k.cross_entropy_fusion in ("te", "native"):
+        raise UserError(f"kernels.chunked_output_loss=true and kernels.cross_entropy_fusion={k.cross_entropy_fusion} "
+                        "both replace the output layer's cross entropy; set one of them to auto or off")
+    return k.output_loss_chunk if k.chunked_output_loss else None
 
 
 def _cross_entropy(value: str, platform: Platform) -> Optional[str]:

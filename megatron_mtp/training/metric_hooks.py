@@ -16,7 +16,10 @@ def attach_metrics(model_chunks: list, cfg, ranks) -> tuple[MTPMetrics | None, E
     last = unwrap(model_chunks[-1])
     if ranks.is_last_stage and cfg.mtp.num_layers > 0:
         metrics = MTPMetrics(cfg.mtp.num_layers, parallel_state.get_tensor_model_parallel_group())
-        last.output_layer.register_forward_hook(metrics.output_hook)
+        if getattr(last, "output_chunk", None):  # no logits are made: the chunked loss reports its argmaxes
+            last.prediction_observer = metrics
+        else:
+            last.output_layer.register_forward_hook(metrics.output_hook)
     total_layers = cfg.model.num_layers + cfg.mtp.num_layers
     load = ExpertLoad(total_layers, cfg.model.num_experts)
     for chunk in model_chunks:

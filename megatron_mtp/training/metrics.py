@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from megatron_mtp.models.soft_cross_entropy import vocab_parallel_argmax
 from megatron_mtp.platform import current as current_platform
 from megatron_mtp.training.sums import NamedSums
 
@@ -25,17 +26,10 @@ from megatron_mtp.training.sums import NamedSums
 def _vocab_parallel_argmax(logits: torch.Tensor, tp_group) -> torch.Tensor:
     """Global argmax over a vocab dim split across TP ranks ([s, b, V/tp] -> [s, b])."""
     local_max, local_idx = logits.float().max(dim=-1)
-    world = torch.distributed.get_world_size(tp_group) if tp_group is not None else 1
-    if world == 1:
+    if tp_group is None or torch.distributed.get_world_size(tp_group) == 1:
         return local_idx
-    rank = torch.distributed.get_rank(tp_group)
-    global_idx = local_idx + rank * logits.shape[-1]
-    maxes = [torch.empty_like(local_max) for _ in range(world)]
-    idxs = [torch.empty_like(global_idx) for _ in range(world)]
-    torch.distributed.all_gather(maxes, local_max.contiguous(), group=tp_group)
-    torch.distributed.all_gather(idxs, global_idx.contiguous(), group=tp_group)
-    best = torch.stack(maxes).argmax(dim=0)  # first rank wins ties, like a global argmax
-    return torch.stack(idxs).gather(0, best.unsqueeze(0)).squeeze(0)
+    return vocab_parallel_argmax(local_max, local_idx + torch.distributed.get_rank(tp_group) * logits.shape[-1],
+                                 tp_group)
 
 
 class MTPMetrics:
@@ -66,24 +60,33 @@ class MTPMetrics:
         self._mask = loss_mask
         self._preds = []
 
+    def wants_predictions(self) -> bool:
+        """Whether this micro-batch is measured (the chunked output loss asks before it takes argmaxes)."""
+        return self._labels is not None and self.depth > 0
+
     def output_hook(self, module, inputs, output) -> None:
-        if self._labels is None or self.depth == 0:
+        if not self.wants_predictions():
             return
         logits = output[0] if isinstance(output, tuple) else output  # [s, b, V/tp]
         with torch.no_grad():
             pred = _vocab_parallel_argmax(logits, self.tp_group).t()  # [b, s]
-            call = len(self._preds)
+            call, ce = len(self._preds), None
             if self.compute_ce and call < self.depth:
-                k = call + 1
                 from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-                target = torch.roll(self._labels, -k, dims=1).t().contiguous()  # [s, b]
+                target = torch.roll(self._labels, -(call + 1), dims=1).t().contiguous()  # [s, b]
                 ce = vocab_parallel_cross_entropy(logits.float().clone(), target).t()  # [b, s]
-                mask = self._valid_mask(k)
-                self.sums["ce_sum"][call] += float((ce * mask).sum())
-            self._preds.append(pred)
-            if call == self.depth:  # the main model's call: everything for this micro-batch is in
-                self._accumulate(pred)
+            self.observe(pred, ce)
+
+    def observe(self, pred: torch.Tensor, token_ce: torch.Tensor | None = None) -> None:
+        """One output-layer call's argmax [b, s] and, for a depth, its cross entropy to the token k ahead
+        [b, s] (only read in evaluation): depths 1..D first, then the main model's."""
+        call = len(self._preds)
+        if self.compute_ce and call < self.depth and token_ce is not None:
+            self.sums["ce_sum"][call] += float((token_ce * self._valid_mask(call + 1)).sum())
+        self._preds.append(pred)
+        if call == self.depth:  # the main model's call: everything for this micro-batch is in
+            self._accumulate(pred)
 
     def _valid_mask(self, k: int) -> torch.Tensor:
         s = self._labels.shape[1]

@@ -26,14 +26,16 @@ for _k in (1, 2):
                       f"valid/mtp_acceptance_{_k}": 3e-2})
 
 
-@pytest.mark.parametrize("extra", [(), ("mtp.head_by_head_backward=true",)], ids=["together", "head_by_head"])
+@pytest.mark.parametrize("extra", [(), ("mtp.head_by_head_backward=true",),
+                                   ("kernels.chunked_output_loss=true", "kernels.output_loss_chunk=7")],
+                         ids=["together", "head_by_head", "chunked"])
 def test_gradient_equals_hand_computed_objective(extra, script):
     proc = script("objective_check.py", "2", ROOT / "configs" / "tiny_cpu.yaml", "mtp.style=parallel", *extra,
                   timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     for lam, r in results.items():
-        assert r["max_rel_err"] < 1e-5, (lam, r)
+        assert r["max_rel_err"] < 1e-5 and r["lm_rel_err"] < 1e-6, (lam, r)
     assert results["0.3"]["objective"] > results["0.1"]["objective"]
 
 

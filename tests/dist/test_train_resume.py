@@ -9,7 +9,9 @@ pytestmark = [pytest.mark.dist, pytest.mark.mcore]
 COMMON = ("schedule.decay_style=cosine", "schedule.decay_steps=6", "schedule.warmup_steps=2")
 
 
-@pytest.mark.parametrize("nproc,layout", [(1, ()), (2, ("parallel.expert=2",))], ids=["single", "ep2_dp2"])
+# one process with the output layer's loss in chunks (kernels.chunked_output_loss), EP2×DP2 with the whole logits
+@pytest.mark.parametrize("nproc,layout", [(1, ("kernels.chunked_output_loss=true", "kernels.output_loss_chunk=100")),
+                                          (2, ("parallel.expert=2",))], ids=["single_chunked", "ep2_dp2"])
 def test_resume_equals_uninterrupted(tmp_path, nproc, layout, train, metrics):
     straight = tmp_path / "straight"
     train(straight, nproc=nproc, steps=6, overrides=(*COMMON, *layout))

@@ -75,3 +75,16 @@ def test_bad_arguments_are_refused():
         args = {"labels": labels, "teacher": teacher, **kwargs}
         with pytest.raises(ValueError, match=words):
             chunked_output_loss(hidden, weight, **args)
+
+
+def test_statistics_equal_the_whole_logits():
+    """The argmax and the cross entropy to the label the acceptance metric reads, taken chunk by chunk."""
+    from megatron_mtp.models.chunked_output_loss import ChunkStats
+
+    hidden, weight, teacher, labels, _ = _inputs(2)
+    stats = ChunkStats()
+    chunked_output_loss(hidden, weight, labels, teacher, soft_weight=1.0, chunk=8, stats=stats)
+    z = (hidden @ weight.t()).float()
+    assert torch.equal(stats.argmax, z.argmax(-1))
+    want = torch.nn.functional.cross_entropy(z, labels, reduction="none")
+    assert torch.allclose(stats.token_ce, want, rtol=1e-6, atol=0)

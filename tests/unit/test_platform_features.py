@@ -127,3 +127,25 @@ def test_job_environment_follows_the_config():
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True" and env["NCCL_NVLS_ENABLE"] == "0"
     recipe = load_config(str(ROOT / "configs" / "deepseek_v3_671b.yaml"))
     assert dict((n, v) for n, v, _ in gpu_job_env(recipe))["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
+
+
+def test_chunked_output_loss_resolves_where_it_saves_memory():
+    """auto: on when a micro-batch holds more tokens than a chunk and no fused cross entropy runs; an
+    explicit true takes the fused cross entropy's place; a bad chunk or two replacements are one sentence."""
+    assert resolve_features(_cfg(), CPU).output_loss_chunk is None  # 8 × 128 tokens: one chunk holds them
+    long = ("training.seq_length=4096", "training.micro_batch_size=1")
+    assert resolve_features(_cfg(*long), CPU).output_loss_chunk == 2048
+    assert resolve_features(_cfg(*long, "kernels.output_loss_chunk=512"), GPU_NO_TE).output_loss_chunk == 512
+    assert resolve_features(_cfg(*long), GPU_TE).output_loss_chunk is None  # the fused kernel is there
+    asked = resolve_features(_cfg("kernels.chunked_output_loss=true", "kernels.output_loss_chunk=100"), GPU_TE)
+    assert (asked.output_loss_chunk, asked.cross_entropy_fusion) == (100, None)
+    assert resolve_features(_cfg(*long, "kernels.chunked_output_loss=false"), CPU).output_loss_chunk is None
+    from megatron_mtp.models.deepseek_v3.transformer_config import transformer_config_kwargs
+
+    assert transformer_config_kwargs(_cfg(), GPU_TE, asked)["cross_entropy_loss_fusion"] is False
+    for overrides, words in [(["kernels.output_loss_chunk=0"], "kernels.output_loss_chunk is 0"),
+                             (["kernels.chunked_output_loss=true", "kernels.cross_entropy_fusion=native"],
+                              "both replace the output layer's cross entropy")]:
+        with pytest.raises(UserError, match=words) as info:
+            resolve_features(_cfg(*overrides), CPU)
+        assert "\n" not in str(info.value)

@@ -69,6 +69,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.module import MegatronModule
 
 from megatron_mtp.errors import UserError
+from megatron_mtp.models.output_losses import ChunkedOutputLosses
 
 PREFIX = "mtp_heads."
 """Checkpoint key prefix of the heads (the same as models/deepseek_v3/hf_mapping.py's table)."""
@@ -175,13 +176,15 @@ def _without_recompute(config):
     return heads
 
 
-class ParallelHeadsGPTModel(GPTModel):
+class ParallelHeadsGPTModel(ChunkedOutputLosses, GPTModel):
     """megatron-core's GPTModel with n parallel heads on the last stage instead of the MTP block."""
 
-    def __init__(self, *args, head_layer_spec, head_norm_spec, head_by_head_backward: bool = False, **kwargs):
+    def __init__(self, *args, head_layer_spec, head_norm_spec, head_by_head_backward: bool = False,
+                 output_chunk: int | None = None, **kwargs):
         from megatron.core.quantization.utils import get_quant_config_or_none
 
         super().__init__(*args, **kwargs)
+        self.output_chunk = output_chunk  # kernels.chunked_output_loss (models/output_losses.py)
         assert self.mtp_block_spec is None and self.config.mtp_num_layers, "parallel heads replace the MTP block"
         if head_by_head_backward and self.config.gradient_accumulation_fusion:
             raise UserError("mtp.head_by_head_backward needs kernels.gradient_accumulation_fusion=false (the fused "
@@ -230,6 +233,8 @@ class ParallelHeadsGPTModel(GPTModel):
                                packed_seq_params=packed_seq_params, sequence_len_offset=sequence_len_offset)
             hidden_states = self._head_losses(hidden_states, labels, loss_mask, output_weight, runtime_gather_output,
                                               head_kwargs)
+        if labels is not None and self.output_chunk:
+            return self.chunked_token_losses(self.output_input(hidden_states), labels, output_weight)
         logits, _ = self.output_layer(hidden_states, weight=output_weight, runtime_gather_output=runtime_gather_output)
         if labels is None:
             return logits.transpose(0, 1).contiguous()  # [s, b, V] -> [b, s, V]
@@ -255,11 +260,15 @@ class ParallelHeadsGPTModel(GPTModel):
             param_grads: list = [None] * len(params)
         for k, head in enumerate(self.mtp_heads.layers):
             out = head(trunk, **head_kwargs)
-            logits, _ = self.output_layer(out, weight=output_weight, runtime_gather_output=runtime_gather_output)
             shifted_labels, _ = roll_tensor(shifted_labels, shifts=-1, dims=-1, cp_group=self.cp_group,
                                             packed_seq_params=packed)
             mask, num_tokens = roll_tensor(mask, shifts=-1, dims=-1, cp_group=self.cp_group, packed_seq_params=packed)
-            loss = self.compute_language_model_loss(shifted_labels, logits) * mask
+            if self.output_chunk:
+                logits = None
+                loss = self.chunked_token_losses(self.output_input(out), shifted_labels, output_weight) * mask
+            else:
+                logits, _ = self.output_layer(out, weight=output_weight, runtime_gather_output=runtime_gather_output)
+                loss = self.compute_language_model_loss(shifted_labels, logits) * mask
             if self.training:
                 record_mtp_loss(
                     torch.sum(loss) / num_tokens, k, n,

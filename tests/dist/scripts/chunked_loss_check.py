@@ -1,5 +1,6 @@
 """On the ranks of a tensor-parallel group (sys.argv[2]=sp: sequence parallel), the chunked output-layer loss
-against the whole logits of the full vocabulary: prints one JSON line of the largest relative errors."""
+against the whole logits of the full vocabulary: prints one JSON line of the largest relative errors, and
+whether the argmaxes it reports for the acceptance metric equal the full vocabulary's."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def main(config: str, mode: str) -> None:
     )
 
     from megatron_mtp.config import load_config
-    from megatron_mtp.models.chunked_output_loss import chunked_output_loss
+    from megatron_mtp.models.chunked_output_loss import ChunkStats, chunked_output_loss
     from megatron_mtp.platform import setup
     from megatron_mtp.training.distributed import destroy, init_distributed
 
@@ -36,7 +37,7 @@ def main(config: str, mode: str) -> None:
         labels = torch.randint(0, vocab, (seq, batch), generator=gen)
         upstream = torch.rand(seq, batch, generator=gen)
         part = vocab // tp
-        errors = {}
+        errors, argmax_equal = {}, {}
         for name, soft_weight in (("tokens", 0.0), ("self", 1.0), ("mix", 0.3)):
             # the whole logits of the full vocabulary, as today's path
             h_ref, w_ref = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
@@ -55,9 +56,11 @@ def main(config: str, mode: str) -> None:
             else:
                 h_local = hidden.clone().requires_grad_()
                 h = copy_to_tensor_model_parallel_region(h_local, group=group)
+            stats = ChunkStats()
             got = chunked_output_loss(h.reshape(-1, hidden_size), w, labels.reshape(-1),
                                       teacher.reshape(-1, hidden_size), soft_weight=soft_weight, chunk=7,
-                                      group=group, first=rank * part).reshape(seq, batch)
+                                      group=group, first=rank * part, stats=stats).reshape(seq, batch)
+            argmax_equal[name] = bool(torch.equal(stats.argmax.view(seq, batch), z.detach().argmax(-1)))
             (got * upstream).sum().backward()
             grad_h_ref = h_ref.grad[rank * (seq // tp):(rank + 1) * (seq // tp)] if mode == "sp" else h_ref.grad
             grad_w_ref = w_ref.grad[rank * part:(rank + 1) * part]
@@ -69,7 +72,7 @@ def main(config: str, mode: str) -> None:
     finally:
         destroy()
     if rank == 0:
-        print(json.dumps({"tp": tp, "errors": errors}))
+        print(json.dumps({"tp": tp, "errors": errors, "argmax_equal": argmax_equal}))
 
 
 if __name__ == "__main__":

@@ -6,10 +6,12 @@ mtp.freeze_base the gradient taken is the one the trainer takes, of the MTP obje
 Runs at any tensor-parallel size: the captured logits are gathered over the vocabulary first.
 
 Run as a script (one process; arguments after the config are overrides, e.g. mtp.style=parallel);
-prints one JSON line with the largest relative gradient error for each λ tried. The objective is
+prints one JSON line with the largest relative gradient error for each λ tried (and the main loss's
+relative error). The objective is
 rebuilt from the captured logits in float64 with torch's own cross entropy, so it shares nothing
 with megatron-core's loss path but the logits. The hand path runs its own forward with megatron's
-MTP scale set to 0: MTPLossAutoScaler injects the MTP gradient whenever anything backpropagates
+MTP scale set to 0 (and with the whole logits, which the chunked output loss never makes):
+MTPLossAutoScaler injects the MTP gradient whenever anything backpropagates
 through the main hidden states, and would otherwise add to it.
 """
 
@@ -63,9 +65,10 @@ def main():
         comp.config.mtp_loss_scaling_factor = 0.0
         captured.clear()
         head_by_head = getattr(gpt, "head_by_head_backward", False)
-        gpt.head_by_head_backward = False
+        chunk = getattr(gpt, "output_chunk", None)  # kernels.chunked_output_loss: the hand path needs the logits
+        gpt.head_by_head_backward, gpt.output_chunk = False, None
         gpt(tokens, pos, None, labels=labels, loss_mask=mask)
-        gpt.head_by_head_backward = head_by_head
+        gpt.head_by_head_backward, gpt.output_chunk = head_by_head, chunk
 
         def ce(logits_sbv, target_bs, valid_bs):
             logp = F.log_softmax(logits_sbv.double().transpose(0, 1), dim=-1)  # [b, s, V]
@@ -96,7 +99,9 @@ def main():
             gm = torch.zeros_like(gh) if gm is None else gm
             gh = torch.zeros_like(gm) if gh is None else gh
             worst = max(worst, float((gm.double() - gh).abs().max() / (gh.abs().max() + 1e-12)))
+        main_ce = ce(main, labels, mask.double())
         results[str(lam)] = {"max_rel_err": worst, "lm": float(lm), "objective": float(objective),
+                             "lm_rel_err": float(abs(lm.double() - main_ce) / main_ce),
                              "trainable": sum(p.numel() for p in params)}
     if torch.distributed.get_rank() == 0:
         print(json.dumps(results))
