@@ -93,6 +93,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 errors.append(str(exc))
         raise UserError(errors[0] if errors else f"{where} cannot be null")
     if origin is typing.Literal:
+        if value is False and "off" in args:  # YAML reads a bare off (or no) as false
+            value = "off"
         if value not in args:
             raise UserError(f"{where} is {value!r}; it must be one of {', '.join(repr(a) for a in args)}")
         return value

@@ -21,7 +21,7 @@ attention/MLP hold T/TP tokens, attention heads and MLP columns are split by TP.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Optional
 
 from megatron_mtp.config.model import gqa_head_dim, gqa_query_groups, gqa_rotary_percent
@@ -54,6 +54,8 @@ class Kernels:
     """Transformer Engine linear layers keep their inputs quantized to FP8 (1 byte)."""
     te_layers: bool = True
     """Transformer Engine specs: a dense layer's pre-MLP norm is fused into fc1."""
+    output_chunk: Optional[int] = None
+    """Tokens per chunk of the chunked output-layer loss (kernels.chunked_output_loss); None: whole logits."""
 
 
 CPU_KERNELS = Kernels(attention="sdpa_math", norm="torch", swiglu="torch", rope="torch", cross_entropy=None,
@@ -63,7 +65,13 @@ CPU_KERNELS = Kernels(attention="sdpa_math", norm="torch", swiglu="torch", rope=
 def gpu_kernels(features, fp8: bool) -> Kernels:
     """What a GPU run with Transformer Engine uses (`features` from platform.features)."""
     return Kernels(attention="flash", norm="te", swiglu="fused", rope="fused" if features.rope_fusion else "torch",
-                   cross_entropy=features.cross_entropy_fusion, fp8=fp8, te_layers=True)
+                   cross_entropy=features.cross_entropy_fusion, fp8=fp8, te_layers=True,
+                   output_chunk=features.output_loss_chunk)
+
+
+def cpu_kernels(features) -> Kernels:
+    """What a CPU run uses (`features` from platform.features)."""
+    return replace(CPU_KERNELS, output_chunk=features.output_loss_chunk)
 
 
 @dataclass(frozen=True)
@@ -363,14 +371,45 @@ def final_norm(d: Dims, k: Kernels) -> Saved:
     return out
 
 
-def output_and_loss(d: Dims, k: Kernels, mtp_layers: int, main: bool = True) -> Saved:
+def heads_share_trunk(d: Dims, k: Kernels) -> bool:
+    """Whether the main output layer's input is the storage the parallel heads' input norms saved already:
+    the trunk output as it is (a norm that keeps its input itself; an output layer that keeps its input
+    local, which the chunked loss does not under TP, gathering it)."""
+    return (k.norm == "te" or d.act_bytes == FP32) and (not k.output_chunk or d.tp == 1)
+
+
+def output_and_loss(d: Dims, k: Kernels, mtp_layers: int, main: bool = True, soft: bool = False,
+                    trunk_saved: bool = False) -> Saved:
     """Output layer input and cross entropy of the main head (unless `main` is false: a frozen base,
-    whose frozen output layer saves no input) and each MTP depth."""
+    whose frozen output layer saves no input) and each MTP depth (`soft`: they learn the main model's
+    distribution, mtp.targets self or mix). `trunk_saved`: the main call's input is counted by the
+    parallel heads (heads_share_trunk)."""
+    if k.output_chunk:
+        return chunked_output_and_loss(d, mtp_layers, main, soft, trunk_saved)
     out, calls = Saved(), int(main) + mtp_layers
     if main:  # a frozen output layer (no main: the base is frozen) keeps no input for a weight gradient
-        out.add("output_layer.input", calls * d.hidden * d.local * d.act_bytes)  # [main; mtp] hidden states
+        # [main; mtp] hidden states
+        out.add("output_layer.input", (calls - int(trunk_saved)) * d.hidden * d.local * d.act_bytes)
     logits = d.act_bytes if k.cross_entropy else FP32  # fused: the logits gradient; unfused: fp32 softmax
     out.add("cross_entropy.logits", calls * d.tokens * d.vocab * logits)
     out.add("cross_entropy.targets", calls * d.tokens * 9)
     out.add("loss", calls * d.tokens * FP32)
+    return out
+
+
+def chunked_output_and_loss(d: Dims, mtp_layers: int, main: bool, soft: bool, trunk_saved: bool = False) -> Saved:
+    """kernels.chunked_output_loss (models/chunked_output_loss.py): no logits are kept. Each output-layer
+    call keeps its input whole over the sequence (all-gathered under sequence parallelism) to recompute
+    its chunks in backward, and per token an fp32 log-sum-exp and the label; a self/mix depth also its
+    teacher, the main hidden state rolled to it, and the teacher's log-sum-exp. With a frozen base the
+    main call keeps nothing, but at TP1 the depths' inputs are views of the MTP block's one output
+    tensor, which holds the main hidden state too."""
+    out, calls = Saved(), int(main) + mtp_layers
+    held = calls + int(not main and mtp_layers > 0 and d.tp == 1) - int(trunk_saved)
+    out.add("chunked_loss.input", held * d.tokens * d.hidden * d.act_bytes)
+    out.add("chunked_loss.lse", calls * d.tokens * FP32)
+    out.add("chunked_loss.labels", calls * d.tokens * 8)
+    if soft:
+        out.add("chunked_loss.teacher", mtp_layers * d.tokens * (d.hidden * d.act_bytes + FP32))
+    out.add("loss", calls * d.tokens * FP32)  # the per-token loss mask each call's loss is multiplied by
     return out

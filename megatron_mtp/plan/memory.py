@@ -71,7 +71,8 @@ class Target:
 def target(cfg: Config, cpu: bool = False) -> Target:
     if cpu:
         plat = Platform(device="cpu", backend="gloo", use_te=False)
-        return Target(plat, resolve_features(cfg, plat), act.CPU_KERNELS)
+        features = resolve_features(cfg, plat)
+        return Target(plat, features, act.cpu_kernels(features))
     plat = Platform(device="cuda", backend="nccl", use_te=True)
     # the GPU nodes, not the machine planning, need DeepEP or DeepSpeed: check the rest of the config
     local = cfg.replace(parallel=dataclasses.replace(cfg.parallel, token_dispatcher="alltoall"),
@@ -209,7 +210,10 @@ def chunk_activations(cfg: Config, stage: pipeline_layout.Stage, d: act.Dims, k:
     if has_final_norm(cfg, stage, stage.loss) and not frozen:
         merge("", act.final_norm(d, k))
     if stage.loss:  # head by head: the heads' logits are freed in the forward
-        merge("", act.output_and_loss(d, k, 0 if head_by_head else cfg.mtp.num_layers, main=not frozen))
+        heads = bool(stage.mtp_layers) and not sequential_mtp(cfg) and not head_by_head
+        merge("", act.output_and_loss(d, k, 0 if head_by_head else cfg.mtp.num_layers, main=not frozen,
+                                      soft=cfg.mtp.targets != "tokens",
+                                      trunk_saved=heads and act.heads_share_trunk(d, k)))
     if not stage.embedding and k.norm == "torch" and d.act_bytes != act.FP32 and not frozen:
         out.add("pipeline.input", d.hidden * d.local * d.act_bytes)  # held by the schedule, not by the norm
     return out
@@ -335,7 +339,13 @@ def _workspace(cfg: Config, mine, d: act.Dims, tgt: Target, grouped: bool) -> fl
         full = act.decoder_layer(d, k, frozenset(), moe_here, grouped).total
         kept = act.decoder_layer(d, k, mods, moe_here, grouped).total if mods else 0.0
         candidates.append(full - kept)
-    if any(s.loss for s in mine):  # logits in the compute dtype next to the saved softmax or gradient
+    if any(s.loss for s in mine) and k.output_chunk:
+        # a chunk's logits and teacher logits (the matmul's dtype, then fp32), the probabilities and their
+        # gradient in backward; the output weight's fp32 gradient accumulated over the chunks, then cast
+        rows = min(k.output_chunk, d.tokens)
+        candidates.append(rows * d.vocab * (2 * d.act_bytes + 3 * act.FP32) +
+                          d.vocab * d.hidden * (act.FP32 + d.act_bytes))
+    elif any(s.loss for s in mine):  # logits in the compute dtype next to the saved softmax or gradient
         candidates.append(d.tokens * d.vocab * d.act_bytes)
     if moe_here:  # dispatched tokens: the all-to-all output and its gradient
         candidates.append(2 * d.routed * d.hidden * d.act_bytes)
@@ -366,8 +376,9 @@ def assumptions(plan: Plan) -> list[str]:
         "gradients, " + ("fp32 main parameters, " if t.precision != "fp32" else "") +
         f"{'bf16' if o.precision_aware and o.moment_dtype == 'bf16' else 'fp32'} Adam moments" +
         (f", {o.offload_fraction:.0%} of optimizer state offloaded to host memory" if o.offload_fraction else ""),
-        f"attention kernel {k.attention}, RMSNorm {k.norm}, SwiGLU {k.swiglu}, RoPE {k.rope}, cross entropy "
-        f"{k.cross_entropy or 'unfused (fp32 softmax kept)'}" + (", FP8 linear inputs (1 byte)" if k.fp8 else ""),
+        f"attention kernel {k.attention}, RMSNorm {k.norm}, SwiGLU {k.swiglu}, RoPE {k.rope}, cross entropy " +
+        (f"chunked output loss ({k.output_chunk} tokens a chunk, no logits kept)" if k.output_chunk else
+         f"{k.cross_entropy or 'unfused (fp32 softmax kept)'}") + (", FP8 linear inputs (1 byte)" if k.fp8 else ""),
         "activations: tensors saved for backward per layer (plan/activations.py), times the micro-batches "
         "megatron-core's " + ("interleaved" if s.vpp > 1 else "1F1B" if s.pp > 1 else "") +
         " schedule keeps in flight at its peak",

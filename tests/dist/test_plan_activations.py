@@ -2,8 +2,9 @@
 
 One process builds the model for each case (sizes x recompute settings, fp32 and bf16) and counts
 the bytes of every tensor saved for backward (tests/dist/scripts/activation_check.py). The plan
-computes the same groups with the CPU kernels (plan.activations.CPU_KERNELS); the GPU plan uses
-the same inventory with the Transformer Engine kernels.
+computes the same groups with the CPU kernels (plan.activations.cpu_kernels, which carry the chunked
+output loss where the case turns it on); the GPU plan uses the same inventory with the Transformer
+Engine kernels.
 """
 
 from __future__ import annotations
@@ -40,8 +41,13 @@ STYLES = {
     # Gloeckle's order: the heads' graphs are freed in the forward; their gradients wait instead
     "head_by_head": ["mtp.style=parallel", "mtp.num_layers=2", "mtp.head_by_head_backward=true"],
 }
+CHUNKED = ["kernels.chunked_output_loss=true", "kernels.output_loss_chunk=50"]  # no logits kept
+STYLES.update({"chunked": CHUNKED, "chunked_self": [*CHUNKED, "mtp.targets=self", "mtp.num_layers=2"],
+               "chunked_parallel": [*CHUNKED, *STYLES["parallel"]]})
 CASES = [(size, mode, "sequential") for size in SIZES for mode in MODES] + [
-    ("tiny_fp32", mode, style) for style in ("parallel", "head_by_head") for mode in ("none", "recipe", "full")]
+    ("tiny_fp32", mode, style) for style in ("parallel", "head_by_head") for mode in ("none", "recipe", "full")] + [
+    ("tiny_fp32", "none", "chunked"), ("tiny_bf16", "recipe", "chunked"), ("tiny_fp32", "none", "chunked_self"),
+    ("tiny_fp32", "none", "chunked_parallel")]
 
 
 def _config(size: str, mode: str, style: str):
@@ -53,7 +59,8 @@ def expected(size: str, mode: str, style: str) -> dict:
     cfg, batch = _config(size, mode, style)
     vocab = memory.resolve_vocab(cfg)
     d = act.dims_of(cfg, vocab, batch=batch)
-    k, mods, full = act.CPU_KERNELS, memory.recompute_modules(cfg), cfg.recompute.granularity == "full"
+    k, mods = memory.target(cfg, cpu=True).kernels, memory.recompute_modules(cfg)
+    full = cfg.recompute.granularity == "full"
     layer = (lambda moe: act.full_recompute_layer(d).total) if full else (
         lambda moe: act.decoder_layer(d, k, mods, moe, grouped_gemm=False).total)
     (stage,) = pipeline_layout.stages(cfg.model.num_layers, cfg.mtp.num_layers, 1, None, None)
@@ -61,12 +68,12 @@ def expected(size: str, mode: str, style: str) -> dict:
     sizes = memory.make_plan(cfg, 1, parse_gpu("h100"), cpu=True).sizes
     grads = memory.head_grad_bytes(cfg, sizes, stage, vocab, te=False)
     output = act.final_norm(d, k).total
-    if style == "sequential":
-        mtp = act.mtp_wrapper(d, k, full).total + (0 if full else layer(True))
-        output += act.output_and_loss(d, k, n).total
-    elif style == "parallel":  # heads are not recomputed under full recompute
+    if style in ("sequential", "chunked", "chunked_self"):
+        mtp = n * (act.mtp_wrapper(d, k, full).total + (0 if full else layer(True)))
+        output += act.output_and_loss(d, k, n, soft=cfg.mtp.targets != "tokens").total
+    elif style in ("parallel", "chunked_parallel"):  # heads are not recomputed under full recompute
         mtp = n * (act.parallel_head(d, k).total + act.decoder_layer(d, k, mods, True, grouped_gemm=False).total)
-        output += act.output_and_loss(d, k, n).total
+        output += act.output_and_loss(d, k, n, trunk_saved=act.heads_share_trunk(d, k)).total
     else:  # the held gradients are saved by the model itself, outside the heads
         mtp = 0
         output += act.output_and_loss(d, k, 0).total + act.head_by_head_held(d, grads).total

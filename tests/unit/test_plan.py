@@ -183,6 +183,8 @@ def test_parallel_heads_plan_no_embedding_copy_and_head_by_head_holds_gradients(
     grads = memory.head_grad_bytes(by_head.cfg, by_head.sizes, last, memory.resolve_vocab(by_head.cfg), te=True)
     k, mods = plain.target.kernels, memory.recompute_modules(plain.cfg)
     heads = act.parallel_head(d, k).total + act.decoder_layer(d, k, mods, True, True).total
-    logits = act.output_and_loss(d, k, 1).total - act.output_and_loss(d, k, 0).total
+    # plain: the heads' layers keep the trunk the main output layer reads; head by head: the output layer does
+    logits = (act.output_and_loss(d, k, 1, trunk_saved=act.heads_share_trunk(d, k)).total -
+              act.output_and_loss(d, k, 0).total)
     saved = by_head.ranks[-1].chunk_bytes[-1] - plain.ranks[-1].chunk_bytes[-1]
     assert saved == pytest.approx(act.head_by_head_held(d, grads).total - heads - logits)

@@ -140,6 +140,8 @@ def test_chunked_output_loss_resolves_where_it_saves_memory():
     asked = resolve_features(_cfg("kernels.chunked_output_loss=true", "kernels.output_loss_chunk=100"), GPU_TE)
     assert (asked.output_loss_chunk, asked.cross_entropy_fusion) == (100, None)
     assert resolve_features(_cfg(*long, "kernels.chunked_output_loss=false"), CPU).output_loss_chunk is None
+    unfused = _cfg(*long, "kernels.cross_entropy_fusion=off")  # YAML reads a bare off as false
+    assert unfused.kernels.cross_entropy_fusion == "off" and resolve_features(unfused, GPU_TE).output_loss_chunk
     from megatron_mtp.models.deepseek_v3.transformer_config import transformer_config_kwargs
 
     assert transformer_config_kwargs(_cfg(), GPU_TE, asked)["cross_entropy_loss_fusion"] is False
