@@ -8,6 +8,9 @@ and in the backward alike:
   cross entropy do), logsumexp(z_c) and the target terms; only the per-token logsumexp is kept;
 - backward, per chunk: z_c is computed again from the saved h_c, and with q = exp(z - lse) the
   logit gradient is g·(q − target distribution); dh_c = dz_c W and dW += dz_cᵀ h_c.
+Every chunk writes into the same one or two fp32 buffers of [chunk, V/TP] (logits, and the exponentials
+or the teacher's logits), in place: no chunk-sized tensor is allocated per chunk, which on CPU would
+pay its page faults every time.
 The vocabulary is split over tensor-parallel ranks as in megatron-core's vocab-parallel cross
 entropy: each rank holds W's rows [first, first + V/TP), and the max, the sum of exponentials and the
 target logit (or Σ p·z) are all-reduced over the group per chunk. dh is this rank's share; the caller
@@ -32,9 +35,10 @@ from typing import Optional
 
 import torch
 
-from megatron_mtp.models.soft_cross_entropy import vocab_all_reduce, vocab_logsumexp, vocab_parallel_argmax
+from megatron_mtp.models.soft_cross_entropy import vocab_all_reduce, vocab_parallel_argmax
 
 SUM = torch.distributed.ReduceOp.SUM
+MAX = torch.distributed.ReduceOp.MAX
 
 
 def _chunks(tokens: int, chunk: int):
@@ -42,8 +46,21 @@ def _chunks(tokens: int, chunk: int):
         yield slice(start, min(start + chunk, tokens))
 
 
-def _logits(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return (h @ weight.t()).float()
+def _logits(h: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """z = h Wᵀ into the first rows of ``out`` (fp32): computed in fp32, or in h's dtype and then cast, as
+    megatron-core's output layer and its cross entropy do."""
+    z = out[:h.shape[0]]
+    if h.dtype == torch.float32 and weight.dtype == torch.float32:
+        return torch.mm(h, weight.t(), out=z)
+    return z.copy_(h @ weight.t())
+
+
+def _exp_sum(z: torch.Tensor, out: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """exp(z − peak) into ``out`` (which may be z itself), with the peak (the largest logit over the whole
+    vocabulary, split over ``group``) and the sum of the exponentials: the log-sum-exp is peak + log(sum)."""
+    peak = vocab_all_reduce(z.amax(dim=-1), group, MAX)
+    e = torch.sub(z, peak.unsqueeze(-1), out=out[:z.shape[0]]).exp_()
+    return e, peak, vocab_all_reduce(e.sum(dim=-1), group, SUM)
 
 
 def _local_labels(labels: torch.Tensor, first: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,18 +90,20 @@ class _ChunkedOutputLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, teacher, soft_weight, temperature, chunk, group, first, stats):
         n = hidden.shape[0]
+        f32 = dict(dtype=torch.float32, device=hidden.device)
         if stats is not None:
-            best = torch.empty(n, dtype=torch.float32, device=hidden.device)
-            best_index = torch.empty(n, dtype=torch.long, device=hidden.device)
-            stats.token_ce = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        loss = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        lse_z = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        lse_t = torch.empty(n, dtype=torch.float32, device=hidden.device) if soft_weight else None
+            best, best_index = torch.empty(n, **f32), torch.empty(n, dtype=torch.long, device=hidden.device)
+            stats.token_ce = torch.empty(n, **f32)
+        loss, lse_z = torch.empty(n, **f32), torch.empty(n, **f32)
+        lse_t = torch.empty(n, **f32) if soft_weight else None
+        logits, work = _buffer(n, chunk, weight), _buffer(n, chunk, weight)
         with torch.no_grad():
             for c in _chunks(n, chunk):
-                z = _logits(hidden[c], weight)
-                lse = vocab_logsumexp(z, group).squeeze(-1)
-                lse_z[c] = lse
+                z = _logits(hidden[c], weight, logits)
+                if stats is not None:
+                    torch.max(z, dim=-1, out=(best[c], best_index[c]))
+                _, peak, total = _exp_sum(z, work, group)
+                lse = lse_z[c] = peak + torch.log(total)
                 value = torch.zeros_like(lse)
                 if soft_weight < 1 or stats is not None:
                     token_ce = lse - _target_logit(z, labels[c], first, group)
@@ -92,17 +111,17 @@ class _ChunkedOutputLoss(torch.autograd.Function):
                         value += (1 - soft_weight) * token_ce
                     if stats is not None:
                         stats.token_ce[c] = token_ce
-                        best[c], index = z.max(dim=-1)
-                        best_index[c] = index + first
-                if soft_weight:
-                    t = _logits(teacher[c], weight) / temperature
-                    lt = vocab_logsumexp(t, group)
-                    lse_t[c] = lt.squeeze(-1)
-                    pz = vocab_all_reduce((torch.exp(t - lt) * z).sum(-1), group, SUM)
+                if soft_weight:  # the teacher's logits in the spare buffer, then its probabilities in place
+                    t = _logits(teacher[c], weight, work)
+                    if temperature != 1:
+                        t.div_(temperature)
+                    p, peak_t, total_t = _exp_sum(t, t, group)
+                    lse_t[c] = peak_t + torch.log(total_t)
+                    pz = vocab_all_reduce(p.mul_(z).sum(dim=-1), group, SUM) / total_t
                     value += soft_weight * (lse - pz)
                 loss[c] = value
             if stats is not None:
-                stats.argmax = vocab_parallel_argmax(best, best_index, group)
+                stats.argmax = vocab_parallel_argmax(best, best_index + first, group)
         ctx.save_for_backward(hidden, weight, labels, teacher, lse_z, lse_t)
         ctx.setup = (soft_weight, temperature, chunk, first)
         return loss
@@ -111,28 +130,41 @@ class _ChunkedOutputLoss(torch.autograd.Function):
     def backward(ctx, grad):
         hidden, weight, labels, teacher, lse_z, lse_t = ctx.saved_tensors
         soft_weight, temperature, chunk, first = ctx.setup
+        n = hidden.shape[0]
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
             if ctx.needs_input_grad[1] else None
-        for c in _chunks(hidden.shape[0], chunk):
-            z = _logits(hidden[c], weight)
-            dz = torch.exp(z - lse_z[c].unsqueeze(-1))  # q
+        logits = _buffer(n, chunk, weight)
+        teacher_logits = _buffer(n, chunk, weight) if soft_weight else None
+        for c in _chunks(n, chunk):
+            dz = _logits(hidden[c], weight, logits).sub_(lse_z[c].unsqueeze(-1)).exp_()  # q, in place
             if soft_weight < 1:
-                local, here = _local_labels(labels[c], first, z.shape[-1])
+                local, here = _local_labels(labels[c], first, dz.shape[-1])
                 rows = torch.nonzero(here).squeeze(-1)
                 dz[rows, local[rows]] -= 1 - soft_weight
             if soft_weight:
-                t = _logits(teacher[c], weight) / temperature
-                dz -= soft_weight * torch.exp(t - lse_t[c].unsqueeze(-1))
-            dz *= grad[c].unsqueeze(-1)
-            dz = dz.to(hidden.dtype)
+                t = _logits(teacher[c], weight, teacher_logits)
+                if temperature != 1:
+                    t.div_(temperature)
+                dz.add_(t.sub_(lse_t[c].unsqueeze(-1)).exp_(), alpha=-soft_weight)
+            dz.mul_(grad[c].unsqueeze(-1))
+            if dz.dtype != hidden.dtype:
+                dz = dz.to(hidden.dtype)
             if grad_hidden is not None:
-                grad_hidden[c] = dz @ weight
-            if grad_weight is not None:
+                torch.mm(dz, weight, out=grad_hidden[c])
+            if grad_weight is not None and dz.dtype == torch.float32:
+                grad_weight.addmm_(dz.t(), hidden[c])
+            elif grad_weight is not None:
                 grad_weight += (dz.t() @ hidden[c]).float()
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None, None, None, None, None
+
+
+def _buffer(tokens: int, chunk: int, weight: torch.Tensor) -> torch.Tensor:
+    """An fp32 buffer for one chunk's logits over this rank's vocabulary slice, reused by every chunk:
+    with at most two of them, the module's only tensors of that size (no allocation per chunk)."""
+    return torch.empty((min(chunk, tokens), weight.shape[0]), dtype=torch.float32, device=weight.device)
 
 
 def chunked_output_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor | None = None,

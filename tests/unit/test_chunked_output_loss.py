@@ -49,21 +49,25 @@ def test_loss_and_gradients_equal_the_whole_logits(soft_weight, chunk):
 
 
 def test_only_one_chunk_of_logits_exists_at_a_time(monkeypatch):
-    """Every logits tensor, in the forward and in the backward (which computes them again), is one chunk's;
-    what the backward keeps is the inputs and one number per token, no [tokens × vocabulary] tensor."""
+    """Every logits tensor, in the forward and in the backward (which computes them again), is one chunk's,
+    written into at most two chunk-sized buffers per pass; what the backward keeps is the inputs and one
+    number per token, no [tokens × vocabulary] tensor."""
     import megatron_mtp.models.chunked_output_loss as module
 
-    shapes = []
-    made = module._logits
-    monkeypatch.setattr(module, "_logits", lambda h, w: shapes.append(tuple(made(h, w).shape)) or made(h, w))
+    shapes, buffers = [], []
+    made, allocate = module._logits, module._buffer
+    monkeypatch.setattr(module, "_logits", lambda h, w, out: shapes.append(tuple(made(h, w, out).shape)) or
+                        made(h, w, out))
+    monkeypatch.setattr(module, "_buffer", lambda *a: buffers.append(tuple(allocate(*a).shape)) or allocate(*a))
     hidden, weight, teacher, labels, upstream = _inputs(1)
     loss = chunked_output_loss(hidden, weight, labels, teacher, soft_weight=0.3, chunk=8)
-    forward = len(shapes)
+    forward, forward_buffers = len(shapes), len(buffers)
     saved = [tuple(t.shape) for t in loss.grad_fn.saved_tensors if t is not None]
     loss.backward(upstream)
     chunks = [(8, VOCAB)] * (TOKENS // 8) + [(TOKENS % 8, VOCAB)]
     assert shapes[:forward] == [s for c in chunks for s in (c, c)]  # student and teacher, chunk by chunk
     assert shapes[forward:] == shapes[:forward]
+    assert buffers == [(8, VOCAB)] * 4 and forward_buffers == 2  # two in the forward, two in the backward
     assert sorted(saved) == sorted([(TOKENS, HIDDEN), (VOCAB, HIDDEN), (TOKENS,), (TOKENS, HIDDEN), (TOKENS,),
                                     (TOKENS,)])
 
