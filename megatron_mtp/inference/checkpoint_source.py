@@ -1,9 +1,11 @@
 """Accept a megatron-mtp checkpoint or run directory where an HF export is expected.
 
 A run directory, its checkpoints/ directory, a step directory or the ``latest`` file (the rules of
-``checkpoint.run_dir``, shared with eval and convert) is exported once with ``megatron_mtp.convert.to_hf.export_to_hf``
-(``mtp="separate"``, fp32) into a cache folder keyed by the checkpoint's absolute path and the
-mtime of its train_state.json.
+``checkpoint.run_dir``, shared with eval and convert) is exported once by ``megatron-mtp convert to-hf
+--mtp separate --dtype fp32`` into a cache folder keyed by the checkpoint's absolute path and the
+mtime of its train_state.json. The export runs in a process of its own (``export_checkpoint``): the
+decoder reads Hugging Face directories only and imports nothing of convert/; the export's progress
+lines pass through to stderr, and its error sentence becomes the decoder's.
 
 Design note. A trainer may be saving into the run while it is decoded (``checkpoint.keep_last``
 deletes the step being read), so:
@@ -18,8 +20,10 @@ deletes the step being read), so:
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -32,7 +36,6 @@ from megatron_mtp.checkpoint.run_dir import (
     is_complete,
     resolve_checkpoint,
 )
-from megatron_mtp.convert.to_hf import export_to_hf
 from megatron_mtp.data.default_corpus import default_cache_dir
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.family import SUPPORTED
@@ -63,6 +66,23 @@ def cache_root() -> Path:
     return Path(default_cache_dir()) / "hf_exports"
 
 
+def export_checkpoint(ckpt: Path, out: Path) -> None:
+    """Export ``ckpt`` into ``out`` (MTP separate, fp32) with ``megatron-mtp convert to-hf`` in a child
+    process (module note); a refusal there is its one sentence here."""
+    cmd = [sys.executable, "-m", "megatron_mtp", "convert", "to-hf", str(ckpt), str(out), "--mtp", "separate",
+           "--dtype", "fp32"]
+    tail: collections.deque = collections.deque(maxlen=40)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        for line in proc.stdout:  # stdout stays the decoder's (its tokens, its JSON)
+            sys.stderr.write(line)
+            tail.append(line)
+    if proc.returncode:
+        said = [line.split(": error: ", 1)[1].strip() for line in tail if ": error: " in line]
+        if said:
+            raise UserError(said[-1])
+        raise RuntimeError(f"exporting {ckpt} for decoding failed (exit {proc.returncode}):\n{''.join(tail)}")
+
+
 class _SourceChanged(Exception):
     """The step being exported went away or was replaced while it was read."""
 
@@ -89,7 +109,7 @@ def _export(ckpt: Path) -> Path:
           f"decoded checkpoints; delete {cache_root()} to clear it)", file=sys.stderr)
     try:
         try:
-            export_to_hf(str(ckpt), str(tmp), mtp="separate", dtype="fp32")
+            export_checkpoint(ckpt, tmp)
         except Exception:
             if _stamp(ckpt) != stamp or not is_complete(ckpt):
                 raise _SourceChanged from None

@@ -8,15 +8,23 @@ import shutil
 
 import pytest
 
+from megatron_mtp.convert.to_hf import export_to_hf
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference import checkpoint_source
 from megatron_mtp.inference.checkpoint_source import CACHE_ENTRIES, MARK, hf_dir_for
+
+
+def in_process(ckpt, out):
+    """What the decoder's child process runs (the cache rules are what is tested here, the child in
+    test_checkpoint_arguments.py and tests/inference/test_infer_from_checkpoint.py)."""
+    export_to_hf(str(ckpt), str(out), mtp="separate", dtype="fp32")
 
 
 @pytest.fixture
 def run(trained_run, tmp_path, monkeypatch):
     """A copy of the trained run with two steps, `latest` naming the second; its own export cache."""
     monkeypatch.setenv("MEGATRON_MTP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(checkpoint_source, "export_checkpoint", in_process)
     copy = tmp_path / "run"
     shutil.copytree(trained_run, copy)
     root = copy / "checkpoints"
@@ -29,18 +37,17 @@ def run(trained_run, tmp_path, monkeypatch):
 
 def test_a_step_removed_while_it_is_read_falls_back_to_the_newest_complete_one(run, monkeypatch, capfd):
     copy, first, second = run
-    real = checkpoint_source.export_to_hf
     calls = []
 
-    def removed_mid_read(ckpt, out, **kwargs):  # a trainer's keep_last deletes the step being exported
+    def removed_mid_read(ckpt, out):  # a trainer's keep_last deletes the step being exported
         calls.append(ckpt)
         if len(calls) == 1:
             shutil.rmtree(second)
-        return real(ckpt, out, **kwargs)
+        return in_process(ckpt, out)
 
-    monkeypatch.setattr(checkpoint_source, "export_to_hf", removed_mid_read)
+    monkeypatch.setattr(checkpoint_source, "export_checkpoint", removed_mid_read)
     out = hf_dir_for(copy)
-    assert calls == [str(second), str(first)]
+    assert calls == [second, first]
     assert (out / MARK).read_text().strip() == str(first)
     assert (out / "main" / "tokenizer.json").is_file() and (out / "mtp" / "config.json").is_file()
     assert f"note: {second} was removed while it was read" in capfd.readouterr().err
@@ -48,7 +55,7 @@ def test_a_step_removed_while_it_is_read_falls_back_to_the_newest_complete_one(r
 
     named = copy / "checkpoints" / "step_0000100"
     shutil.copytree(first, named)
-    monkeypatch.setattr(checkpoint_source, "export_to_hf", lambda ckpt, out, **kw: shutil.rmtree(named))
+    monkeypatch.setattr(checkpoint_source, "export_checkpoint", lambda ckpt, out: shutil.rmtree(named))
     with pytest.raises(UserError, match="was removed or replaced while it was read .* pass the run directory"):
         hf_dir_for(named)  # a step named directly: one sentence
 
