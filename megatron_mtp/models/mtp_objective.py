@@ -80,20 +80,8 @@ class MTPObjectiveGPTModel(ChunkedOutputLosses, GPTModel):
                 main_hidden, *mtp_hidden = torch.chunk(stacked, 1 + self.config.mtp_num_layers, dim=0)
             else:  # chunked loss of a model without MTP layers
                 main_hidden, mtp_hidden = hidden_states, []
-        if self.output_chunk:
-            lm_loss, terms = self._chunked_losses(main_hidden, mtp_hidden, labels, loss_mask, packed_seq_params,
-                                                  output_weight, grad_for_mtp)
-        else:
-            with torch.set_grad_enabled(grad_for_mtp or torch.is_grad_enabled()):
-                mtp_logits = [self.output_layer(h, weight=output_weight,
-                                                runtime_gather_output=runtime_gather_output)[0] for h in mtp_hidden]
-            main_logits, _ = self.output_layer(main_hidden, weight=output_weight,
-                                               runtime_gather_output=runtime_gather_output)
-            with torch.set_grad_enabled(grad_for_mtp or torch.is_grad_enabled()):
-                terms = self._depth_terms(mtp_logits, self._whole_depth_loss(main_logits, packed_seq_params),
-                                          labels, loss_mask, packed_seq_params)
-            # after the terms: megatron-core's cross entropy overwrites the logits it is given (the teacher)
-            lm_loss = self.compute_language_model_loss(labels, main_logits)
+        lm_loss, terms = self.output_losses(main_hidden, mtp_hidden, labels, loss_mask, packed_seq_params,
+                                            output_weight, grad_for_mtp, runtime_gather_output)
         with torch.set_grad_enabled(grad_for_mtp or torch.is_grad_enabled()):
             if self.freeze_base:
                 self.mtp_objective = sum(t.sum() for t in terms) if grad_for_mtp else None
@@ -103,6 +91,24 @@ class MTPObjectiveGPTModel(ChunkedOutputLosses, GPTModel):
             for term in terms:
                 lm_loss = MTPLossAutoScaler.apply(lm_loss, term)
         return lm_loss
+
+    def output_losses(self, main_hidden, mtp_hidden: list, labels, loss_mask, packed_seq_params=None,
+                      output_weight=None, grad_for_mtp: bool = False, runtime_gather_output=None):
+        """The main model's per-token loss [b, s] and each depth's term (``_depth_terms``) from the hidden
+        states [s, b, h] entering the output layer: whole logits, or in chunks (kernels.chunked_output_loss)."""
+        if self.output_chunk:
+            return self._chunked_losses(main_hidden, mtp_hidden, labels, loss_mask, packed_seq_params, output_weight,
+                                        grad_for_mtp)
+        with torch.set_grad_enabled(grad_for_mtp or torch.is_grad_enabled()):
+            mtp_logits = [self.output_layer(h, weight=output_weight, runtime_gather_output=runtime_gather_output)[0]
+                          for h in mtp_hidden]
+        main_logits, _ = self.output_layer(main_hidden, weight=output_weight,
+                                           runtime_gather_output=runtime_gather_output)
+        with torch.set_grad_enabled(grad_for_mtp or torch.is_grad_enabled()):
+            terms = self._depth_terms(mtp_logits, self._whole_depth_loss(main_logits, packed_seq_params), labels,
+                                      loss_mask, packed_seq_params)
+        # after the terms: megatron-core's cross entropy overwrites the logits it is given (the teacher)
+        return self.compute_language_model_loss(labels, main_logits), terms
 
     @property
     def _soft_weight(self) -> float:

@@ -12,6 +12,10 @@ per-depth cross entropy (megatron-core only records it in training mode). The ar
 vocabulary costs a few percent of a step on CPU, so training measures acceptance on the last step
 of each logging interval (one global batch); evaluation measures every batch. Routers get a hook that
 counts tokens per expert for the load-balance metric (max violation: max load / mean load - 1).
+With the chunked output loss (kernels.chunked_output_loss) no logits reach the output layer, so the
+loss reports each call's argmax and cross entropy to the label itself, in the same order
+(``observe``, reached through the model's ``prediction_observer``; models/output_losses.py): the same
+argmax, tie rule included (the first vocabulary index wins over TP ranks).
 """
 
 from __future__ import annotations
