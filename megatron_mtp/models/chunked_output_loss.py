@@ -35,10 +35,9 @@ from typing import Optional
 
 import torch
 
-from megatron_mtp.models.soft_cross_entropy import vocab_all_reduce, vocab_parallel_argmax
+from megatron_mtp.models.soft_cross_entropy import vocab_all_reduce, vocab_exp_sum, vocab_parallel_argmax
 
 SUM = torch.distributed.ReduceOp.SUM
-MAX = torch.distributed.ReduceOp.MAX
 
 
 def _chunks(tokens: int, chunk: int):
@@ -55,12 +54,10 @@ def _logits(h: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> torch.T
     return z.copy_(h @ weight.t())
 
 
-def _exp_sum(z: torch.Tensor, out: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """exp(z − peak) into ``out`` (which may be z itself), with the peak (the largest logit over the whole
-    vocabulary, split over ``group``) and the sum of the exponentials: the log-sum-exp is peak + log(sum)."""
-    peak = vocab_all_reduce(z.amax(dim=-1), group, MAX)
-    e = torch.sub(z, peak.unsqueeze(-1), out=out[:z.shape[0]]).exp_()
-    return e, peak, vocab_all_reduce(e.sum(dim=-1), group, SUM)
+def _teacher_logits(h: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, temperature: float) -> torch.Tensor:
+    """t / T, the teacher's tempered logits, into ``out`` (``_logits``), the same in forward and backward."""
+    t = _logits(h, weight, out)
+    return t.div_(temperature) if temperature != 1 else t
 
 
 def _local_labels(labels: torch.Tensor, first: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,7 +99,7 @@ class _ChunkedOutputLoss(torch.autograd.Function):
                 z = _logits(hidden[c], weight, logits)
                 if stats is not None:
                     torch.max(z, dim=-1, out=(best[c], best_index[c]))
-                _, peak, total = _exp_sum(z, work, group)
+                _, peak, total = vocab_exp_sum(z, work[:z.shape[0]], group)
                 lse = lse_z[c] = peak + torch.log(total)
                 value = torch.zeros_like(lse)
                 if soft_weight < 1 or stats is not None:
@@ -112,10 +109,8 @@ class _ChunkedOutputLoss(torch.autograd.Function):
                     if stats is not None:
                         stats.token_ce[c] = token_ce
                 if soft_weight:  # the teacher's logits in the spare buffer, then its probabilities in place
-                    t = _logits(teacher[c], weight, work)
-                    if temperature != 1:
-                        t.div_(temperature)
-                    p, peak_t, total_t = _exp_sum(t, t, group)
+                    t = _teacher_logits(teacher[c], weight, work, temperature)
+                    p, peak_t, total_t = vocab_exp_sum(t, t, group)
                     lse_t[c] = peak_t + torch.log(total_t)
                     pz = vocab_all_reduce(p.mul_(z).sum(dim=-1), group, SUM) / total_t
                     value += soft_weight * (lse - pz)
@@ -143,9 +138,7 @@ class _ChunkedOutputLoss(torch.autograd.Function):
                 rows = torch.nonzero(here).squeeze(-1)
                 dz[rows, local[rows]] -= 1 - soft_weight
             if soft_weight:
-                t = _logits(teacher[c], weight, teacher_logits)
-                if temperature != 1:
-                    t.div_(temperature)
+                t = _teacher_logits(teacher[c], weight, teacher_logits, temperature)
                 dz.add_(t.sub_(lse_t[c].unsqueeze(-1)).exp_(), alpha=-soft_weight)
             dz.mul_(grad[c].unsqueeze(-1))
             if dz.dtype != hidden.dtype:

@@ -21,11 +21,19 @@ def vocab_all_reduce(x: torch.Tensor, group, op) -> torch.Tensor:
     return x
 
 
+def vocab_exp_sum(x: torch.Tensor, out: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """exp(x − peak) written into ``out`` (which may be x itself), the peak (the largest entry of the last
+    dimension over the whole vocabulary, split over `group`) and the sum of the exponentials, all but the
+    last dimension's shape: the log-sum-exp is peak + log(sum)."""
+    peak = vocab_all_reduce(x.amax(dim=-1), group, torch.distributed.ReduceOp.MAX)
+    e = torch.sub(x, peak.unsqueeze(-1), out=out).exp_()
+    return e, peak, vocab_all_reduce(e.sum(dim=-1), group, torch.distributed.ReduceOp.SUM)
+
+
 def vocab_logsumexp(x: torch.Tensor, group) -> torch.Tensor:
-    """logsumexp over the last dimension of a vocabulary split over `group`."""
-    peak = vocab_all_reduce(x.max(dim=-1, keepdim=True).values, group, torch.distributed.ReduceOp.MAX)
-    total = vocab_all_reduce(torch.exp(x - peak).sum(dim=-1, keepdim=True), group, torch.distributed.ReduceOp.SUM)
-    return peak + torch.log(total)
+    """logsumexp over the last dimension of a vocabulary split over `group` (kept, of size 1)."""
+    _, peak, total = vocab_exp_sum(x, torch.empty_like(x), group)
+    return (peak + torch.log(total)).unsqueeze(-1)
 
 
 def vocab_parallel_argmax(local_max: torch.Tensor, global_index: torch.Tensor, group) -> torch.Tensor:

@@ -92,8 +92,9 @@ def model_arguments(parser) -> None:
     parser.add_argument("--steps-per-round", type=int, default=2)
 
 
-def bench_config(args):
-    """The config under test: the given YAML resized by the command-line options, one micro-batch per step."""
+def bench_config(args, overrides: tuple[str, ...] = ()):
+    """The config under test: the given YAML resized by the command-line options, one micro-batch per step,
+    then ``overrides`` (dotted, as on the command line)."""
     from megatron_mtp.config import load_config
 
     h = args.hidden
@@ -101,8 +102,16 @@ def bench_config(args):
         f"model.hidden_size={h}", f"model.num_layers={args.layers}", f"model.ffn_hidden_size={3 * h}",
         f"model.moe_ffn_hidden_size={3 * h // 4}", f"model.vocab_size={args.vocab}",
         f"training.seq_length={args.seq}", f"training.micro_batch_size={args.micro_batch}",
-        f"training.global_batch_size={args.micro_batch}", "logging.tensorboard=false",
+        f"training.global_batch_size={args.micro_batch}", "logging.tensorboard=false", *overrides,
     ])
+
+
+def after_unscheduled_backward() -> None:
+    """Undo what a backward outside megatron-core's schedule leaves behind: the MoE aux-loss scale as a 0-d
+    tensor, which the schedule's later copy_ of its 1-element scale cannot broadcast into."""
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    MoEAuxLossAutoScaler.main_loss_backward_scale = None
 
 
 def single_process_setup(args):

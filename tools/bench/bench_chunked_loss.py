@@ -47,20 +47,15 @@ def peak_of(fn) -> int:
 
 def child(args) -> dict:
     import torch
-    from _train_bench import interleaved, single_process_setup
+    from _train_bench import after_unscheduled_backward, bench_config, interleaved, single_process_setup
 
-    from megatron_mtp.config import load_config
     from megatron_mtp.training.components import build_components, unwrap
     from megatron_mtp.training.distributed import destroy
 
     args.micro_batch = 1
-    base, plat, vocab = single_process_setup(args)
-    cfg = load_config(args.config, [
-        f"model.hidden_size={args.hidden}", f"model.num_layers={args.layers}", f"model.vocab_size={args.vocab}",
-        f"model.ffn_hidden_size={3 * args.hidden}", f"model.moe_ffn_hidden_size={3 * args.hidden // 4}",
-        f"training.seq_length={args.seq}", "training.micro_batch_size=1", "training.global_batch_size=1",
-        "logging.tensorboard=false", f"mtp.num_layers={args.depth}", f"mtp.targets={args.target}",
-        "kernels.chunked_output_loss=true", f"kernels.output_loss_chunk={args.chunk}"])
+    _, plat, vocab = single_process_setup(args)
+    cfg = bench_config(args, (f"mtp.num_layers={args.depth}", f"mtp.targets={args.target}",
+                              "kernels.chunked_output_loss=true", f"kernels.output_loss_chunk={args.chunk}"))
     torch.manual_seed(0)
     comp = build_components(cfg, plat, vocab, with_optimizer=False)
     model = comp.model[0]
@@ -83,9 +78,7 @@ def child(args) -> dict:
         out = model(tokens, pos, None, labels=labels, loss_mask=mask)
         ((out * mask).sum() / mask.sum()).backward()
         model.zero_grad_buffer()
-        from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
-
-        MoEAuxLossAutoScaler.main_loss_backward_scale = None  # a backward outside the schedule (bench_recompute)
+        after_unscheduled_backward()
 
     def variant(chunk, fn):
         def run():

@@ -54,6 +54,7 @@ def recomputed_flops_per_token(cfg, modules: set[str], full: bool) -> float:
 
 def saved_bytes(trainer, batch) -> int:
     import torch
+    from _train_bench import after_unscheduled_backward
 
     from megatron_mtp.training.components import unwrap
 
@@ -72,11 +73,7 @@ def saved_bytes(trainer, batch) -> int:
     out.sum().backward()
     for chunk in trainer.components.model:
         chunk.zero_grad_buffer()
-    # a backward outside megatron-core's schedule leaves the MoE aux-loss scale as a 0-d tensor,
-    # which the schedule's later copy_ of its 1-element scale cannot broadcast into
-    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
-
-    MoEAuxLossAutoScaler.main_loss_backward_scale = None
+    after_unscheduled_backward()
     return sum(seen.values())
 
 
