@@ -24,20 +24,20 @@ may differ: its one module is module 0 of the checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from megatron_mtp.config import Config
+from megatron_mtp.config.model import ModelConfig
 from megatron_mtp.config.vocab import padded_vocab_size
 from megatron_mtp.errors import UserError
 
 MEANING = (
     # the shapes of the tensors and what the layers compute
     "model.family", "model.num_layers", "model.hidden_size", "model.ffn_hidden_size", "model.num_attention_heads",
-    "model.q_lora_rank", "model.kv_lora_rank", "model.qk_head_dim", "model.qk_pos_emb_head_dim", "model.v_head_dim",
-    "model.rope_theta", "model.yarn", "model.norm_epsilon", "model.tie_embeddings",
-    # grouped-query attention (glm4_moe)
-    "model.num_query_groups", "model.head_dim", "model.rotary_percent", "model.qk_layernorm", "model.add_qkv_bias",
+    "model.rope_theta", "model.norm_epsilon", "model.tie_embeddings",
+    # (and every field of the family's own: family_fields)
     # the MoE layout and routing
     "model.num_experts", "model.first_k_dense", "model.moe_ffn_hidden_size", "model.num_shared_experts",
     "model.router_topk", "model.router_num_groups", "model.router_group_topk", "model.router_score_function",
@@ -47,7 +47,15 @@ MEANING = (
     # what token ids mean
     "model.vocab_size", "data.tokenizer", "data.default_corpus_vocab_size",
 )
-"""Config fields whose change makes a checkpoint mean something else (docs: README.md, "Checkpoints and resume")."""
+"""Config fields whose change makes a checkpoint mean something else (docs: README.md, "Checkpoints and resume"),
+besides the family's own fields (its attention's shapes and rotary settings: ``family_fields``)."""
+
+
+def family_fields(cfg: Config) -> tuple[str, ...]:
+    """``model.<field>`` for each field the run's family adds to the shared ModelConfig (all of them shape
+    the attention or its rotary embedding: models/<family>/model_config.py)."""
+    shared = {f.name for f in dataclasses.fields(ModelConfig)}
+    return tuple(f"model.{f.name}" for f in dataclasses.fields(cfg.model) if f.name not in shared)
 
 
 def _field(cfg: Config, dotted: str) -> Any:
@@ -65,6 +73,10 @@ LOAD_MEANING = tuple(name for name in MEANING if not name.startswith(("mtp.", "d
 def meaning_changes(saved: Config, now: Config, fields: tuple[str, ...] = MEANING) -> list[str]:
     """'FIELD is A in the checkpoint and B now' for each field of MEANING that differs, and the padded
     vocabulary when only the padding rule changed it."""
+    if "model.family" in fields and saved.model.family != now.model.family:
+        return [f"model.family is {saved.model.family!r} in the checkpoint and {now.model.family!r} now"]
+    if "model.family" in fields:
+        fields = (*fields, *family_fields(now))
     changes = [f"{name} is {_field(saved, name)!r} in the checkpoint and {_field(now, name)!r} now"
                for name in fields if _field(saved, name) != _field(now, name)]
     if not changes and saved.model.vocab_size is not None and now.model.vocab_size is not None:

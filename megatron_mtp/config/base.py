@@ -51,7 +51,16 @@ def _closest(name: str, choices: list[str]) -> str:
 
 @functools.lru_cache(maxsize=None)
 def field_docs(cls: type) -> dict[str, str]:
-    """Docstrings written right under each dataclass field (the torchtitan convention)."""
+    """Docstrings written right under each dataclass field (the torchtitan convention), a subclass's
+    over those of the classes it extends."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     try:
         source = textwrap.dedent(inspect.getsource(cls))
     except (OSError, TypeError):
@@ -141,8 +150,16 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
+def resolve_section(cls: type, data: dict[str, Any], where: str) -> tuple[type, dict[str, Any]]:
+    """The class a section's mapping builds and the mapping to build it from: ``cls`` itself, or what
+    its ``__config_class__(data, where)`` says (config.model.ModelConfig: the family's subclass)."""
+    resolve = getattr(cls, "__config_class__", None)
+    return resolve(data, where) if resolve is not None else (cls, data)
+
+
 def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
     """Build dataclass ``cls`` from a mapping, rejecting unknown keys with the closest valid name."""
+    cls, data = resolve_section(cls, data, where)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
@@ -177,9 +194,15 @@ def apply_override(data: dict[str, Any], cls: type, override: str) -> None:
         raise UserError(f"override '{override}': the value is not valid YAML ({exc.problem})") from None
     node, node_cls, walked = data, cls, []
     for i, key in enumerate(keys):
+        if walked:
+            node_cls, _ = resolve_section(node_cls, node, ".".join(walked))
         fields = {f.name: f for f in dataclasses.fields(node_cls)}
         walked.append(key)
         if key not in fields:
+            foreign = getattr(node_cls, "__foreign_key__", None)  # ModelConfig: another family's field
+            reason = foreign(key, node, ".".join(walked[:-1])) if foreign else None
+            if reason:
+                raise UserError(reason)
             raise UserError(
                 f"unknown config key '{'.'.join(walked)}' in override '{override}'{_closest(key, list(fields))}"
             )
@@ -224,6 +247,10 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
         key = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(tp):
             rows.extend(describe(tp, key + "."))
+            variants = getattr(tp, "__config_classes__", None)  # ModelConfig: each family's own fields
+            for name, sub in (variants() if variants else {}).items():
+                rows.extend((k, t, f"[{f.name}.family={name}] {d}") for k, t, d in describe(sub, key + ".")
+                            if k[len(key) + 1:].split(".")[0] not in {g.name for g in dataclasses.fields(tp)})
         else:
             rows.append((key, _type_name(tp), docs.get(f.name, "")))
     return rows

@@ -1,5 +1,10 @@
-"""Model architecture: a DeepSeek-V3-style decoder (MLA or, family glm4_moe, grouped-query
-attention; DeepSeek MoE) with an MTP block.
+"""Model architecture: the fields every model family shares (size, MoE routing, misc) and the MTP block.
+
+A family's own fields (DeepSeek-V3's MLA and YaRN, GLM-4.5's grouped-query attention) live in its
+folder, in a subclass of ModelConfig (``models/<family>/model_config.py``); ``model.family`` picks the
+class, so the YAML stays one flat ``model:`` section and a field of another family is one error.
+Families come in through the ``megatron_mtp_families`` entry points (pyproject.toml; importing one
+registers its class here) or ``models.family.register`` in the same process.
 
 Names follow the DeepSeek-V3 paper / HF config where they differ from megatron-core, and the
 mapping to megatron-core's TransformerConfig lives in models/megatron_config.py and each family's
@@ -8,33 +13,86 @@ transformer_config.py.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Any, ClassVar, Literal, Mapping, Optional
+
+from megatron_mtp.errors import UserError
+
+DEFAULT_FAMILY = "deepseek_v3"
+ENTRY_POINT_GROUP = "megatron_mtp_families"
+"""The entry-point group a model family is installed under; loading an entry point registers the family."""
+
+_CLASSES: dict[str, type] = {}
+_installed_loaded = False
 
 
-@dataclass
-class YarnConfig:
-    factor: float = 1.0
-    """RoPE scaling factor (1.0 disables YaRN: plain RoPE)."""
-    original_max_position_embeddings: int = 4096
-    """Context length the rotary frequencies were designed for before YaRN stretching."""
-    beta_fast: float = 32.0
-    """YaRN high-frequency boundary (in rotations)."""
-    beta_slow: float = 1.0
-    """YaRN low-frequency boundary (in rotations)."""
-    mscale: float = 1.0
-    """YaRN attention-magnitude scale coefficient."""
-    mscale_all_dim: float = 1.0
-    """YaRN magnitude coefficient applied to all dimensions (DeepSeek-V3 uses 1.0)."""
+def register_model_config(family: str, cls: type) -> None:
+    """Make ``cls`` (a ModelConfig subclass holding the family's own fields) what ``model.family=family``
+    builds (models.family.register calls this)."""
+    if not (isinstance(cls, type) and issubclass(cls, ModelConfig)):
+        raise TypeError(f"the model config of family {family} must subclass config.model.ModelConfig")
+    _CLASSES[family] = cls
+
+
+def load_installed_families() -> None:
+    """Import every installed family once (the ``megatron_mtp_families`` entry points)."""
+    global _installed_loaded
+    if _installed_loaded:
+        return
+    _installed_loaded = True
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        entry.load()
+
+
+def model_config_classes() -> dict[str, type]:
+    """family name -> its ModelConfig class, for every family installed or registered."""
+    load_installed_families()
+    return dict(_CLASSES)
+
+
+def model_config_class(family: Any, where: str = "model.family") -> type:
+    """The ModelConfig class of ``family``; a UserError naming the families otherwise."""
+    classes = model_config_classes()
+    if not classes:
+        raise UserError(f"no model family is installed (the {ENTRY_POINT_GROUP} entry points are missing); "
+                        "reinstall megatron-mtp (tools/setup_env.sh, or pip install -e .)")
+    if family not in classes:
+        raise UserError(f"{where} is {family!r}, which is not a model family here; use one of "
+                        f"{', '.join(sorted(classes))}")
+    return classes[family]
+
+
+def default_model_config() -> "ModelConfig":
+    """The default family's model config (a new Config's ``model``)."""
+    return model_config_class(DEFAULT_FAMILY)()
+
+
+def _owners(key: str) -> list[tuple[str, type]]:
+    """(family, class) of every family whose model config has a field ``key``."""
+    return [(name, c) for name, c in model_config_classes().items() if key in {f.name for f in dataclasses.fields(c)}]
+
+
+def _field_defaults(cls: type) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+    return out
 
 
 @dataclass
 class ModelConfig:
-    family: Literal["deepseek_v3", "glm4_moe"] = "deepseek_v3"
-    """Model family (models/<family>/): its layers, tensor names and Hugging Face format. deepseek_v3:
-    MLA attention (the MLA fields below); glm4_moe: GLM-4.5's grouped-query attention (the GQA fields
-    below; the MLA fields are ignored). Both share the MoE and MTP fields. Recorded in every
-    checkpoint; a resume can't change it. models/README.md says how a family is added."""
+    family: str = DEFAULT_FAMILY
+    """Model family (models/<family>/): its layers, tensor names, Hugging Face format and its own fields
+    (deepseek_v3: MLA and YaRN; glm4_moe: GLM-4.5's grouped-query attention; ``train --help-config``
+    lists them under the family's name). Every family shares the fields here and the MoE and MTP ones.
+    Recorded in every checkpoint; a resume can't change it. models/README.md says how a family is added."""
     num_layers: int = 4
     """Number of main-model decoder layers (MTP layers are extra, see mtp.num_layers)."""
     hidden_size: int = 128
@@ -49,34 +107,8 @@ class ModelConfig:
     """Pad the embedding/output rows to a multiple of this times tensor parallel size."""
     max_position_embeddings: int = 4096
     """Largest position the model is meant to serve (recorded in exported configs)."""
-    # --- grouped-query attention (family glm4_moe; refused with deepseek_v3)
-    num_query_groups: Optional[int] = None
-    """Key/value heads (HF num_key_value_heads); each serves num_attention_heads / num_query_groups
-    query heads. null: as many as attention heads."""
-    head_dim: Optional[int] = None
-    """Width of each query/key/value head (HF head_dim). null: hidden_size / num_attention_heads."""
-    rotary_percent: Optional[float] = None
-    """Share of each head's dimensions that RoPE rotates: the first head_dim x this, rotate-half
-    style (HF partial_rotary_factor). null: 0.5, GLM-4.5's."""
-    qk_layernorm: bool = False
-    """An RMSNorm of width head_dim on each query and key head before RoPE (HF use_qk_norm)."""
-    add_qkv_bias: bool = False
-    """A bias on the query, key and value projections, never on the output one (HF attention_bias)."""
     rope_theta: float = 10000.0
-    """RoPE base (both families)."""
-    # --- MLA (family deepseek_v3; ignored by glm4_moe, which refuses YaRN)
-    q_lora_rank: Optional[int] = 64
-    """Rank of the query down-projection (null: full-rank queries, as in DeepSeek-V2-Lite)."""
-    kv_lora_rank: int = 32
-    """Rank of the compressed key/value latent."""
-    qk_head_dim: int = 32
-    """Per-head query/key dimension without the rotary part (HF qk_nope_head_dim)."""
-    qk_pos_emb_head_dim: int = 16
-    """Per-head decoupled rotary dimension (HF qk_rope_head_dim)."""
-    v_head_dim: int = 32
-    """Per-head value dimension."""
-    yarn: YarnConfig = field(default_factory=YarnConfig)
-    """YaRN context-extension parameters."""
+    """RoPE base."""
     # --- MoE
     num_experts: int = 8
     """Routed experts per MoE layer (0: dense model)."""
@@ -112,20 +144,48 @@ class ModelConfig:
     tie_embeddings: bool = False
     """Share the input embedding with the output head (DeepSeek-V3: false)."""
 
+    MTP_STYLES: ClassVar[tuple[str, ...]] = ("sequential",)
+    """The ``mtp.style`` values the family builds."""
+    RECOMPUTE_MODULES: ClassVar[tuple[str, ...]] = ()
+    """``recompute.modules`` names only some attentions have (config/performance.py) that the family has."""
 
-def gqa_head_dim(m: ModelConfig) -> int:
-    """Grouped-query attention's head width: model.head_dim, else hidden_size / num_attention_heads."""
-    return m.head_dim or m.hidden_size // m.num_attention_heads
+    def check(self, cfg: Any) -> None:
+        """The family's own checks of its fields against the whole run config (its layout included): a
+        UserError for the first failure (models/<family>/validate.py)."""
 
+    @classmethod
+    def __config_classes__(cls) -> dict[str, type]:
+        """Every family's class (``train --help-config`` lists their own fields)."""
+        return model_config_classes()
 
-def gqa_query_groups(m: ModelConfig) -> int:
-    """Key/value groups: model.num_query_groups, else one per query head."""
-    return m.num_query_groups or m.num_attention_heads
+    @classmethod
+    def __config_class__(cls, data: Mapping[str, Any], where: str) -> tuple[type, dict[str, Any]]:
+        """(the class ``data`` builds, ``data`` without what it may drop): the class of
+        ``data['family']``. A key of another family at that family's default is dropped (a
+        config.yaml saved before the families' fields were split holds every family's), one set to
+        anything else is refused in one sentence."""
+        family = data.get("family", DEFAULT_FAMILY)
+        target = model_config_class(family, f"{where}.family" if where else "family")
+        own = {f.name for f in dataclasses.fields(target)}
+        kept = {}
+        for key, value in data.items():
+            owners = [] if key in own else _owners(key)
+            if not owners:
+                kept[key] = value  # its own, or unknown everywhere (from_dict names the closest key)
+            elif any(_field_defaults(c).get(key) != value for _, c in owners):
+                raise UserError(cls.__foreign_key__(key, data, where))
+        return target, kept
 
-
-def gqa_rotary_percent(m: ModelConfig) -> float:
-    """The share of each head RoPE rotates: model.rotary_percent, else GLM-4.5's 0.5."""
-    return 0.5 if m.rotary_percent is None else m.rotary_percent
+    @classmethod
+    def __foreign_key__(cls, key: str, data: Mapping[str, Any], where: str) -> Optional[str]:
+        """The sentence for ``key`` set in a model section of another family (None: no family has it)."""
+        owners = _owners(key)
+        if not owners:
+            return None
+        family = data.get("family", DEFAULT_FAMILY)
+        names = ", ".join(name for name, _ in owners)
+        return (f"{where}.{key} is a field of model.family={names}, not of model.family={family}; "
+                f"remove it or set model.family={owners[0][0]}")
 
 
 @dataclass

@@ -10,6 +10,9 @@ from typing import Literal, Optional
 from megatron_mtp.config.parallel import Toggle
 
 RECOMPUTE_MODULES = ("mla_up_proj", "core_attn", "moe_act", "layernorm", "mlp", "moe", "shared_experts")
+FAMILY_RECOMPUTE_MODULES = {"mla_up_proj": "MLA's up-projections"}
+"""Modules of the list above that only some attentions have; a family's model config names those it has
+(``RECOMPUTE_MODULES``)."""
 
 
 @dataclass

@@ -11,7 +11,7 @@ import yaml
 
 from megatron_mtp.config.base import apply_override, from_dict, load_yaml, to_dict
 from megatron_mtp.config.data import DataConfig
-from megatron_mtp.config.model import ModelConfig, MTPConfig
+from megatron_mtp.config.model import ModelConfig, MTPConfig, default_model_config
 from megatron_mtp.config.parallel import ParallelConfig
 from megatron_mtp.config.performance import KernelConfig, RecomputeConfig
 from megatron_mtp.config.training import (
@@ -27,7 +27,7 @@ from megatron_mtp.config.training import (
 class Config:
     name: str = "run"
     """A name for the run (used in logs and job names)."""
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig = field(default_factory=default_model_config)
     """Model architecture."""
     mtp: MTPConfig = field(default_factory=MTPConfig)
     """Multi-Token Prediction depth and loss weight schedule."""
@@ -63,6 +63,8 @@ class Config:
 def load_config(path: Optional[str] = None, overrides: tuple[str, ...] | list[str] = ()) -> Config:
     """Defaults ← YAML file ← dotted overrides (left to right). Raises UserError on any bad key/value."""
     data = load_yaml(path) if path else {}
+    # the model's family picks the class its other fields belong to: set it before the rest
+    overrides = sorted(overrides, key=lambda o: not o.strip().startswith("model.family="))
     for override in overrides:
         apply_override(data, Config, override)
     return from_dict(Config, data)

@@ -10,9 +10,8 @@ import math
 from typing import Optional
 
 from megatron_mtp.config import pipeline_layout
-from megatron_mtp.config.model import gqa_head_dim, gqa_query_groups, gqa_rotary_percent
 from megatron_mtp.config.parallel_sizes import ParallelSizes, parallel_sizes
-from megatron_mtp.config.performance import RECOMPUTE_MODULES
+from megatron_mtp.config.performance import FAMILY_RECOMPUTE_MODULES, RECOMPUTE_MODULES
 from megatron_mtp.config.root import Config
 from megatron_mtp.errors import UserError
 
@@ -24,7 +23,7 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> ParallelSizes:
                     "training.micro_batch_size", "training.global_batch_size"])
     if cfg.mtp.num_layers < 0:
         raise UserError(f"mtp.num_layers is {cfg.mtp.num_layers}; it must be 0 (no MTP) or a positive depth")
-    check_attention(cfg)
+    check_family(cfg)
     sizes = _parallel(cfg, world_size)
     _moe(cfg)
     _mtp_and_numbers(cfg)
@@ -85,44 +84,14 @@ def _parallel(cfg: Config, world_size: Optional[int]) -> ParallelSizes:
     return sizes
 
 
-_GQA_FIELDS = {"num_query_groups": None, "head_dim": None, "rotary_percent": None, "qk_layernorm": False,
-               "add_qkv_bias": False}
-
-
-def check_attention(cfg: Config) -> None:
-    """The grouped-query fields belong to glm4_moe: set with deepseek_v3 (MLA) they are refused; the
-    MLA fields are ignored by glm4_moe (their defaults are DeepSeek's, so they can't tell "set")."""
-    m, tp = cfg.model, cfg.parallel.tensor
-    if m.family != "glm4_moe":
-        for name, default in _GQA_FIELDS.items():
-            if getattr(m, name) != default:
-                raise UserError(f"model.{name} is a grouped-query attention field and model.family={m.family} "
-                                "uses MLA; remove it or set model.family=glm4_moe")
-        return
-    if m.yarn.factor != 1.0:
-        raise UserError(f"model.yarn.factor={m.yarn.factor} asks for YaRN, which model.family=glm4_moe does not "
-                        "have (GLM-4.5 uses plain RoPE over rotary_percent of each head); remove model.yarn")
-    for name, null in (("num_query_groups", "one key/value head per query head"),
-                       ("head_dim", "model.hidden_size / model.num_attention_heads")):
-        value = getattr(m, name)
-        if value is not None and value < 1:
-            raise UserError(f"model.{name} is {value}; set a positive number, or null for {null}")
-    groups = gqa_query_groups(m)
-    if groups < 1 or m.num_attention_heads % groups:
-        raise UserError(f"model.num_query_groups={m.num_query_groups} must be positive and divide "
-                        f"model.num_attention_heads={m.num_attention_heads}")
-    if groups % tp:
-        raise UserError(f"model.num_query_groups={groups} is not divisible by parallel.tensor={tp}; every "
-                        "tensor-parallel rank must hold whole key/value groups")
-    head_dim = gqa_head_dim(m)
-    if head_dim < 1 or (m.head_dim is None and m.hidden_size % m.num_attention_heads):
-        raise UserError(f"model.head_dim is null and model.hidden_size={m.hidden_size} is not divisible by "
-                        f"model.num_attention_heads={m.num_attention_heads}; set model.head_dim")
-    share = gqa_rotary_percent(m)
-    rotated = head_dim * share
-    if not 0.0 < share <= 1.0 or rotated != int(rotated) or int(rotated) % 2:
-        raise UserError(f"model.rotary_percent={m.rotary_percent} must be in (0, 1] and rotate an even number "
-                        f"of the head's {head_dim} dimensions")
+def check_family(cfg: Config) -> None:
+    """The family's own checks (its model config class's ``check``: models/<family>/validate.py) and
+    the MTP styles it builds."""
+    m = cfg.model
+    m.check(cfg)
+    if cfg.mtp.style not in m.MTP_STYLES:
+        raise UserError(f"mtp.style={cfg.mtp.style} is not built for model.family={m.family} (it builds "
+                        f"{', '.join(m.MTP_STYLES)}); set mtp.style={m.MTP_STYLES[0]}")
 
 
 def _moe(cfg: Config) -> None:
@@ -158,8 +127,6 @@ def _mtp_and_numbers(cfg: Config) -> None:
             raise UserError(f"mtp.loss_weight_schedule[{i}] = {[start, lam]} must have tokens >= 0 and λ >= 0")
     if mtp.num_layers and not mtp.loss_weight_schedule:
         raise UserError("mtp.loss_weight_schedule is empty; give at least [[0, λ]] when mtp.num_layers > 0")
-    if m.q_lora_rank is not None and m.q_lora_rank <= 0:
-        raise UserError("model.q_lora_rank must be positive or null")
     if t.seq_length > m.max_position_embeddings:
         raise UserError(f"training.seq_length={t.seq_length} exceeds model.max_position_embeddings="
                         f"{m.max_position_embeddings}; shorten the sequences or raise max_position_embeddings")
@@ -199,9 +166,6 @@ def _mtp_and_numbers(cfg: Config) -> None:
 def _mtp_style(cfg: Config) -> None:
     """Options that only one MTP style has (models/deepseek_v3/parallel_heads.py)."""
     mtp = cfg.mtp
-    if mtp.style == "parallel" and cfg.model.family != "deepseek_v3":
-        raise UserError(f"mtp.style=parallel is built for model.family=deepseek_v3 only, not {cfg.model.family}; "
-                        "use mtp.style=sequential (GLM-4.5's own MTP layout)")
     if mtp.repeated_layer and (mtp.num_layers == 0 or mtp.style != "sequential"):
         raise UserError("mtp.repeated_layer applies one sequential MTP module at every depth and needs "
                         "mtp.num_layers > 0 and mtp.style=sequential; set those or drop mtp.repeated_layer")
@@ -236,9 +200,11 @@ def _recompute(cfg: Config, sizes: ParallelSizes) -> None:
         unknown = [name for name in r.modules if name not in RECOMPUTE_MODULES]
         if unknown or not r.modules:
             raise UserError(f"recompute.modules {r.modules} must list some of {', '.join(RECOMPUTE_MODULES)}")
-        if "mla_up_proj" in r.modules and cfg.model.family != "deepseek_v3":
-            raise UserError(f"recompute.modules mla_up_proj recomputes MLA's up-projections and model.family="
-                            f"{cfg.model.family} has no MLA; remove it")
+        theirs = [name for name in r.modules if name in FAMILY_RECOMPUTE_MODULES and
+                  name not in cfg.model.RECOMPUTE_MODULES]
+        if theirs:
+            raise UserError(f"recompute.modules {theirs[0]} recomputes {FAMILY_RECOMPUTE_MODULES[theirs[0]]}, which "
+                            f"model.family={cfg.model.family} does not have; remove it")
         if "moe_act" in r.modules and cfg.kernels.grouped_gemm is False:
             raise UserError("recompute.modules moe_act needs the experts' grouped GEMM; remove moe_act or set "
                             "kernels.grouped_gemm to auto/true (GPU with Transformer Engine)")

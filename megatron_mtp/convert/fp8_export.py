@@ -44,12 +44,12 @@ def fp8_linears() -> tuple[str, ...]:
     """Name endings of the decoder-layer linear weights the release stores in FP8, from every family's
     tensor table: the weights of megatron-core ``linear_*`` modules of the attention and MLP blocks
     (not their biases or fused norms, not the router, not the MTP module's ``eh_proj``)."""
-    from megatron_mtp.models.family import FAMILIES, get_family
+    from megatron_mtp.models.family import families
     from megatron_mtp.models.tensor_table import DENSE_MLP, MOE_MLP
 
     out: set[str] = set()
-    for name in FAMILIES:
-        for rule in (*get_family(name).TABLE.attention, *DENSE_MLP, *MOE_MLP):
+    for family in families():
+        for rule in (*family.table.attention, *DENSE_MLP, *MOE_MLP):
             module, leaf = rule.mcore.rsplit(".", 2)[-2:]
             if module.startswith("linear_") and leaf == "weight" and rule.role == "weight":
                 out.update(h.rsplit("{e}.", 1)[-1] for h in rule.hf)

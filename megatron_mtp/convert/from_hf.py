@@ -32,7 +32,7 @@ from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
 from megatron_mtp.config import Config
 from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.config.parallel import ParallelConfig
-from megatron_mtp.config.validate import check_attention
+from megatron_mtp.config.validate import check_family
 from megatron_mtp.convert.hf_source import record_source
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.shapes import check_shape
@@ -165,7 +165,7 @@ def import_from_hf(
     if not hf_dir.is_dir():
         raise UserError(f"Hugging Face directory '{hf_dir}' does not exist")
     main, mtp = _open_inputs(hf_dir, Path(mtp_dir) if mtp_dir is not None else None)
-    family = family_of_hf_config(main.config)
+    family = family_of_hf_config(main.config, str(main.path / "config.json"))
     model_cfg, _, vocab = family.from_hf_config(main.config, str(main.path / "config.json"))
     param_table = family.param_table
     depth = _mtp_depth(main, mtp, with_mtp)
@@ -205,7 +205,7 @@ def import_from_hf(
             f"model.embed_tokens.weight is {emb} but config.json says vocab {vocab} x hidden {model_cfg.hidden_size}"
         )
     model_cfg.make_vocab_size_divisible_by = _vocab_multiple(vocab, tp)
-    check_attention(Config(model=model_cfg, parallel=ParallelConfig(tensor=tp, pipeline=pp, expert=ep)))
+    check_family(Config(model=model_cfg, parallel=ParallelConfig(tensor=tp, pipeline=pp, expert=ep)))
     torch_dtype = DTYPES[dtype]
     shapes = {p.mcore: _shape_of(p, src) for p in params}
     for key, shape in shapes.items():

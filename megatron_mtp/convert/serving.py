@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from megatron_mtp.models.family import get_family
+
 ENGINES = ("vllm", "sglang", "transformers")
 LAYOUTS = ("inline", "separate", "nextn", "none")
 """inline: OUT holds main + MTP (release layout); separate: OUT/main + OUT/mtp (release naming);
@@ -43,9 +45,6 @@ nextn: OUT/main + OUT/mtp in SGLang's NextN naming; none: OUT holds the main mod
 SERVING_FILE = "SERVING.md"
 SGLANG_DEFAULT_STEPS = 3
 """SGLang's own choice for DeepSeek MTP: 3 chained steps, top-1, 4 draft tokens."""
-TRANSFORMERS_MTP_LAYERS = {"deepseek_v3": (61,), "glm4_moe": (92, 46)}
-"""The layer indices transformers 5.24's model class of each family knows as MTP layers (its
-``_keys_to_ignore_on_load_unexpected``): a release's one MTP module."""
 FLASH_MLA_HEAD_SIZE = 576
 """The only MLA head size (kv_lora_rank + qk_rope_head_dim) vLLM's FlashAttention MLA backend takes."""
 
@@ -91,17 +90,14 @@ FACTS = {
 }
 
 
-FAMILY_FACTS = {
-    # SGLang's GLM-4.5 NextN module (glm4_moe_nextn.py) runs plain RMSNorms and an nn.Linear eh_proj:
-    # none of the fused eh-norm kernel's hidden-size and dtype limits of its DeepSeek-V3 one
-    "glm4_moe": {"sglang": dict(draft_hidden_sizes=None, draft_dtypes=None)},
-}
-"""Where an engine's facts differ for a model family (read from its loader for that family)."""
-
-
 def facts_for(engine: str, family: str) -> EngineFacts:
-    """``engine``'s facts for a model of ``family``."""
-    return dataclasses.replace(FACTS[engine], **FAMILY_FACTS.get(family, {}).get(engine, {}))
+    """``engine``'s facts for a model of ``family`` (where they differ: the family's ``serving.engine_facts``)."""
+    return dataclasses.replace(FACTS[engine], **get_family(family).serving.engine_facts.get(engine, {}))
+
+
+def transformers_mtp_layers(family: str) -> tuple[int, ...]:
+    """The layer indices transformers' model class of ``family`` knows as MTP layers (``ServingFacts``)."""
+    return get_family(family).serving.transformers_mtp_layers
 
 
 @dataclass(frozen=True)
@@ -139,7 +135,7 @@ class Export:
     @property
     def transformers_finds_mtp(self) -> bool:
         """Whether transformers finds this export's MTP layers without being told where they are."""
-        return self.depth == 1 and self.num_layers in TRANSFORMERS_MTP_LAYERS.get(self.family, ())
+        return self.depth == 1 and self.num_layers in transformers_mtp_layers(self.family)
 
     @property
     def main_dir(self) -> Path:
@@ -303,7 +299,7 @@ def render_sglang(e: Export, draft: bool) -> str:
 
 
 def mtp_ignore_patterns(e: Export) -> list[str]:
-    """The pattern list transformers needs to find this export's MTP layers (TRANSFORMERS_MTP_LAYERS)."""
+    """The pattern list transformers needs to find this export's MTP layers (transformers_mtp_layers)."""
     return [rf"model\.layers\.{e.num_layers + d}\." for d in range(e.depth)]
 
 
@@ -394,7 +390,7 @@ def _section_sglang(e: Export, blocked: list[Problem]) -> list[str]:
 
 def _section_transformers(e: Export, blocked: list[Problem]) -> list[str]:
     out = ["## transformers (5.x)", "", "Main model:", "", *_block(transformers_code(e), "python")]
-    known = " and ".join(str(n) for n in TRANSFORMERS_MTP_LAYERS.get(e.family, ()))
+    known = " and ".join(str(n) for n in transformers_mtp_layers(e.family))
     if e.layout == "inline" and not e.transformers_finds_mtp:
         out += [f"transformers reports the MTP layers (`model.layers.{e.num_layers}.*`...) as unexpected keys "
                 f"when it loads the main model: it skips only the literal layer {known}. The model is complete.", ""]

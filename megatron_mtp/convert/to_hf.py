@@ -235,7 +235,7 @@ def hf_configs(
         return {"main": main, "mtp": heads_config(main, depth)}
     mtp = full
     if mtp_layout == "nextn":
-        mtp = dict(full, architectures=[family.HF_ARCHITECTURES[0] + "NextN"], num_hidden_layers=depth)
+        mtp = dict(full, architectures=[family.architecture + "NextN"], num_hidden_layers=depth)
     return {"main": dict(full, num_nextn_predict_layers=0), "mtp": mtp}
 
 
@@ -248,9 +248,8 @@ def serving_export(cfg: Config, out: Path, mode: MtpMode, mtp_layout: MtpLayout,
         depth=cfg.mtp.modules if mode != "none" else 0, repeats=cfg.mtp.num_layers if cfg.mtp.repeated_layer else 1,
         hidden_size=m.hidden_size, moe=m.num_experts > 0,
         tied=m.tie_embeddings, speculative=speculative, parallel_heads=cfg.mtp.style == "parallel",
-        family=cfg.model.family, architecture=family.HF_ARCHITECTURES[0],
-        # MLA caches one latent + rotary key per token: the "head size" of vLLM's MLA kernels
-        mla_head_size=family.kv_cache_elements_per_token(cfg) if family.ATTENTION == "mla" else None,
+        family=cfg.model.family, architecture=family.architecture,
+        mla_head_size=family.serving.mla_head_size(cfg) if family.serving.mla_head_size else None,
     )
 
 

@@ -1,6 +1,7 @@
 """The decoder's building blocks both families share: RMSNorm, (YaRN) RoPE, dense MLP, sigmoid-routed
 MoE, and the decoder layer around an attention class: MLA with its latent KV cache (mla.py,
-DeepSeek-V3) or grouped-query attention (gqa.py, GLM-4.5); family.py says which goes where.
+DeepSeek-V3) or grouped-query attention (gqa.py, GLM-4.5); attention.py says which goes where. Every
+family's config.json view is read through the fields models.hf_common.HFView names.
 
 Attribute names mirror the Hugging Face tensor names (``mlp.gate``, ``self_attn.*``...), so a layer loads
 with ``load_state_dict`` from an export; routed experts are stacked on an expert axis under
@@ -23,12 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig, YarnScaling
-from megatron_mtp.models.glm4_moe.hf_config_json import Glm4MoeHFConfig
+from megatron_mtp.models.deepseek_v3.hf_config_json import YarnScaling
+from megatron_mtp.models.hf_common import HFView as HFConfig
 from megatron_mtp.rms_norm import rms_norm
-
-HFConfig = DeepseekV3HFConfig | Glm4MoeHFConfig
-"""The config views of the families the decoder runs (family.py); the MoE/MLP/norm fields share names."""
 
 
 class RMSNorm(nn.Module):
@@ -221,7 +219,7 @@ class MoE(nn.Module):
 
 class DecoderLayer(nn.Module):
     """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; MoE or dense by index.
-    ``attention`` is the family's attention class (family.py): MLA, or GQA (gqa.py)."""
+    ``attention`` is the family's attention class (attention.py): MLA, or GQA (gqa.py)."""
 
     def __init__(self, config: HFConfig, layer_index: int, attention: type[nn.Module]) -> None:
         super().__init__()

@@ -21,7 +21,7 @@ from megatron_mtp.checkpoint.finite import refuse_nonfinite, tensor_is_finite
 from megatron_mtp.errors import UserError
 from megatron_mtp.hf_dir.fp8 import is_block_fp8
 from megatron_mtp.hf_dir.safetensors_io import HFDir
-from megatron_mtp.inference.family import SUPPORTED, family_for
+from megatron_mtp.inference.attention import family_for, supported
 from megatron_mtp.inference.layers import HFConfig
 from megatron_mtp.inference.mtp_module import MTPModule
 from megatron_mtp.inference.target import TargetModel
@@ -54,11 +54,11 @@ def find_export_dirs(path: str | Path) -> ExportDirs:
     root = Path(path).expanduser()
     if not root.exists():
         raise UserError(
-            f"model directory {root} does not exist; pass an exported Hugging Face directory of {SUPPORTED}."
+            f"model directory {root} does not exist; pass an exported Hugging Face directory of {supported()}."
         )
     if not root.is_dir():
         raise UserError(
-            f"model path {root} is not a directory; pass an exported Hugging Face directory of {SUPPORTED}."
+            f"model path {root} is not a directory; pass an exported Hugging Face directory of {supported()}."
         )
     if (root / "main" / "config.json").is_file():
         main_dir = root / "main"
@@ -68,7 +68,7 @@ def find_export_dirs(path: str | Path) -> ExportDirs:
     else:
         raise UserError(
             f"{root} has neither config.json nor main/config.json; pass an exported Hugging Face directory of "
-            f"{SUPPORTED} (or a megatron-mtp checkpoint/run directory)."
+            f"{supported()} (or a megatron-mtp checkpoint/run directory)."
         )
     tokenizer_file = None
     for candidate in (main_dir, root, mtp_dir):
@@ -128,10 +128,10 @@ def _load_into(module: nn.Module, weights: HFDir, prefix: str, dtype: torch.dtyp
 
 
 def decodable_config(raw: dict, where: Path) -> HFConfig:
-    """The HF config of a model this decoder runs (family.py picks the view); what it cannot run is
+    """The HF config of a model this decoder runs (its family picks the view); what it cannot run is
     one sentence each."""
     family = family_for(raw, where)
-    config = family.parse(raw, str(where))
+    config = family.hf_view(raw, str(where))
     quant = config.quantization_config
     if quant and not is_block_fp8(quant):
         raise UserError(f"{where}: quantization_config {quant} is not DeepSeek's FP8 block format "

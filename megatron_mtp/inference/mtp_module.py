@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from megatron_mtp.inference.family import family_of
+from megatron_mtp.inference.attention import attention_class, rotary
 from megatron_mtp.inference.kv_cache import KVCache, Rows
 from megatron_mtp.inference.layers import DecoderLayer, HFConfig, RMSNorm
 
@@ -37,7 +37,7 @@ class MTPModule(DecoderLayer):
         own_embedding: bool,
         own_head: bool,
     ) -> None:
-        super().__init__(config, layer_index, family_of(config).attention)
+        super().__init__(config, layer_index, attention_class(config))
         self.config = config
         self.enorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.hnorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -46,7 +46,7 @@ class MTPModule(DecoderLayer):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size) if own_embedding else None
         self._fallback_embed: nn.Embedding | None = None
         self._fallback_head: nn.Linear | None = None
-        self.rotary = family_of(config).rotary(config)
+        self.rotary = rotary(config)
         self.cache: KVCache | None = None
 
     def share_with(self, embed: nn.Embedding, head: nn.Linear) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from megatron_mtp.inference.family import family_of
+from megatron_mtp.inference.attention import decoder_layer, rotary
 from megatron_mtp.inference.kv_cache import KVCache, Rows
 from megatron_mtp.inference.layers import HFConfig, RMSNorm
 
@@ -19,9 +19,8 @@ class _Body(nn.Module):
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__()
-        family = family_of(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(family.decoder_layer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(decoder_layer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -34,7 +33,7 @@ class TargetModel(nn.Module):
         self.config = config
         self.model = _Body(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.rotary = family_of(config).rotary(config)
+        self.rotary = rotary(config)
         self.caches: list[KVCache] = []
 
     @property

@@ -1,92 +1,222 @@
-"""A run's model family: one folder under models/ with one interface (models/README.md).
+"""A model family, typed: one ``Family`` per folder under models/, registered once.
 
-``model.family`` picks it; it is recorded in every checkpoint's config.yaml and a resume can't
-change it (checkpoint/resume_rules.py). The trainer, ``plan``, the analytic sizes and the converter
-reach the family's model build, tensor table, layer kinds and Hugging Face config through
-``get_family`` (a Hugging Face directory's family through ``family_of_hf_config``, by its
-``model_type``, else its ``architectures``: ``hf_family_name``, which the inference decoder asks too).
+Every consumer outside the folder (the trainer, ``plan``, the analytic sizes, both conversion
+directions, the decoder, the serving notes) reads a family through this one object: nothing outside
+a family's folder names a family. ``model.family`` picks it (``get_family``); a Hugging Face
+config.json picks it by ``model_type``, else ``architectures`` (``family_of_hf_config``).
+
+How a family comes in: its package's ``__init__.py`` builds its ``Family`` and calls ``register``; the
+installed ones are found through the ``megatron_mtp_families`` entry points (pyproject.toml), so the
+list of families is written nowhere else. A family defined in a test or a user's package registers
+the same way. Members that need torch or megatron-core are ``lazy`` references, so naming a family
+(``--help``, ``plan``, ``convert``'s checks) imports neither.
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
 
-from megatron_mtp.errors import UserError
-
-FAMILIES = ("deepseek_v3", "glm4_moe")
-"""Folders under models/ that implement INTERFACE (and the values model.family accepts)."""
-
-INTERFACE = (
-    # training: megatron-core's TransformerConfig and GPTModel for one pipeline stage
-    "build_transformer_config", "build_model", "megatron_layout",
-    # the tensor table: names, global shapes, TP splits, which layers hold what
-    "TABLE", "param_table", "layer_rules", "block_rules", "mtp_own_rules", "HEAD_NORM", "is_moe_layer",
-    "moe_layer_count", "mtp_is_moe", "ATTENTION_ORDER",
-    # analytic sizes
-    "parameter_counts", "training_flops_per_token", "layer_sizes", "mtp_own_size",
-    "kv_cache_elements_per_token", "decode_attention_flops",
-    # the Hugging Face format: config.json both ways, what an export carries back of an imported one
-    "ATTENTION", "HF_ARCHITECTURES", "HF_MODEL_TYPES", "to_hf_config", "from_hf_config", "carry_source_fields",
+from megatron_mtp.config.model import (
+    ModelConfig,
+    load_installed_families,
+    model_config_class,
+    register_model_config,
 )
+from megatron_mtp.errors import UserError
+from megatron_mtp.models.tensor_table import Table
 
 
-MEMBER_MODULES = {
-    "build_transformer_config": "transformer_config", "megatron_layout": "transformer_config",
-    "build_model": "model",
-    "TABLE": "hf_mapping", "param_table": "hf_mapping", "layer_rules": "hf_mapping", "block_rules": "hf_mapping",
-    "mtp_own_rules": "hf_mapping", "HEAD_NORM": "hf_mapping", "is_moe_layer": "hf_mapping",
-    "moe_layer_count": "hf_mapping", "mtp_is_moe": "hf_mapping", "ATTENTION_ORDER": "hf_mapping",
-    "parameter_counts": "size", "training_flops_per_token": "size", "layer_sizes": "size",
-    "mtp_own_size": "size", "kv_cache_elements_per_token": "size", "decode_attention_flops": "size",
-    "to_hf_config": "hf_config", "from_hf_config": "hf_config", "carry_source_fields": "hf_config",
-}
-"""Where each member of INTERFACE lives inside a family folder (every family lays its folder out the same
-way; the constants ATTENTION, HF_ARCHITECTURES and HF_MODEL_TYPES sit in its __init__.py)."""
+def lazy(target: str) -> Callable[..., Any]:
+    """A callable standing for ``"package.module:name"``, imported when first called."""
+    module, _, name = target.partition(":")
+    cache: list[Any] = []
+
+    def resolve() -> Any:
+        if not cache:
+            cache.append(getattr(importlib.import_module(module), name))
+        return cache[0]
+
+    def call(*args, **kwargs):
+        return resolve()(*args, **kwargs)
+
+    call.resolve = resolve  # type: ignore[attr-defined]
+    call.__qualname__ = call.__name__ = name
+    call.__doc__ = f"{target} (imported when first called)"
+    return call
 
 
-def lazy_members(package: str, constants: tuple[str, ...], where: dict[str, str] = MEMBER_MODULES):
-    """(``__getattr__``, ``__dir__``) of a family package whose interface members live in its modules
-    (``where``: member -> module), imported when first used, so that naming a family imports neither
-    torch nor megatron-core."""
+@dataclass(frozen=True)
+class AttentionShape:
+    """What the memory plan, the communication model and the serving checks read of one layer's
+    attention (whole-model sizes; the consumers divide by tensor parallelism)."""
 
-    def getattr_(name: str):
-        if name in where:
-            return getattr(importlib.import_module(f"{package}.{where[name]}"), name)
-        raise AttributeError(name)
-
-    def dir_() -> list[str]:
-        return sorted([*where, *constants])
-
-    return getattr_, dir_
-
-
-def get_family(name: str) -> ModuleType:
-    """The family package ``megatron_mtp.models.<name>``, checked to provide INTERFACE."""
-    if name not in FAMILIES:
-        raise UserError(f"model.family '{name}' is not a model family here; use one of {', '.join(FAMILIES)}")
-    module = importlib.import_module(f"megatron_mtp.models.{name}")
-    missing = sorted(set(INTERFACE) - set(dir(module)))  # dir(): a family may load its pieces lazily
-    if missing:
-        raise RuntimeError(f"models/{name}/__init__.py does not provide {', '.join(missing)} (see models/README.md)")
-    return module
+    qk_dim: int
+    """Query/key width per head (MLA: the no-RoPE plus the RoPE part)."""
+    v_dim: int
+    """Value width per head."""
+    rope_dim: int
+    """Rotated dimensions per head (MLA: the decoupled rotary key's, which all heads share)."""
+    kv_heads: Optional[int] = None
+    """Grouped-query attention's key/value heads (one fused linear_qkv); None: MLA's latent form."""
+    q_lora: Optional[int] = None
+    """MLA's query down-projection rank (None: full-rank queries, or not MLA)."""
+    kv_lora: int = 0
+    """MLA's compressed key/value latent width (0: not MLA)."""
+    qk_norm: bool = False
+    """A norm on each query and key head (saved for the backward)."""
 
 
-def hf_family_name(raw) -> str | None:
-    """The family a Hugging Face config.json dict declares: by its ``model_type``, or, in a file without
-    one, by its ``architectures``; None for any other (the importer and the decoder both ask this)."""
+@dataclass(frozen=True)
+class ServingFacts:
+    """What the serving engines do with this family's exports (convert/serving.py; read from each
+    engine's loader for the family)."""
+
+    transformers_mtp_layers: tuple[int, ...] = ()
+    """The layer indices transformers' model class of the family knows as MTP layers (its
+    ``_keys_to_ignore_on_load_unexpected``): the releases' one MTP module."""
+    engine_facts: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """engine -> convert/serving.py ``EngineFacts`` fields that differ for this family."""
+    mla_head_size: Optional[Callable[[Any], int]] = None
+    """MLA's cached width per token of a run config (vLLM's MLA kernels take one size); None: not MLA."""
+    notes: tuple[str, ...] = ()
+    """Sentences SERVING.md adds for this family."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: its build, tensor table, sizes, Hugging Face format, decoder attention and
+    serving facts; its own config fields and their checks are its ``model_config`` class's (``check``,
+    ``MTP_STYLES``). ``cfg`` is a run config (config.Config), ``m`` its ``model``."""
+
+    name: str
+    """``model.family`` (and the folder name under models/)."""
+    title: str
+    """How messages and documents name it (e.g. "GLM-4.5/4.6/4.7")."""
+    hf_architectures: tuple[str, ...]
+    """What exports declare in config.json's ``architectures`` (the first) and imports accept."""
+    hf_model_types: tuple[str, ...]
+    """config.json ``model_type`` values the family reads (the first is what exports write)."""
+    model_config: type
+    """Its ModelConfig subclass (the family's own fields; ``model.family`` builds it)."""
+    table: Table
+    """The tensor table: megatron-core keys, HF names, global shapes, TP splits (models/tensor_table.py)."""
+    attention_order: Mapping[bool, tuple[str, ...]]
+    """The order megatron-core registers an attention block's parameters in (True: TE spec; ``plan``)."""
+    attention_shape: Callable[[ModelConfig], AttentionShape]
+    """m -> the attention's widths (plan's activations and traffic, serving's layout checks)."""
+    # training: megatron-core objects for one pipeline stage (lazy: they import torch)
+    build_transformer_config: Callable[..., Any]
+    """(cfg, platform, mtp_loss_scale=0.0, features=None) -> megatron-core's TransformerConfig."""
+    build_model: Callable[..., Any]
+    """(cfg, transformer_config, platform, vocab_size, pre_process, post_process, vp_stage) -> GPTModel."""
+    # analytic sizes
+    layer_sizes: Callable[[Any], Any]
+    """cfg -> models.sizes.LayerSizes of one decoder layer's blocks."""
+    parameter_counts: Callable[[Any, int], dict[str, int]]
+    """(cfg, padded_vocab) -> {'main', 'mtp_unique', 'main_active', ...}."""
+    training_flops_per_token: Callable[[Any, int, int], float]
+    """(cfg, padded_vocab, mtp_layers) -> forward+backward FLOPs per token."""
+    kv_cache_elements_per_token: Callable[[Any], int]
+    """cfg -> what one layer caches per decoded token."""
+    decode_attention_flops: Callable[[Any, int], float]
+    """(cfg, context) -> one decoded token's attention FLOPs over ``context`` cached tokens, one layer."""
+    # the Hugging Face format
+    to_hf_config: Callable[..., dict[str, Any]]
+    """(model, mtp, *, vocab_size, num_nextn_predict_layers, ...) -> config.json (models/<name>/hf_config.py)."""
+    from_hf_config: Callable[[Mapping[str, Any], str], tuple[Any, Any, int]]
+    """(config.json, where) -> (model config, mtp config, MTP depth in the file)."""
+    carry_source_fields: Callable[..., dict[str, Any]]
+    """What an export carries back of an imported model's config.json (models/hf_common.py)."""
+    hf_view: Callable[[Mapping[str, Any], str], Any]
+    """(config.json, where) -> the typed view the importer and the decoder read (models/hf_common.HFView)."""
+    attention: str
+    """The attention kind, which picks the decoder's attention class (inference/attention.py: "mla",
+    "gqa"); a family with a new kind adds its class there."""
+    serving: ServingFacts = ServingFacts()
+    """What vLLM, SGLang and transformers do with its exports."""
+
+    def param_table(self, model: ModelConfig, mtp_depth: int, spec=None, mtp_copies: bool = True,
+                    style: str = "sequential"):
+        """Every tensor of ``model`` in checkpoint order (models/tensor_table.Table.param_table)."""
+        return self.table.param_table(model, mtp_depth, spec, mtp_copies, style)
+
+    def layer_rules(self, model: ModelConfig, moe: bool, spec):
+        return self.table.layer_rules(model, moe, spec)
+
+    def block_rules(self, model: ModelConfig, block: str, spec):
+        return self.table.block_rules(model, block, spec)  # type: ignore[arg-type]
+
+    @property
+    def mtp_styles(self) -> tuple[str, ...]:
+        """The ``mtp.style`` values it builds (its model config's ``MTP_STYLES``)."""
+        return self.model_config.MTP_STYLES
+
+    @property
+    def recompute_modules(self) -> tuple[str, ...]:
+        """``recompute.modules`` names only this family has (its model config's ``RECOMPUTE_MODULES``)."""
+        return self.model_config.RECOMPUTE_MODULES
+
+    @property
+    def architecture(self) -> str:
+        """What an export's config.json declares."""
+        return self.hf_architectures[0]
+
+
+_REGISTRY: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    """Add ``family`` (once per name); its ModelConfig class becomes what ``model.family=<name>`` builds."""
+    known = _REGISTRY.get(family.name)
+    if known is not None and known is not family:
+        raise RuntimeError(f"model family {family.name} is registered twice")
+    _REGISTRY[family.name] = family
+    register_model_config(family.name, family.model_config)
+    return family
+
+
+def families() -> tuple[Family, ...]:
+    """Every family installed or registered, by name."""
+    load_installed_families()
+    return tuple(_REGISTRY[name] for name in sorted(_REGISTRY))
+
+
+def get_family(name: str) -> Family:
+    """The family ``model.family=name`` picks; one sentence naming the families otherwise."""
+    load_installed_families()
+    if name not in _REGISTRY:
+        model_config_class(name)  # raises the UserError naming the families
+        raise UserError(f"model.family '{name}' has a config class but no registered family")
+    return _REGISTRY[name]
+
+
+def hf_family(raw: Any) -> Optional[Family]:
+    """The family a Hugging Face config.json dict declares: by its ``model_type``, or, in a file
+    without one, by its ``architectures``; None for any other."""
     if not hasattr(raw, "get"):
         return None
     model_type, architectures = raw.get("model_type"), raw.get("architectures") or ()
-    for name in FAMILIES:
-        family = get_family(name)
-        if model_type in family.HF_MODEL_TYPES or (
-                model_type is None and any(a in family.HF_ARCHITECTURES for a in architectures)):
-            return name
+    for family in families():
+        if model_type in family.hf_model_types or (
+                model_type is None and any(a in family.hf_architectures for a in architectures)):
+            return family
     return None
 
 
-def family_of_hf_config(raw) -> ModuleType:
-    """The family that reads a Hugging Face config.json dict (``hf_family_name``); DeepSeek-V3's reader
-    for any other (it names what it cannot read)."""
-    return get_family(hf_family_name(raw) or "deepseek_v3")
+def supported_text() -> str:
+    """The families as messages list them: "DeepSeek-V3 (model_type deepseek_v3) and ..."."""
+    names = [f"{f.title} (model_type {f.hf_model_types[0]})" for f in families()]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def family_of_hf_config(raw: Any, where: str = "config.json") -> Family:
+    """The family that reads a Hugging Face config.json dict (``hf_family``); one sentence otherwise."""
+    family = hf_family(raw)
+    if family is None:
+        model_type = raw.get("model_type") if hasattr(raw, "get") else None
+        architectures = list(raw.get("architectures") or []) if hasattr(raw, "get") else []
+        raise UserError(f"{where}: model_type {model_type!r} (architectures {architectures}) is not a model family "
+                        f"megatron-mtp reads; it reads {supported_text()}")
+    return family

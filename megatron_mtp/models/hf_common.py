@@ -4,11 +4,11 @@ what an export carries back of the config.json a checkpoint was imported from.""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Protocol, Union, runtime_checkable
 
 from megatron_mtp.config.model import ModelConfig, MTPConfig
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.tensor_table import mtp_is_moe
+from megatron_mtp.models.tensor_table import MoeLayers, mtp_is_moe
 
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 EosIds = Union[int, tuple[int, ...], None]
@@ -196,3 +196,36 @@ def merge_token_id(tokenizer_id: Optional[int], stored: Any) -> Any:
 
 
 _MISSING = object()
+
+
+@runtime_checkable
+class HFView(Protocol):
+    """What every family's typed config.json view holds under the same names (models/<family>/
+    hf_config_json.py): the decoder's shared layers (norms, dense MLP, MoE, MTP module) read these and
+    nothing else; the attention class reads the family's own fields."""
+
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    vocab_size: int
+    intermediate_size: int
+    moe_intermediate_size: int
+    n_routed_experts: int
+    n_shared_experts: int
+    num_experts_per_tok: int
+    n_group: int
+    topk_group: int
+    norm_topk_prob: bool
+    routed_scaling_factor: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    num_nextn_predict_layers: int
+    quantization_config: Optional[dict]
+
+    @property
+    def moe_layers(self) -> MoeLayers: ...
+
+    def is_moe_layer(self, layer_index: int) -> bool: ...
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...

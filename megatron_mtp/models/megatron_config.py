@@ -8,14 +8,15 @@ import torch
 import torch.nn.functional as F
 
 from megatron_mtp.config import Config, pipeline_layout
-from megatron_mtp.models.tensor_table import is_moe_layer
+from megatron_mtp.models.tensor_table import moe_layers
 from megatron_mtp.platform import Platform, megatron_core
 from megatron_mtp.platform.features import Features
 
 
 def moe_layer_pattern(cfg: Config) -> list[int]:
-    """1 for MoE layers, 0 for dense ones (hf_mapping.is_moe_layer)."""
-    return [int(is_moe_layer(cfg.model, i)) for i in range(cfg.model.num_layers)]
+    """1 for MoE layers, 0 for dense ones (megatron-core's moe_layer_freq list; tensor_table.moe_layers)."""
+    layers = moe_layers(cfg.model)
+    return [int(i in layers) for i in range(cfg.model.num_layers)]
 
 
 def sequence_parallel(cfg: Config) -> bool:

@@ -164,19 +164,51 @@ MTP_KEY_PREFIXES = ("mtp.", "mtp_heads.")
 """Keys of the sequential MTP block and of the parallel heads."""
 
 
+@dataclass(frozen=True)
+class MoeLayers:
+    """Which decoder layers have a routed MLP: the one rule every family, run config and config.json
+    view reads (``moe_layers`` of a ModelConfig; a family's HF view builds one from its own spelling)."""
+
+    num_layers: int
+    num_experts: int
+    """Routed experts (0: a dense model)."""
+    first_dense: int = 0
+    """The first k layers are dense (DeepSeek's first_k_dense_replace)."""
+    every: int = 1
+    """MoE on every ``every``-th layer after them (DeepSeek's moe_layer_freq: index % every == 0)."""
+
+    def __contains__(self, index: int) -> bool:
+        return self.num_experts > 0 and index >= self.first_dense and index % self.every == 0
+
+    @property
+    def count(self) -> int:
+        """How many decoder layers are MoE."""
+        return sum(i in self for i in range(self.num_layers))
+
+    @property
+    def mtp(self) -> bool:
+        """MTP layers and parallel heads are built like the last decoder layer (models/megatron_specs.py)."""
+        return self.num_layers - 1 in self
+
+
+def moe_layers(model: ModelConfig) -> MoeLayers:
+    """The MoE layers of a run's model: every layer after the first ``first_k_dense``."""
+    return MoeLayers(model.num_layers, model.num_experts, model.first_k_dense)
+
+
 def is_moe_layer(model: ModelConfig, index: int) -> bool:
-    """Decoder layer ``index`` (0-based) has a routed MLP: every layer after the first ``first_k_dense``."""
-    return model.num_experts > 0 and index >= model.first_k_dense
+    """Decoder layer ``index`` (0-based) has a routed MLP (``moe_layers``)."""
+    return index in moe_layers(model)
 
 
 def moe_layer_count(model: ModelConfig) -> int:
     """How many decoder layers are MoE."""
-    return sum(is_moe_layer(model, i) for i in range(model.num_layers))
+    return moe_layers(model).count
 
 
 def mtp_is_moe(model: ModelConfig) -> bool:
     """MTP layers and parallel heads are built like the last decoder layer (models/megatron_specs.py)."""
-    return is_moe_layer(model, model.num_layers - 1)
+    return moe_layers(model).mtp
 
 
 def mtp_own_rules() -> tuple[Rule, ...]:

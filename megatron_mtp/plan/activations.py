@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal, Optional
 
-from megatron_mtp.config.model import gqa_head_dim, gqa_query_groups, gqa_rotary_percent
 from megatron_mtp.config.root import Config
 from megatron_mtp.models.family import get_family
 
@@ -130,12 +129,9 @@ def dims_of(cfg: Config, padded_vocab: int, imbalance: float = 1.0, seq: int | N
             batch: int | None = None) -> Dims:
     m, p = cfg.model, cfg.parallel
     tp, etp = p.tensor, p.expert_tensor or p.tensor
-    attention = dict(qk_dim=m.qk_head_dim + m.qk_pos_emb_head_dim, v_dim=m.v_head_dim, rope_dim=m.qk_pos_emb_head_dim,
-                     q_lora=m.q_lora_rank, kv_lora=m.kv_lora_rank)
-    if get_family(m.family).ATTENTION == "gqa":
-        head = gqa_head_dim(m)
-        attention = dict(qk_dim=head, v_dim=head, rope_dim=int(head * gqa_rotary_percent(m)), q_lora=None, kv_lora=0,
-                         kv_heads=gqa_query_groups(m) // tp, qk_norm=m.qk_layernorm)
+    a = get_family(m.family).attention_shape(m)
+    attention = dict(qk_dim=a.qk_dim, v_dim=a.v_dim, rope_dim=a.rope_dim, q_lora=a.q_lora, kv_lora=a.kv_lora,
+                     kv_heads=None if a.kv_heads is None else a.kv_heads // tp, qk_norm=a.qk_norm)
     return Dims(seq=seq or cfg.training.seq_length, batch=batch or cfg.training.micro_batch_size,
                 hidden=m.hidden_size, heads=m.num_attention_heads // tp, **attention,
                 ffn=m.ffn_hidden_size // tp, expert_ffn=m.moe_ffn_hidden_size // etp,

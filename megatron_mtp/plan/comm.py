@@ -29,9 +29,10 @@ from __future__ import annotations
 from collections import Counter
 
 from megatron_mtp.config.root import Config
+from megatron_mtp.models.tensor_table import is_moe_layer, mtp_is_moe
 from megatron_mtp.plan import memory
 from megatron_mtp.plan.activations import Dims, dims_of
-from megatron_mtp.plan.params import is_moe_layer, mtp_is_moe, sequential_mtp, trains
+from megatron_mtp.plan.params import sequential_mtp, trains
 
 
 def _column(width: float, tokens: int) -> tuple[float, float]:
@@ -42,8 +43,8 @@ def _column(width: float, tokens: int) -> tuple[float, float]:
 
 def _attention_tp(cfg: Config, d: Dims, te: bool) -> tuple[float, float]:
     """(all-gather, reduce-scatter) elements of one attention block, forward and backward."""
-    m, t = cfg.model, d.tokens
-    h, q, kv, r = m.hidden_size, m.q_lora_rank, m.kv_lora_rank, m.qk_pos_emb_head_dim
+    t = d.tokens
+    h, q, kv, r = d.hidden, d.q_lora, d.kv_lora, d.rope_dim
     parts = []
     if d.kv_heads is not None:  # grouped-query: one column-parallel linear_qkv
         parts.append(_column(h, t))
@@ -77,7 +78,8 @@ def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
     tp, ep, etp = sizes.tp > 1, sizes.ep > 1, sizes.etp > 1
     frozen = cfg.mtp.freeze_base  # the base runs forward only
     for s in mine:
-        layers = [(is_moe_layer(cfg, i), frozen) for i in s.layers] + [(mtp_is_moe(cfg), False)] * s.mtp_layers
+        layers = ([(is_moe_layer(cfg.model, i), frozen) for i in s.layers]
+                  + [(mtp_is_moe(cfg.model), False)] * s.mtp_layers)
         per_micro: Counter = Counter()
         for moe, forward_only in layers:
             passes = 1 if forward_only else 2

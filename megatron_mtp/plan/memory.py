@@ -31,7 +31,7 @@ from megatron_mtp.config.root import Config
 from megatron_mtp.config.validate import validate
 from megatron_mtp.config.vocab import padded_vocab_size
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.family import get_family
+from megatron_mtp.models.tensor_table import is_moe_layer, mtp_is_moe
 from megatron_mtp.plan import activations as act
 from megatron_mtp.plan import schedule
 from megatron_mtp.plan.gpus import GIB, Gpu
@@ -41,8 +41,6 @@ from megatron_mtp.plan.params import (
     chunk_params,
     ddp_bucket_size,
     has_final_norm,
-    is_moe_layer,
-    mtp_is_moe,
     parallel_head_params,
     sequential_mtp,
     trains,
@@ -187,7 +185,7 @@ def chunk_activations(cfg: Config, stage: pipeline_layout.Stage, d: act.Dims, k:
     if stage.embedding and not frozen:
         merge("", act.embedding(d))
     for j, layer in enumerate([] if frozen else stage.layers):
-        moe = is_moe_layer(cfg, layer)
+        moe = is_moe_layer(cfg.model, layer)
         kind = "moe" if moe else "dense"
         if r.granularity == "full" and (j < r.num_layers if r.method == "block" else True):
             if r.method == "block" or j % r.num_layers == 0:
@@ -200,11 +198,11 @@ def chunk_activations(cfg: Config, stage: pipeline_layout.Stage, d: act.Dims, k:
         if not sequential_mtp(cfg):  # parallel heads: never under full recompute (mods is empty then)
             if not head_by_head:
                 merge("mtp_heads.", act.parallel_head(d, k))
-                merge("mtp_heads.", act.decoder_layer(d, k, mods, mtp_is_moe(cfg), grouped_gemm))
+                merge("mtp_heads.", act.decoder_layer(d, k, mods, mtp_is_moe(cfg.model), grouped_gemm))
             continue
         merge("mtp.", act.mtp_wrapper(d, k, full_mtp))
         if not full_mtp:
-            merge("mtp.", act.decoder_layer(d, k, mods, mtp_is_moe(cfg), grouped_gemm))
+            merge("mtp.", act.decoder_layer(d, k, mods, mtp_is_moe(cfg.model), grouped_gemm))
     if head_by_head and stage.mtp_layers:
         merge("mtp_heads.", act.head_by_head_held(d, head_grad_bytes))
     if has_final_norm(cfg, stage, stage.loss) and not frozen:
@@ -332,8 +330,8 @@ def head_grad_bytes(cfg: Config, sizes: ParallelSizes, stage: pipeline_layout.St
 def _workspace(cfg: Config, mine, d: act.Dims, tgt: Target, grouped: bool) -> float:
     """The largest transient of the step on this rank, plus the fixed allowance."""
     k, mods = tgt.kernels, recompute_modules(cfg)
-    moe_here = any(is_moe_layer(cfg, i) for s in mine for i in s.layers) or (
-        any(s.mtp_layers for s in mine) and mtp_is_moe(cfg))
+    moe_here = any(is_moe_layer(cfg.model, i) for s in mine for i in s.layers) or (
+        any(s.mtp_layers for s in mine) and mtp_is_moe(cfg.model))
     candidates = [0.0]
     if cfg.recompute.granularity != "none":  # backward rebuilds what was dropped, one layer at a time
         full = act.decoder_layer(d, k, frozenset(), moe_here, grouped).total
@@ -352,7 +350,7 @@ def _workspace(cfg: Config, mine, d: act.Dims, tgt: Target, grouped: bool) -> fl
     if cfg.mtp.freeze_base and any(s.layers for s in mine):  # a frozen layer's no-grad forward, one at a time
         candidates.append(act.decoder_layer(d, k, frozenset(), moe_here, grouped).total)
     if cfg.mtp.head_by_head_backward and any(s.mtp_layers for s in mine):  # one head's graph, then freed
-        candidates.append(act.decoder_layer(d, k, frozenset(), mtp_is_moe(cfg), grouped).total +
+        candidates.append(act.decoder_layer(d, k, frozenset(), mtp_is_moe(cfg.model), grouped).total +
                           act.output_and_loss(d, k, 0).total)
     fixed = FIXED_ALLOWANCE if not tgt.platform.is_cpu else 0
     return max(candidates) + fixed
@@ -429,7 +427,7 @@ def suggestions(plan: Plan, world: int) -> list[tuple[str, float]]:
     candidates = []
     selective = set(r.modules) if r.granularity == "selective" else set()
     # MLA's up-projections only where the family's attention is MLA
-    mla = ["mla_up_proj"] if get_family(cfg.model.family).ATTENTION == "mla" else []
+    mla = list(cfg.model.RECOMPUTE_MODULES)
     for extra in ([*mla, "mlp"], [*mla, "mlp", "moe", "layernorm"]):
         if not set(extra) <= selective and r.granularity != "full":
             mods = ",".join(sorted(selective | set(extra)))

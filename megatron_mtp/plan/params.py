@@ -26,6 +26,7 @@ from megatron_mtp.config.parallel_sizes import ParallelSizes
 from megatron_mtp.config.pipeline_layout import Stage
 from megatron_mtp.config.root import Config
 from megatron_mtp.models.family import get_family
+from megatron_mtp.models.tensor_table import HEAD_NORM, is_moe_layer, mtp_is_moe, mtp_own_rules
 from megatron_mtp.platform.megatron_core import MTP_LAYER_ATTR  # module names (plan mirrors named_parameters)
 
 
@@ -65,7 +66,7 @@ def _layer(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: bool) 
     family = get_family(cfg.model.family)
     rules = {r.mcore: r for r in family.layer_rules(cfg.model, moe, "te" if te else "local") if r.role != "buffer"}
     one = lambda name: [_param(cfg, sizes, prefix, rules[name], te)] if name in rules else []  # noqa: E731
-    out = [p for name in family.ATTENTION_ORDER[te] for p in one(name)]
+    out = [p for name in family.attention_order[te] for p in one(name)]
     if not moe:
         return out + [p for name in _DENSE_ORDER[te] for p in one(name)]
     out += one("pre_mlp_layernorm.weight") + one("mlp.router.weight")
@@ -81,15 +82,6 @@ def _layer(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: bool) 
     if cfg.model.num_shared_experts:
         out += one("mlp.shared_experts.linear_fc1.weight") + one("mlp.shared_experts.linear_fc2.weight")
     return out
-
-
-def is_moe_layer(cfg: Config, layer: int) -> bool:
-    return get_family(cfg.model.family).is_moe_layer(cfg.model, layer)
-
-
-def mtp_is_moe(cfg: Config) -> bool:
-    """MTP layers are built like the model's last decoder layer."""
-    return get_family(cfg.model.family).mtp_is_moe(cfg.model)
 
 
 def sequential_mtp(cfg: Config) -> bool:
@@ -121,15 +113,15 @@ def chunk_params(cfg: Config, sizes: ParallelSizes, stage: Stage, padded_vocab: 
         shared = sizes.pp > 1 and (sequential or m.tie_embeddings)
         out.append(Param("embedding.word_embeddings.weight", vocab_rows * h, shared_embedding=shared))
     for layer in stage.layers:
-        out += _layer(cfg, sizes, f"decoder.layers.{layer}.", is_moe_layer(cfg, layer), te)
+        out += _layer(cfg, sizes, f"decoder.layers.{layer}.", is_moe_layer(cfg.model, layer), te)
     if has_final_norm(cfg, stage, last):
         out.append(Param("decoder.final_layernorm.weight", h))
     if sequential:
         for i in range(min(stage.mtp_layers, cfg.mtp.modules)):  # mtp.repeated_layer: one module for all depths
             p = f"mtp.layers.{i}."
             # enorm, hnorm, eh_proj, then the layer, then the module's final norm
-            own = [_param(cfg, sizes, p, rule, te) for rule in get_family(m.family).mtp_own_rules()]
-            out += own[:-1] + _layer(cfg, sizes, f"{p}{MTP_LAYER_ATTR}.", mtp_is_moe(cfg), te) + own[-1:]
+            own = [_param(cfg, sizes, p, rule, te) for rule in mtp_own_rules()]
+            out += own[:-1] + _layer(cfg, sizes, f"{p}{MTP_LAYER_ATTR}.", mtp_is_moe(cfg.model), te) + own[-1:]
     if last and not (m.tie_embeddings and with_embedding):  # tied: the embedding's weight
         out.append(Param("output_layer.weight", vocab_rows * h, shared_embedding=m.tie_embeddings and sizes.pp > 1))
     if not sequential:  # the heads are registered after GPTModel's own modules
@@ -142,8 +134,8 @@ def parallel_head_params(cfg: Config, sizes: ParallelSizes, heads: int, te: bool
     out: list[Param] = []
     for i in range(heads):
         p = f"mtp_heads.layers.{i}."
-        out += _layer(cfg, sizes, f"{p}{MTP_LAYER_ATTR}.", mtp_is_moe(cfg), te)
-        out.append(_param(cfg, sizes, p, get_family(cfg.model.family).HEAD_NORM, te))
+        out += _layer(cfg, sizes, f"{p}{MTP_LAYER_ATTR}.", mtp_is_moe(cfg.model), te)
+        out.append(_param(cfg, sizes, p, HEAD_NORM, te))
     return out
 
 

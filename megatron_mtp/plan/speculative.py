@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from megatron_mtp.config import Config
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.family import get_family
+from megatron_mtp.models.sizes import mtp_own_size
+from megatron_mtp.models.tensor_table import moe_layer_count, mtp_is_moe
 from megatron_mtp.plan.gpus import Gpu
 
 BATCHES = (1, 2, 4, 8, 16, 64, 256)
@@ -75,7 +77,7 @@ def main_forward_bytes(cfg: Config, padded_vocab: int, batch: int, tokens: int, 
     """Bytes one GPU reads in a main-model forward of `tokens` tokens over `batch` sequences."""
     family, m = get_family(cfg.model.family), cfg.model
     s = family.layer_sizes(cfg)
-    moe = family.moe_layer_count(m)
+    moe = moe_layer_count(m)
     dense_layers = m.num_layers - moe
     dense = (m.num_layers * (s.attention + s.norms) + dense_layers * s.dense_mlp + moe * s.around_experts
              + m.hidden_size + padded_vocab * m.hidden_size)  # final norm, output head
@@ -92,9 +94,9 @@ def draft_step_bytes(cfg: Config, padded_vocab: int, batch: int, serve: ServeLay
     """Bytes one GPU reads in one draft step of the MTP module (its layer, own tensors and the head)."""
     family, m = get_family(cfg.model.family), cfg.model
     s = family.layer_sizes(cfg)
-    moe = family.mtp_is_moe(m)
+    moe = mtp_is_moe(m)
     mlp = s.around_experts if moe else s.dense_mlp
-    dense = s.attention + s.norms + mlp + family.mtp_own_size(cfg) + padded_vocab * m.hidden_size
+    dense = s.attention + s.norms + mlp + mtp_own_size(cfg) + padded_vocab * m.hidden_size
     touched = distinct_experts(m.num_experts, m.router_topk, batch) if moe else 0.0
     kv = batch * serve.context * family.kv_cache_elements_per_token(cfg) * serve.kv_bytes
     flops = batch * (2 * dense + (2 * m.router_topk * s.expert if moe else 0) + _attention_flops(cfg, serve))
@@ -139,10 +141,8 @@ def check_serve_layout(cfg: Config, serve: ServeLayout) -> None:
     if m.num_attention_heads % serve.tp:
         raise UserError(f"--serve-tp {serve.tp} does not divide the model's {m.num_attention_heads} attention heads; "
                         f"give a divisor of {m.num_attention_heads}")
-    if get_family(m.family).ATTENTION == "gqa":
-        from megatron_mtp.config.model import gqa_query_groups
-
-        kv = gqa_query_groups(m)
+    kv = get_family(m.family).attention_shape(m).kv_heads
+    if kv is not None:  # grouped-query: whole key/value heads per GPU, or copies of them
         if kv % serve.tp and serve.tp % kv:
             raise UserError(f"--serve-tp {serve.tp} neither divides the model's {kv} key/value heads nor is a "
                             f"multiple of them (which engines serve by copying each); give a divisor or a multiple "

@@ -58,7 +58,7 @@ def resolve_features(cfg, platform: Platform) -> Features:
     """The controls this run uses on `platform` (UserError for ones it cannot have)."""
     k, p, t, o = cfg.kernels, cfg.parallel, cfg.training, cfg.optimizer
     gpu_te = not platform.is_cpu and platform.use_te
-    yarn = cfg.model.yarn.factor != 1.0
+    yarn = getattr(cfg.model, "yarn", None) is not None and cfg.model.yarn.factor != 1.0  # MLA's YaRN
     moe = cfg.model.num_experts > 0
     fused_ce = _cross_entropy(k.cross_entropy_fusion, platform)
     chunk = _output_loss_chunk(cfg, fused_ce)

@@ -65,7 +65,7 @@ def _note_if_not_exportable(cfg: Config) -> None:
                             num_nextn_predict_layers=cfg.mtp.modules)
     except UserError as exc:
         print(f"megatron-mtp train: note: this model cannot be exported to the Hugging Face "
-              f"{family.HF_ARCHITECTURES[0]} format as configured ({exc})", flush=True)
+              f"{family.architecture} format as configured ({exc})", flush=True)
 
 
 def _eval_config(ckpt: Path, overrides: list[str]) -> Config:

@@ -67,10 +67,10 @@ def init_distributed(cfg: Config, platform: Platform) -> Ranks:
             backend=platform.backend, rank=rank, world_size=world,
             timeout=datetime.timedelta(minutes=30),
         )
-    from megatron_mtp.models.family import get_family
+    from megatron_mtp.models.megatron_config import megatron_layout
 
     p = cfg.parallel
-    _, vpp = get_family(cfg.model.family).megatron_layout(cfg)
+    _, vpp = megatron_layout(cfg)
     etp = p.expert_tensor or p.tensor
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=p.tensor,

@@ -4,9 +4,11 @@ import dataclasses
 
 import pytest
 
-from megatron_mtp.config.model import ModelConfig, MTPConfig, YarnConfig
+from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3.hf_config import from_hf_config, to_hf_config
+from megatron_mtp.models.deepseek_v3.model_config import DeepseekV3ModelConfig as ModelConfig
+from megatron_mtp.models.deepseek_v3.model_config import YarnConfig
 
 V3_RELEASE = {
     "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 129280,

@@ -5,10 +5,12 @@ import math
 
 import pytest
 
-from megatron_mtp.config.model import ModelConfig, MTPConfig, YarnConfig
+from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3.hf_config import to_hf_config
 from megatron_mtp.models.deepseek_v3.hf_config_json import mtp_depth, parse_hf_config
+from megatron_mtp.models.deepseek_v3.model_config import DeepseekV3ModelConfig as ModelConfig
+from megatron_mtp.models.deepseek_v3.model_config import YarnConfig
 
 from .test_hf_config import V3_RELEASE
 

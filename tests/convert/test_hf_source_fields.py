@@ -97,7 +97,8 @@ def test_release_fields_that_no_longer_hold_are_not_carried():
 
 
 def test_a_null_never_replaces_a_written_integer():
-    from megatron_mtp.config.model import ModelConfig, MTPConfig
+    from megatron_mtp.config.model import MTPConfig
+    from megatron_mtp.models.deepseek_v3.model_config import DeepseekV3ModelConfig as ModelConfig
 
     dense = ModelConfig(num_experts=0, router_num_groups=None, router_group_topk=None)
     ours = to_hf_config(dense, MTPConfig(), vocab_size=64, num_nextn_predict_layers=0).to_dict()

@@ -6,10 +6,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from megatron_mtp.config.model import ModelConfig
 from megatron_mtp.errors import UserError
 from megatron_mtp.hf_dir.safetensors_io import HFDir, PlannedTensor, ShardedSafetensorsWriter
 from megatron_mtp.models.deepseek_v3.hf_mapping import extra_state_keys, is_mtp_hf_name, nextn_name, param_table
+from megatron_mtp.models.deepseek_v3.model_config import DeepseekV3ModelConfig as ModelConfig
 
 
 @pytest.mark.parametrize("layers, depth", [(61, 1), (7, 2), (3, 0)])

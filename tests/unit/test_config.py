@@ -180,10 +180,10 @@ def test_help_config_lists_every_key(capsys):
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
 def test_shipped_configs_are_exportable_to_hf(path):
-    from megatron_mtp.models.deepseek_v3.hf_config import to_hf_config
+    from megatron_mtp.models.family import get_family
 
     cfg = load_config(str(path))
-    hf = to_hf_config(cfg.model, cfg.mtp, vocab_size=cfg.model.vocab_size or 4096,
+    hf = get_family(cfg.model.family).to_hf_config(cfg.model, cfg.mtp, vocab_size=cfg.model.vocab_size or 4096,
                       num_nextn_predict_layers=cfg.mtp.num_layers).to_dict()
     assert hf["num_nextn_predict_layers"] == cfg.mtp.num_layers
 

@@ -22,9 +22,10 @@ NO_IDS = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     (("parallel.tensor=4", "parallel.expert_tensor=1", "parallel.world_size=4"), "not divisible by parallel.tensor=4"),
     (("model.rotary_percent=0.3",), "rotate an even number"),
     (("model.head_dim=null", "model.hidden_size=130"), "set model.head_dim"),
-    (("recompute.granularity=selective", "recompute.modules=[mla_up_proj]"), "has no MLA"),
-    (("mtp.style=parallel",), "deepseek_v3 only"),
-    (("model.yarn.factor=4",), "does not have"),
+    (("recompute.granularity=selective", "recompute.modules=[mla_up_proj]"),
+     "recomputes MLA's up-projections, which model.family=glm4_moe does not have"),
+    (("mtp.style=parallel",), "mtp.style=parallel is not built for model.family=glm4_moe"),
+    (("model.yarn.factor=4",), "model.yarn is a field of model.family=deepseek_v3, not of model.family=glm4_moe"),
     (("model.num_query_groups=0",), "model.num_query_groups is 0; set a positive number, or null for one key/value"),
     (("model.head_dim=-48",), r"model.head_dim is -48; set a positive number, or null for model.hidden_size /"),
     (("model.head_dim=0",), "model.head_dim is 0; set a positive number"),
@@ -43,7 +44,8 @@ def test_gqa_fields_are_refused_for_mla():
     validate(load_config(None))
     for field in ("model.num_query_groups=2", "model.head_dim=64", "model.qk_layernorm=true",
                   "model.add_qkv_bias=true", "model.rotary_percent=0.5"):
-        with pytest.raises(UserError, match="model.family=deepseek_v3 uses MLA"):
+        with pytest.raises(UserError, match=f"^{field.split('=')[0]} is a field of model.family=glm4_moe, not of "
+                                            "model.family=deepseek_v3; remove it or set model.family=glm4_moe$"):
             validate(load_config(None, [field]))
 
 

@@ -36,9 +36,10 @@ sys.path.insert(0, str(REPO))
 
 from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter  # noqa: E402
 from megatron_mtp.config import Config  # noqa: E402
-from megatron_mtp.config.model import ModelConfig, MTPConfig  # noqa: E402
+from megatron_mtp.config.model import MTPConfig  # noqa: E402
 from megatron_mtp.convert.shapes import expected_shape  # noqa: E402
 from megatron_mtp.models.deepseek_v3.hf_mapping import param_table  # noqa: E402
+from megatron_mtp.models.deepseek_v3.model_config import DeepseekV3ModelConfig as ModelConfig  # noqa: E402
 
 
 def model_config(layers: int, hidden: int) -> Config:

@@ -17,9 +17,11 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional
 
-from megatron_mtp.config.model import ModelConfig, MTPConfig, YarnConfig
+from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3.hf_config_json import READ_KEYS, DeepseekV3HFConfig, YarnScaling, parse_hf_config
+from megatron_mtp.models.deepseek_v3.model_config import DeepseekV3ModelConfig as ModelConfig
+from megatron_mtp.models.deepseek_v3.model_config import YarnConfig
 from megatron_mtp.models.hf_common import TOKEN_ID_KEYS, check_group_routing, check_mtp_export, merge_token_id  # noqa: F401
 from megatron_mtp.models.hf_common import carry_source_fields as _carry
 

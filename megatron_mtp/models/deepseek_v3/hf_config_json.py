@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.hf_common import EosIds, eos_ids, mtp_depth, read_view_fields
 from megatron_mtp.models.hf_common import read_value as _value
+from megatron_mtp.models.tensor_table import MoeLayers
 
 
 @dataclass(frozen=True)
@@ -118,13 +119,14 @@ class DeepseekV3HFConfig:
         eos = self.eos_token_id
         return () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
 
+    @property
+    def moe_layers(self) -> MoeLayers:
+        """MoE from ``first_k_dense_replace`` on, every ``moe_layer_freq`` layers (MTP layers too)."""
+        return MoeLayers(self.num_hidden_layers, self.n_routed_experts, self.first_k_dense_replace,
+                         self.moe_layer_freq)
+
     def is_moe_layer(self, layer_index: int) -> bool:
-        """HF rule: MoE from ``first_k_dense_replace`` on, every ``moe_layer_freq`` layers."""
-        return (
-            self.n_routed_experts > 0
-            and layer_index >= self.first_k_dense_replace
-            and layer_index % self.moe_layer_freq == 0
-        )
+        return layer_index in self.moe_layers
 
     def to_dict(self) -> dict[str, Any]:
         """The config.json dict, keys in the release's order."""

@@ -111,7 +111,3 @@ ATTENTION_ORDER = {
 }
 """The order megatron-core registers an attention block's parameters in (True: TE spec, False: local)."""
 
-
-def head_is_moe(model: ModelConfig) -> bool:
-    """A parallel head is built like the last decoder layer: MoE unless that layer is dense."""
-    return mtp_is_moe(model)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from megatron_mtp.config import Config
 from megatron_mtp.models import sizes
 from megatron_mtp.models.deepseek_v3.hf_mapping import TABLE
+from megatron_mtp.models.family import AttentionShape
 from megatron_mtp.models.sizes import LayerSizes, mtp_own_size  # noqa: F401  (the family interface)
 
 
@@ -41,3 +42,10 @@ def decode_attention_flops(cfg: Config, context: int) -> float:
     (MLA: per head, over the latent plus the rotary part, as the absorbed form computes it)."""
     m = cfg.model
     return 2 * m.num_attention_heads * (2 * m.kv_lora_rank + m.qk_pos_emb_head_dim) * context
+
+
+def attention_shape(m) -> AttentionShape:
+    """MLA's widths: each head's query-key (no-RoPE + RoPE part) and value, the shared rotary key, the
+    query and key/value latents."""
+    return AttentionShape(qk_dim=m.qk_head_dim + m.qk_pos_emb_head_dim, v_dim=m.v_head_dim,
+                          rope_dim=m.qk_pos_emb_head_dim, q_lora=m.q_lora_rank, kv_lora=m.kv_lora_rank)

@@ -16,10 +16,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from megatron_mtp.config.model import ModelConfig, MTPConfig
+from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.glm4_moe.hf_config_json import READ_KEYS, parse_hf_config
-from megatron_mtp.models.glm4_moe.hf_mapping import head_dim, query_groups, rotary_percent
+from megatron_mtp.models.glm4_moe.model_config import Glm4MoeModelConfig as ModelConfig
+from megatron_mtp.models.glm4_moe.model_config import head_dim, query_groups, rotary_percent
 from megatron_mtp.models.hf_common import carry_source_fields as _carry
 from megatron_mtp.models.hf_common import check_group_routing, check_mtp_export
 

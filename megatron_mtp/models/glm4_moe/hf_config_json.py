@@ -10,7 +10,7 @@ model a consumer builds from the view is the model transformers builds from the 
 - the MTP depth is ``num_nextn_predict_layers`` (or ``num_mtp_layers``), 0 when absent;
 - the MoE and attention fields take ``Glm4MoeConfig``'s defaults when absent. The five size fields
   without a default are required: a file lacking one is not a usable GLM config.
-Each consumer refuses what it cannot run (decoding: ``inference/family.py``).
+Each consumer refuses what it cannot run (decoding: ``inference/model_dir.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Any, Mapping, Optional
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.hf_common import EosIds, eos_ids, missing_or_value, mtp_depth, note_once, read_view_fields
 from megatron_mtp.models.hf_common import read_value as _value
+from megatron_mtp.models.tensor_table import MoeLayers
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,9 +83,13 @@ class Glm4MoeHFConfig:
         eos = self.eos_token_id
         return () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
 
+    @property
+    def moe_layers(self) -> MoeLayers:
+        """MoE from ``first_k_dense_replace`` on (MTP layers, at index >= num_hidden_layers, too)."""
+        return MoeLayers(self.num_hidden_layers, self.n_routed_experts, self.first_k_dense_replace)
+
     def is_moe_layer(self, layer_index: int) -> bool:
-        """HF rule: MoE from ``first_k_dense_replace`` on (MTP layers, at index >= num_hidden_layers, too)."""
-        return self.n_routed_experts > 0 and layer_index >= self.first_k_dense_replace
+        return layer_index in self.moe_layers
 
 
 _FIELDS = dataclasses.fields(Glm4MoeHFConfig)

@@ -15,9 +15,7 @@ from __future__ import annotations
 from typing import Optional
 
 from megatron_mtp.config.model import ModelConfig
-from megatron_mtp.config.model import gqa_head_dim as head_dim
-from megatron_mtp.config.model import gqa_query_groups as query_groups
-from megatron_mtp.config.model import gqa_rotary_percent as rotary_percent  # noqa: F401  (hf_config, model)
+from megatron_mtp.models.glm4_moe.model_config import head_dim, query_groups
 from megatron_mtp.models.tensor_table import (  # noqa: F401  (the family's table interface)
     EMBEDDING,
     FINAL_NORM,

@@ -4,7 +4,7 @@ grouped-query attention and partial RoPE."""
 from __future__ import annotations
 
 from megatron_mtp.config import Config
-from megatron_mtp.models.glm4_moe.hf_mapping import rotary_percent
+from megatron_mtp.models.glm4_moe.model_config import rotary_percent
 from megatron_mtp.models.megatron_model import build_gpt_model
 from megatron_mtp.platform import Platform
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from megatron_mtp.config import Config
 from megatron_mtp.models import sizes
-from megatron_mtp.models.glm4_moe.hf_mapping import TABLE, head_dim, query_groups
+from megatron_mtp.models.family import AttentionShape
+from megatron_mtp.models.glm4_moe.hf_mapping import TABLE
+from megatron_mtp.models.glm4_moe.model_config import head_dim, query_groups, rotary_percent
 from megatron_mtp.models.sizes import LayerSizes, mtp_own_size  # noqa: F401  (the family interface)
 
 
@@ -34,3 +36,11 @@ def kv_cache_elements_per_token(cfg: Config) -> int:
 def decode_attention_flops(cfg: Config, context: int) -> float:
     """One decoded token's attention scores and values over ``context`` cached tokens, in one layer."""
     return 2 * cfg.model.num_attention_heads * 2 * head_dim(cfg.model) * context
+
+
+def attention_shape(m) -> AttentionShape:
+    """Grouped-query attention's widths: head_dim for queries, keys and values, RoPE over
+    rotary_percent of it, the key/value groups, the optional q/k norms."""
+    head = head_dim(m)
+    return AttentionShape(qk_dim=head, v_dim=head, rope_dim=int(head * rotary_percent(m)),
+                          kv_heads=query_groups(m), qk_norm=m.qk_layernorm)
