@@ -17,6 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Mapping, Optional
 
+from megatron_mtp.config.base import to_dict
 from megatron_mtp.errors import UserError
 
 DEFAULT_FAMILY = "deepseek_v3"
@@ -73,17 +74,6 @@ def default_model_config() -> "ModelConfig":
 def _owners(key: str) -> list[tuple[str, type]]:
     """(family, class) of every family whose model config has a field ``key``."""
     return [(name, c) for name, c in model_config_classes().items() if key in {f.name for f in dataclasses.fields(c)}]
-
-
-def _field_defaults(cls: type) -> dict[str, Any]:
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            out[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            value = f.default_factory()
-            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-    return out
 
 
 @dataclass
@@ -172,7 +162,7 @@ class ModelConfig:
             owners = [] if key in own else _owners(key)
             if not owners:
                 kept[key] = value  # its own, or unknown everywhere (from_dict names the closest key)
-            elif any(_field_defaults(c).get(key) != value for _, c in owners):
+            elif any(to_dict(c())[key] != value for _, c in owners):  # set away from that family's default
                 raise UserError(cls.__foreign_key__(key, data, where))
         return target, kept
 

@@ -17,25 +17,21 @@ from megatron_mtp.errors import UserError
 from megatron_mtp.inference.gqa import GQAttention
 from megatron_mtp.inference.layers import DecoderLayer, Rotary
 from megatron_mtp.inference.mla import MLAttention
-from megatron_mtp.models.family import Family, family_of_hf_config, get_family, hf_family, supported_text
+from megatron_mtp.models.family import Family, family_of_hf_config, hf_family, supported_text
 from megatron_mtp.models.hf_common import HFView
 
 ATTENTIONS: dict[str, type] = {"mla": MLAttention, "gqa": GQAttention}
 """Attention kind -> the decoder's class (each takes the family's config.json view)."""
 
 
-def supported() -> str:
-    """The families the decoder runs, as messages list them."""
-    return supported_text()
-
-
 def family_for(raw: Mapping[str, Any], where: Any) -> Family:
     """The family of a config.json dict (models/family.py: the importer reads it as the same family)."""
-    if hf_family(raw) is None:
+    family = hf_family(raw)
+    if family is None:
         raise UserError(f"{where}: model_type {raw.get('model_type')!r} (architectures "
                         f"{list(raw.get('architectures') or [])}) is not a family megatron-mtp generate decodes; "
-                        f"it decodes {supported()} exports.")
-    return family_of_hf_config(raw, str(where))
+                        f"it decodes {supported_text()} exports.")
+    return family
 
 
 def attention_class(config: HFView) -> type:
@@ -54,5 +50,3 @@ def decoder_layer(config: HFView, layer_index: int) -> DecoderLayer:
 def rotary(config: HFView) -> Rotary:
     return attention_class(config).rotary(config)
 
-
-__all__ = ["ATTENTIONS", "attention_class", "decoder_layer", "family_for", "get_family", "rotary", "supported"]

@@ -38,7 +38,7 @@ from megatron_mtp.checkpoint.run_dir import (
 )
 from megatron_mtp.data.default_corpus import default_cache_dir
 from megatron_mtp.errors import UserError
-from megatron_mtp.inference.attention import supported
+from megatron_mtp.models.family import supported_text
 from megatron_mtp.output import stale_temp_writer, temp_name
 
 
@@ -151,7 +151,7 @@ def hf_dir_for(path: Path) -> Path:
     """``path`` itself for HF exports; a cached HF export for megatron-mtp checkpoints."""
     if not path.exists():
         raise UserError(
-            f"model directory {path} does not exist; pass an exported Hugging Face directory of {supported()}."
+            f"model directory {path} does not exist; pass an exported Hugging Face directory of {supported_text()}."
         )
     for _ in range(ATTEMPTS):
         ckpt = checkpoint_dir_of(path)

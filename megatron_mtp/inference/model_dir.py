@@ -21,10 +21,11 @@ from megatron_mtp.checkpoint.finite import refuse_nonfinite, tensor_is_finite
 from megatron_mtp.errors import UserError
 from megatron_mtp.hf_dir.fp8 import is_block_fp8
 from megatron_mtp.hf_dir.safetensors_io import HFDir
-from megatron_mtp.inference.attention import family_for, supported
+from megatron_mtp.inference.attention import family_for
 from megatron_mtp.inference.layers import HFConfig
 from megatron_mtp.inference.mtp_module import MTPModule
 from megatron_mtp.inference.target import TargetModel
+from megatron_mtp.models.family import supported_text
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -54,11 +55,11 @@ def find_export_dirs(path: str | Path) -> ExportDirs:
     root = Path(path).expanduser()
     if not root.exists():
         raise UserError(
-            f"model directory {root} does not exist; pass an exported Hugging Face directory of {supported()}."
+            f"model directory {root} does not exist; pass an exported Hugging Face directory of {supported_text()}."
         )
     if not root.is_dir():
         raise UserError(
-            f"model path {root} is not a directory; pass an exported Hugging Face directory of {supported()}."
+            f"model path {root} is not a directory; pass an exported Hugging Face directory of {supported_text()}."
         )
     if (root / "main" / "config.json").is_file():
         main_dir = root / "main"
@@ -68,7 +69,7 @@ def find_export_dirs(path: str | Path) -> ExportDirs:
     else:
         raise UserError(
             f"{root} has neither config.json nor main/config.json; pass an exported Hugging Face directory of "
-            f"{supported()} (or a megatron-mtp checkpoint/run directory)."
+            f"{supported_text()} (or a megatron-mtp checkpoint/run directory)."
         )
     tokenizer_file = None
     for candidate in (main_dir, root, mtp_dir):

@@ -41,7 +41,6 @@ def lazy(target: str) -> Callable[..., Any]:
     def call(*args, **kwargs):
         return resolve()(*args, **kwargs)
 
-    call.resolve = resolve  # type: ignore[attr-defined]
     call.__qualname__ = call.__name__ = name
     call.__doc__ = f"{target} (imported when first called)"
     return call
@@ -144,9 +143,6 @@ class Family:
 
     def layer_rules(self, model: ModelConfig, moe: bool, spec):
         return self.table.layer_rules(model, moe, spec)
-
-    def block_rules(self, model: ModelConfig, block: str, spec):
-        return self.table.block_rules(model, block, spec)  # type: ignore[arg-type]
 
     @property
     def mtp_styles(self) -> tuple[str, ...]:
