@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Mapping, Optional
 
 from megatron_mtp.config.base import to_dict
+from megatron_mtp.config.moe_layers import MoeLayers
 from megatron_mtp.errors import UserError
 
 DEFAULT_FAMILY = "deepseek_v3"
@@ -125,7 +126,12 @@ class ModelConfig:
     router_bias_update_rate: float = 1.0e-3
     """Step size of the expert-bias update."""
     aux_loss_coeff: float = 1.0e-4
-    """Sequence-level auxiliary balance loss weight (0 disables it)."""
+    """Auxiliary balance loss weight (0 disables it); aux_loss_type says over which tokens."""
+    aux_loss_type: Literal["seq_aux_loss", "aux_loss", "global_aux_loss"] = "seq_aux_loss"
+    """Over which tokens the balance loss counts expert loads (megatron-core's
+    moe_router_load_balancing_type): seq_aux_loss, each sequence (DeepSeek-V3); aux_loss, each
+    micro-batch (the Switch-Transformer loss transformers' Qwen3-MoE and Mixtral compute); global_aux_loss,
+    the whole global batch across data-parallel ranks and micro-batches (Qwen3's training report)."""
     # --- misc
     norm_epsilon: float = 1.0e-6
     """RMSNorm epsilon."""
@@ -138,6 +144,11 @@ class ModelConfig:
     """The ``mtp.style`` values the family builds."""
     RECOMPUTE_MODULES: ClassVar[tuple[str, ...]] = ()
     """``recompute.modules`` names only some attentions have (config/performance.py) that the family has."""
+
+    def moe_layer_rule(self) -> MoeLayers:
+        """Which decoder layers are MoE (config/moe_layers.py): every layer after the first
+        ``first_k_dense``; a family with another rule overrides this."""
+        return MoeLayers(self.num_layers, self.num_experts, self.first_k_dense)
 
     def check(self, cfg: Any) -> None:
         """The family's own checks of its fields against the whole run config (its layout included): a
@@ -173,7 +184,7 @@ class ModelConfig:
         if not owners:
             return None
         family = data.get("family", DEFAULT_FAMILY)
-        names = ", ".join(name for name, _ in owners)
+        names = " or model.family=".join(name for name, _ in owners)
         return (f"{where}.{key} is a field of model.family={names}, not of model.family={family}; "
                 f"remove it or set model.family={owners[0][0]}")
 

@@ -67,6 +67,8 @@ class EngineFacts:
     """False: it always loads lm_head.weight, which a tied export does not have."""
     preferred_layout: str
     """What ``--for`` writes for a checkpoint with MTP: the layout it loads with the fewest flags."""
+    no_draft: Optional[str] = None
+    """Why the engine has no MTP draft for the family at all (None: it has one)."""
 
 
 FACTS = {
@@ -168,7 +170,7 @@ def check_engine(name: Optional[str]) -> None:
 
 def choose_layout(
     engine: Optional[str], mtp: Optional[str], mtp_layout: Optional[str], dtype: Optional[str],
-    has_mtp: bool, num_layers: int,
+    has_mtp: bool, num_layers: int, family: str = "deepseek_v3",
 ) -> tuple[str, str, str]:
     """(--mtp, --mtp-layout, --dtype): what the user gave, the rest from ``--for`` or the defaults."""
     if mtp is None and mtp_layout == "nextn":
@@ -176,12 +178,13 @@ def choose_layout(
     if engine is None:
         return mtp or "separate", mtp_layout or "hf", dtype or "bf16"
     if mtp is None:
+        facts = facts_for(engine, family)
         if not has_mtp:
             mtp = "none"
-        elif engine == "sglang" and num_layers == 1 and mtp_layout is None:
-            mtp, mtp_layout = "separate", "nextn"  # the only layout SGLang's draft finds for L == 1
+        elif num_layers == 1 and mtp_layout is None and facts.preferred_layout not in facts.one_layer_draft_layouts:
+            mtp, mtp_layout = "separate", "nextn"  # the only layout SGLang's DeepSeek draft finds for L == 1
         else:
-            mtp = FACTS[engine].preferred_layout
+            mtp = facts.preferred_layout
     return mtp, mtp_layout or "hf", dtype or "bf16"
 
 
@@ -212,6 +215,11 @@ def problems(engine: str, export: Export) -> list[Problem]:
         return found
     if e.parallel_heads:
         add("parallel-heads", parallel_heads_sentence(name))
+        return found
+    if facts.no_draft is not None:
+        add("no-draft", f"{facts.no_draft}, so it serves the main model of this export without the MTP draft; "
+            "draft with megatron-mtp generate --speculative K" + (" or SGLang (--for sglang)" if engine != "sglang"
+                                                                    else ""))
         return found
     if not e.moe:
         add("dense-draft", f"{name} builds every MTP module as a MoE layer and this model is dense, so its MTP "
@@ -391,7 +399,10 @@ def _section_sglang(e: Export, blocked: list[Problem]) -> list[str]:
 def _section_transformers(e: Export, blocked: list[Problem]) -> list[str]:
     out = ["## transformers (5.x)", "", "Main model:", "", *_block(transformers_code(e), "python")]
     known = " and ".join(str(n) for n in transformers_mtp_layers(e.family))
-    if e.layout == "inline" and not e.transformers_finds_mtp:
+    if e.layout == "inline" and not known:
+        out += ["transformers reports the MTP module's tensors (`mtp.*`) as unexpected keys when it loads the main "
+                "model, which has no MTP layer. The model is complete.", ""]
+    elif e.layout == "inline" and not e.transformers_finds_mtp:
         out += [f"transformers reports the MTP layers (`model.layers.{e.num_layers}.*`...) as unexpected keys "
                 f"when it loads the main model: it skips only the literal layer {known}. The model is complete.", ""]
     if e.depth and not any(p.blocks == "draft" for p in blocked):
@@ -419,6 +430,7 @@ def serving_text(e: Export, found: list[Problem]) -> str:
         "layout.",
         "",
     ]
+    lines += [*get_family(e.family).serving.notes, ""] if e.depth else []
     if found:
         lines += ["What does not work:", ""]
         lines += [f"- {p.sentence}." for p in found]

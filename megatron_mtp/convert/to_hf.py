@@ -52,7 +52,14 @@ from megatron_mtp.hf_dir.safetensors_io import PlannedTensor, ShardedSafetensors
 from megatron_mtp.hf_dir.tokenizer_files import copy_tokenizer, special_token_ids
 from megatron_mtp.models.family import get_family
 from megatron_mtp.models.hf_common import TOKEN_ID_KEYS
-from megatron_mtp.models.tensor_table import EMBEDDING, MODEL_KEY_PREFIXES, MTP_KEY_PREFIXES, Param, nextn_name
+from megatron_mtp.models.tensor_table import (
+    EMBEDDING,
+    MODEL_KEY_PREFIXES,
+    MTP_KEY_PREFIXES,
+    Param,
+    nextn_name,
+    release_mtp_name,
+)
 from megatron_mtp.output import check_output_free, staged_dir, tree_bytes
 
 MtpMode = Literal["separate", "inline", "none", "only"]
@@ -315,12 +322,17 @@ def export_to_hf(
         raise UserError("--mtp only writes the Hugging Face directory of sequential MTP modules, and this "
                         "checkpoint has parallel MTP heads; export with --mtp separate (OUT/mtp holds the heads)")
     mtp, mtp_layout, dtype = serving.choose_layout(serve_for, "separate" if only else mtp, mtp_layout, dtype,
-                                                   has_mtp, cfg.model.num_layers)
+                                                   has_mtp, cfg.model.num_layers, cfg.model.family)
     if mtp_layout == "nextn" and mtp != "separate":
         raise UserError("--mtp-layout nextn only applies to --mtp separate or only")
     if mtp != "none" and not has_mtp:
         raise UserError(f"checkpoint '{step}' has no MTP layers; export it with --mtp none" +
                         ("" if not only else " (--mtp only writes MTP layers alone)"))
+    family = get_family(cfg.model.family)
+    if mtp_layout == "nextn" and family.table.mtp_names is not release_mtp_name:
+        raise UserError(f"--mtp-layout nextn renames the release's MTP layers for SGLang's DeepSeek-V3 draft, and "
+                        f"{family.title} names its MTP module its own way (SGLang reads it as written); export with "
+                        "--mtp-layout hf")
     if mtp_layout == "nextn" and cfg.mtp.modules > 1:
         raise UserError(
             f"--mtp-layout nextn writes SGLang's NextN directory, which holds one MTP module, and checkpoint "

@@ -1,5 +1,5 @@
-"""The decoder's building blocks both families share: RMSNorm, (YaRN) RoPE, dense MLP, sigmoid-routed
-MoE, and the decoder layer around an attention class: MLA with its latent KV cache (mla.py,
+"""The decoder's building blocks every family shares: RMSNorm, (YaRN) RoPE, dense MLP, sigmoid- or
+softmax-routed MoE, and the decoder layer around an attention class: MLA with its latent KV cache (mla.py,
 DeepSeek-V3) or grouped-query attention (gqa.py, GLM-4.5); attention.py says which goes where. Every
 family's config.json view is read through the fields models.hf_common.HFView names.
 
@@ -110,19 +110,34 @@ class GatedMLP(nn.Module):
 
 
 class Router(nn.Module):
-    """DeepSeek-V3 ``noaux_tc`` routing: sigmoid scores, bias-corrected group-limited top-k."""
+    """Top-k routing by the view's ``scoring_func``: DeepSeek-V3's ``noaux_tc`` (sigmoid scores,
+    bias-corrected group-limited top-k, the weights from the uncorrected scores; GLM-4.5's too), or
+    softmax over every expert then the top k (Qwen3-MoE); either renormalised over the k when
+    ``norm_topk_prob``, then scaled by ``routed_scaling_factor``."""
 
     def __init__(self, config: HFConfig) -> None:
         super().__init__()
         n = config.n_routed_experts
         self.config = config
+        self.softmax = config.scoring_func == "softmax"
         self.weight = nn.Parameter(torch.zeros(n, config.hidden_size, dtype=torch.float32))
-        self.register_buffer("e_score_correction_bias", torch.zeros(n, dtype=torch.float32))
+        if not self.softmax:
+            self.register_buffer("e_score_correction_bias", torch.zeros(n, dtype=torch.float32))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.config
+        logits = F.linear(x.to(torch.float32), self.weight.to(torch.float32))
+        if self.softmax:
+            weights, idx = torch.topk(logits.softmax(dim=-1), k=c.num_experts_per_tok, dim=-1)
+        else:
+            idx, weights = self._noaux_tc(logits.sigmoid())
+        if c.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + (0.0 if self.softmax else 1e-20))
+        return idx, weights * c.routed_scaling_factor
+
+    def _noaux_tc(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.config
         n = c.n_routed_experts
-        scores = F.linear(x.to(torch.float32), self.weight.to(torch.float32)).sigmoid()
         choice = scores + self.e_score_correction_bias
         group_scores = choice.view(-1, c.n_group, n // c.n_group).topk(2, dim=-1)[0].sum(dim=-1)
         group_idx = torch.topk(group_scores, k=c.topk_group, dim=-1, sorted=False)[1]
@@ -130,10 +145,7 @@ class Router(nn.Module):
         score_mask = group_mask.unsqueeze(-1).expand(-1, c.n_group, n // c.n_group).reshape(-1, n)
         choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
         idx = torch.topk(choice, k=c.num_experts_per_tok, dim=-1, sorted=False)[1]
-        weights = scores.gather(1, idx)
-        if c.norm_topk_prob:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-        return idx, weights * c.routed_scaling_factor
+        return idx, scores.gather(1, idx)
 
 
 class StackedExperts(nn.Module):
@@ -149,7 +161,7 @@ class StackedExperts(nn.Module):
 
 
 class MoE(nn.Module):
-    """Routed experts plus always-on shared experts.
+    """Routed experts plus always-on shared experts (where the model has them).
 
     Two equivalent evaluations (tested against transformers to 1e-5):
     - loop over the experts hit (~8 ops each), the right choice when few of many experts are hit
@@ -170,7 +182,8 @@ class MoE(nn.Module):
         self.top_k = config.num_experts_per_tok
         self.gate = Router(config)
         self.experts = StackedExperts(self.num_experts, config.hidden_size, config.moe_intermediate_size)
-        self.shared_experts = GatedMLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts)
+        self.shared_experts = (GatedMLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts)
+                               if config.n_shared_experts else None)
         self.expert_recorder = None  # called with (tokens, distinct experts) per forward (expert_counts.py)
 
     def expert_params(self) -> int:
@@ -189,7 +202,8 @@ class MoE(nn.Module):
             routed = self._all_experts(flat, idx, weights)
         else:
             routed = self._experts_hit(flat, rows, weights)
-        return routed.view(shape) + self.shared_experts(x)
+        routed = routed.view(shape)
+        return routed if self.shared_experts is None else routed + self.shared_experts(x)
 
     def _experts_hit(self, flat: torch.Tensor, rows: list[list[int]], weights: torch.Tensor) -> torch.Tensor:
         # Group (token, slot) pairs by expert on the host (cheaper than unique/where at these sizes);

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -25,7 +26,7 @@ from megatron_mtp.inference.attention import family_for
 from megatron_mtp.inference.layers import HFConfig
 from megatron_mtp.inference.mtp_module import MTPModule
 from megatron_mtp.inference.target import TargetModel
-from megatron_mtp.models.family import supported_text
+from megatron_mtp.models.family import family_of_hf_config, supported_text
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -90,22 +91,24 @@ def _expert_sources(key: str, prefix: str, num_experts: int) -> list[list[str]] 
 
 
 def _load_into(module: nn.Module, weights: HFDir, prefix: str, dtype: torch.dtype, num_experts: int,
-               aliases: dict[str, str] | None = None) -> None:
-    """Load ``module`` from HF names; stacked expert weights are assembled from per-expert tensors."""
+               aliases: dict[str, str] | None = None,
+               rename: Callable[[str], Optional[str]] = lambda name: name) -> None:
+    """Load ``module`` from HF names (``prefix`` + its keys, through the family's ``rename`` of MTP
+    tensors); stacked expert weights are assembled from per-expert tensors."""
     aliases = aliases or {}
     plan: dict[str, list[list[str]]] = {}
     stacked: set[str] = set()
     for key in module.state_dict():
         per_expert = _expert_sources(key, prefix, num_experts)
-        if prefix + key in weights:
-            plan[key] = [[prefix + key]]
+        if rename(prefix + key) in weights:
+            plan[key] = [[rename(prefix + key)]]
         elif key in aliases and prefix + aliases[key] in weights:
             plan[key] = [[prefix + aliases[key]]]
         elif per_expert is not None:
-            plan[key] = per_expert
+            plan[key] = [[rename(name) for name in group] for group in per_expert]
             stacked.add(key)
         else:
-            plan[key] = [[prefix + key]]
+            plan[key] = [[rename(prefix + key) or prefix + key]]
     names = [name for sources in plan.values() for group in sources for name in group]
     missing = [name for name in names if name not in weights]
     if missing:
@@ -137,8 +140,11 @@ def decodable_config(raw: dict, where: Path) -> HFConfig:
     if quant and not is_block_fp8(quant):
         raise UserError(f"{where}: quantization_config {quant} is not DeepSeek's FP8 block format "
                         "(quant_method fp8, fmt e4m3, weight_block_size [rows, cols]); export it in bf16 or fp8.")
-    if getattr(config, "scoring_func", "sigmoid") != "sigmoid":
-        raise UserError(f"{where}: only scoring_func 'sigmoid' (DeepSeek-V3 routing) is supported.")
+    if config.scoring_func not in ("sigmoid", "softmax") or (config.scoring_func == "softmax" and config.n_group > 1):
+        raise UserError(f"{where}: scoring_func {config.scoring_func!r} with n_group {config.n_group} is not "
+                        "supported; "
+                        "the decoder routes with sigmoid scores (DeepSeek-V3's noaux_tc) or softmax top-k without "
+                        "expert groups (Qwen3-MoE's).")
     if config.hidden_act != "silu":
         raise UserError(f"{where}: only hidden_act 'silu' is supported.")
     if config.n_routed_experts and not 1 <= config.topk_group <= config.n_group:
@@ -163,7 +169,14 @@ def load_target(dirs: ExportDirs, dtype: torch.dtype) -> tuple[TargetModel, HFDi
 
 
 def mtp_prefixes(config: HFConfig, depth: int) -> list[str]:
+    """The release names' prefix of each MTP module (``model.layers.{L+i}.``; the family's table renames them)."""
     return [f"model.layers.{config.num_hidden_layers + i}." for i in range(depth)]
+
+
+def mtp_renamer(config: HFConfig) -> Callable[[str], Optional[str]]:
+    """Release MTP name -> the name in an export of this family (its table's ``mtp_names``; None: not written)."""
+    names = family_of_hf_config({"model_type": config.model_type}).table.mtp_names
+    return lambda name: names(name, config.num_hidden_layers)
 
 
 def load_mtp_modules(
@@ -171,6 +184,7 @@ def load_mtp_modules(
 ) -> list[MTPModule]:
     """The MTP modules of an export, in depth order; [] when the export has none."""
     config = target.config
+    rename = mtp_renamer(config)
     if dirs.mtp_dir is not None:
         weights = HFDir(dirs.mtp_dir)
         config_path = weights.path / "config.json"
@@ -188,24 +202,25 @@ def load_mtp_modules(
         weights = main_weights
         depth = 0  # inline: the weights decide (transformers writes num_nextn_predict_layers=1 by default)
         for prefix in mtp_prefixes(config, config.num_nextn_predict_layers):
-            if prefix + "eh_proj.weight" not in weights:
+            if rename(prefix + "eh_proj.weight") not in weights:
                 break
             depth += 1
         mtp_config = config
     modules: list[MTPModule] = []
     for i, prefix in enumerate(mtp_prefixes(config, depth)):
-        if prefix + "eh_proj.weight" not in weights:
+        if rename(prefix + "eh_proj.weight") not in weights:
             raise UserError(
-                f"{weights.path} lacks {prefix}eh_proj.weight for MTP depth {i + 1}; re-export the MTP part."
+                f"{weights.path} lacks {rename(prefix + 'eh_proj.weight')} for MTP depth {i + 1}; re-export the MTP "
+                "part."
             )
         with torch.device("meta"):
             module = MTPModule(
                 mtp_config,
                 config.num_hidden_layers + i,
-                own_embedding=prefix + "embed_tokens.weight" in weights,
-                own_head=prefix + "shared_head.head.weight" in weights,
+                own_embedding=rename(prefix + "embed_tokens.weight") in weights,
+                own_head=rename(prefix + "shared_head.head.weight") in weights,
             )
-        _load_into(module, weights, prefix, dtype, mtp_config.n_routed_experts)
+        _load_into(module, weights, prefix, dtype, mtp_config.n_routed_experts, rename=rename)
         module.share_with(target.model.embed_tokens, target.lm_head)
         module.eval()
         modules.append(module)

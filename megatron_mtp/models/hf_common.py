@@ -148,7 +148,8 @@ def _architecture(raw: Mapping[str, Any], read: Reader) -> Optional[tuple[ModelC
         model, _, vocab = read(raw)
     except UserError:
         return None
-    return dataclasses.replace(model, make_vocab_size_divisible_by=1, aux_loss_coeff=0.0), vocab
+    return dataclasses.replace(model, make_vocab_size_divisible_by=1, aux_loss_coeff=0.0,
+                               aux_loss_type=ModelConfig.aux_loss_type), vocab
 
 
 def carry_source_fields(
@@ -217,6 +218,9 @@ class HFView(Protocol):
     topk_group: int
     norm_topk_prob: bool
     routed_scaling_factor: float
+    scoring_func: str
+    """"sigmoid" (DeepSeek-V3's noaux_tc, with e_score_correction_bias and expert groups) or "softmax"
+    (top k of a softmax over every expert)."""
     rms_norm_eps: float
     tie_word_embeddings: bool
     num_nextn_predict_layers: int

@@ -121,7 +121,7 @@ def common_kwargs(cfg: Config, platform: Platform, features: Features, mtp_loss_
             moe_router_topk_scaling_factor=m.router_topk_scaling_factor,
             moe_router_enable_expert_bias=m.router_enable_expert_bias,
             moe_router_bias_update_rate=m.router_bias_update_rate,
-            moe_router_load_balancing_type="seq_aux_loss" if m.aux_loss_coeff > 0 else "none",
+            moe_router_load_balancing_type=m.aux_loss_type if m.aux_loss_coeff > 0 else "none",
             moe_aux_loss_coeff=m.aux_loss_coeff,
             moe_token_dispatcher_type=p.token_dispatcher,
             moe_flex_dispatcher_backend=p.flex_backend,

@@ -19,11 +19,13 @@ optionally repeated over the expert axis.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable, Iterator, Literal, Optional, Sequence
 
 from megatron_mtp.config.model import ModelConfig
+from megatron_mtp.config.moe_layers import MoeLayers  # noqa: F401  (re-exported: the one is-MoE rule)
 
 Part = Literal["main", "mtp"]
 Spec = Literal["local", "te"]
@@ -164,36 +166,9 @@ MTP_KEY_PREFIXES = ("mtp.", "mtp_heads.")
 """Keys of the sequential MTP block and of the parallel heads."""
 
 
-@dataclass(frozen=True)
-class MoeLayers:
-    """Which decoder layers have a routed MLP: the one rule every family, run config and config.json
-    view reads (``moe_layers`` of a ModelConfig; a family's HF view builds one from its own spelling)."""
-
-    num_layers: int
-    num_experts: int
-    """Routed experts (0: a dense model)."""
-    first_dense: int = 0
-    """The first k layers are dense (DeepSeek's first_k_dense_replace)."""
-    every: int = 1
-    """MoE on every ``every``-th layer after them (DeepSeek's moe_layer_freq: index % every == 0)."""
-
-    def __contains__(self, index: int) -> bool:
-        return self.num_experts > 0 and index >= self.first_dense and index % self.every == 0
-
-    @property
-    def count(self) -> int:
-        """How many decoder layers are MoE."""
-        return sum(i in self for i in range(self.num_layers))
-
-    @property
-    def mtp(self) -> bool:
-        """MTP layers and parallel heads are built like the last decoder layer (models/megatron_specs.py)."""
-        return self.num_layers - 1 in self
-
-
 def moe_layers(model: ModelConfig) -> MoeLayers:
-    """The MoE layers of a run's model: every layer after the first ``first_k_dense``."""
-    return MoeLayers(model.num_layers, model.num_experts, model.first_k_dense)
+    """The MoE layers of a run's model (its family's rule: ``ModelConfig.moe_layer_rule``)."""
+    return model.moe_layer_rule()
 
 
 def is_moe_layer(model: ModelConfig, index: int) -> bool:
@@ -235,8 +210,16 @@ def hf_head_prefix(index: int) -> str:
     return f"heads.{index}."
 
 
+def release_mtp_name(name: str, num_layers: int) -> Optional[str]:
+    """The release naming of MTP tensors (DeepSeek-V3, GLM-4.5): the name itself."""
+    return name
+
+
 def is_mtp_hf_name(name: str, num_layers: int) -> bool:
-    """True for HF tensors of MTP layers (``model.layers.{n}`` with n >= num_hidden_layers)."""
+    """True for HF tensors of MTP layers (``model.layers.{n}`` with n >= num_hidden_layers, or a
+    family's ``mtp.*`` naming)."""
+    if name.startswith("mtp."):
+        return True
     if not name.startswith("model.layers."):
         return False
     index = name.split(".", 3)[2]
@@ -282,12 +265,18 @@ class Table:
     """The attention rules of one model, in one spec's spelling (None: both)."""
     qkv: Optional[Callable[[ModelConfig], tuple[int, int, int]]] = None
     """(groups, query heads per group, head dim) of the family's fused q/k/v rules."""
+    mtp_names: Callable[[str, int], Optional[str]] = release_mtp_name
+    """(release name, num_layers) -> the family's HF name of an MTP tensor (None: not written). The
+    release naming (``model.layers.{num_hidden_layers + d}.*``, ``release_mtp_name``) is the default;
+    a family whose engines read another naming gives its own (the decoder reads exports through it too)."""
 
     def layer_rules(self, model: ModelConfig, moe: bool, spec: Optional[Spec]) -> list[Rule]:
         """The tensors of one decoder layer (dense or MoE) of ``model``, in one spec's spelling (None: both)."""
         out = list(self.attention_for(model, spec))
         for rule in MOE_MLP if moe else DENSE_MLP:
             if not model.router_enable_expert_bias and rule.mcore == "mlp.router.expert_bias":
+                continue
+            if not model.num_shared_experts and rule.mcore.startswith("mlp.shared_experts."):
                 continue
             if spec is not None and rule.spec not in (None, spec):
                 continue
@@ -346,15 +335,20 @@ class Table:
             table.append(Param(OUTPUT_LAYER, ("lm_head.weight",), "main"))
         if style == "parallel":
             return table + self.parallel_head_params(model, mtp_depth, spec)
+        mtp: list[Param] = []
         for d in range(mtp_depth):
             n = mtp_hf_layer(model, d)
             mp, hp = mcore_mtp_prefix(d), f"model.layers.{n}."
             if mtp_copies:
-                table.append(Param(EMBEDDING, (hp + "embed_tokens.weight",), "mtp", copy=True))
+                mtp.append(Param(EMBEDDING, (hp + "embed_tokens.weight",), "mtp", copy=True))
             for rule in MTP_OWN:
-                table.append(Param(mp + rule.mcore, (hp + rule.hf[0],), "mtp"))
-            table += self._params_for_layer(mp + "transformer_layer.", hp, mtp_is_moe(model), model, "mtp", spec)
+                mtp.append(Param(mp + rule.mcore, (hp + rule.hf[0],), "mtp"))
+            mtp += self._params_for_layer(mp + "transformer_layer.", hp, mtp_is_moe(model), model, "mtp", spec)
             if mtp_copies:
                 head = OUTPUT_LAYER if not model.tie_embeddings else EMBEDDING
-                table.append(Param(head, (hp + "shared_head.head.weight",), "mtp", copy=True))
+                mtp.append(Param(head, (hp + "shared_head.head.weight",), "mtp", copy=True))
+        for param in mtp:  # in the family's naming (``mtp_names``): a tensor it names None is not written
+            names = tuple(self.mtp_names(name, model.num_layers) for name in param.hf)
+            if None not in names:
+                table.append(dataclasses.replace(param, hf=names))
         return table

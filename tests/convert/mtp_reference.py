@@ -2,10 +2,14 @@
 
 For depth d: tokens shift left by one more position (the last filled with 0, as megatron-core's
 roll does), ``h = eh_proj(cat([enorm(embed(tokens)), hnorm(prev_hidden)]))`` -- embedding FIRST --
-then one decoder layer of the export's family (transformers' DeepSeek-V3 or GLM-4.5 implementation,
-weights loaded by hand), then
+then one decoder layer of the export's family (transformers' DeepSeek-V3, GLM-4.5 or Qwen3-MoE
+implementation, weights loaded by hand), then
 ``shared_head.norm`` and ``shared_head.head``. ``prev_hidden`` starts as the main model's output
 after its final norm and is then the previous depth's normalised output.
+
+Qwen3-MoE exports name the module as SGLang's Qwen3MoeForCausalLMMTP reads it (``mtp.fc``,
+``mtp.pre_fc_norm_embedding``, ``mtp.pre_fc_norm_hidden``, ``mtp.layers.0.*``, ``mtp.norm``) and share the
+main model's embedding and head: ``_release_names`` spells those literally, independently of the converter.
 """
 
 from __future__ import annotations
@@ -46,8 +50,29 @@ def _layer_state(weights: dict[str, torch.Tensor], prefix: str, experts: int) ->
     return state
 
 
+SGLANG_QWEN3_MTP = {"pre_fc_norm_embedding.weight": "enorm.weight", "pre_fc_norm_hidden.weight": "hnorm.weight",
+                    "fc.weight": "eh_proj.weight", "norm.weight": "shared_head.norm.weight"}
+"""SGLang's Qwen3-MoE MTP names (python/sglang/srt/models/qwen3_moe_mtp.py) -> the release's."""
+
+
+def _release_names(weights: dict[str, torch.Tensor], model, num_layers: int) -> dict[str, torch.Tensor]:
+    """A Qwen3-MoE export's one MTP module under the release names of layer ``num_layers``."""
+    p = f"model.layers.{num_layers}."
+    out = {p + "embed_tokens.weight": model.model.embed_tokens.weight,
+           p + "shared_head.head.weight": model.lm_head.weight}
+    for name, tensor in weights.items():
+        rest = name[len("mtp."):]
+        out[p + SGLANG_QWEN3_MTP.get(rest, rest.replace("layers.0.", "", 1))] = tensor
+    return out
+
+
 def _classes(model_type: str):
     """transformers' causal-LM and decoder-layer classes of a family."""
+    if model_type == "qwen3_moe":
+        from transformers import Qwen3MoeForCausalLM
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeDecoderLayer
+
+        return Qwen3MoeForCausalLM, Qwen3MoeDecoderLayer
     if model_type == "glm4_moe":
         from transformers import Glm4MoeForCausalLM
         from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeDecoderLayer
@@ -61,12 +86,16 @@ def _classes(model_type: str):
 
 @torch.no_grad()
 def mtp_logits(main_dir: Path, mtp_dir: Path, tokens: torch.Tensor) -> list[torch.Tensor]:
-    model_class, layer_class = _classes(json.loads((main_dir / "config.json").read_text())["model_type"])
+    model_type = json.loads((main_dir / "config.json").read_text())["model_type"]
+    model_class, layer_class = _classes(model_type)
     model = model_class.from_pretrained(main_dir, dtype=torch.float32, attn_implementation="eager").eval()
     cfg = model.config
     mtp_cfg = json.loads((mtp_dir / "config.json").read_text())
     L, D = mtp_cfg["num_hidden_layers"], mtp_cfg["num_nextn_predict_layers"]
     weights = _load_dir(mtp_dir)
+    if model_type == "qwen3_moe":
+        assert D == 1, "the Qwen3-MoE naming read here is SGLang's one module"
+        weights = _release_names(weights, model, L)
     b, s = tokens.shape
     positions = torch.arange(s).expand(b, s)
     mask = torch.full((s, s), float("-inf")).triu(1).expand(b, 1, s, s)
@@ -82,7 +111,8 @@ def mtp_logits(main_dir: Path, mtp_dir: Path, tokens: torch.Tensor) -> list[torc
                        _rms(hidden, weights[p + "hnorm.weight"], cfg.rms_norm_eps)], dim=-1)
         x = x @ weights[p + "eh_proj.weight"].T
         layer = layer_class(cfg, layer_idx=L + d).eval()
-        layer.load_state_dict(_layer_state(weights, p, cfg.n_routed_experts or 0), strict=True)
+        experts = getattr(cfg, "n_routed_experts", None) or getattr(cfg, "num_experts", 0)
+        layer.load_state_dict(_layer_state(weights, p, experts), strict=True)
         x = layer(x, attention_mask=mask, position_ids=positions,
                   position_embeddings=model.model.rotary_emb(x, positions))
         hidden = _rms(x, weights[p + "shared_head.norm.weight"], cfg.rms_norm_eps)

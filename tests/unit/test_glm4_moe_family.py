@@ -42,9 +42,11 @@ def test_gqa_fields_are_refused_for_mla():
     from megatron_mtp.config.validate import validate
 
     validate(load_config(None))
-    for field in ("model.num_query_groups=2", "model.head_dim=64", "model.qk_layernorm=true",
-                  "model.add_qkv_bias=true", "model.rotary_percent=0.5"):
-        with pytest.raises(UserError, match=f"^{field.split('=')[0]} is a field of model.family=glm4_moe, not of "
+    both = "glm4_moe or model.family=qwen3_moe"  # Qwen3-MoE's grouped-query fields have GLM's names
+    for field, owners in (("model.num_query_groups=2", both), ("model.head_dim=64", both),
+                          ("model.qk_layernorm=true", both), ("model.add_qkv_bias=true", "glm4_moe"),
+                          ("model.rotary_percent=0.5", "glm4_moe")):
+        with pytest.raises(UserError, match=f"^{field.split('=')[0]} is a field of model.family={owners}, not of "
                                             "model.family=deepseek_v3; remove it or set model.family=glm4_moe$"):
             validate(load_config(None, [field]))
 

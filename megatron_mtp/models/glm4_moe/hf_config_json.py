@@ -73,6 +73,9 @@ class Glm4MoeHFConfig:
     torch_dtype: Optional[str] = None
     quantization_config: Optional[dict] = None
 
+    scoring_func = "sigmoid"
+    """GLM-4.5 routes as DeepSeek-V3 does (noaux_tc)."""
+
     @property
     def rotary_dim(self) -> int:
         """Rotated dimensions per head (transformers: ``int(head_dim * partial_rotary_factor)``)."""

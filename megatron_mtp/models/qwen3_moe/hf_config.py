@@ -1,0 +1,195 @@
+"""Our model config <-> Hugging Face Qwen3-MoE config.json (``Qwen3MoeForCausalLM``), both ways, never lossy.
+
+``to_hf_config`` writes the release's spelling (Qwen/Qwen3-30B-A3B's config.json: ``num_experts``,
+``decoder_sparse_step``, ``mlp_only_layers``, ``norm_topk_prob``, ``head_dim``, top-level ``rope_theta``)
+plus ``num_nextn_predict_layers`` for the MTP modules an export holds (the releases have none).
+``from_hf_config`` reads the file through the typed view the decoder reads too
+(hf_config_json.parse_hf_config). A field whose value our model cannot reproduce is a ``UserError``
+naming it.
+
+Routing: softmax over every expert, top k, renormalised over the k when ``norm_topk_prob`` (megatron-core:
+softmax after the top k, the same weights; pre-softmax when not renormalised), no expert bias, groups,
+shared experts or scaling. ``model.first_k_dense`` has no Qwen spelling: its layers join ``mlp_only_layers``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from megatron_mtp.config.model import MTPConfig
+from megatron_mtp.errors import UserError
+from megatron_mtp.models.glm4_moe.model_config import head_dim, query_groups
+from megatron_mtp.models.hf_common import carry_source_fields as _carry
+from megatron_mtp.models.hf_common import check_mtp_export
+from megatron_mtp.models.qwen3_moe.hf_config_json import READ_KEYS, parse_hf_config
+from megatron_mtp.models.qwen3_moe.model_config import Qwen3MoeModelConfig as ModelConfig
+
+NOT_CARRIED = {
+    "quantization_config": "the weights are dequantized on import",
+    "transformers_version": "it records who wrote the source file",
+    "_name_or_path": "it records where the source was loaded from",
+    "name_or_path": "it records where the source was loaded from",
+    "torch_dtype": "the export's --dtype decides",
+    "dtype": "the export's --dtype decides (written as torch_dtype)",
+    "rope_parameters": "transformers' spelling of rope_theta, which is written instead",
+    "num_local_experts": "transformers' spelling of num_experts",
+    "num_mtp_layers": "transformers' spelling of num_nextn_predict_layers",
+    "num_nextn_predict_layers": "the export layout decides",
+    "architectures": "exports are Qwen3MoeForCausalLM",
+    "model_type": "exports are qwen3_moe",
+}
+_IGNORED = frozenset({
+    "transformers_version", "use_cache", "pad_token_id", "_name_or_path", "name_or_path", "output_router_logits",
+    "router_aux_loss_coef", "return_dict", "output_hidden_states", "output_attentions", "torchscript", "id2label",
+    "label2id", "problem_type", "tokenizer_class", "chunk_size_feed_forward", "is_encoder_decoder",
+    "tf_legacy_loss", "use_bfloat16", "torch_dtype", "dtype", "bos_token_id", "eos_token_id", "architectures",
+    "model_type", "quantization_config", "sliding_window", "max_window_layers",
+})
+"""Fields that do not change the model's function (``sliding_window`` and ``max_window_layers`` only act
+with ``use_sliding_window``, which is refused)."""
+_REFUSED = {
+    "attention_bias": (False, "Qwen3-MoE has no attention bias"),
+    "use_sliding_window": (False, "only full causal attention is represented"),
+    "hidden_act": ("silu", "only SwiGLU MLPs are represented"),
+    "attention_dropout": (0.0, "attention dropout is not represented"),
+}
+
+
+@dataclass(frozen=True)
+class Qwen3MoeConfigFile:
+    """A config.json of the Qwen3-MoE format as an export writes it (``values``, in the release's key order)."""
+
+    values: dict
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.values)
+
+
+def _check_routing(model: ModelConfig, where: str) -> None:
+    """What the Qwen3-MoE format cannot say about the router: one sentence for the first."""
+    wanted = {"router_score_function": "softmax", "router_enable_expert_bias": False, "router_num_groups": None,
+              "num_shared_experts": 0, "router_topk_scaling_factor": 1.0}
+    for key, value in wanted.items():
+        if getattr(model, key) != value:
+            raise UserError(f"{where}: model.{key}={getattr(model, key)} cannot be written in the Qwen3-MoE format, "
+                            f"whose router is softmax top-k without expert bias, groups, shared experts or scaling; "
+                            f"train with model.{key}={'null' if value is None else value}")
+
+
+def _mtp_layers_agree(model: ModelConfig, depth: int) -> None:
+    """SGLang builds the MTP layer by the target's rule at layer 0 (its draft has one layer); training
+    builds it like the last decoder layer. Refuse an export where the two differ."""
+    if not depth or not model.num_experts:
+        return
+    rule = model.moe_layer_rule()
+    sglang_moe = 0 not in rule.dense and 1 % rule.every == 0
+    if sglang_moe != rule.mtp:
+        kind = "MoE" if rule.mtp else "dense"
+        raise UserError(f"this model's MTP layer is {kind} (it is built like the last decoder layer), but "
+                        f"decoder_sparse_step={model.decoder_sparse_step} and mlp_only_layers={model.mlp_only_layers} "
+                        f"make SGLang build it {'dense' if rule.mtp else 'MoE'}; export with --mtp none")
+
+
+def to_hf_config(model: ModelConfig, mtp: MTPConfig, *, vocab_size: int, num_nextn_predict_layers: int,
+                 torch_dtype: str = "bfloat16", bos_token_id: Optional[int] = None,
+                 eos_token_id: Optional[int] = None) -> Qwen3MoeConfigFile:
+    """The HF config of a model with this architecture (vocab from the weights)."""
+    check_mtp_export(model, mtp, num_nextn_predict_layers, "Qwen3-MoE")
+    moe = model.num_experts > 0
+    if moe:
+        _check_routing(model, "model config")
+    _mtp_layers_agree(model, num_nextn_predict_layers)
+    dense_first = list(range(model.first_k_dense)) if moe else []
+    values = {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": int(vocab_size),
+        "hidden_size": model.hidden_size,
+        "intermediate_size": model.ffn_hidden_size,
+        "moe_intermediate_size": model.moe_ffn_hidden_size,
+        "num_hidden_layers": model.num_layers,
+        "num_nextn_predict_layers": int(num_nextn_predict_layers),
+        "num_attention_heads": model.num_attention_heads,
+        "num_key_value_heads": query_groups(model),
+        "head_dim": head_dim(model),
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "num_experts": model.num_experts,
+        "num_experts_per_tok": model.router_topk if moe else 1,
+        "decoder_sparse_step": model.decoder_sparse_step,
+        "mlp_only_layers": sorted(set(dense_first) | set(model.mlp_only_layers)),
+        "norm_topk_prob": model.router_norm_topk_prob,
+        "router_aux_loss_coef": model.aux_loss_coeff,
+        "output_router_logits": False,
+        "hidden_act": "silu",
+        "rms_norm_eps": model.norm_epsilon,
+        "rope_theta": model.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": model.max_position_embeddings,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "initializer_range": model.init_method_std,
+        "tie_word_embeddings": model.tie_embeddings,
+        "bos_token_id": bos_token_id,
+        "eos_token_id": eos_token_id,
+        "torch_dtype": torch_dtype,
+        "use_cache": True,
+    }
+    return Qwen3MoeConfigFile(values)
+
+
+def from_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> tuple[ModelConfig, MTPConfig, int]:
+    """(model section, mtp section, vocab size) for an HF Qwen3-MoE config.json dict, read through the typed
+    view (hf_config_json.parse_hf_config), plus what only the converter refuses (other architectures,
+    unknown fields, what our model cannot compute)."""
+    if not isinstance(raw, Mapping):
+        raise UserError(f"{where} must hold a JSON object")
+    archs = list(raw.get("architectures") or ())
+    if archs and "Qwen3MoeForCausalLM" not in archs:
+        raise UserError(f"{where}: architectures {archs} is not Qwen3MoeForCausalLM")
+    for key in raw:
+        if key not in READ_KEYS and key not in _IGNORED:
+            raise UserError(f"{where}: field '{key}' is not understood by the converter; it cannot be represented")
+    view = parse_hf_config(raw, where)
+    for key, (allowed, why) in _REFUSED.items():
+        if getattr(view, key) != allowed:
+            raise UserError(f"{where}: '{key}' = {getattr(view, key)!r} cannot be represented ({why})")
+    heads, hidden, vocab = view.num_attention_heads, view.hidden_size, view.vocab_size
+    num_layers = view.num_hidden_layers
+    outside = [i for i in view.mlp_only_layers if not 0 <= i < num_layers]
+    if outside:
+        raise UserError(f"{where}: mlp_only_layers names layer {outside[0]}, outside the {num_layers} layers")
+    experts = view.num_experts
+    model = ModelConfig(
+        family="qwen3_moe",
+        num_layers=num_layers,
+        hidden_size=hidden,
+        ffn_hidden_size=view.intermediate_size,
+        num_attention_heads=heads,
+        num_query_groups=view.num_key_value_heads,
+        head_dim=None if hidden % heads == 0 and view.head_dim == hidden // heads else view.head_dim,
+        vocab_size=vocab,
+        make_vocab_size_divisible_by=math.gcd(vocab, 128),
+        max_position_embeddings=view.max_position_embeddings,
+        rope_theta=view.rope_theta,
+        num_experts=experts,
+        first_k_dense=0,
+        decoder_sparse_step=view.decoder_sparse_step,
+        mlp_only_layers=sorted(set(view.mlp_only_layers)) if experts else [],
+        moe_ffn_hidden_size=view.moe_intermediate_size,
+        router_topk=view.num_experts_per_tok if experts else 1,
+        router_norm_topk_prob=view.norm_topk_prob,
+        aux_loss_coeff=view.router_aux_loss_coef,
+        norm_epsilon=view.rms_norm_eps,
+        init_method_std=view.initializer_range,
+        tie_embeddings=view.tie_word_embeddings,
+    )
+    return model, MTPConfig(num_layers=view.num_nextn_predict_layers), vocab
+
+
+def carry_source_fields(written: Mapping[str, Any], source: Optional[Mapping[str, Any]],
+                        tokenizer_ids: Mapping[str, Optional[int]]) -> dict[str, Any]:
+    """``written`` with what still holds of ``source`` (models/hf_common.py), read as Qwen3-MoE."""
+    return _carry(written, source, tokenizer_ids, from_hf_config, NOT_CARRIED)

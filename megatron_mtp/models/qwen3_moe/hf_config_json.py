@@ -1,0 +1,166 @@
+"""Typed view of a Hugging Face Qwen3-MoE ``config.json`` (``qwen3_moe``, ``Qwen3MoeForCausalLM``).
+
+``parse_hf_config`` reads the dict once, the way transformers 5 reads it (``Qwen3MoeConfig``), so the
+model a consumer builds from the view is the model transformers builds from the file:
+- ``rope_theta`` from ``rope_parameters`` (or ``rope_scaling``) over the top-level key of older files,
+  default 10000; only plain RoPE (``rope_type: default``) is represented, over every head dimension;
+- ``head_dim`` defaults to ``hidden_size // num_attention_heads`` (the releases set 128);
+- the routed experts are ``num_experts`` (transformers 5 also writes ``num_local_experts``);
+- layer i is MoE when ``i not in mlp_only_layers`` and ``(i + 1) % decoder_sparse_step == 0``;
+- the MTP depth is ``num_nextn_predict_layers`` (ours: the releases ship no MTP), 0 when absent.
+The names the decoder's shared layers read (``models.hf_common.HFView``) are properties over
+Qwen3's own: no shared experts, no expert groups, no routed scaling, softmax scores.
+Each consumer refuses what it cannot run (decoding: ``inference/model_dir.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from megatron_mtp.config.moe_layers import MoeLayers
+from megatron_mtp.errors import UserError
+from megatron_mtp.models.hf_common import EosIds, eos_ids, missing_or_value, mtp_depth, note_once, read_view_fields
+from megatron_mtp.models.hf_common import read_value as _value
+
+
+@dataclass(frozen=True, kw_only=True)
+class Qwen3MoeHFConfig:
+    """The architecture fields of an HF Qwen3-MoE config.json, as HF names them (fields without a
+    default are required)."""
+
+    architectures: tuple[str, ...] = ()
+    model_type: str = "qwen3_moe"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    """FFN width of the dense layers (those of mlp_only_layers or off the sparse step)."""
+    num_hidden_layers: int
+    num_nextn_predict_layers: int = 0
+    num_attention_heads: int
+    num_key_value_heads: int = 4
+    head_dim: int = 0
+    """0 in the dataclass only while parsing; the view always holds the real width (default
+    ``hidden_size // num_attention_heads``)."""
+    rope_theta: float = 10000.0
+    attention_bias: bool = False
+    """Bias on q/k/v and o (Qwen3-MoE: none)."""
+    use_sliding_window: bool = False
+    moe_intermediate_size: int = 768
+    num_experts: int = 128
+    num_experts_per_tok: int = 8
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    norm_topk_prob: bool = False
+    router_aux_loss_coef: float = 0.001
+    hidden_act: str = "silu"
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 32768
+    attention_dropout: float = 0.0
+    initializer_range: float = 0.02
+    tie_word_embeddings: bool = False
+    bos_token_id: Optional[int] = None
+    eos_token_id: EosIds = None
+    pad_token_id: Optional[int] = None
+    torch_dtype: Optional[str] = None
+    quantization_config: Optional[dict] = None
+
+    # -- the names every family's view shares (models/hf_common.HFView)
+    @property
+    def n_routed_experts(self) -> int:
+        return self.num_experts
+
+    n_shared_experts = 0
+    n_group = 1
+    topk_group = 1
+    routed_scaling_factor = 1.0
+    scoring_func = "softmax"
+    """Softmax over every expert, then the top k (renormalised when norm_topk_prob)."""
+    use_qk_norm = True
+    """Qwen3 always normalises each query and key head."""
+    partial_rotary_factor = 1.0
+
+    @property
+    def rotary_dim(self) -> int:
+        """Qwen3 rotates every dimension of each head."""
+        return self.head_dim
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        eos = self.eos_token_id
+        return () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+
+    @property
+    def moe_layers(self) -> MoeLayers:
+        step = self.decoder_sparse_step
+        return MoeLayers(self.num_hidden_layers, self.num_experts, every=step, phase=step - 1,
+                         dense=frozenset(self.mlp_only_layers))
+
+    def is_moe_layer(self, layer_index: int) -> bool:
+        """Decoder layer ``layer_index`` has a routed MLP; an MTP layer (index >= num_hidden_layers) is built
+        like the last decoder layer, as training builds it (hf_config.to_hf_config checks that the
+        engines' rule agrees before it writes one)."""
+        rule = self.moe_layers
+        return (rule.mtp if layer_index >= self.num_hidden_layers else layer_index in rule)
+
+
+_FIELDS = dataclasses.fields(Qwen3MoeHFConfig)
+READ_KEYS = frozenset({f.name for f in _FIELDS} | {"rope_parameters", "rope_scaling", "num_mtp_layers", "dtype",
+                                                   "num_local_experts"})
+"""Every config.json key the view reads."""
+
+
+def _rope_theta(raw: Mapping[str, Any], where: str) -> float:
+    params = raw.get("rope_scaling") or raw.get("rope_parameters") or {}  # transformers reads rope_scaling first
+    if not isinstance(params, Mapping):
+        raise UserError(f"{where}: the rope settings (rope_parameters) must be a mapping.")
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in ("default", None):
+        raise UserError(f"{where}: rope type '{kind}' is not supported for a Qwen3-MoE model (only the default "
+                        "RoPE, which the Qwen3-MoE releases use; their YaRN is a serving-time option).")
+    factor = _value(params, "partial_rotary_factor", float, 1.0, where)
+    if factor != 1.0:
+        raise UserError(f"{where}: partial_rotary_factor {factor} cannot be represented; Qwen3-MoE rotates every "
+                        "dimension of each head.")
+    theta = _value(params if params.get("rope_theta") is not None else raw, "rope_theta", float, 10000.0, where)
+    top = _value(raw, "rope_theta", float, None, where)
+    if params.get("rope_theta") is not None and top is not None and top != theta:
+        note_once(f"{where}: rope_parameters gives rope_theta {theta} and the top level {top}; {theta} is used, "
+                  "as transformers does")
+    return theta
+
+
+def _layer_list(raw: Mapping[str, Any], where: str) -> tuple[int, ...]:
+    value = raw.get("mlp_only_layers") or []
+    if not isinstance(value, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise UserError(f"{where}: field 'mlp_only_layers' has a malformed value {value!r}; it must be a list of "
+                        "layer indices; correct it in that file.")
+    return tuple(value)
+
+
+def parse_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> Qwen3MoeHFConfig:
+    """The view of a config.json dict; a missing required field or a malformed one is a UserError."""
+    values = read_view_fields(raw, Qwen3MoeHFConfig, where, "Qwen3-MoE")
+    heads = values["num_attention_heads"]
+    if heads < 1 or values["num_key_value_heads"] < 1 or heads % values["num_key_value_heads"]:
+        kv = missing_or_value(raw, "num_key_value_heads", values["num_key_value_heads"])
+        raise UserError(f"{where}: num_attention_heads ({heads}) must be a positive multiple of num_key_value_heads "
+                        f"{kv}.")
+    experts = _value(raw, "num_experts", int, None, where)
+    if experts is None:
+        experts = _value(raw, "num_local_experts", int, 128, where)
+    if values["decoder_sparse_step"] < 1:
+        raise UserError(f"{where}: decoder_sparse_step is {values['decoder_sparse_step']}; it must be a positive "
+                        "integer; correct it in that file.")
+    values.update(
+        architectures=tuple(str(a) for a in raw.get("architectures") or ()),
+        head_dim=values["head_dim"] or values["hidden_size"] // heads,
+        num_experts=experts,
+        mlp_only_layers=_layer_list(raw, where),
+        num_nextn_predict_layers=mtp_depth(raw, where),
+        eos_token_id=_value(raw, "eos_token_id", eos_ids, None, where),
+        torch_dtype=values["torch_dtype"] or _value(raw, "dtype", str, None, where),
+        rope_theta=_rope_theta(raw, where),
+    )
+    return Qwen3MoeHFConfig(**values)
