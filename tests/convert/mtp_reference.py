@@ -55,14 +55,18 @@ SGLANG_QWEN3_MTP = {"pre_fc_norm_embedding.weight": "enorm.weight", "pre_fc_norm
 """SGLang's Qwen3-MoE MTP names (python/sglang/srt/models/qwen3_moe_mtp.py) -> the release's."""
 
 
-def _release_names(weights: dict[str, torch.Tensor], model, num_layers: int) -> dict[str, torch.Tensor]:
-    """A Qwen3-MoE export's one MTP module under the release names of layer ``num_layers``."""
-    p = f"model.layers.{num_layers}."
-    out = {p + "embed_tokens.weight": model.model.embed_tokens.weight,
-           p + "shared_head.head.weight": model.lm_head.weight}
-    for name, tensor in weights.items():
-        rest = name[len("mtp."):]
-        out[p + SGLANG_QWEN3_MTP.get(rest, rest.replace("layers.0.", "", 1))] = tensor
+def _release_names(weights: dict[str, torch.Tensor], model, num_layers: int, depth: int) -> dict[str, torch.Tensor]:
+    """A Qwen3-MoE export's MTP modules under the release names of layers ``num_layers + d``: module 0 as
+    SGLang names it (``mtp.*``), module d >= 1 under ``mtp.{d}.`` with the same sub-names."""
+    out = {}
+    for d in range(depth):
+        p, own = f"model.layers.{num_layers + d}.", "mtp." if d == 0 else f"mtp.{d}."
+        out[p + "embed_tokens.weight"] = model.model.embed_tokens.weight
+        out[p + "shared_head.head.weight"] = model.lm_head.weight
+        for name, tensor in weights.items():
+            rest = name[len(own):]
+            if name.startswith(own) and not (d == 0 and rest.split(".", 1)[0].isdigit()):
+                out[p + SGLANG_QWEN3_MTP.get(rest, rest.replace("layers.0.", "", 1))] = tensor
     return out
 
 
@@ -94,8 +98,7 @@ def mtp_logits(main_dir: Path, mtp_dir: Path, tokens: torch.Tensor) -> list[torc
     L, D = mtp_cfg["num_hidden_layers"], mtp_cfg["num_nextn_predict_layers"]
     weights = _load_dir(mtp_dir)
     if model_type == "qwen3_moe":
-        assert D == 1, "the Qwen3-MoE naming read here is SGLang's one module"
-        weights = _release_names(weights, model, L)
+        weights = _release_names(weights, model, L, D)
     b, s = tokens.shape
     positions = torch.arange(s).expand(b, s)
     mask = torch.full((s, s), float("-inf")).triu(1).expand(b, 1, s, s)

@@ -1,4 +1,4 @@
-"""Fixtures for the inference tests: tiny random exports (DeepSeek-V3 and GLM-4.5) built once per session."""
+"""Fixtures for the inference tests: tiny random exports (DeepSeek-V3, GLM-4.5, Qwen3-MoE) built once per session."""
 
 from __future__ import annotations
 
@@ -53,3 +53,18 @@ def gen_glm(export_glm):
     from megatron_mtp.inference.generate import load_generator
 
     return load_generator(export_glm)
+
+
+@pytest.fixture(scope="session")
+def export_qwen3(tmp_path_factory) -> Path:
+    """Qwen3-MoE, main/ + mtp/ with two MTP modules under Qwen3's MTP names (``mtp.*``, ``mtp.1.*``), softmax
+    routing without shared experts, q/k norms on, near-bigram weights (drafts partly accepted)."""
+    return make_tiny_export(tmp_path_factory.mktemp("export_qwen3"), layout="separate", mtp_depth=2, seed=7,
+                            family="qwen3_moe", near_bigram=0.05)
+
+
+@pytest.fixture(scope="session")
+def gen_qwen3(export_qwen3):
+    from megatron_mtp.inference.generate import load_generator
+
+    return load_generator(export_qwen3)

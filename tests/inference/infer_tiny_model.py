@@ -1,8 +1,10 @@
-"""Test helpers: tiny random DeepSeek-V3 and GLM-4.5 exports (main/ + mtp/, inline, plain) and a perfect draft.
+"""Test helpers: tiny random DeepSeek-V3, GLM-4.5 and Qwen3-MoE exports (main/ + mtp/, inline, plain) and a
+perfect draft.
 
-The main model is transformers' ``DeepseekV3ForCausalLM`` or ``Glm4MoeForCausalLM`` (random init, fp32,
-``save_pretrained``); the MTP weights are random tensors written with safetensors under the HF names
-``model.layers.{L+i}.*`` (enorm, hnorm, eh_proj, shared_head.*, embed_tokens, decoder layer).
+The main model is transformers' ``DeepseekV3ForCausalLM``, ``Glm4MoeForCausalLM`` or ``Qwen3MoeForCausalLM``
+(random init, fp32, ``save_pretrained``); the MTP weights are random tensors written with safetensors under
+the HF names ``model.layers.{L+i}.*`` (enorm, hnorm, eh_proj, shared_head.*, embed_tokens, decoder layer),
+or the family's own MTP names (Qwen3-MoE: ``mtp.*``).
 """
 
 from __future__ import annotations
@@ -59,7 +61,23 @@ def tiny_glm_config(vocab: int = 320, layers: int = 2, qk_norm: bool = True, bia
     )
 
 
-FAMILIES = {"deepseek_v3": (tiny_config, "DeepseekV3ForCausalLM"), "glm4_moe": (tiny_glm_config, "Glm4MoeForCausalLM")}
+def tiny_qwen3_config(vocab: int = 320, layers: int = 2, init_std: float = 0.08, experts: int = 8,
+                      mtp_depth: int = 0, norm_topk_prob: bool = True):
+    """A tiny Qwen3-MoE: GQA (4 query heads in 2 groups, head_dim 16) with q/k norms and full RoPE, softmax
+    top-2 routing of 8 experts without shared experts, every layer MoE."""
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_experts=experts, num_experts_per_tok=2, norm_topk_prob=norm_topk_prob, decoder_sparse_step=1,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, max_position_embeddings=512,
+        initializer_range=init_std, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False,
+    )
+
+
+FAMILIES = {"deepseek_v3": (tiny_config, "DeepseekV3ForCausalLM"), "glm4_moe": (tiny_glm_config, "Glm4MoeForCausalLM"),
+            "qwen3_moe": (tiny_qwen3_config, "Qwen3MoeForCausalLM")}
 """family -> (tiny config builder, transformers model class name)."""
 
 
@@ -110,6 +128,15 @@ def mtp_tensors(
     return {k: v.contiguous() for k, v in out.items()}
 
 
+def _family_names(mtp: dict[str, torch.Tensor], family: str, num_layers: int) -> dict[str, torch.Tensor]:
+    """The MTP tensors under the family's export names (Qwen3-MoE: SGLang's ``mtp.*``; the copies of the
+    embedding and head are not written, the decoder shares the main model's)."""
+    from megatron_mtp.models.family import get_family
+
+    rename = get_family(family).table.mtp_names
+    return {rename(k, num_layers): v for k, v in mtp.items() if rename(k, num_layers) is not None}
+
+
 def _write_index(directory: Path, files: dict[str, list[str]]) -> None:
     weight_map = {name: file for file, names in files.items() for name in names}
     (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
@@ -156,7 +183,7 @@ def make_tiny_export(root: Path, layout: str = "separate", mtp_depth: int = 1, s
     torch.manual_seed(seed)
     config = FAMILIES[family][0](mtp_depth=0, **config_kwargs)
     model = hf_model_class(family)(config).eval()
-    if family == "glm4_moe":
+    if family in ("glm4_moe", "qwen3_moe"):
         _randomize_norms_and_biases(model, seed)
     if near_bigram is not None:
         with torch.no_grad():
@@ -177,6 +204,7 @@ def make_tiny_export(root: Path, layout: str = "separate", mtp_depth: int = 1, s
     extra = mtp_tensors(main_state, config, mtp_depth, seed + 1, mtp_std)
     if near_bigram is not None:
         _near_bigram_mtp(extra, main_state, config.hidden_size, near_bigram)
+    extra = _family_names(extra, family, config.num_hidden_layers)
     if layout == "separate":
         mtp_dir = root / "mtp"
         mtp_dir.mkdir(parents=True, exist_ok=True)

@@ -87,7 +87,8 @@ def _check_equal_to_plain(gen, k, drafter_factory=None):
     return batch
 
 
-@pytest.mark.parametrize(("fixture", "k"), [("gen_d1", 0), ("gen_d1", 1), ("gen_d1", 3), ("gen_d2", 2), ("gen_glm", 2)])
+@pytest.mark.parametrize(("fixture", "k"), [("gen_d1", 0), ("gen_d1", 1), ("gen_d1", 3), ("gen_d2", 2), ("gen_glm", 2),
+                                                ("gen_qwen3", 3)])
 def test_batched_greedy_equals_each_prompt_alone(request, fixture, k):
     gen = request.getfixturevalue(fixture)
     batch = _check_equal_to_plain(gen, k)
@@ -148,7 +149,7 @@ def _fresh_caches(gen, seq, module_lengths):
     return ref_target, refs
 
 
-@pytest.mark.parametrize("fixture", ["gen_d1", "gen_d2", "gen_heads_batch", "gen_glm"])
+@pytest.mark.parametrize("fixture", ["gen_d1", "gen_d2", "gen_heads_batch", "gen_glm", "gen_qwen3"])
 def test_rollback_per_sequence_leaves_a_fresh_prefills_cache(request, fixture):
     gen = request.getfixturevalue(fixture)
     prompts, budgets = _prompts(gen.config.vocab_size, seed=1)[::2], [12] * 7

@@ -12,7 +12,7 @@ PROMPT = "def add(a, b):\n    return"
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])
-@pytest.mark.parametrize("fixture", ["gen_d1", "gen_glm"])
+@pytest.mark.parametrize("fixture", ["gen_d1", "gen_glm", "gen_qwen3"])
 def test_greedy_speculative_equals_plain_d1(request, fixture, k):
     gen = request.getfixturevalue(fixture)
     plain = gen.generate(PROMPT, max_new_tokens=40, ignore_eos=True)
@@ -141,7 +141,7 @@ class _OracleDrafts:
 
 
 @pytest.mark.parametrize("bad", [1, 2, None], ids=["reject-first", "accept-one", "accept-all"])
-@pytest.mark.parametrize("fixture", ["gen_d1", "gen_d2", "gen_glm"])
+@pytest.mark.parametrize("fixture", ["gen_d1", "gen_d2", "gen_glm", "gen_qwen3"])
 def test_mtp_cache_after_rollback_equals_recompute(request, fixture, bad):
     """After (partial) acceptance the kept MTP caches are exactly what the final sequence implies."""
     gen = request.getfixturevalue(fixture)
