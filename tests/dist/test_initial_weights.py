@@ -77,19 +77,33 @@ def test_initial_weights_keep_megatron_core_distributions(single):
         assert abs(t.mean().item()) < 4 * want / math.sqrt(t.numel()) + 1e-6, key
 
 
-GLM = ROOT / "configs" / "glm4_moe_tiny_cpu.yaml"
-GLM_LAYOUTS = {"tp2_etp1_ep2": LAYOUTS["tp2_etp1_ep2"], "pp2_vpp2": LAYOUTS["pp2_vpp2"]}
+# The grouped-query families: GLM-4.5's linear_qkv (rows grouped per key/value head, split over TP by
+# groups), its bias and q/k norms; Qwen3-MoE's the same without the bias, and its MoE without shared experts
+# or expert bias.
+GQA_CONFIGS = {"glm": ROOT / "configs" / "glm4_moe_tiny_cpu.yaml",
+               "qwen3": ROOT / "configs" / "qwen3_moe_tiny_cpu.yaml"}
+GQA_LAYOUTS = {"tp2_etp1_ep2": LAYOUTS["tp2_etp1_ep2"], "pp2_vpp2": LAYOUTS["pp2_vpp2"]}
 
 
 @pytest.fixture(scope="module")
-def glm_single(tmp_path_factory, script):
-    return built_at(GLM, (1, ()), tmp_path_factory.mktemp("init") / "glm_single", script)
+def gqa_single(tmp_path_factory, script):
+    """family -> its one-process model, built once when first asked for."""
+    done: dict[str, dict] = {}
+
+    def single(family: str) -> dict:
+        if family not in done:
+            done[family] = built_at(GQA_CONFIGS[family], (1, ()), tmp_path_factory.mktemp("init") / family, script)
+        return done[family]
+
+    return single
 
 
-@pytest.mark.parametrize("name", list(GLM_LAYOUTS))
-def test_glm_initial_weights_are_the_same_at_every_layout(glm_single, name, tmp_path, script):
-    """GLM-4.5's linear_qkv (rows grouped per key/value head, split over TP by groups), its bias and
-    q/k norms included."""
-    got = built_at(GLM, GLM_LAYOUTS[name], tmp_path, script)
-    assert any(key.endswith("linear_qkv.bias") for key, _ in got)
-    assert_same_model(got, glm_single, name)
+@pytest.mark.parametrize("name", list(GQA_LAYOUTS))
+@pytest.mark.parametrize("family", list(GQA_CONFIGS))
+def test_gqa_family_initial_weights_are_the_same_at_every_layout(gqa_single, family, name, tmp_path, script):
+    got = built_at(GQA_CONFIGS[family], GQA_LAYOUTS[name], tmp_path, script)
+    keys = {key.rsplit(".", 2)[-2] + "." + key.rsplit(".", 1)[-1] for key, _ in got}
+    assert {"q_layernorm.weight", "k_layernorm.weight"} <= keys
+    assert ("linear_qkv.bias" in keys) == (family == "glm")
+    assert ("shared_experts.linear_fc1.weight" in {".".join(k.split(".")[-3:]) for k, _ in got}) == (family == "glm")
+    assert_same_model(got, gqa_single(family), name)

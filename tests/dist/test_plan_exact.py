@@ -24,6 +24,7 @@ pytestmark = pytest.mark.dist
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "tiny_cpu.yaml")
 GLM = str(ROOT / "configs" / "glm4_moe_tiny_cpu.yaml")
+QWEN3 = str(ROOT / "configs" / "qwen3_moe_tiny_cpu.yaml")
 BASE = ["model.vocab_size=1000", "model.num_layers=2", "training.seq_length=64", "training.micro_batch_size=2",
         "training.global_batch_size=8"]
 LAYOUTS = {
@@ -49,6 +50,8 @@ LAYOUTS = {
     # GLM-4.5's grouped-query attention: linear_qkv (with its bias) split over TP by key/value groups,
     # per-head q/k norms whose gradients TP sums
     "glm_tp2_ep2": (2, ["parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1"], GLM),
+    # Qwen3-MoE: the same attention without its bias, routed experts without shared ones or expert bias
+    "qwen3_tp2_ep2": (2, ["parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1"], QWEN3),
     # MTP-only training: parameters for all, gradients/optimizer/activations of the MTP path alone (pipeline
     # rank 0 of pp2 trains nothing)
     "frozen_base": (1, ["mtp.freeze_base=true", "checkpoint.load=/a/model", "training.precision=bf16"]),

@@ -132,39 +132,52 @@ def test_uneven_pipeline_layout_matches_single_process(tmp_path, train, metrics,
         assert max(abs(x[key] - y[key]) for x, y in zip(a, b)) < 2e-3, key
 
 
-# GLM-4.5 (model.family glm4_moe): grouped-query attention split over TP by key/value groups (its q/k
-# norm gradients summed over TP), partial RoPE, the same MoE and MTP; 4 layers so that PP2 x VPP2 has
-# one per chunk. One reference run serves the layouts and the resume.
-GLM = ("model.num_layers=4", *EVAL)
-GLM_LAYOUTS = {
+# The grouped-query families: GLM-4.5 (glm4_moe: partial RoPE, qkv bias, DeepSeek-style MoE) and Qwen3-MoE
+# (qwen3_moe: full RoPE, softmax top-k routing with a micro-batch balance loss, no shared experts). Their
+# attention is split over TP by key/value groups (the q/k norm gradients summed over TP); 4 layers so that
+# PP2 x VPP2 has one per chunk. One reference run per family serves its layouts and its resume.
+GQA = ("model.num_layers=4", *EVAL)
+GQA_CONFIGS = {"glm": "glm4_moe_tiny_cpu", "qwen3": "qwen3_moe_tiny_cpu"}
+GQA_LAYOUTS = {
     "tp2_ep2": ("parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1"),
     "pp2_vpp2": ("parallel.pipeline=2", "parallel.virtual_pipeline=2"),
 }
 
 
 @pytest.fixture(scope="module")
-def glm_reference(tmp_path_factory, train, metrics):
-    root = tmp_path_factory.mktemp("glm_layouts")
-    train(root / "single", steps=STEPS, overrides=GLM, config="glm4_moe_tiny_cpu")
-    return root, metrics(root / "single")
+def gqa_reference(tmp_path_factory, train, metrics):
+    """family -> (root, the one-process run's scalars), each trained once when first asked for."""
+    done: dict[str, tuple] = {}
+
+    def reference(family: str):
+        if family not in done:
+            root = tmp_path_factory.mktemp(f"{family}_layouts")
+            train(root / "single", steps=STEPS, overrides=GQA, config=GQA_CONFIGS[family])
+            done[family] = root, metrics(root / "single")
+        return done[family]
+
+    return reference
 
 
-@pytest.mark.parametrize("name", list(GLM_LAYOUTS))
-def test_glm_layout_matches_single_process(glm_reference, name, train, metrics):
-    root, single = glm_reference
-    train(root / name, nproc=2, steps=STEPS, overrides=(*GLM, *GLM_LAYOUTS[name]), config="glm4_moe_tiny_cpu")
+@pytest.mark.parametrize("name", list(GQA_LAYOUTS))
+@pytest.mark.parametrize("family", list(GQA_CONFIGS))
+def test_gqa_family_layout_matches_single_process(gqa_reference, family, name, train, metrics):
+    root, single = gqa_reference(family)
+    train(root / name, nproc=2, steps=STEPS, overrides=(*GQA, *GQA_LAYOUTS[name]), config=GQA_CONFIGS[family])
     rows = [r for r in metrics(root / name) if "train/lm_loss" in r or "valid/lm_loss" in r]
     assert_same_first_step(rows, single, name)
     keys = compare_scalars(rows, single, name, TOLERANCE)
     assert {"train/lm_loss", "train/mtp_loss_1", "train/grad_norm", "valid/lm_loss"} <= set(keys)
 
 
-def test_glm_resumes_at_another_layout_as_if_uninterrupted(glm_reference, train, metrics):
+@pytest.mark.parametrize("family", list(GQA_CONFIGS))
+def test_gqa_family_resumes_at_another_layout_as_if_uninterrupted(gqa_reference, family, train, metrics):
     """Two steps in one process, the third resumed with optimizer state at PP2 x VPP2."""
-    root, single = glm_reference
+    root, single = gqa_reference(family)
     run = root / "resumed"
-    train(run, steps=2, overrides=GLM, config="glm4_moe_tiny_cpu")
-    second = train(run, nproc=2, steps=STEPS, overrides=(*GLM, *GLM_LAYOUTS["pp2_vpp2"]), config="glm4_moe_tiny_cpu")
+    config = GQA_CONFIGS[family]
+    train(run, steps=2, overrides=GQA, config=config)
+    second = train(run, nproc=2, steps=STEPS, overrides=(*GQA, *GQA_LAYOUTS["pp2_vpp2"]), config=config)
     assert "at step 2" in second.stdout
     third = [r for r in metrics(run) if r.get("step") == STEPS and "train/lm_loss" in r]
     want = [r for r in single if r.get("step") == STEPS and "train/lm_loss" in r]
