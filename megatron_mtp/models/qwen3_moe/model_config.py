@@ -81,7 +81,7 @@ def check(cfg) -> None:
                         "(1: every layer is MoE)")
     outside = [i for i in m.mlp_only_layers if not 0 <= i < m.num_layers]
     if outside:
-        raise UserError(f"model.mlp_only_layers names layer {outside[0]}, but the model's layers are 0 .. "
+        raise UserError(f"model.mlp_only_layers names layer {outside[0]}, but the model's layers are 0 to "
                         f"{m.num_layers - 1}; list 0-based indices of model.num_layers={m.num_layers} layers")
     if len(set(m.mlp_only_layers)) != len(m.mlp_only_layers):
         raise UserError(f"model.mlp_only_layers {m.mlp_only_layers} names a layer twice; list each layer once")
