@@ -1,10 +1,11 @@
 """MTP for a model that already exists: MTP-only training (mtp.freeze_base) of each init × each target on
 the default model's main weights, beside the jointly trained default model.
 
-    python tools/compare_mtp_only.py [--steps 300] [--out runs/compare_mtp_only] [--eval-steps 16]
-        [--new-tokens 64] [--threads 1] [--reuse] [--variants random-tokens,copy_last_layer-self,...]
+    python tools/compare_mtp_only.py [--config configs/tiny_cpu.yaml] [--steps 300] [--out runs/compare_mtp_only]
+        [--eval-steps 16] [--new-tokens 64] [--threads 1] [--reuse] [--variants random-tokens,copy_last_layer-self,...]
 
-1. The default model (configs/tiny_cpu.yaml, MTP D=1) is trained jointly for --steps steps ("joint").
+1. The default model (configs/tiny_cpu.yaml, or --config, e.g. configs/qwen3_moe_tiny_cpu.yaml; MTP D=1)
+   is trained jointly for --steps steps ("joint").
 2. Its main weights are exported with `convert to-hf --mtp none` and imported back (`convert from-hf`):
    a model without MTP weights (num_nextn_predict_layers 0).
 3. From that import, MTP-only training for the same steps, same data order and LR schedule, for each
@@ -33,11 +34,12 @@ from compare_mtp_styles import CONFIG, TRAIN_OVERRIDES, _cli, evaluate, speculat
 VARIANTS = [f"{init}-{target}" for init in ("random", "copy_last_layer") for target in ("tokens", "self", "mix")]
 
 
-def _train(run: Path, overrides: list[str], steps: int, threads: int, reuse: bool) -> None:
+def _train(run: Path, overrides: list[str], steps: int, threads: int, reuse: bool,
+           config: str = str(CONFIG)) -> None:
     if reuse and (run / "checkpoints" / "latest").is_file():
         return
     shutil.rmtree(run, ignore_errors=True)
-    _cli(["train", str(CONFIG), "--run-dir", str(run), "--max-steps", str(steps), *TRAIN_OVERRIDES,
+    _cli(["train", config, "--run-dir", str(run), "--max-steps", str(steps), *TRAIN_OVERRIDES,
           "checkpoint.save_interval=0", *overrides], threads)
 
 
@@ -75,6 +77,7 @@ def table(results: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=str(CONFIG), help="the model (its MTP depth 1)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--out", default=str(ROOT / "runs" / "compare_mtp_only"))
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated of {', '.join(VARIANTS)}")
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     joint = out / "joint"
-    _train(joint, [], args.steps, args.threads, args.reuse)
+    _train(joint, [], args.steps, args.threads, args.reuse, args.config)
     base = base_without_mtp(joint, out, args.threads, args.reuse)
     results = {"joint": summary(joint, args.eval_steps, args.new_tokens, args.threads)}
     print("joint done", flush=True)
@@ -94,13 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         init, target = name.split("-")
         run = out / name
         _train(run, [f"checkpoint.load={base}", "checkpoint.load_optimizer=false", "mtp.freeze_base=true",
-                     f"mtp.init={init}", f"mtp.targets={target}"], args.steps, args.threads, args.reuse)
+                     f"mtp.init={init}", f"mtp.targets={target}"], args.steps, args.threads, args.reuse, args.config)
         results[name] = summary(run, args.eval_steps, args.new_tokens, args.threads)
         print(f"{name}: acceptance {results[name]['eval']['mtp_acceptance'][0]:.3f}", flush=True)
     print()
     print(table(results))
-    (out / "results.json").write_text(json.dumps({"steps": args.steps, "variants": results}, indent=2,
-                                                 default=str) + "\n")
+    record = {"config": args.config, "steps": args.steps, "variants": results}
+    (out / "results.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     return 0
 
 

@@ -69,6 +69,9 @@ class EngineFacts:
     """What ``--for`` writes for a checkpoint with MTP: the layout it loads with the fewest flags."""
     no_draft: Optional[str] = None
     """Why the engine has no MTP draft for the family at all (None: it has one)."""
+    skips_mtp_in_main: bool = True
+    """Whether its main-model loader passes over MTP tensors beside the main ones (the inline layout);
+    False: it stops at a name it has no module for."""
 
 
 FACTS = {
@@ -179,8 +182,8 @@ def choose_layout(
         return mtp or "separate", mtp_layout or "hf", dtype or "bf16"
     if mtp is None:
         facts = facts_for(engine, family)
-        if not has_mtp:
-            mtp = "none"
+        if not has_mtp or facts.no_draft is not None:
+            mtp = "none"  # no MTP draft there: the main model alone is what it serves
         elif num_layers == 1 and mtp_layout is None and facts.preferred_layout not in facts.one_layer_draft_layouts:
             mtp, mtp_layout = "separate", "nextn"  # the only layout SGLang's DeepSeek draft finds for L == 1
         else:
@@ -216,6 +219,10 @@ def problems(engine: str, export: Export) -> list[Problem]:
     if e.parallel_heads:
         add("parallel-heads", parallel_heads_sentence(name))
         return found
+    if e.layout == "inline" and not facts.skips_mtp_in_main:
+        add("inline-main", f"{name}'s {e.architecture} loader stops at tensor names it has no module for, and an "
+            "inline export holds the MTP module beside the main model; export with --mtp separate or --mtp none",
+            "model")
     if facts.no_draft is not None:
         add("no-draft", f"{facts.no_draft}, so it serves the main model of this export without the MTP draft; "
             "draft with megatron-mtp generate --speculative K" + (" or SGLang (--for sglang)" if engine != "sglang"

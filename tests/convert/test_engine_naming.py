@@ -2,7 +2,8 @@
 every shipped config (and of small variants that reach each engine's limits).
 
 The rules below are written from how vLLM 0.33, SGLang 0.5.23 and transformers 5.24 load a
-DeepSeek-V3 directory (convert/README.md, "Serving"), from the directory's config.json alone:
+DeepSeek-V3 directory, and SGLang's main-branch source a Qwen3-MoE one (convert/README.md, "Serving"
+and "Qwen3-MoE"), from the directory's config.json alone:
 which tensor names each engine's model asks for, which names in the directory it reads, how it
 renames them, and which directory it reads the draft from (taken from the commands SERVING.md
 prints). They do not use the mapping table, so a change of an exported name that would break an
@@ -25,6 +26,8 @@ import pytest
 from megatron_mtp.config import load_config
 from megatron_mtp.convert import serving
 from megatron_mtp.convert.to_hf import hf_configs, plan_export, serving_export
+from megatron_mtp.models.family import get_family
+from megatron_mtp.models.tensor_table import release_mtp_name
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "configs").glob("*.yaml"))
@@ -41,7 +44,7 @@ TINY = str(REPO / "configs/tiny_cpu.yaml")
 CASES = [(p.stem, str(p), []) for p in SHIPPED] + [(k, TINY, v) for k, v in VARIANTS.items()]
 LAYOUTS = {"inline": ("inline", "hf"), "separate": ("separate", "hf"), "nextn": ("separate", "nextn"),
            "none": ("none", "hf")}
-NAMING_FACTS = {"tied-head", "dense-draft", "layout", "one-layer", "depth", "draft-tokens"}
+NAMING_FACTS = {"tied-head", "dense-draft", "layout", "one-layer", "depth", "draft-tokens", "inline-main", "no-draft"}
 OUT = Path("/served/OUT")
 NO_IDS = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
 
@@ -66,9 +69,18 @@ class Load:
 # -- the engines' rules, in our words ------------------------------------------------------------------
 
 
+QWEN3 = "qwen3_moe"
+
+
 def decoder_layer(c: dict, moe: bool, bias: Optional[bool] = None) -> set[str]:
-    """Checkpoint names of one DeepSeek-V3 or GLM-4.5 decoder layer, relative to its prefix."""
+    """Checkpoint names of one DeepSeek-V3, GLM-4.5 or Qwen3-MoE decoder layer, relative to its prefix."""
     names = {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.o_proj.weight"}
+    if c["model_type"] == QWEN3:  # q/k/v without a bias, q/k norms always; softmax router, no shared experts
+        names |= {f"self_attn.{p}_proj.weight" for p in "qkv"} | {"self_attn.q_norm.weight", "self_attn.k_norm.weight"}
+        if not moe:
+            return names | {f"mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+        return names | {"mlp.gate.weight"} | {f"mlp.experts.{e}.{p}_proj.weight" for e in range(c["num_experts"])
+                                                for p in ("gate", "up", "down")}
     if c["model_type"] == "glm4_moe":  # q/k/v with an optional bias and per-head q/k norms
         names |= {f"self_attn.{p}_proj.{w}" for p in "qkv" for w in ("weight", "bias")[:1 + c["attention_bias"]]}
         names |= {"self_attn.q_norm.weight", "self_attn.k_norm.weight"} if c["use_qk_norm"] else set()
@@ -106,7 +118,10 @@ def layer_index(name: str) -> Optional[int]:
 
 
 def sparse(c: dict, i: int) -> bool:
-    """vLLM and SGLang: MoE if there are routed experts, from first_k_dense_replace on, every moe_layer_freq."""
+    """vLLM and SGLang: MoE if there are routed experts, from first_k_dense_replace on, every moe_layer_freq;
+    Qwen3-MoE: where (i + 1) % decoder_sparse_step == 0, outside mlp_only_layers."""
+    if c["model_type"] == QWEN3:
+        return c["num_experts"] > 0 and (i + 1) % c["decoder_sparse_step"] == 0 and i not in c["mlp_only_layers"]
     return c["n_routed_experts"] is not None and i >= c["first_k_dense_replace"] and i % c.get("moe_layer_freq", 1) == 0
 
 
@@ -114,6 +129,8 @@ def vllm_target(c: dict, names: set[str]) -> Load:
     """Names of MTP layers L..L+D-1 (D from this config) are skipped; every other name must be a
     parameter (else KeyError) and every parameter must be loaded (strict check)."""
     L, D = c["num_hidden_layers"], c["num_nextn_predict_layers"]
+    if c["model_type"] == QWEN3 and any(not n.startswith(("model.", "lm_head.")) for n in names):
+        return Load(error="AutoWeightsLoader: Qwen3MoeForCausalLM has no module 'mtp'")  # it skips nothing
     read = {n for n in names if not (layer_index(n) is not None and L <= layer_index(n) < L + D)}
     want = main_model(c, sparse, head=True)
     return Load(missing=want - read, unknown=read - want)
@@ -123,6 +140,8 @@ def vllm_draft(target: dict, draft: dict, names: set[str], k: int) -> Load:
     """The draft's layers come from the TARGET's config (L, D); its blocks from the draft's config.
     Only names of layers L..L+D-1 are read (and a top-level embedding); enorm/hnorm/eh_proj/shared_head
     keep their names, embed_tokens becomes the one draft embedding, the rest goes under mtp_block."""
+    if target["model_type"] == QWEN3:
+        return Load(error="no MTP model type for qwen3_moe")
     n_predict = draft["num_nextn_predict_layers"]
     if n_predict == 0 or (k > n_predict and k % n_predict):
         return Load(error=f"num_speculative_tokens {k} with n_predict {n_predict}")
@@ -155,6 +174,8 @@ def sglang_target(c: dict, names: set[str]) -> Load:
     parameter was loaded (so a missing one is silently uninitialised)."""
     L = c["num_hidden_layers"]
     read = {n for n in names if layer_index(n) is None or layer_index(n) < L}
+    if c["model_type"] == QWEN3:  # its loader passes over every name holding "mtp"
+        read = {n for n in read if "mtp" not in n}
     want = main_model(c, sparse, head=not c["tie_word_embeddings"])
     return Load(missing=want - read, unknown=read - want)
 
@@ -163,6 +184,8 @@ def sglang_draft(c: dict, names: set[str]) -> Load:
     """One NextN layer from the draft directory's own config: id 0 if num_hidden_layers is 1, else
     num_hidden_layers; names starting with model.layers.{id} (no trailing dot), the embedding and head
     copies skipped, the MTP norms/eh_proj to model.*, the rest to model.decoder.*; always a MoE block."""
+    if c["model_type"] == QWEN3:
+        return sglang_qwen3_draft(c, names)
     if c.get("num_nextn_predict_layers") != 1:
         return Load(error=f"num_nextn_predict_layers {c.get('num_nextn_predict_layers')}: only 1 is supported")
     layer = 0 if c["num_hidden_layers"] == 1 else c["num_hidden_layers"]
@@ -179,8 +202,32 @@ def sglang_draft(c: dict, names: set[str]) -> Load:
     return Load(missing=want - got, unknown=unknown)
 
 
+def sglang_qwen3_draft(c: dict, names: set[str]) -> Load:
+    """Qwen3MoeForCausalLMMTP: one layer (num_hidden_layers and num_nextn_predict_layers forced to 1), built
+    by the target's decoder_sparse_step/mlp_only_layers at index 0; of the names holding "mtp", mtp.fc,
+    mtp.pre_fc_norm_embedding and mtp.pre_fc_norm_hidden lose the "mtp." and every other has "mtp" replaced
+    by "model"; a name whose layer index is not 0, or that is no parameter, is skipped; the embedding and
+    head are the target's."""
+    want = {"fc.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight", "model.norm.weight"}
+    want |= {f"model.layers.0.{n}" for n in decoder_layer(c, sparse(c, 0))}
+    got = set()
+    for name in names:
+        if "mtp" not in name:
+            continue
+        if name in ("mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight"):
+            to = name.replace("mtp.", "")
+        else:
+            to = name.replace("mtp", "model")
+        index = re.search(r"layers\.(\d+)\.", to)
+        if (index is None or index.group(1) == "0") and to in want:
+            got.add(to)
+    return Load(missing=want - got)
+
+
 def known_mtp_patterns(c: dict) -> list[str]:
     """transformers 5.24's _keys_to_ignore_on_load_unexpected: DeepSeek-V3's layer 61, GLM-4.5's 92 and 46."""
+    if c["model_type"] == QWEN3:
+        return []
     return [r"model\.layers\.92.*", r"model\.layers\.46.*"] if c["model_type"] == "glm4_moe" else [
         r"model\.layers\.61.*"]
 
@@ -188,9 +235,10 @@ def known_mtp_patterns(c: dict) -> list[str]:
 def transformers_target(c: dict, names: set[str]) -> Load:
     """MoE from first_k_dense_replace on; names matching the literal known MTP layers are ignored,
     other extra names are reported unexpected (a warning; `unknown` here)."""
-    want = main_model(c, lambda c, i: i >= c["first_k_dense_replace"], head=not c["tie_word_embeddings"])
+    is_moe = sparse if c["model_type"] == QWEN3 else (lambda c, i: i >= c["first_k_dense_replace"])
+    want = main_model(c, is_moe, head=not c["tie_word_embeddings"])
     extra = {n for n in names - want if not any(re.search(p, n) for p in known_mtp_patterns(c))}
-    mtp_layers = {n for n in extra if (layer_index(n) or 0) >= c["num_hidden_layers"]}
+    mtp_layers = {n for n in extra if (layer_index(n) or 0) >= c["num_hidden_layers"] or n.startswith("mtp.")}
     return Load(missing=want - names, unknown=extra - mtp_layers, reported=mtp_layers)
 
 
@@ -198,6 +246,8 @@ def transformers_mtp(c: dict, patterns: list[str], names: set[str]) -> Load:
     """MtpModel: num_mtp_layers modules, read from config.name_or_path; the weights are the names matching
     the ignore patterns whose first number is >= num_hidden_layers; layer L+d becomes module d; always
     MoE; embed_tokens and shared_head.head copies are ignored; anything missing is a RuntimeError."""
+    if c["model_type"] == QWEN3:
+        return Load(error="Qwen3MoeForCausalLM has no MTP layer")
     L, D = c["num_hidden_layers"], c["num_nextn_predict_layers"]
     kept = [p for p in patterns if int(re.search(r"\.(\d+)", p).group(1)) >= L]
     if D == 0 or not kept:
@@ -243,7 +293,7 @@ def sglang_served(e: serving.Export, files: dict[Path, tuple[dict, set]]) -> tup
     draft_config, draft_names = files[Path(opts.get("--speculative-draft-model-path", target_dir))]
     arch = draft_config["architectures"][0]  # SGLang maps the target's name to its NextN class
     assert arch in ("DeepseekV3ForCausalLM", "DeepseekV3ForCausalLMNextN", "Glm4MoeForCausalLM",
-                    "Glm4MoeForCausalLMNextN")
+                    "Glm4MoeForCausalLMNextN", "Qwen3MoeForCausalLM")
     return loads, sglang_draft(draft_config, draft_names)
 
 
@@ -279,7 +329,8 @@ def planned(case: tuple, layout: str) -> Optional[tuple[serving.Export, dict[Pat
     _, path, overrides = case
     cfg = load_config(path, overrides)
     mode, naming = LAYOUTS[layout]
-    if naming == "nextn" and cfg.mtp.modules > 1:
+    own_names = get_family(cfg.model.family).table.mtp_names is not release_mtp_name
+    if naming == "nextn" and (cfg.mtp.modules > 1 or own_names):
         return None  # refused by to-hf
     vocab = cfg.model.vocab_size or 4096
     plan = plan_export(cfg, vocab, mode, naming)

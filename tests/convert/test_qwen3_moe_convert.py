@@ -21,6 +21,7 @@ from tests.convert.helpers import hf_tensors, megatron_cli, same_tree
 from tests.convert.mtp_reference import SGLANG_QWEN3_MTP, mtp_logits
 
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.mcore  # megatron-core forward against transformers: on both lines (tools/test.sh)
 
 OVERRIDES = [o for o in TRAIN_OVERRIDES if not o.startswith("model.router_group_topk")]  # Qwen3 has no groups
 
@@ -80,11 +81,15 @@ def test_every_layout_round_trips_bitwise(qwen_run, qwen_export, tmp_path):
     same_tree(export_to_hf(back, tmp_path / "sep_again", dtype="fp32"), qwen_export)
     with pytest.raises(UserError, match="Qwen3-MoE names its MTP module its own way"):
         export_to_hf(qwen_run, tmp_path / "nextn", mtp="separate", mtp_layout="nextn")
+    with pytest.raises(UserError, match="vLLM's Qwen3MoeForCausalLM loader stops at tensor names"):
+        export_to_hf(qwen_run, tmp_path / "vllm", serve_for="vllm", mtp="inline")
     with pytest.raises(UserError, match="vLLM has no MTP draft model for Qwen3MoeForCausalLM"):
-        export_to_hf(qwen_run, tmp_path / "vllm", serve_for="vllm")
+        export_to_hf(qwen_run, tmp_path / "vllm", serve_for="vllm", mtp="separate")
     assert not (tmp_path / "nextn").exists() and not (tmp_path / "vllm").exists()
     none = export_to_hf(qwen_run, tmp_path / "none", mtp="none", dtype="fp32")
     same_tree(none, qwen_export / "main")
+    # --for an engine without a Qwen3-MoE draft writes what it serves: the main model alone
+    same_tree(export_to_hf(qwen_run, tmp_path / "for_vllm", serve_for="vllm", dtype="fp32"), none)
     dropped = drop_mtp(export_to_hf(qwen_run, tmp_path / "inline32", mtp="inline", dtype="fp32"), tmp_path / "dropped")
     a, b = hf_tensors(dropped), hf_tensors(none)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

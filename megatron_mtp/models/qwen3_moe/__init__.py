@@ -36,8 +36,10 @@ FAMILY = register(Family(
     attention="gqa",
     serving=ServingFacts(
         engine_facts={
-            # vLLM 0.33's MTP model types (deepseek_mtp, glm4_moe_mtp, qwen3_next_mtp, ...) have none for qwen3_moe
-            "vllm": dict(no_draft=_NO_MTP.format(engine="vLLM")),
+            # vLLM 0.33's MTP model types (deepseek_mtp, glm4_moe_mtp, qwen3_next_mtp, ...) have none for qwen3_moe,
+            # and its Qwen3MoeForCausalLM loads through AutoWeightsLoader, which refuses a name (mtp.*) it has
+            # no module for
+            "vllm": dict(no_draft=_NO_MTP.format(engine="vLLM"), skips_mtp_in_main=False),
             # SGLang's Qwen3MoeForCausalLMMTP (qwen3_moe_mtp.py): mtp.* names from the target's directory (or
             # --speculative-draft-model-path), one module applied per step, plain RMSNorms and nn.Linear fc
             "sglang": dict(draft_layouts=("inline", "separate"), one_layer_draft_layouts=("inline", "separate"),
