@@ -122,6 +122,51 @@ def check_mtp_export(model: ModelConfig, mtp: MTPConfig, depth: int, format_name
             "model.first_k_dense below model.num_layers (or model.num_experts=0 for a dense model)")
 
 
+NOT_CARRIED_ANY_FAMILY = {
+    "quantization_config": "the weights are dequantized on import",
+    "transformers_version": "it records who wrote the source file",
+    "_name_or_path": "it records where the source was loaded from",
+    "name_or_path": "it records where the source was loaded from",
+    "torch_dtype": "the export's --dtype decides",
+    "dtype": "the export's --dtype decides (written as torch_dtype)",
+    "num_mtp_layers": "transformers' spelling of num_nextn_predict_layers",
+    "num_nextn_predict_layers": "the export layout decides",
+}
+"""Fields of an imported config.json that no family's export writes back, and why (a family adds its own)."""
+IGNORED_ANY_FAMILY = frozenset({
+    "transformers_version", "use_cache", "pad_token_id", "_name_or_path", "name_or_path", "output_router_logits",
+    "router_aux_loss_coef", "return_dict", "output_hidden_states", "output_attentions", "torchscript", "id2label",
+    "label2id", "problem_type", "tokenizer_class", "chunk_size_feed_forward", "is_encoder_decoder",
+    "tf_legacy_loss", "use_bfloat16", "torch_dtype", "dtype", "bos_token_id", "eos_token_id", "architectures",
+    "model_type", "quantization_config",
+})
+"""config.json keys that say nothing about the architecture, in any family's file."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HFConfigFile:
+    """A config.json as an export writes it (``values``, in the release's key order); the family's typed
+    view (hf_config_json.py) is what every reader uses."""
+
+    values: dict
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.values)
+
+
+def check_keys(raw: Any, where: str, architecture: str, known: frozenset) -> None:
+    """What a converter refuses before reading a family's config.json: not an object, other
+    ``architectures``, a key outside ``known``; one sentence each."""
+    if not isinstance(raw, Mapping):
+        raise UserError(f"{where} must hold a JSON object")
+    archs = list(raw.get("architectures") or ())
+    if archs and architecture not in archs:
+        raise UserError(f"{where}: architectures {archs} is not {architecture}")
+    for key in raw:
+        if key not in known:
+            raise UserError(f"{where}: field '{key}' is not understood by the converter; it cannot be represented")
+
+
 Reader = Callable[[Mapping[str, Any]], tuple[ModelConfig, MTPConfig, int]]
 """A family's from_hf_config."""
 

@@ -13,7 +13,6 @@ from ``first_k_dense_replace`` on is MoE.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from megatron_mtp.config.model import MTPConfig
@@ -21,47 +20,30 @@ from megatron_mtp.errors import UserError
 from megatron_mtp.models.glm4_moe.hf_config_json import READ_KEYS, parse_hf_config
 from megatron_mtp.models.glm4_moe.model_config import Glm4MoeModelConfig as ModelConfig
 from megatron_mtp.models.glm4_moe.model_config import head_dim, query_groups, rotary_percent
+from megatron_mtp.models.hf_common import (
+    IGNORED_ANY_FAMILY,
+    NOT_CARRIED_ANY_FAMILY,
+    HFConfigFile,
+    check_group_routing,
+    check_keys,
+    check_mtp_export,
+)
 from megatron_mtp.models.hf_common import carry_source_fields as _carry
-from megatron_mtp.models.hf_common import check_group_routing, check_mtp_export
 
 NOT_CARRIED = {
-    "quantization_config": "the weights are dequantized on import",
-    "transformers_version": "it records who wrote the source file",
-    "_name_or_path": "it records where the source was loaded from",
-    "name_or_path": "it records where the source was loaded from",
-    "torch_dtype": "the export's --dtype decides",
-    "dtype": "the export's --dtype decides (written as torch_dtype)",
+    **NOT_CARRIED_ANY_FAMILY,
     "rope_parameters": "transformers' spelling of rope_theta + partial_rotary_factor, which are written instead",
-    "num_mtp_layers": "transformers' spelling of num_nextn_predict_layers",
-    "num_nextn_predict_layers": "the export layout decides",
     "architectures": "exports are Glm4MoeForCausalLM",
     "model_type": "exports are glm4_moe",
 }
-_IGNORED = frozenset({
-    "transformers_version", "use_cache", "pad_token_id", "_name_or_path", "name_or_path", "output_router_logits",
-    "router_aux_loss_coef", "return_dict", "output_hidden_states", "output_attentions", "torchscript", "id2label",
-    "label2id", "problem_type", "tokenizer_class", "chunk_size_feed_forward", "is_encoder_decoder",
-    "tf_legacy_loss", "use_bfloat16", "torch_dtype", "dtype", "bos_token_id", "eos_token_id", "architectures",
-    "model_type", "quantization_config",
-})
+_IGNORED = IGNORED_ANY_FAMILY
 _READ = READ_KEYS
 """What the converter reads: the typed view's keys (hf_config_json.READ_KEYS)."""
 
 
-@dataclass(frozen=True)
-class Glm4MoeConfigFile:
-    """A config.json of the GLM-4.5 format as an export writes it (``values``, in the release's key
-    order); hf_config_json.Glm4MoeHFConfig is the typed view every reader uses."""
-
-    values: dict
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.values)
-
-
 def to_hf_config(model: ModelConfig, mtp: MTPConfig, *, vocab_size: int, num_nextn_predict_layers: int,
                  torch_dtype: str = "bfloat16", bos_token_id: Optional[int] = None,
-                 eos_token_id: Optional[int] = None) -> Glm4MoeConfigFile:
+                 eos_token_id: Optional[int] = None) -> HFConfigFile:
     """The HF config of a model with this architecture (vocab from the weights)."""
     check_mtp_export(model, mtp, num_nextn_predict_layers, "GLM-4.5")
     moe = model.num_experts > 0
@@ -106,21 +88,14 @@ def to_hf_config(model: ModelConfig, mtp: MTPConfig, *, vocab_size: int, num_nex
         "torch_dtype": torch_dtype,
         "use_cache": True,
     }
-    return Glm4MoeConfigFile(values)
+    return HFConfigFile(values)
 
 
 def from_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> tuple[ModelConfig, MTPConfig, int]:
     """(model section, mtp section, vocab size) for an HF GLM-4.5 config.json dict, read through the
     typed view the decoder reads too (hf_config_json.parse_hf_config: transformers' defaults and rope
     precedence), plus what only the converter refuses (other architectures, unknown fields)."""
-    if not isinstance(raw, Mapping):
-        raise UserError(f"{where} must hold a JSON object")
-    archs = list(raw.get("architectures") or ())
-    if archs and "Glm4MoeForCausalLM" not in archs:
-        raise UserError(f"{where}: architectures {archs} is not Glm4MoeForCausalLM")
-    for key in raw:
-        if key not in _READ and key not in _IGNORED:
-            raise UserError(f"{where}: field '{key}' is not understood by the converter; it cannot be represented")
+    check_keys(raw, where, "Glm4MoeForCausalLM", _READ | _IGNORED)
     view = parse_hf_config(raw, where)
     if view.hidden_act != "silu":
         raise UserError(f"{where}: 'hidden_act' = {view.hidden_act!r} cannot be represented (only SwiGLU MLPs)")

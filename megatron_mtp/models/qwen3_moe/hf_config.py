@@ -15,38 +15,30 @@ shared experts or scaling. ``model.first_k_dense`` has no Qwen spelling: its lay
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.glm4_moe.model_config import head_dim, query_groups
+from megatron_mtp.models.hf_common import (
+    IGNORED_ANY_FAMILY,
+    NOT_CARRIED_ANY_FAMILY,
+    HFConfigFile,
+    check_keys,
+    check_mtp_export,
+)
 from megatron_mtp.models.hf_common import carry_source_fields as _carry
-from megatron_mtp.models.hf_common import check_mtp_export
 from megatron_mtp.models.qwen3_moe.hf_config_json import READ_KEYS, parse_hf_config
 from megatron_mtp.models.qwen3_moe.model_config import Qwen3MoeModelConfig as ModelConfig
 
 NOT_CARRIED = {
-    "quantization_config": "the weights are dequantized on import",
-    "transformers_version": "it records who wrote the source file",
-    "_name_or_path": "it records where the source was loaded from",
-    "name_or_path": "it records where the source was loaded from",
-    "torch_dtype": "the export's --dtype decides",
-    "dtype": "the export's --dtype decides (written as torch_dtype)",
+    **NOT_CARRIED_ANY_FAMILY,
     "rope_parameters": "transformers' spelling of rope_theta, which is written instead",
     "num_local_experts": "transformers' spelling of num_experts",
-    "num_mtp_layers": "transformers' spelling of num_nextn_predict_layers",
-    "num_nextn_predict_layers": "the export layout decides",
     "architectures": "exports are Qwen3MoeForCausalLM",
     "model_type": "exports are qwen3_moe",
 }
-_IGNORED = frozenset({
-    "transformers_version", "use_cache", "pad_token_id", "_name_or_path", "name_or_path", "output_router_logits",
-    "router_aux_loss_coef", "return_dict", "output_hidden_states", "output_attentions", "torchscript", "id2label",
-    "label2id", "problem_type", "tokenizer_class", "chunk_size_feed_forward", "is_encoder_decoder",
-    "tf_legacy_loss", "use_bfloat16", "torch_dtype", "dtype", "bos_token_id", "eos_token_id", "architectures",
-    "model_type", "quantization_config", "sliding_window", "max_window_layers",
-})
+_IGNORED = IGNORED_ANY_FAMILY | {"sliding_window", "max_window_layers"}
 """Fields that do not change the model's function (``sliding_window`` and ``max_window_layers`` only act
 with ``use_sliding_window``, which is refused)."""
 _REFUSED = {
@@ -55,16 +47,6 @@ _REFUSED = {
     "hidden_act": ("silu", "only SwiGLU MLPs are represented"),
     "attention_dropout": (0.0, "attention dropout is not represented"),
 }
-
-
-@dataclass(frozen=True)
-class Qwen3MoeConfigFile:
-    """A config.json of the Qwen3-MoE format as an export writes it (``values``, in the release's key order)."""
-
-    values: dict
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.values)
 
 
 def _check_routing(model: ModelConfig, where: str) -> None:
@@ -94,7 +76,7 @@ def _mtp_layers_agree(model: ModelConfig, depth: int) -> None:
 
 def to_hf_config(model: ModelConfig, mtp: MTPConfig, *, vocab_size: int, num_nextn_predict_layers: int,
                  torch_dtype: str = "bfloat16", bos_token_id: Optional[int] = None,
-                 eos_token_id: Optional[int] = None) -> Qwen3MoeConfigFile:
+                 eos_token_id: Optional[int] = None) -> HFConfigFile:
     """The HF config of a model with this architecture (vocab from the weights)."""
     check_mtp_export(model, mtp, num_nextn_predict_layers, "Qwen3-MoE")
     moe = model.num_experts > 0
@@ -137,21 +119,14 @@ def to_hf_config(model: ModelConfig, mtp: MTPConfig, *, vocab_size: int, num_nex
         "torch_dtype": torch_dtype,
         "use_cache": True,
     }
-    return Qwen3MoeConfigFile(values)
+    return HFConfigFile(values)
 
 
 def from_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> tuple[ModelConfig, MTPConfig, int]:
     """(model section, mtp section, vocab size) for an HF Qwen3-MoE config.json dict, read through the typed
     view (hf_config_json.parse_hf_config), plus what only the converter refuses (other architectures,
     unknown fields, what our model cannot compute)."""
-    if not isinstance(raw, Mapping):
-        raise UserError(f"{where} must hold a JSON object")
-    archs = list(raw.get("architectures") or ())
-    if archs and "Qwen3MoeForCausalLM" not in archs:
-        raise UserError(f"{where}: architectures {archs} is not Qwen3MoeForCausalLM")
-    for key in raw:
-        if key not in READ_KEYS and key not in _IGNORED:
-            raise UserError(f"{where}: field '{key}' is not understood by the converter; it cannot be represented")
+    check_keys(raw, where, "Qwen3MoeForCausalLM", READ_KEYS | _IGNORED)
     view = parse_hf_config(raw, where)
     for key, (allowed, why) in _REFUSED.items():
         if getattr(view, key) != allowed:
