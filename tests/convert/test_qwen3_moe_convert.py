@@ -21,7 +21,6 @@ from tests.convert.helpers import hf_tensors, megatron_cli, same_tree
 from tests.convert.mtp_reference import SGLANG_QWEN3_MTP, mtp_logits
 
 transformers = pytest.importorskip("transformers")
-pytestmark = pytest.mark.mcore  # megatron-core forward against transformers: on both lines (tools/test.sh)
 
 OVERRIDES = [o for o in TRAIN_OVERRIDES if not o.startswith("model.router_group_topk")]  # Qwen3 has no groups
 

@@ -135,13 +135,15 @@ def test_uneven_pipeline_layout_matches_single_process(tmp_path, train, metrics,
 # The grouped-query families: GLM-4.5 (glm4_moe: partial RoPE, qkv bias, DeepSeek-style MoE) and Qwen3-MoE
 # (qwen3_moe: full RoPE, softmax top-k routing with a micro-batch balance loss, no shared experts). Their
 # attention is split over TP by key/value groups (the q/k norm gradients summed over TP); 4 layers so that
-# PP2 x VPP2 has one per chunk. One reference run per family serves its layouts and its resume.
+# PP2 x VPP2 has one per chunk. One reference run per family serves its layouts and its resume. The resume
+# runs for Qwen3-MoE alone: no resume code is a family's own, and GLM's attention is the same code.
 GQA = ("model.num_layers=4", *EVAL)
 GQA_CONFIGS = {"glm": "glm4_moe_tiny_cpu", "qwen3": "qwen3_moe_tiny_cpu"}
 GQA_LAYOUTS = {
     "tp2_ep2": ("parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1"),
     "pp2_vpp2": ("parallel.pipeline=2", "parallel.virtual_pipeline=2"),
 }
+GQA_CASES = [(family, name) for family in GQA_CONFIGS for name in GQA_LAYOUTS]
 
 
 @pytest.fixture(scope="module")
@@ -159,8 +161,7 @@ def gqa_reference(tmp_path_factory, train, metrics):
     return reference
 
 
-@pytest.mark.parametrize("name", list(GQA_LAYOUTS))
-@pytest.mark.parametrize("family", list(GQA_CONFIGS))
+@pytest.mark.parametrize(("family", "name"), GQA_CASES, ids=[f"{f}-{n}" for f, n in GQA_CASES])
 def test_gqa_family_layout_matches_single_process(gqa_reference, family, name, train, metrics):
     root, single = gqa_reference(family)
     train(root / name, nproc=2, steps=STEPS, overrides=(*GQA, *GQA_LAYOUTS[name]), config=GQA_CONFIGS[family])
@@ -170,7 +171,7 @@ def test_gqa_family_layout_matches_single_process(gqa_reference, family, name, t
     assert {"train/lm_loss", "train/mtp_loss_1", "train/grad_norm", "valid/lm_loss"} <= set(keys)
 
 
-@pytest.mark.parametrize("family", list(GQA_CONFIGS))
+@pytest.mark.parametrize("family", ["qwen3"])
 def test_gqa_family_resumes_at_another_layout_as_if_uninterrupted(gqa_reference, family, train, metrics):
     """Two steps in one process, the third resumed with optimizer state at PP2 x VPP2."""
     root, single = gqa_reference(family)
