@@ -36,9 +36,9 @@ FAMILY = register(Family(
     attention="gqa",
     serving=ServingFacts(
         engine_facts={
-            # vLLM 0.33's MTP model types (deepseek_mtp, glm4_moe_mtp, qwen3_next_mtp, ...) have none for qwen3_moe,
-            # and its Qwen3MoeForCausalLM loads through AutoWeightsLoader, which refuses a name (mtp.*) it has
-            # no module for
+            # vLLM's MTP model types (deepseek_mtp, glm4_moe_mtp, qwen3_next_mtp, ... in the sources read) have
+            # none for qwen3_moe, and its Qwen3MoeForCausalLM loads through AutoWeightsLoader, which refuses a
+            # name (mtp.*) it has no module for
             "vllm": dict(no_draft=_NO_MTP.format(engine="vLLM"), skips_mtp_in_main=False),
             # SGLang's Qwen3MoeForCausalLMMTP (qwen3_moe_mtp.py): mtp.* names from the target's directory (or
             # --speculative-draft-model-path), one module applied per step, plain RMSNorms and nn.Linear fc
