@@ -62,8 +62,10 @@ def test_moe_layer_rule_is_transformers_and_megatron_cores():
         assert [int(view.is_moe_layer(i)) for i in range(9)] == want
     first = load_config(TINY, ["model.num_layers=6", "model.first_k_dense=2", "model.mlp_only_layers=[3]"])
     raw = get_family("qwen3_moe").to_hf_config(first.model, first.mtp, vocab_size=64,
-                                               num_nextn_predict_layers=1).to_dict()
+                                               num_nextn_predict_layers=0).to_dict()
     assert raw["mlp_only_layers"] == [0, 1, 3]  # first_k_dense has no Qwen spelling
+    with pytest.raises(UserError, match="make SGLang build it dense"):  # layer 0 dense there, the MTP layer MoE
+        get_family("qwen3_moe").to_hf_config(first.model, first.mtp, vocab_size=64, num_nextn_predict_layers=1)
 
 
 @pytest.mark.parametrize(("override", "words"), [
