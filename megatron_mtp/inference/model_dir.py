@@ -100,15 +100,16 @@ def _load_into(module: nn.Module, weights: HFDir, prefix: str, dtype: torch.dtyp
     stacked: set[str] = set()
     for key in module.state_dict():
         per_expert = _expert_sources(key, prefix, num_experts)
-        if rename(prefix + key) in weights:
-            plan[key] = [[rename(prefix + key)]]
+        name = rename(prefix + key) or prefix + key
+        if name in weights:
+            plan[key] = [[name]]
         elif key in aliases and prefix + aliases[key] in weights:
             plan[key] = [[prefix + aliases[key]]]
         elif per_expert is not None:
-            plan[key] = [[rename(name) for name in group] for group in per_expert]
+            plan[key] = [[rename(part) for part in group] for group in per_expert]
             stacked.add(key)
         else:
-            plan[key] = [[rename(prefix + key) or prefix + key]]
+            plan[key] = [[name]]
     names = [name for sources in plan.values() for group in sources for name in group]
     missing = [name for name in names if name not in weights]
     if missing:
