@@ -5,9 +5,11 @@ them: the model's shape and MoE layout, the MTP depth and style, the vocabulary 
 Resuming a run directory with any of those changed either ends deep inside megatron-core (a missing
 key, a global shape mismatch) or, worse, trains on (a new tokenizer maps the same ids to other
 text) and lets `keep_last` delete the good checkpoints. So before any process group starts, the
-trainer compares these fields with the checkpoint's recorded config and refuses the resume in one
-sentence. Everything else may change on resume: the parallel layout (checkpoints reshard), the
-schedule and learning rate, intervals, recompute and the other memory and speed controls, the loss
+trainer compares these fields with the checkpoint's recorded config, and the data's tokenizer with
+the one saved in the checkpoint (by fingerprint: two tokenizers of one vocabulary size pass every
+other check), and refuses the resume in one sentence. Everything else may change on resume: the
+parallel layout (checkpoints reshard), the schedule and learning rate (the config's wins:
+training/schedules.py), intervals, recompute and the other memory and speed controls, the loss
 weights, the data blend, the router's bias update rate and the aux-loss coefficient. mtp.freeze_base
 may not change either: the optimizer state holds the MTP parameters alone, or every parameter.
 
@@ -101,6 +103,25 @@ def refuse_meaning_changes(saved: Config, now: Config, step_dir: Path, run_dir: 
                         f"the checkpoint's weights or token ids mean; keep those values to resume, or train the "
                         f"new config elsewhere with --run-dir, or start a new run from these weights with "
                         f"--run-dir NEW checkpoint.load={step_dir} checkpoint.load_optimizer=false")
+
+
+def refuse_tokenizer_change(step_dir: Path, tokenizer, run_dir: Path) -> None:
+    """The tokenizer this run reads its data with must be the one the checkpoint was trained with: two
+    tokenizers of one vocabulary size pass every shape check and map the same ids to other text."""
+    from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR
+    from megatron_mtp.data.tokenizer import load_tokenizer
+
+    saved_dir = step_dir / TOKENIZER_DIR
+    if tokenizer is None or not (saved_dir / "tokenizer.json").is_file():
+        return
+    saved = load_tokenizer(saved_dir)
+    if saved.fingerprint() != tokenizer.fingerprint():
+        raise UserError(f"cannot resume {run_dir} from {step_dir.name}: the data's tokenizer ({tokenizer.source}, "
+                        f"fingerprint {tokenizer.fingerprint()}) is not the one the checkpoint was trained with "
+                        f"(fingerprint {saved.fingerprint()}, saved in {saved_dir}), so the same token ids would "
+                        "mean other text; use data preprocessed with the checkpoint's tokenizer, or start a new "
+                        f"run from these weights with --run-dir NEW checkpoint.load={step_dir} "
+                        "checkpoint.load_optimizer=false")
 
 
 def _mtp_words(mtp) -> str:

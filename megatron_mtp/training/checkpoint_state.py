@@ -22,6 +22,7 @@ import torch
 from megatron_mtp.checkpoint.info import check_optimizer_compatible, read_train_state
 from megatron_mtp.errors import UserError
 from megatron_mtp.training.components import Components, TrainState, unwrap
+from megatron_mtp.training.schedules import config_hyperparameters_kept
 
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
 
@@ -114,7 +115,8 @@ def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: b
     from megatron_mtp.platform.megatron_core import align_saved_param_groups
 
     align_saved_param_groups(loaded["optimizer"], components.optimizer.param_groups)
-    components.optimizer.load_state_dict(loaded["optimizer"])
+    with config_hyperparameters_kept(components.optimizer):  # the config's schedule wins (schedules.py)
+        components.optimizer.load_state_dict(loaded["optimizer"])
     components.scheduler.load_state_dict(loaded["scheduler"])
     if "rng_state" in loaded:
         _set_rng_state(loaded["rng_state"])

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from megatron_mtp.checkpoint.info import read_config
-from megatron_mtp.checkpoint.resume_rules import refuse_load_changes, refuse_meaning_changes
+from megatron_mtp.checkpoint.resume_rules import refuse_load_changes, refuse_meaning_changes, refuse_tokenizer_change
 from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, find_checkpoint, resolve_checkpoint
 from megatron_mtp.config import Config
 from megatron_mtp.config.validate import validate
@@ -24,6 +24,7 @@ from megatron_mtp.training.components import Components, TrainState, build_compo
 from megatron_mtp.training.distributed import Ranks, env_world, init_distributed
 from megatron_mtp.training.finite_weights import refuse_nonfinite_loaded_weights
 from megatron_mtp.training.run_dir_claim import claim_run_dir, forget_claim, run_dir_state
+from megatron_mtp.training.schedules import schedule_changes
 
 
 @dataclass
@@ -50,7 +51,7 @@ def _with_vocab(cfg: Config, tokenizer) -> Config:
     return cfg.replace(model=dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
 
 
-def _check_start_point(cfg: Config, run_dir: Path) -> list[str]:
+def _check_start_point(cfg: Config, run_dir: Path, tokenizer) -> list[str]:
     """Before any process group starts or anything is written: the run's own checkpoint must mean what
     this config means (checkpoint/resume_rules.py; checkpoint.start_fresh moves it aside instead), and
     a checkpoint.load for a new run must name a complete checkpoint whose main model is this config's.
@@ -58,6 +59,7 @@ def _check_start_point(cfg: Config, run_dir: Path) -> list[str]:
     own = None if cfg.checkpoint.start_fresh else find_checkpoint(run_dir)
     if own is not None:
         refuse_meaning_changes(read_config(own.path), cfg, own.path, run_dir)
+        refuse_tokenizer_change(own.path, tokenizer, run_dir)
     elif cfg.checkpoint.load:
         src = resolve_checkpoint(cfg.checkpoint.load, what="checkpoint.load")
         return refuse_load_changes(read_config(src.path), cfg, src.path, cfg.checkpoint.load_optimizer)
@@ -73,7 +75,7 @@ def open_training(cfg: Config, run_dir: Path) -> Session:
     resolved = resolve_data(cfg)
     cfg = _with_vocab(cfg, resolved.tokenizer)
     check_data_config(cfg, resolved)
-    load_notes = _check_start_point(cfg, run_dir)
+    load_notes = _check_start_point(cfg, run_dir, resolved.tokenizer)
     platform = setup_platform(cfg.training.device, cfg.parallel.backend, cfg.training.fp8)
     ranks = init_distributed(cfg, platform)
     before = run_dir_state(run_dir)
@@ -101,6 +103,10 @@ def _open_claimed(cfg: Config, run_dir: Path, platform: Platform, ranks: Ranks, 
                                         fully_parallel=fully_parallel)
         loaded_from = own.path
         notes += [own.note] if own.note else []
+        changed = schedule_changes(read_config(own.path), cfg)
+        if changed:
+            notes.append(f"the schedule differs from {own.path.name}'s ({'; '.join(changed)}); this config's "
+                         f"schedule applies from step {state.step + 1}")
     elif cfg.checkpoint.load:
         src = resolve_checkpoint(cfg.checkpoint.load, what="checkpoint.load")
         # a frozen base trains an optimizer of the MTP parameters alone: never the source's (mtp.freeze_base)

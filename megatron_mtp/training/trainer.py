@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import signal
 import time
 from pathlib import Path
@@ -35,16 +36,34 @@ from megatron_mtp.training.step_guard import (
 
 
 class _SignalFlag:
-    def __init__(self, names: list[str]):
+    """The save-and-exit signals (checkpoint.exit_signals) and Ctrl-C, noted when they arrive and acted on
+    at the next step's agreement point. A second Ctrl-C stops at once, without saving."""
+
+    def __init__(self, names: list[str], say=None):
         self.received: str | None = None
+        self.say = say or (lambda line: None)
+        self.previous: dict = {}
         for name in names:
             sig = getattr(signal, name, None)
             if sig is None:
                 raise UserError(f"checkpoint.exit_signals has unknown signal '{name}'; use names like SIGUSR1")
-            signal.signal(sig, self._handle)
+            self.previous[sig] = signal.signal(sig, self._handle)
+        if signal.SIGINT not in self.previous:
+            self.previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
 
     def _handle(self, signum, frame):
         self.received = signal.Signals(signum).name
+
+    def _interrupt(self, signum, frame):
+        if self.received == "SIGINT":
+            raise KeyboardInterrupt
+        self.received = "SIGINT"
+        self.say("received SIGINT (Ctrl-C): saving when this step ends; press Ctrl-C again to stop without saving")
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous.clear()
 
 
 class Trainer:
@@ -70,6 +89,7 @@ class Trainer:
         self.saver: CheckpointSaver | None = None
         self.inject_nonfinite = injected_steps("NONFINITE")
         self.inject_spike = injected_steps("SPIKE")
+        self.inject_signal = injected_steps("SIGNAL")
 
     # ------------------------------------------------------------------ loop
     def train(self) -> int:
@@ -79,7 +99,6 @@ class Trainer:
         if state.step >= cfg.training.max_steps:
             self.log.info(f"run already finished at step {state.step} (training.max_steps={cfg.training.max_steps})")
             return EXIT_FINISHED
-        flag = _SignalFlag(cfg.checkpoint.exit_signals)
         fwd_bwd = get_forward_backward_func()
         forward_step = self.forward_step()
         self.saver = CheckpointSaver(self.run_dir, cfg, self.components, self.ranks, self.session.tokenizer)
@@ -89,9 +108,11 @@ class Trainer:
             gc.disable()
             gc.collect()
         interval_start = time.perf_counter()
+        flag = _SignalFlag(cfg.checkpoint.exit_signals, self.log.info)
         try:
             while state.step < cfg.training.max_steps:
-                outcome, stop_signal = self.train_step(fwd_bwd, forward_step, data, state, flag.received is not None)
+                outcome, stop_signal = self.train_step(fwd_bwd, forward_step, data, state,
+                                                       lambda: flag.received is not None)
                 if outcome.reason == "rolled back":  # the step is undone: nothing to log, evaluate or save
                     data = self._data(state)
                     interval_start = time.perf_counter()
@@ -124,6 +145,7 @@ class Trainer:
             self.log.info(f"stopping: {exc}")
             raise
         finally:
+            flag.restore()
             self.saver.close()  # waits only for a save that already finished on every rank
             if gc_interval:
                 gc.enable()
@@ -143,10 +165,11 @@ class Trainer:
                                len(self.components.model))
 
     def train_step(self, fwd_bwd, forward_step, data, state: TrainState,
-                   signal_here: bool = False) -> tuple[StepOutcome, bool]:
+                   signal_here=lambda: False) -> tuple[StepOutcome, bool]:
         """One optimizer step: λ for the tokens consumed so far, forward/backward over all
         micro-batches through megatron-core's schedule, the guarded optimizer step, the LR step.
-        Returns the step's outcome and whether any rank received a stop signal."""
+        Returns the step's outcome and whether any rank received a stop signal (`signal_here()` is asked
+        at the step's agreement point, so a signal that came during the forward/backward stops this step)."""
         from megatron.core.transformer.moe.moe_utils import clear_aux_losses_tracker
 
         from megatron_mtp.platform import megatron_core
@@ -167,11 +190,13 @@ class Trainer:
         )
         if cfg.mtp.freeze_base:  # what the schedule does after its backward passes
             components.config.finalize_model_grads_func(components.model)
+        if state.step + 1 in self.inject_signal:  # a save-and-exit signal during the step (step_guard.py)
+            os.kill(os.getpid(), signal.SIGUSR1)
         mtp_losses = megatron_core.mtp_loss_values()
         holds_loss = self.ranks.is_last_stage and self.ranks.tp_rank == 0 and bool(reported)
         lm_loss = sum(micro_batch_mean(r) for r in reported) / len(reported) if holds_loss else None
         nonfinite = not losses_finite(reported, mtp_losses) or state.step + 1 in self.inject_nonfinite
-        agreed = agree(nonfinite, signal_here, lm_loss)
+        agreed = agree(nonfinite, signal_here(), lm_loss)
         outcome = guarded_optimizer_step(components.optimizer, agreed.loss_nonfinite)
         state.step += 1
         state.consumed_samples += cfg.training.global_batch_size

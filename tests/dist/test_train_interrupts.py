@@ -36,15 +36,16 @@ def _wait_for(predicate, proc, timeout=300.0, poll=0.01):
     return False
 
 
-def test_signal_saves_and_exits_75_then_resumes(tmp_path, train, metrics, small_overrides):
+def test_ctrl_c_on_one_process_saves_and_exits_75_then_resumes(tmp_path, train, metrics, small_overrides):
+    """Ctrl-C (SIGINT) on the one-process main job saves like a save-and-exit signal."""
     run = tmp_path / "run"
     proc = _popen(run, 200, small_overrides)
     assert _wait_for(lambda: (run / "logs" / "metrics.jsonl").exists()
                      and len((run / "logs" / "metrics.jsonl").read_text().splitlines()) >= 2, proc)
-    proc.send_signal(signal.SIGUSR1)
+    proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 75, err[-3000:]
-    assert "received SIGUSR1" in out
+    assert "received SIGINT" in out and "Traceback" not in err, err[-3000:]
     latest = (run / "checkpoints" / "latest").read_text().strip()
     saved_step = json.loads((run / "checkpoints" / latest / "train_state.json").read_text())["step"]
     assert 2 <= saved_step < 200
@@ -123,3 +124,17 @@ def test_nproc_per_node_below_one_is_one_sentence(small_overrides):
                                "--nproc-per-node", bad, *small_overrides], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and proc.stderr.strip() == (
             f"megatron-mtp train: error: --nproc-per-node is {bad}; it must be 1 or more (processes on this machine)")
+
+
+def test_a_signal_during_a_step_saves_that_step(tmp_path, train):
+    """A signal that arrives during step 2's forward/backward is acted on at that step's agreement point:
+    the save is step 2 (read before the step, it would be acted on one step late)."""
+    run = tmp_path / "run"
+    os.environ["MEGATRON_MTP_INJECT_SIGNAL"] = "2"
+    try:
+        proc = train(run, steps=6, check=False)
+    finally:
+        del os.environ["MEGATRON_MTP_INJECT_SIGNAL"]
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    assert "received SIGUSR1: saved at step 2" in proc.stdout, proc.stdout[-3000:]
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_0000002"

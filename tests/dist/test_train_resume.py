@@ -100,9 +100,55 @@ def test_a_resume_that_changes_what_the_checkpoint_means_is_refused(one_step_run
     assert _checkpoint_files(run) == before and len(metrics(run)) == rows  # nothing trained, nothing deleted
 
 
-def test_a_resume_may_change_the_layout_schedule_and_intervals(tmp_path, train):
+def test_a_resume_takes_the_new_schedule_layout_and_intervals(tmp_path, train, metrics):
+    """The config's schedule wins on resume: a new lr, minimum and decay style, and a longer
+    training.max_steps that stretches the decay; the logged lr after the resume is the new schedule's
+    formula at each step (the checkpoint's schedule would hold its minimum, 3e-4)."""
     run = tmp_path / "run"
-    train(run, steps=1)
-    proc = train(run, nproc=2, steps=2, overrides=("parallel.tensor=2", "optimizer.lr=1e-3", "logging.log_interval=2",
-                                                   "model.aux_loss_coeff=1e-3"))
-    assert "at step 1" in proc.stdout
+    train(run, steps=2, overrides=("optimizer.lr=3e-3", "optimizer.min_lr=3e-4", "schedule.decay_style=cosine"))
+    assert abs(metrics(run)[-1]["train/lr"] - 3e-4) < 1e-9  # the first run decayed to its minimum
+    proc = train(run, nproc=2, steps=5, overrides=("parallel.tensor=2", "optimizer.lr=1e-3", "optimizer.min_lr=1e-5",
+                                                   "schedule.decay_style=linear", "optimizer.adam_beta2=0.9",
+                                                   "logging.log_interval=1", "model.aux_loss_coeff=1e-3"))
+    assert "at step 2" in proc.stdout
+    note = next(line for line in proc.stdout.splitlines() if "the schedule differs" in line)
+    for change in ("optimizer.lr 0.003 -> 0.001", "optimizer.min_lr 0.0003 -> 1e-05", "schedule.decay_style cosine "
+                   "-> linear", "optimizer.adam_beta2 0.95 -> 0.9", "training.max_steps 2 -> 5", "from step 3"):
+        assert change in note, note
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    for row in rows[2:]:  # linear decay over the new max_steps, no warm-up
+        expected = 1e-3 - (1e-3 - 1e-5) * row["step"] / 5
+        assert abs(row["train/lr"] - expected) < 1e-9, (row["step"], row["train/lr"], expected)
+
+
+def test_a_resume_on_data_of_another_tokenizer_of_the_same_size_is_refused(one_step_run, train, metrics, tmp_path):
+    """Two tokenizers of one vocabulary pass every shape check; the fingerprint tells them apart."""
+    import json
+    import subprocess
+    import sys
+
+    run = one_step_run
+    latest = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+    other = tmp_path / "other_tokenizer"
+    other.mkdir()
+    for f in (latest / "tokenizer").iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    spec = json.loads((other / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = "def", "class"  # the same tokens under swapped ids: the same size, other meanings
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(spec))
+    corpus = tmp_path / "b.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"def f{i}(x):\n    return x * {i}\n" * 20}) + "\n"
+                              for i in range(200)))
+    prefix = tmp_path / "b"
+    subprocess.run([sys.executable, "-m", "megatron_mtp", "preprocess", "--input", str(corpus), "--tokenizer",
+                    str(other), "--output-prefix", str(prefix)], check=True, capture_output=True, timeout=120)
+    before, rows = _checkpoint_files(run), len(metrics(run))
+    proc = train(run, steps=3, overrides=("checkpoint.keep_last=1", f"data.paths=[{prefix}]"), check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "is not the one the checkpoint was trained with" in errors[0] and "fingerprint" in errors[0], errors[0]
+    assert _checkpoint_files(run) == before and len(metrics(run)) == rows
