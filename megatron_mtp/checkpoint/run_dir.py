@@ -254,3 +254,29 @@ def resolve_checkpoint(path: str | os.PathLike, what: str = "checkpoint") -> Res
         raise UserError(f"{what} '{path}' holds no checkpoint; pass a run directory, its checkpoints/ "
                         "directory, a checkpoints/step_N directory or the checkpoints/latest file")
     return found
+
+
+DAMAGED_DIR = "checkpoints.damaged"
+"""Where a resume moves a checkpoint whose shards could not be read (kept for inspection, never resumed)."""
+
+
+def set_aside_damaged(step_dir: Path) -> Optional[Path]:
+    """Move a complete-looking but unreadable ``step_N`` of a run to RUN_DIR/checkpoints.damaged/ and point
+    ``latest`` at the newest complete step left; returns that step, or None (and moves nothing) when no
+    other complete step is left to resume from."""
+    root = step_dir.parent
+    others = [p for p in complete_steps(root) if p != step_dir]
+    if not others:
+        return None
+    aside = root.parent / DAMAGED_DIR
+    aside.mkdir(exist_ok=True)
+    target = aside / step_dir.name
+    if target.exists():
+        import shutil
+
+        shutil.rmtree(target)
+    step_dir.rename(target)
+    tmp = root / (LATEST + ".tmp")
+    tmp.write_text(others[-1].name + "\n")
+    os.replace(tmp, root / LATEST)
+    return others[-1]

@@ -27,6 +27,44 @@ from megatron_mtp.training.schedules import config_hyperparameters_kept
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
 
 
+class DamagedCheckpoint(UserError):
+    """A checkpoint whose files are all there, at their sizes, but whose bytes cannot be read back (a
+    shard overwritten in place, a bad disk block). torch.distributed.checkpoint gathers a read failure
+    of any rank onto every rank, so every rank raises this together."""
+
+    def __init__(self, ckpt: Path, cause: str):
+        self.ckpt, self.cause = ckpt, cause
+        super().__init__(f"checkpoint {ckpt} is damaged: reading it failed ({cause}); use another checkpoint "
+                         "(a run directory resumes from its newest readable one)")
+
+
+def _read_failure_types() -> tuple:
+    import pickle
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (CheckpointException, pickle.UnpicklingError, EOFError, RuntimeError, OSError)
+
+
+_READ_FAILURES = _read_failure_types()
+_READ_FAILURE_WORDS = ("PytorchStreamReader", "UnpicklingError", "invalid load key", "EOFError", "Ran out of input",
+                       "unpickling", "zip archive", "CRC", "OSError", "Input/output error")
+
+
+def read_failure(exc: BaseException) -> str | None:
+    """The cause of a failed checkpoint read in a few words (its innermost error's last line), or None
+    when `exc` is not a read failure (a bug: re-raised as it is)."""
+    text = str(exc)
+    if type(exc).__name__ == "CheckpointException":
+        lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith(" ")]
+        last = lines[-1] if lines else text
+    else:
+        last = f"{type(exc).__name__}: {text.strip().splitlines()[-1] if text.strip() else ''}"
+    if not any(word in text or word in last or word in type(exc).__name__ for word in _READ_FAILURE_WORDS):
+        return None
+    return last[:200]
+
+
 def _rng_state() -> dict:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
@@ -97,7 +135,13 @@ def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: b
         sd.pop("rng_state")  # per-rank RNG streams only make sense at the same world size
     new_mtp, copies = (_new_mtp_modules(ckpt, cfg, components, sd) if cfg is not None and not load_optimizer
                        else (set(), []))
-    loaded = dist_checkpointing.load(sd, str(ckpt), sharded_strategy=_load_strategy(ckpt, fully_parallel))
+    try:
+        loaded = dist_checkpointing.load(sd, str(ckpt), sharded_strategy=_load_strategy(ckpt, fully_parallel))
+    except _READ_FAILURES as exc:
+        cause = read_failure(exc)
+        if cause is None:
+            raise
+        raise DamagedCheckpoint(ckpt, cause) from exc
     # one load per new module: each reads the same last-layer tensors, which one load can't read twice
     copied: dict = {}
     for module_copies in copies:  # every rank: the config decides

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -17,18 +19,24 @@ class RunLogger:
     fails is said once on stderr, and that file is given up while the console keeps the lines.
     """
 
-    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool):
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, start_step: int = 0):
+        """`start_step`: the step the run starts from. What an earlier attempt logged after it (steps it
+        trained but never saved, replayed now) is dropped, so each step is in metrics.jsonl and
+        TensorBoard once."""
         self.enabled = enabled
         self.writer = None
         self.log_file = self.metrics_file = None
         if enabled:
             (run_dir / "logs").mkdir(parents=True, exist_ok=True)
             self.log_file = open(run_dir / "logs" / "train.log", "a", encoding="utf-8")
-            self.metrics_file = open(run_dir / "logs" / "metrics.jsonl", "a", encoding="utf-8")
+            metrics = run_dir / "logs" / "metrics.jsonl"
+            _drop_rows_after(metrics, start_step)
+            self.metrics_file = open(metrics, "a", encoding="utf-8")
             if tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+                # purge_step hides the events of steps >= it that earlier attempts wrote
+                self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=start_step + 1)
 
     def _write(self, attr: str, text: str) -> None:
         fh = getattr(self, attr)
@@ -71,6 +79,26 @@ class RunLogger:
             if fh is not None:
                 with contextlib.suppress(OSError):
                     fh.close()
+
+
+def _drop_rows_after(path: Path, step: int) -> None:
+    """Keep the rows of metrics.jsonl up to `step` (a resume replays the steps after it); atomic."""
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        try:
+            row_step = json.loads(line).get("step", 0)
+        except (ValueError, AttributeError):
+            continue  # a line cut off by a crash
+        if isinstance(row_step, int) and row_step <= step:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    if len(kept) == len(lines):
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def format_step_line(step: int, max_steps: int, v: dict[str, float], depth: int) -> str:

@@ -64,6 +64,8 @@ def schedule_changes(saved: Config, now: Config) -> list[str]:
     stretches the decay when schedule.decay_steps is unset)."""
     changes = []
     for dotted in SCHEDULE_FIELDS:
+        if dotted == "training.max_steps" and now.schedule.decay_steps:
+            continue  # the decay has its own length
         section, name = dotted.split(".")
         before, after = getattr(getattr(saved, section), name), getattr(getattr(now, section), name)
         if before != after:

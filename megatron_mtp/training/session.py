@@ -13,10 +13,17 @@ from typing import Any, Optional
 
 from megatron_mtp.checkpoint.info import read_config
 from megatron_mtp.checkpoint.resume_rules import refuse_load_changes, refuse_meaning_changes, refuse_tokenizer_change
-from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, find_checkpoint, resolve_checkpoint
+from megatron_mtp.checkpoint.run_dir import (
+    DAMAGED_DIR,
+    TOKENIZER_DIR,
+    find_checkpoint,
+    resolve_checkpoint,
+    set_aside_damaged,
+)
 from megatron_mtp.config import Config
 from megatron_mtp.config.validate import validate
 from megatron_mtp.config.vocab import padded_vocab_size
+from megatron_mtp.errors import UserError
 from megatron_mtp.platform import Platform, megatron_core
 from megatron_mtp.platform import setup as setup_platform
 from megatron_mtp.training import checkpoint_state as ckpt_io
@@ -99,10 +106,10 @@ def _open_claimed(cfg: Config, run_dir: Path, platform: Platform, ranks: Ranks, 
     own = find_checkpoint(run_dir)
     fully_parallel = cfg.checkpoint.fully_parallel_load
     if own is not None:
-        state = ckpt_io.load_checkpoint(own.path, components, ranks, load_optimizer=True,
-                                        fully_parallel=fully_parallel)
+        own, state, damaged = _load_newest_readable(own, components, ranks, fully_parallel)
         loaded_from = own.path
         notes += [own.note] if own.note else []
+        notes += damaged
         changed = schedule_changes(read_config(own.path), cfg)
         if changed:
             notes.append(f"the schedule differs from {own.path.name}'s ({'; '.join(changed)}); this config's "
@@ -125,6 +132,35 @@ def _open_claimed(cfg: Config, run_dir: Path, platform: Platform, ranks: Ranks, 
     train_ds, valid_ds = build_datasets(cfg, resolved, train_samples, valid_samples)
     return Session(cfg, platform, ranks, components, state, train_ds, valid_ds, resolved.tokenizer_path,
                    resolved.tokenizer, loaded_from, notes, lock)
+
+
+def _load_newest_readable(own, components: Components, ranks: Ranks, fully_parallel: bool):
+    """Resume from the run's newest checkpoint that reads back. One whose bytes are damaged (complete in
+    name and size, unreadable) is moved to checkpoints.damaged/ and the next newest is tried, with a note
+    each; with none left, the damage is one sentence (and the damaged checkpoint stays where it is).
+    Returns (the checkpoint loaded, its state, the notes)."""
+    import torch
+
+    notes = []
+    while True:
+        try:
+            state = ckpt_io.load_checkpoint(own.path, components, ranks, load_optimizer=True,
+                                            fully_parallel=fully_parallel)
+            return own, state, notes
+        except ckpt_io.DamagedCheckpoint as exc:  # raised on every rank together (its docstring)
+            fallback = None
+            if ranks.rank == 0:
+                fallback = set_aside_damaged(own.path)
+            found = torch.tensor([1.0 if fallback is not None or ranks.rank != 0 else 0.0])
+            torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MIN)
+            if not found[0]:
+                raise UserError(f"{exc.ckpt} is damaged (reading it failed: {exc.cause}) and the run has no "
+                                "older complete checkpoint to resume from; restore it, or start over with "
+                                "checkpoint.start_fresh=true") from None
+            nxt = find_checkpoint(own.path.parent.parent)
+            notes.append(f"{own.path.name} is damaged (reading it failed: {exc.cause}); it was moved to "
+                         f"{DAMAGED_DIR}/ and the run resumes from {nxt.path.name}")
+            own = nxt
 
 
 def open_checkpoint_for_eval(ckpt: Path, cfg: Config) -> Session:

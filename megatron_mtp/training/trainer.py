@@ -75,7 +75,8 @@ class Trainer:
         self.ranks = session.ranks
         self.components = session.components
         cfg = self.cfg
-        self.log = RunLogger(run_dir, enabled=self.ranks.rank == 0, tensorboard=cfg.logging.tensorboard)
+        self.log = RunLogger(run_dir, enabled=self.ranks.rank == 0, tensorboard=cfg.logging.tensorboard,
+                             start_step=session.state.step)
         self.metrics, expert_load = attach_metrics(self.components.model, cfg, self.ranks)
         t = cfg.training
         self.num_micro = t.global_batch_size // (t.micro_batch_size * self.ranks.dp)

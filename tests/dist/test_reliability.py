@@ -124,6 +124,20 @@ def test_run_without_or_with_a_dangling_latest_resumes_from_the_newest_complete_
     assert note in fourth.stdout and "at step 3" in fourth.stdout
     assert _state(run)["step"] == 5 and shard.is_file()  # step 4 saved again, whole
 
+    # a shard overwritten in place (same size, so complete by the manifest): eval names the damage in one
+    # sentence; the resume sets the step aside in checkpoints.damaged/ and resumes from step 4, with a note
+    step5 = run / "checkpoints" / "step_0000005"
+    first = sorted(step5.glob("*.distcp"))[0]
+    with open(first, "r+b") as fh:
+        fh.write(b"\0" * 64)
+    direct = _eval(step5)
+    assert direct.returncode == 2
+    _one_sentence(direct.stderr, f"checkpoint {step5} is damaged: reading it failed (")
+    fifth = train(run, steps=6, overrides=("checkpoint.save_interval=1", "checkpoint.keep_last=0"))
+    assert "step_0000005 is damaged (reading it failed" in fifth.stdout and "at step 4" in fifth.stdout, fifth.stdout
+    assert (run / "checkpoints.damaged" / "step_0000005" / first.name).is_file()
+    assert _state(run)["step"] == 6
+
 
 def _popen(run: Path, steps: int, small: list, *extra: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "megatron_mtp", "train", str(ROOT / "configs" / "tiny_cpu.yaml"), "--run-dir",

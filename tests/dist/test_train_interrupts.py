@@ -55,11 +55,11 @@ def test_ctrl_c_on_one_process_saves_and_exits_75_then_resumes(tmp_path, train, 
 
 
 @pytest.mark.parametrize("async_save", ["true", "false"], ids=["background_write", "synchronous_write"])
-def test_crash_during_save_keeps_previous_checkpoint(tmp_path, train, small_overrides, async_save):
+def test_crash_during_save_keeps_previous_checkpoint(tmp_path, train, metrics, small_overrides, async_save):
     run = tmp_path / "run"
     ckpts = run / "checkpoints"
     proc = _popen(run, 200, small_overrides, ("checkpoint.save_interval=1", "checkpoint.keep_last=2",
-                                              f"checkpoint.async_save={async_save}"))
+                                              f"checkpoint.async_save={async_save}", "logging.tensorboard=true"))
     # kill -9 while a step_N.tmp directory is being written (after at least one complete save)
     def in_save():
         return (ckpts / "latest").exists() and any(p.suffix == ".tmp" and p.is_dir() for p in ckpts.glob("step_*"))
@@ -71,8 +71,19 @@ def test_crash_during_save_keeps_previous_checkpoint(tmp_path, train, small_over
     assert (ckpts / latest / "train_state.json").exists()  # the pointer names a complete checkpoint
     assert any(p.suffix == ".tmp" for p in ckpts.glob("step_*"))  # the interrupted save is left as .tmp
     step = json.loads((ckpts / latest / "train_state.json").read_text())["step"]
-    resumed = train(run, steps=step + 1, overrides=("checkpoint.save_interval=1", "checkpoint.keep_last=2"))
+    resumed = train(run, steps=step + 1, overrides=("checkpoint.save_interval=1", "checkpoint.keep_last=2",
+                                                    "logging.tensorboard=true"))
     assert f"at step {step}" in resumed.stdout
+    # the steps trained after `step` and lost are replayed; the logs hold each step once, the replayed values
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == list(range(1, step + 2))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    logged = events.Scalars("train/lm_loss")
+    assert [e.step for e in logged] == list(range(1, step + 2))
+    assert abs(logged[-1].value - rows[-1]["train/lm_loss"]) < 1e-5
     assert not any(p.suffix == ".tmp" for p in ckpts.glob("step_*"))  # cleaned by the next save
     assert len([p for p in ckpts.glob("step_*") if p.is_dir()]) == 2  # keep_last
 
