@@ -95,7 +95,11 @@ class RunLock:
 
 def acquire(run_dir: Path) -> RunLock:
     """Lock ``run_dir`` for this trainer; UserError if another trainer holds it."""
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create the run directory {run_dir} ({exc.strerror}); pass a --run-dir on a "
+                        "writable filesystem") from None
     path = run_dir / LOCK_FILE
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)

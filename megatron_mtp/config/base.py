@@ -226,12 +226,20 @@ def load_yaml(path: str) -> dict[str, Any]:
             data = parse_yaml(fh)
     except FileNotFoundError:
         raise UserError(f"config file '{path}' does not exist") from None
+    except IsADirectoryError:
+        raise UserError(f"config file '{path}' is a directory; pass a YAML file (e.g. configs/tiny_cpu.yaml)") from None
+    except PermissionError:
+        raise UserError(f"config file '{path}' cannot be read (permission denied)") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"config file '{path}' is not UTF-8 text (byte {exc.start} cannot be decoded); save it as "
+                        "UTF-8") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark else ""
         raise UserError(f"config file '{path}' is not valid YAML{line}: {getattr(exc, 'problem', exc)}") from None
     if data is None:
-        return {}
+        raise UserError(f"config file '{path}' is empty; write the sections to change (configs/tiny_cpu.yaml is an "
+                        "example), or pass no config file for the defaults")
     if not isinstance(data, dict):
         raise UserError(f"config file '{path}' must hold a mapping of sections at the top level")
     return data

@@ -24,6 +24,7 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> ParallelSizes:
     if cfg.mtp.num_layers < 0:
         raise UserError(f"mtp.num_layers is {cfg.mtp.num_layers}; it must be 0 (no MTP) or a positive depth")
     check_family(cfg)
+    _moe_counts(cfg)
     sizes = _parallel(cfg, world_size)
     _moe(cfg)
     _mtp_and_numbers(cfg)
@@ -92,6 +93,20 @@ def check_family(cfg: Config) -> None:
     if cfg.mtp.style not in m.MTP_STYLES:
         raise UserError(f"mtp.style={cfg.mtp.style} is not built for model.family={m.family} (it builds "
                         f"{', '.join(m.MTP_STYLES)}); set mtp.style={m.MTP_STYLES[0]}")
+
+
+def _moe_counts(cfg: Config) -> None:
+    """The MoE sizes every later check divides by."""
+    m = cfg.model
+    if m.num_experts < 0:
+        raise UserError(f"model.num_experts is {m.num_experts}; it must be 0 (a dense model) or the number of "
+                        "routed experts per MoE layer")
+    if not m.num_experts:
+        return
+    for name in ("router_topk", "moe_ffn_hidden_size"):
+        if getattr(m, name) < 1:
+            raise UserError(f"model.{name} is {getattr(m, name)}; a MoE model (model.num_experts="
+                            f"{m.num_experts}) needs it to be 1 or more")
 
 
 def _moe(cfg: Config) -> None:

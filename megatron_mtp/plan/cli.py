@@ -105,8 +105,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
         if args.speculative:
             raise UserError("--smallest and --speculative are two different questions; ask one at a time")
-        return smallest(args.config, list(args.overrides), args.gpu or "h100", args.gpus_per_node or 8,
-                        args.max_nodes)
+        per_node = 8 if args.gpus_per_node is None else args.gpus_per_node  # 0 is refused, not the default
+        return smallest(args.config, list(args.overrides), args.gpu or "h100", per_node, args.max_nodes)
     cfg = load_config(args.config, list(args.overrides))
     if args.speculative:
         return run_speculative(args, cfg)

@@ -7,7 +7,8 @@ pipeline off, an even layer split: `parallel.pipeline_layout=null`) that the con
 accept. Prints, for the first world size with a fitting layout, every fitting layout by worst-rank
 memory, and the `plan` command that reproduces the best one. The plan is the one `megatron-mtp plan`
 prints (exact state bytes; saved activations and workspace estimated as it states). It plans the
-most sharded layouts at the most GPUs (--max-nodes) first and stops there when none fits even then;
+most sharded layouts at the most GPUs (--max-nodes) first and stops there when some pass the
+config's checks and none fits even then;
 each node count it plans is one progress line on stderr. A tenth of a second or less per layout, no
 process group.
 """
@@ -65,11 +66,11 @@ def smallest(config: str, overrides: list[str], gpu_name: str = "h100", gpus_per
     print(f"plan --smallest: {config} on {gpu.name} ({gib:.1f} GiB), whole nodes of {gpus_per_node} "
           f"GPUs; first the most sharded layouts at {max_nodes} nodes, then from one node up", file=sys.stderr,
           flush=True)
-    largest = plans(max_nodes, most_sharded=4)  # if nothing fits there, no smaller layout will
-    if not any(fits for _, fits, *_ in largest):
-        if not largest:
-            print(f"no layout of TP x PP x EP fits the config's own checks at {max_nodes} nodes", file=sys.stderr)
-            return 1
+    # if the most sharded layouts at the most nodes do not fit, no smaller world will; but where the
+    # config's checks take no layout there (the batch must divide over more data-parallel ranks as the
+    # world grows), that says nothing of smaller worlds, which are searched as usual
+    largest = plans(max_nodes, most_sharded=4)
+    if largest and not any(fits for _, fits, *_ in largest):
         total, _, tp, pp, ep, _ = min(largest)
         print(f"no layout up to {max_nodes} nodes fits {config} on {gpu.name}: even at "
               f"{max_nodes * gpus_per_node} GPUs the lowest worst rank is {total / 2**30:.1f} GiB "
@@ -93,4 +94,6 @@ def smallest(config: str, overrides: list[str], gpu_name: str = "h100", gpus_per
             f"--gpus-per-node {gpus_per_node}",
             f"--gpu {gpu_name}"]))
         return 0
+    print(f"no layout of TP x PP x EP up to {max_nodes} nodes of {gpus_per_node} GPUs both passes {config}'s own "
+          f"checks and fits on {gpu.name}; raise --max-nodes or change the batch or model sizes", file=sys.stderr)
     return 1

@@ -55,6 +55,14 @@ def test_bad_yaml_file(tmp_path):
         load_config(str(path))
     with pytest.raises(UserError, match="does not exist"):
         load_config(str(tmp_path / "missing.yaml"))
+    with pytest.raises(UserError, match="is a directory; pass a YAML file"):
+        load_config(str(tmp_path))
+    path.write_bytes("model:\n  family: deepseek_v3 # caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(UserError, match=r"is not UTF-8 text \(byte 34 cannot be decoded\); save it as UTF-8"):
+        load_config(str(path))
+    path.write_text("# nothing but a comment\n")
+    with pytest.raises(UserError, match="is empty; write the sections to change"):
+        load_config(str(path))
 
 
 def test_every_field_has_a_docstring():
@@ -119,6 +127,9 @@ BAD = [
     (["mtp.loss_weight_schedule=[]"], 1, "mtp.loss_weight_schedule is empty"),
     (["training.fp8=delayed"], 1, "training.fp8=delayed needs training.precision=bf16"),
     (["training.max_steps=0"], 1, "training.max_steps is 0"),
+    (["model.router_topk=0"], 1, "model.router_topk is 0; a MoE model (model.num_experts=8) needs it to be 1 or more"),
+    (["model.moe_ffn_hidden_size=0"], 1, "model.moe_ffn_hidden_size is 0; a MoE model"),
+    (["model.num_experts=-4"], 1, "model.num_experts is -4; it must be 0 (a dense model)"),
 ]
 
 

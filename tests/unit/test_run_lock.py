@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -74,3 +75,20 @@ def test_heartbeat_refreshes_the_record(tmp_path):
     lock.heartbeat()
     assert json.loads((tmp_path / run_lock.LOCK_FILE).read_text())["heartbeat"] > before
     lock.release()
+
+
+def test_a_run_directory_that_cannot_be_created_is_one_sentence(tmp_path):
+    parent = tmp_path / "read_only"
+    parent.mkdir()
+    parent.chmod(0o555)
+    try:
+        if os.access(parent, os.W_OK):  # root ignores the mode bits: a file in the way fails alike
+            parent.chmod(0o755)
+            (parent / "blocker").write_text("")
+            target = parent / "blocker" / "run"
+        else:
+            target = parent / "run"
+        with pytest.raises(UserError, match=r"cannot create the run directory .* pass a --run-dir on a writable"):
+            run_lock.acquire(target)
+    finally:
+        parent.chmod(0o755)

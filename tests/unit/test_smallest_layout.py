@@ -72,3 +72,19 @@ def test_a_data_parallel_shard_counts_what_a_walk_over_every_parameter_counts():
                 walk_elements += sum(max(0, min(hi, e) - max(lo, s)) for s, e in params)
                 walk_params += sum(1 for s, e in params if min(hi, e) > max(lo, s))
             assert b.shard(r) == (walk_elements, walk_params)
+
+
+def test_no_layout_passing_the_checks_at_the_most_nodes_still_searches_fewer():
+    """The tiny config's batch of 16 cannot spread over 1,024 GPUs, so no layout passes its checks at 128
+    nodes; that says nothing of one node, where it fits."""
+    out = subprocess.run([sys.executable, "-m", "megatron_mtp", "plan", "configs/tiny_cpu.yaml", "--smallest"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "128 node(s), 1024 GPUs: 0 most sharded layouts planned" in out.stderr
+    assert "smallest fitting world 8 GPUs (1 node(s) x 8)" in out.stdout
+
+
+def test_zero_gpus_per_node_is_refused_not_the_default():
+    out = subprocess.run([sys.executable, "-m", "megatron_mtp", "plan", "configs/tiny_cpu.yaml", "--smallest",
+                          "--gpus-per-node", "0"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 2 and "--gpus-per-node (0)" in out.stderr and "must be at least 1" in out.stderr
