@@ -276,7 +276,25 @@ def set_aside_damaged(step_dir: Path) -> Optional[Path]:
 
         shutil.rmtree(target)
     step_dir.rename(target)
-    tmp = root / (LATEST + ".tmp")
-    tmp.write_text(others[-1].name + "\n")
-    os.replace(tmp, root / LATEST)
+    write_latest(root, others[-1].name)
     return others[-1]
+
+
+def publish_step(tmp: Path, final: Path) -> None:
+    """Give a fully written checkpoint its name, then point ``latest`` at it, in that order: ``latest``
+    never names a directory that is not complete under its final name (a crash between the two leaves
+    the new step complete and ``latest`` at the previous one, which the next run passes over with a
+    note). A step saved again (a signal right after a periodic save, a rollback) replaces the old one."""
+    import shutil
+
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    write_latest(final.parent, final.name)
+
+
+def write_latest(ckpt_root: Path, name: str) -> None:
+    """Replace ``latest`` atomically (a temp file renamed over it)."""
+    tmp = ckpt_root / (LATEST + ".tmp")
+    tmp.write_text(name + "\n")
+    os.replace(tmp, ckpt_root / LATEST)

@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 
 from megatron_mtp.checkpoint.info import train_state_record, write_checkpoint_info
-from megatron_mtp.checkpoint.run_dir import CHECKPOINTS_DIR, LATEST, complete_steps, step_dir_name
+from megatron_mtp.checkpoint.run_dir import CHECKPOINTS_DIR, complete_steps, publish_step, step_dir_name, write_latest
 from megatron_mtp.errors import RunError
 from megatron_mtp.output import describe_failure, free_bytes, size_text
 from megatron_mtp.platform import all_reduce_sum
@@ -143,9 +143,7 @@ class CheckpointSaver:
                         aside.mkdir(exist_ok=True)
                         shutil.rmtree(aside / newer.name, ignore_errors=True)
                         newer.rename(aside / newer.name)
-                latest_tmp = self.root / (LATEST + ".tmp")
-                latest_tmp.write_text(target.name + "\n")
-                os.replace(latest_tmp, self.root / LATEST)
+                write_latest(self.root, target.name)
         mine = float(int(target.name.split("_")[1])) if target else -1.0
         chosen = int(all_reduce_sum(torch.tensor([mine if self.rank0 else 0.0]))[0])  # rank 0's answer
         return None if chosen < 0 else self.root / step_dir_name(chosen)
@@ -205,12 +203,7 @@ class CheckpointSaver:
         if self.rank0:
             write_legacy_common(save.tmp)  # megatron-core 0.19 writes none; 0.16 needs it
             write_checkpoint_info(save.tmp, self.cfg, record, self.tokenizer)
-            if save.final.exists():  # re-saving a step (a signal right after a periodic save, a rollback)
-                shutil.rmtree(save.final)
-            os.replace(save.tmp, save.final)
-            latest_tmp = self.root / (LATEST + ".tmp")
-            latest_tmp.write_text(save.final.name + "\n")
-            os.replace(latest_tmp, self.root / LATEST)
+            publish_step(save.tmp, save.final)  # the name first, then latest
             self._prune(keep=save.final.name)
         torch.distributed.barrier()
         self.published.append((save.final, time.perf_counter() - save.started))
