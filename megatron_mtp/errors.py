@@ -45,3 +45,6 @@ EXIT_USAGE = 2
 """A bad input: the CLI printed one sentence."""
 EXIT_RESUME = 75
 """EX_TEMPFAIL: the trainer saved on a signal; run the same command again to continue."""
+EXIT_RANK_LOST = 76
+"""A rank died or stopped making progress (training/watchdog.py); the job ended to be restarted from
+its latest checkpoint (the local launcher and the Slurm job do so, up to --max-restarts)."""

@@ -106,6 +106,14 @@ class TrainingConfig:
     """Where to run: auto picks cuda when a GPU is visible."""
     deterministic: bool = False
     """Ask torch for deterministic algorithms (slower)."""
+    collective_timeout: float = 1800.0
+    """Seconds a collective (all-reduce, all-to-all, ...) may wait for the other ranks before
+    torch.distributed fails it (the process groups' timeout)."""
+    hang_timeout: float = 600.0
+    """Seconds without progress (a step, an evaluation or a save ending) after which the job ends with
+    one sentence naming the rank that stopped reporting, or the step every rank waits in, so that the
+    launcher or the Slurm job restarts it from the latest checkpoint (training/watchdog.py). Must exceed
+    the longest step, evaluation and synchronous save; 0: off."""
 
 
 @dataclass

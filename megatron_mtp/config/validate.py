@@ -262,6 +262,12 @@ def _overlap(cfg: Config, sizes: ParallelSizes) -> None:
 
 def _optimizer(cfg: Config) -> None:
     o, p, t = cfg.optimizer, cfg.parallel, cfg.training
+    if not t.collective_timeout > 0:
+        raise UserError(f"training.collective_timeout is {t.collective_timeout}; it must be a positive number of "
+                        "seconds")
+    if t.hang_timeout < 0:
+        raise UserError(f"training.hang_timeout is {t.hang_timeout}; it must be 0 (off) or a positive number of "
+                        "seconds")
     if not 0.0 <= o.offload_fraction <= 1.0:
         raise UserError(f"optimizer.offload_fraction is {o.offload_fraction}; it must be between 0 and 1")
     offload = o.offload_fraction > 0

@@ -10,6 +10,10 @@ expects of one command:
     fails ends the others, and the launcher exits with the failing rank's code.
   - No rank outlives the launcher: each rank asks the kernel for SIGTERM when its parent dies (even
     if the launcher is killed with SIGKILL), which makes it save and exit.
+  - A rank killed by a signal (an OOM kill, kill -9) is named in one sentence with its signal and the
+    step of its last heartbeat; a job that ended that way, or because a rank was lost or hung
+    (training/watchdog.py, exit 76), is started again from the latest checkpoint, up to
+    `--max-restarts` times (default 0: a user at a terminal decides), like the Slurm job does.
 """
 
 from __future__ import annotations
@@ -21,13 +25,16 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from megatron_mtp.errors import EXIT_RESUME
+from megatron_mtp.errors import EXIT_RANK_LOST, EXIT_RESUME, EXIT_USAGE
 
 FORWARDED = {signal.SIGTERM: signal.SIGTERM, signal.SIGUSR1: signal.SIGUSR1, signal.SIGINT: signal.SIGTERM}
 FAILED_RANK_GRACE_S = 10.0
 """How long the other ranks may take to end on their own after one failed, before they are killed
 (they may be waiting for the failed rank inside a collective)."""
+LOST_RANK_GRACE_S = 3.0
+"""The same, after a rank was killed by a signal or lost: the others are ending themselves, or stopped."""
 
 
 def free_port() -> int:
@@ -46,12 +53,35 @@ def _term_when_parent_dies() -> None:
 
 def rank_env(rank: int, nproc: int, port: int, base: dict) -> dict:
     """The environment torchrun would give rank `rank` of a one-node job."""
+    from megatron_mtp.training.watchdog import LAUNCHER_NAMES_DEAD_RANKS
+
     return dict(base, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-                GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **{LAUNCHER_NAMES_DEAD_RANKS: "1"})
 
 
-def run_local(nproc: int, argv: list[str]) -> int:
-    """Run `megatron-mtp ARGV` in `nproc` processes; returns the job's exit code (see the module note)."""
+def run_local(nproc: int, argv: list[str], max_restarts: int = 0, run_dir: Path | None = None) -> int:
+    """Run `megatron-mtp ARGV` in `nproc` processes, again after a crash up to `max_restarts` times;
+    returns the job's exit code (see the module note)."""
+    restarts = 0
+    while True:
+        signalled: list[int] = []
+        code = _run_once(nproc, argv, run_dir, signalled)
+        if code in (0, EXIT_RESUME, EXIT_USAGE) or signalled:
+            return code
+        if restarts >= max_restarts:
+            if max_restarts:
+                _say(f"the job failed again (exit {code}) after {restarts} restart(s) (--max-restarts "
+                     f"{max_restarts}); rerun the same command to resume from the latest checkpoint")
+            return code
+        restarts += 1
+        _say(f"restarting the job from the latest checkpoint (restart {restarts} of {max_restarts})")
+
+
+def _say(line: str) -> None:
+    print(f"megatron-mtp train: {line}", file=sys.stderr, flush=True)
+
+
+def _run_once(nproc: int, argv: list[str], run_dir: Path | None, signalled: list[int]) -> int:
     base = dict(os.environ)
     # Each process would otherwise claim every core; on CPU, split them.
     base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -59,6 +89,7 @@ def run_local(nproc: int, argv: list[str]) -> int:
     procs: list[subprocess.Popen] = []
 
     def forward(signum, _frame):
+        signalled.append(signum)
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(FORWARDED[signal.Signals(signum)])
@@ -69,7 +100,7 @@ def run_local(nproc: int, argv: list[str]) -> int:
             procs.append(subprocess.Popen([sys.executable, "-m", "megatron_mtp", *argv],
                                           env=rank_env(rank, nproc, port, base), start_new_session=True,
                                           preexec_fn=_term_when_parent_dies))
-        return _wait(procs)
+        return _wait(procs, run_dir)
     finally:
         for proc in procs:  # an exception here (or in _wait) must not leave ranks behind
             if proc.poll() is None:
@@ -79,21 +110,51 @@ def run_local(nproc: int, argv: list[str]) -> int:
             signal.signal(sig, handler)
 
 
-def _wait(procs: list[subprocess.Popen]) -> int:
-    """Wait for every rank; once one fails, give the others FAILED_RANK_GRACE_S, then kill them."""
-    failed_at = None
-    while any(p.poll() is None for p in procs):
-        codes = [p.returncode for p in procs if p.returncode is not None]
-        if failed_at is None and any(c not in (0, EXIT_RESUME) for c in codes):
-            failed_at = time.monotonic()
-        if failed_at is not None and time.monotonic() - failed_at > FAILED_RANK_GRACE_S:
+def _wait(procs: list[subprocess.Popen], run_dir: Path | None) -> int:
+    """Wait for every rank; once one fails, give the others FAILED_RANK_GRACE_S (LOST_RANK_GRACE_S when
+    a rank was lost: the others are ending or waiting for it), then kill them. A rank that a signal
+    killed first is named in one sentence."""
+    failed_at, grace, named = None, FAILED_RANK_GRACE_S, False
+    while [p.poll() for p in procs].count(None):  # poll every rank (any() would stop at the first live one)
+        if failed_at is None:
+            ended = [(rank, p.returncode) for rank, p in enumerate(procs)
+                     if p.returncode is not None and p.returncode not in (0, EXIT_RESUME)]
+            if ended:
+                failed_at = time.monotonic()
+                rank, code = ended[0]
+                if code < 0 or code == EXIT_RANK_LOST:
+                    grace = LOST_RANK_GRACE_S
+                if code < 0:
+                    _name_killed(rank, procs[rank].pid, -code, run_dir, len(procs))
+                    named = True
+        if failed_at is not None and time.monotonic() - failed_at > grace:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
         time.sleep(0.05)
     codes = [p.wait() for p in procs]
+    killed_first = [(rank, c) for rank, c in enumerate(codes) if c < 0]
+    if not named and killed_first and not any(c > 0 and c not in (EXIT_RESUME,) for c in codes):
+        rank, c = killed_first[0]
+        _name_killed(rank, procs[rank].pid, -c, run_dir, len(procs))
     failed = [c for c in codes if c not in (0, EXIT_RESUME)]
     if failed:  # the rank that failed first exited with its own code; the ones killed after it, by signal
+        if named or EXIT_RANK_LOST in failed:
+            return EXIT_RANK_LOST
         code = max(failed)
         return code if code > 0 else 128 - code
     return EXIT_RESUME if EXIT_RESUME in codes else 0
+
+
+def _name_killed(rank: int, pid: int, signum: int, run_dir: Path | None, world: int) -> None:
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    when = None
+    if run_dir is not None:
+        from megatron_mtp.training.watchdog import exit_note
+
+        when = exit_note(run_dir, world, rank)
+    _say(f"error: rank {rank} (pid {pid}) was killed by {name}" + (f" {when}" if when else "")
+         + " (out of memory, or killed by someone); the other ranks are stopped")

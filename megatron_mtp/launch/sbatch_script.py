@@ -9,7 +9,8 @@ Shape of the job (see README.md for the reasons):
     forwards them to ``srun``, which forwards them to every rank; the trainer saves and exits 75
     (errors.EXIT_RESUME);
   * exit 75 -> ``scontrol requeue`` (or, in chain mode, let the next job of the chain run);
-    exit 0 -> finished; anything else -> the job fails.
+    exit 0 -> finished; exit 2 (an error the trainer reported) -> the job fails; anything else (a rank
+    that died or hung, training/watchdog.py) -> requeue, up to --max-restarts, like after a signal.
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ def _launch(plan: JobPlan) -> list[str]:
     srun = [
         "srun",
         "--kill-on-bad-exit=0",
-        "--wait=300",
+        "--wait=60",  # once a rank has ended, the others get 60 s (a stopped rank is then killed)
         '--output="$LOG_DIR/rank-%t.log"',
     ]
     container = _container_flags(plan)
@@ -231,12 +232,19 @@ def _outcome(plan: JobPlan) -> list[str]:
         lines += [f'    say "checkpoint saved; resubmit this script to continue"; exit {EXIT_RESUME} ;;']
     if plan.resume == "requeue":
         # A signal that lands before the trainer installed its handler (start-up) kills a rank instead
-        # of saving; checkpoints are written atomically, so resuming from the last complete one is safe.
+        # of saving; a rank that dies (an Xid, an OOM kill, a lost node) or hangs (the trainer's
+        # watchdog ends the job with 76) ends the job the same way. Checkpoints are written atomically,
+        # so resuming from the last complete one is safe; a bad input (2) would fail again alike.
         lines += [
+            f"  {EXIT_USAGE})",
+            '    say "training stopped on an error it reported (exit code 2; see the per-rank logs); not requeueing"',
+            "    exit 2 ;;",
             "  *)",
-            f'    if [ -n "$SIGNALLED" ] && [ "$RESTART" -lt {plan.max_restarts} ]; then',
-            '        say "training ended with exit code $RC after SIG$SIGNALLED; '
-            'requeueing to resume from the latest complete checkpoint"',
+            f'    if [ "$RESTART" -lt {plan.max_restarts} ]; then',
+            '        if [ -n "$SIGNALLED" ]; then why="after SIG$SIGNALLED"; '
+            'else why="(a rank died or hung: see the per-rank logs)"; fi',
+            '        say "training ended with exit code $RC $why; requeueing to resume from the latest complete '
+            f'checkpoint (restart $((RESTART + 1)) of {plan.max_restarts})"',
             '        scontrol requeue "$SLURM_JOB_ID" && exit 0',
             "    fi",
             '    say "training failed with exit code $RC; see the per-rank logs"',

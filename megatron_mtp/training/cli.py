@@ -15,7 +15,10 @@ def register(subparsers) -> None:
     p.add_argument("--run-dir", help="run directory (default: runs/<config name>)")
     p.add_argument("--max-steps", type=int, help="same as training.max_steps=N")
     p.add_argument("--nproc-per-node", type=int, default=None,
-                   help="start this many local processes with torchrun (omit inside torchrun/Slurm)")
+                   help="start this many local processes, one rank each (omit inside torchrun or Slurm)")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="with --nproc-per-node: start the job again from the latest checkpoint after a rank dies "
+                   "or hangs, up to N times (default 0)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--help-config", action="store_true", help="list every config key with its type and meaning")
     p.set_defaults(func=run_train)
@@ -56,6 +59,8 @@ def run_train(args) -> int:
         return 0
     if args.nproc_per_node is not None and args.nproc_per_node < 1:
         raise UserError(f"--nproc-per-node is {args.nproc_per_node}; it must be 1 or more (processes on this machine)")
+    if args.max_restarts < 0:
+        raise UserError(f"--max-restarts is {args.max_restarts}; give 0 or more")
     config_path, overrides = _split_config_arg(args)
     if args.max_steps is not None:
         overrides.append(f"training.max_steps={args.max_steps}")
@@ -74,7 +79,7 @@ def run_train(args) -> int:
         validate(cfg, args.nproc_per_node)
         run_dir = Path(args.run_dir or Path("runs") / cfg.name).resolve()
         argv = ["train", config_path, *overrides, "--run-dir", str(run_dir)]
-        return run_local(args.nproc_per_node, argv)
+        return run_local(args.nproc_per_node, argv, args.max_restarts, run_dir)
     if args.nproc_per_node and in_job and int(os.environ["WORLD_SIZE"]) % args.nproc_per_node:
         raise UserError("--nproc-per-node does not match the job this process was launched in")
     run_dir = Path(args.run_dir or Path("runs") / cfg.name)

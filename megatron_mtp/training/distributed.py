@@ -65,7 +65,7 @@ def init_distributed(cfg: Config, platform: Platform) -> Ranks:
             os.environ["MASTER_PORT"] = str(free_port())
         torch.distributed.init_process_group(
             backend=platform.backend, rank=rank, world_size=world,
-            timeout=datetime.timedelta(minutes=30),
+            timeout=datetime.timedelta(seconds=cfg.training.collective_timeout),
         )
     from megatron_mtp.models.megatron_config import megatron_layout
 

@@ -33,6 +33,7 @@ from megatron_mtp.training.step_guard import (
     injected_steps,
     losses_finite,
 )
+from megatron_mtp.training.watchdog import Watchdog, is_collective_failure
 
 
 class _SignalFlag:
@@ -88,6 +89,7 @@ class Trainer:
         self.skipped_in_a_row = 0
         self.rollbacks = 0
         self.saver: CheckpointSaver | None = None
+        self.watchdog: Watchdog | None = None
         self.inject_nonfinite = injected_steps("NONFINITE")
         self.inject_spike = injected_steps("SPIKE")
         self.inject_signal = injected_steps("SIGNAL")
@@ -110,10 +112,14 @@ class Trainer:
             gc.collect()
         interval_start = time.perf_counter()
         flag = _SignalFlag(cfg.checkpoint.exit_signals, self.log.info)
+        watchdog = self.watchdog = Watchdog(self.run_dir, self.ranks.rank, self.ranks.world_size,
+                                            cfg.training.hang_timeout)
         try:
             while state.step < cfg.training.max_steps:
+                watchdog.now_doing(f"step {state.step + 1}")
                 outcome, stop_signal = self.train_step(fwd_bwd, forward_step, data, state,
                                                        lambda: flag.received is not None)
+                watchdog.progress(state.step, f"the work after step {state.step}")
                 if outcome.reason == "rolled back":  # the step is undone: nothing to log, evaluate or save
                     data = self._data(state)
                     interval_start = time.perf_counter()
@@ -129,7 +135,9 @@ class Trainer:
                 finished = state.step >= cfg.training.max_steps
                 periodic = cfg.checkpoint.save_interval and state.step % cfg.checkpoint.save_interval == 0
                 if finished or periodic or stop_signal:
+                    watchdog.now_doing(f"saving step {state.step}")
                     self.saver.save(state)
+                    watchdog.progress(state.step, f"the work after saving step {state.step}")
                 if gc_interval and state.step % gc_interval == 0:
                     gc.collect()
                 if stop_signal:
@@ -145,7 +153,13 @@ class Trainer:
         except RunError as exc:
             self.log.info(f"stopping: {exc}")
             raise
+        except Exception as exc:
+            if is_collective_failure(exc):  # a peer is gone: name it and end (never returns)
+                self.log.close()
+                watchdog.peer_lost(exc)
+            raise
         finally:
+            watchdog.stop()
             flag.restore()
             self.saver.close()  # waits only for a save that already finished on every rank
             if gc_interval:
@@ -301,10 +315,12 @@ class Trainer:
         collect = self.cfg.training.manual_gc_interval > 0
         if collect:
             gc.collect()
+        self.watchdog.now_doing(f"evaluating at step {state.step}")
         with self.components.params_in_sync():
             result = evaluate(self.session, self.cfg.logging.eval_steps, self.metrics)
         if collect:
             gc.collect(generation=0)
+        self.watchdog.progress(state.step, f"the work after evaluating at step {state.step}")
         if self.ranks.rank == 0:
             scalars = {"valid/lm_loss": result["lm_loss"]}
             for k, (loss, accept) in enumerate(zip(result["mtp_loss"], result["mtp_acceptance"]), start=1):

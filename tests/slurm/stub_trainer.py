@@ -46,9 +46,12 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
     total = int(os.environ.get("STUB_STEPS", "40"))
     print(f"stub rank {rank} starts at step {start} (SLURM_RESTART_COUNT={info['SLURM_RESTART_COUNT']})", flush=True)
+    crash_at = int(os.environ.get("STUB_CRASH_AT", "0"))  # rank 1 of the first attempt dies there (kill -9)
     while step < total:
         time.sleep(0.2)
         step += 1
+        if crash_at and step == crash_at and rank == 1 and info["SLURM_RESTART_COUNT"] in (None, "0"):
+            os.kill(os.getpid(), signal.SIGKILL)
         with open(os.path.join(out, f"progress-{rank}"), "a") as fh:
             fh.write(f"{step}\n")
         if stop["flag"]:

@@ -135,6 +135,21 @@ def test_signal_during_startup_still_requeues(slurm_cluster, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_rank_that_dies_requeues_the_job(slurm_cluster, tmp_path):
+    """A rank killed without any signal to the job (an OOM kill, an Xid): requeue and resume, bounded."""
+    run_dir = str(tmp_path / "run")
+    proc = submit_cli([_config(tmp_path), "--nodes", "2", "--cpu", "--python", STUB, "--env", "STUB_STEPS=6",
+                       "--env", "STUB_CRASH_AT=3", "--run-dir", run_dir], slurm_cluster.env(), str(tmp_path))
+    job = submitted_job_id(proc)
+    fields = slurm_cluster.wait_for(job, lambda f: f["Restarts"] == "1" and f["JobState"] in ("COMPLETED", "FAILED"),
+                                    120, "restarted once, then COMPLETED")
+    log = read(os.path.join(run_dir, "logs", f"slurm-{job}.out"))
+    assert fields["JobState"] == "COMPLETED", log
+    assert "(a rank died or hung: see the per-rank logs); requeueing to resume from the latest complete checkpoint " \
+           "(restart 1 of 50)" in log, log
+    assert len(glob.glob(os.path.join(run_dir, "stub", "env-*-1.json"))) == 2
+
+
 def test_time_limit_warning_signal_requeues(slurm_cluster, tmp_path):
     """The real thing: Slurm's own --signal=B:USR1@N before a 2-minute limit (slow: Slurm checks
     time limits about once a minute, so the signal comes up to a minute early or late)."""
