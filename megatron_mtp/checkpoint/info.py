@@ -80,12 +80,49 @@ def write_checkpoint_info(step_dir: Path, cfg: Config, state: dict[str, Any], to
     write_manifest(step_dir)
 
 
-def check_optimizer_compatible(saved: dict[str, Any], expert_parallel: int) -> Optional[str]:
-    """Why a checkpoint's optimizer state cannot be loaded at this expert-parallel size (None if it can)."""
+OPTIMIZER_FORMATS = {"parallel": "dp_reshardable", "reshardable": "fully_reshardable"}
+"""checkpoint.optimizer_format -> megatron-core's distributed-optimizer sharding type."""
+
+
+def saved_optimizer_format(saved: dict[str, Any]) -> str:
+    """The optimizer format a checkpoint was written in (checkpoints from before the choice: reshardable)."""
+    return saved.get("optimizer_format", "reshardable")
+
+
+def optimizer_layout(cfg: Config) -> dict[str, Any]:
+    """What the parallel-format optimizer state depends on besides data parallelism: the model-parallel
+    sizes, which layers each pipeline chunk holds, and the DDP buckets the state is laid out in."""
+    from megatron_mtp.config import pipeline_layout
+
+    p, m = cfg.parallel, cfg.model
+    text, vpp = pipeline_layout.resolve(m.num_layers, cfg.mtp.num_layers, p.pipeline, p.virtual_pipeline,
+                                        p.pipeline_layout)
+    return {"tensor": p.tensor, "pipeline": p.pipeline, "virtual_pipeline": vpp, "pipeline_layout": text,
+            "expert": p.expert, "expert_tensor": p.expert_tensor or p.tensor, "bucket_size": p.bucket_size,
+            "distributed_optimizer": p.distributed_optimizer}
+
+
+def _layout_words(layout: dict[str, Any]) -> str:
+    return (f"TP{layout.get('tensor')} × PP{layout.get('pipeline')} (VPP{layout.get('virtual_pipeline')}) × "
+            f"EP{layout.get('expert')} × ETP{layout.get('expert_tensor')}, parallel.bucket_size="
+            f"{layout.get('bucket_size')}")
+
+
+def check_optimizer_compatible(saved: dict[str, Any], expert_parallel: int,
+                               layout: Optional[dict[str, Any]] = None) -> Optional[str]:
+    """Why a checkpoint's optimizer state cannot be loaded at this expert-parallel size, or (with
+    `layout`, this run's ``optimizer_layout``) at this layout (None if it can)."""
     if not saved.get("has_optimizer", False):
         return "it holds no optimizer state"
     saved_ep = saved.get("parallel", {}).get("expert", 1)
     if (saved_ep == 1) != (expert_parallel == 1):
         return (f"its optimizer state was written with expert parallel size {saved_ep} and cannot be "
                 f"resharded to {expert_parallel} (megatron-core splits it differently when EP=1 and EP>1)")
+    before = saved.get("optimizer_layout")
+    if (layout is not None and before is not None and saved_optimizer_format(saved) == "parallel"
+            and before.get("distributed_optimizer") and before != layout):
+        return (f"its optimizer state is in the parallel format (checkpoint.optimizer_format=parallel), which "
+                f"reshards only across data-parallel ranks, and was written at {_layout_words(before)}, not "
+                f"{_layout_words(layout)}; resume once at the layout it was written with and "
+                "checkpoint.optimizer_format=reshardable until its next save, then at the new layout")
     return None

@@ -120,6 +120,10 @@ class TrainingConfig:
 class CheckpointConfig:
     save_interval: int = 100
     """Save every N steps (and always at the end and on a save-and-exit signal); 0: only at the end."""
+    save_interval_minutes: float = 0.0
+    """Also save when this many minutes have passed since the last save (or the start), by rank 0's
+    clock, agreed at the step's agreement point; 0: off. Beside save_interval, it bounds the work a
+    crash loses when steps take longer than planned."""
     keep_last: int = 2
     """Keep the newest K checkpoints; older ones are deleted after a save succeeds (0: keep all)."""
     load: Optional[str] = None
@@ -135,6 +139,12 @@ class CheckpointConfig:
     fully_parallel_save: bool = True
     """Spread the writing of replicated tensors over the data-parallel ranks (megatron-core's
     fully parallel save) instead of the first replica writing them all."""
+    optimizer_format: Literal["parallel", "reshardable"] = "parallel"
+    """How the distributed optimizer's state is saved. parallel: every rank writes its own shard, with no
+    exchange and no extra memory; a resume may change the data-parallel size only (another TP, PP, VPP,
+    EP or bucket size is refused in one sentence). reshardable: gathered over the data-parallel ranks
+    into one tensor per parameter, which every rank holds on the host while saving (`plan` shows the
+    cost), so that any layout resumes it; for a run that will change its model-parallel layout."""
     fully_parallel_load: bool = True
     """Spread the reading of a checkpoint over the data-parallel ranks and exchange the pieces."""
     start_fresh: bool = False

@@ -265,6 +265,9 @@ def _optimizer(cfg: Config) -> None:
     if not t.collective_timeout > 0:
         raise UserError(f"training.collective_timeout is {t.collective_timeout}; it must be a positive number of "
                         "seconds")
+    if cfg.checkpoint.save_interval_minutes < 0:
+        raise UserError(f"checkpoint.save_interval_minutes is {cfg.checkpoint.save_interval_minutes}; it must be 0 "
+                        "(off) or a positive number of minutes")
     if t.hang_timeout < 0:
         raise UserError(f"training.hang_timeout is {t.hang_timeout}; it must be 0 (off) or a positive number of "
                         "seconds")

@@ -374,14 +374,14 @@ def _check_run_dir(run_dir: str) -> None:
 
 def _check_resume_point(run_dir: str, cfg: Config) -> Optional[str]:
     """The checkpoint a job in ``run_dir`` resumes from; refuse a layout that could not load it."""
-    from megatron_mtp.checkpoint.info import check_optimizer_compatible, read_train_state
+    from megatron_mtp.checkpoint.info import check_optimizer_compatible, optimizer_layout, read_train_state
     from megatron_mtp.checkpoint.run_dir import find_checkpoint
 
     found = find_checkpoint(run_dir)
     if found is None:
         return None
     # The trainer resumes its own run directory with optimizer state; apply its rule now.
-    reason = check_optimizer_compatible(read_train_state(found.path), cfg.parallel.expert)
+    reason = check_optimizer_compatible(read_train_state(found.path), cfg.parallel.expert, optimizer_layout(cfg))
     if reason is not None:
         raise UserError(f"the job would resume from {found.path}, but {reason}; keep the saved parallel layout "
                         "or use a new --run-dir")

@@ -153,6 +153,26 @@ def state_bytes(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vo
     return StateBytes(params=params, grads=grads, optimizer=optimizer - host, optimizer_host=host, fp8_caches=fp8)
 
 
+def save_host_bytes(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vocab: int) -> dict[str, int]:
+    """Host memory a checkpoint save takes on the worst data-parallel rank of a pipeline rank, per
+    checkpoint.optimizer_format (each optimizer element: its fp32 parameter and the two moments):
+      parallel     the rank's own optimizer shard, staged for the writer;
+      reshardable  megatron-core's fully_reshardable save all-gathers every data-parallel shard of the
+                   rank's model-parallel part onto every rank before writing: its whole optimizer state.
+    Without the distributed optimizer both are the rank's (unsharded) optimizer state."""
+    o = cfg.optimizer
+    per_element = 4 + 2 * (2 if (o.precision_aware and o.moment_dtype == "bf16") else 4)
+    shard = whole = 0
+    for b in rank_buffers(cfg, sizes, pp_rank, tgt, vocab):
+        unpadded = sum(e - s for s, e in b.params)
+        whole += unpadded * per_element
+        if cfg.parallel.distributed_optimizer:
+            shard += max(e for e, _ in map(b.shard, range(b.dp))) * per_element
+        else:
+            shard += unpadded * per_element
+    return {"parallel": shard, "reshardable": whole}
+
+
 def _linear_elements(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vocab: int) -> int:
     stages = model_stages(cfg)
     return sum(p.numel for st in stages if st.pp_rank == pp_rank
@@ -228,6 +248,8 @@ class RankMemory:
     frees each once sent), all in-flight ones on CPU (where the trainer keeps them, see
     models/megatron_config.py)."""
     workspace: float
+    save_host: dict
+    """Host bytes a checkpoint save takes on this rank, per optimizer format (save_host_bytes)."""
     in_flight: int
     per_chunk: tuple[int, ...]
     chunk_bytes: tuple[float, ...]
@@ -313,6 +335,7 @@ def make_plan(cfg: Config, world: int, gpu: Gpu, cpu: bool = False, imbalance: f
         ranks.append(RankMemory(
             pp_rank=r, state=state_bytes(cfg, sizes, r, tgt, vocab), activations=pk.bytes,
             pipeline_outputs=outputs if kept else 0, workspace=_workspace(cfg, mine, d, tgt, grouped),
+            save_host=save_host_bytes(cfg, sizes, r, tgt, vocab),
             in_flight=pk.in_flight, per_chunk=pk.per_chunk, chunk_bytes=tuple(per_chunk)))
     plan = Plan(cfg=cfg, sizes=sizes, gpu=gpu, target=tgt, num_micro=num_micro, ranks=ranks, imbalance=imbalance)
     plan.assumptions = assumptions(plan)

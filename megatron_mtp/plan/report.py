@@ -45,6 +45,7 @@ def build(plan: Plan, mfu: Optional[float] = None, with_suggestions: bool = True
             "optimizer_host_bytes": st.optimizer_host, "fp8_cache_bytes": st.fp8_caches,
             "activation_bytes": r.activations, "pipeline_output_bytes": r.pipeline_outputs,
             "workspace_bytes": r.workspace, "total_bytes": r.total,
+            "save_host_bytes": dict(r.save_host),
             "in_flight": r.in_flight, "in_flight_per_chunk": list(r.per_chunk),
             "activation_bytes_per_micro_batch": list(r.chunk_bytes),
             "comm_bytes_per_step": dict(sorted(comm.step_bytes(cfg, plan, r.pp_rank).items())),
@@ -63,6 +64,7 @@ def build(plan: Plan, mfu: Optional[float] = None, with_suggestions: bool = True
         "training_flops_per_step": flops,
         "bubble_fraction": schedule.bubble_fraction(s.pp, s.vpp, plan.num_micro),
         "routing_imbalance": plan.imbalance,
+        "optimizer_format": cfg.checkpoint.optimizer_format,
         "ranks": ranks,
         "worst": {"pp_rank": worst.pp_rank, "total_bytes": worst.total, "fits": plan.fits},
         "time": None,
@@ -133,6 +135,11 @@ def format_table(report: dict) -> str:
         verdict = "fits" if w["fits"] else "DOES NOT FIT"
         lines.append(f"worst rank: pipeline rank {w['pp_rank']}, {w['total_bytes'] / GIB:.1f} GiB of "
                      f"{gpu['memory_bytes'] / GIB:.1f} GiB ({share:.0%}): {verdict}")
+    fmt = report["optimizer_format"]
+    save = max(report["ranks"], key=lambda r: r["save_host_bytes"]["reshardable"])["save_host_bytes"]
+    lines.append(f"checkpoint save, host memory of the worst rank: {save['parallel'] / GIB:.1f} GiB in the parallel "
+                 f"optimizer format, {save['reshardable'] / GIB:.1f} GiB in the reshardable one (this run: "
+                 f"checkpoint.optimizer_format={fmt})")
     lines += ["", "communication per rank per step, GiB (whole tensors handed to the collectives)"]
     kinds = sorted({k for r in report["ranks"] for k in r["comm_bytes_per_step"]})
     if kinds:

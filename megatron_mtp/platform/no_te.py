@@ -79,8 +79,11 @@ def _patch_torch_adam_state_load() -> None:
 
     Without TE/apex fused Adam, megatron-core keeps torch Adam's per-parameter 'step' in the live
     state but leaves it out of `fully_reshardable` checkpoints (it is restored from the param
-    groups); copying the loaded tensors then looks up 'step' and fails. We carry the live 'step'
-    over (it already holds the restored value).
+    groups); copying the loaded tensors then looks up 'step' and fails. The `dp_reshardable` format
+    hands back, as 'step', the tensor the live state held when the state dict to load was built (a
+    non-persistent object: the fresh optimizer's 1), which would overwrite the restored count and
+    change Adam's bias correction from the first resumed step on. In both, we carry the live 'step'
+    over (it already holds the value restored from the param groups).
     """
     from megatron.core.optimizer import distrib_optimizer
 
@@ -90,12 +93,11 @@ def _patch_torch_adam_state_load() -> None:
         return
 
     def set_states(self, model_param, tensors):
-        if "step" not in tensors:
-            group_index, group_order = self.model_param_group_index_map[model_param]
-            main_param = self.optimizer.param_groups[group_index]["params"][group_order]
-            live = self.optimizer.state.get(main_param, {})
-            if "step" in live:
-                tensors = {**tensors, "step": live["step"]}
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+        live = self.optimizer.state.get(main_param, {})
+        if "step" in live:  # restored from the param groups just before: it wins over a loaded 'step'
+            tensors = {**tensors, "step": live["step"]}
         return original(self, model_param, tensors)
 
     set_states._megatron_mtp_patched = True

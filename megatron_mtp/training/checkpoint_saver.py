@@ -5,7 +5,8 @@ megatron-core's dist_checkpointing (fully parallel: the data-parallel replicas s
 replicated tensors), then *publishes*: rank 0 adds config.yaml, tokenizer/, train_state.json and,
 last, manifest.json (every file and its size: a step missing or cutting off any of them is
 incomplete and never resumed from, see checkpoint/run_dir.py), renames the directory to step_N,
-replaces `latest` through a temp file, and prunes to keep_last.
+replaces `latest` through a temp file, and prunes to keep_last (old steps renamed at once and
+removed in the background, so the publishing barrier never waits on a large rmtree).
   - async (checkpoint.async_save): dist_checkpointing returns an AsyncRequest whose writer runs in
     a forked process while training goes on; publishing is added as its last finalize step, so it
     runs only after megatron-core gathered every rank's write results and wrote the global
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +34,7 @@ from typing import Optional
 
 import torch
 
-from megatron_mtp.checkpoint.info import train_state_record, write_checkpoint_info
+from megatron_mtp.checkpoint.info import optimizer_layout, train_state_record, write_checkpoint_info
 from megatron_mtp.checkpoint.run_dir import CHECKPOINTS_DIR, complete_steps, publish_step, step_dir_name, write_latest
 from megatron_mtp.errors import RunError
 from megatron_mtp.output import describe_failure, free_bytes, size_text
@@ -66,6 +68,15 @@ def _agree_all(flag: bool) -> bool:
     return bool(all_reduce_sum(torch.tensor([0.0 if flag else 1.0]))[0] == 0)
 
 
+DELETING = ".deleting"
+"""Suffix of a pruned checkpoint being removed in the background."""
+
+
+def _remove_all(paths: list[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
@@ -85,6 +96,8 @@ class CheckpointSaver:
 
             self.queue = AsyncCallsQueue(persistent=False)  # forked writers; the persistent worker needs CUDA
         self.pending: Optional[_Save] = None
+        self.deleters: list[threading.Thread] = []
+        """Background removals of pruned checkpoints (rank 0)."""
         self.published: list[tuple[Path, float]] = []
         """(checkpoint, seconds from the start of its save) published since the caller last looked."""
         launch = all_reduce_sum(torch.tensor([float(os.getpid() if self.rank0 else 0)]))
@@ -100,7 +113,9 @@ class CheckpointSaver:
         save = _Save(state.step, tmp, final, time.perf_counter())
         record = train_state_record(**vars(state), has_optimizer=True, weights_finite=True,
                                     world_size=self.ranks.world_size, tensor=self.ranks.tp,
-                                    pipeline=self.ranks.pp, expert=self.ranks.ep, data=self.ranks.dp)
+                                    pipeline=self.ranks.pp, expert=self.ranks.ep, data=self.ranks.dp,
+                                    optimizer_format=self.cfg.checkpoint.optimizer_format,
+                                    optimizer_layout=optimizer_layout(self.cfg))
         try:
             request = self._write(tmp, state)
         except _WRITE_FAILURES as exc:  # a write failure ends in one sentence, a bug re-raises
@@ -123,7 +138,11 @@ class CheckpointSaver:
 
     def close(self) -> None:
         """Release the background writer. After a normal end every save was already waited for; after
-        an error a pending write is abandoned (its .tmp is never published and is removed next time)."""
+        an error a pending write is abandoned (its .tmp is never published and is removed next time).
+        Old checkpoints still being deleted are waited for."""
+        for thread in self.deleters:
+            thread.join()
+        self.deleters.clear()
         if self.queue is not None:
             self.queue.close(abort=self.pending is not None)
             self.queue = None
@@ -176,6 +195,7 @@ class CheckpointSaver:
         if not previous or free is None:
             return None
         needed = _dir_bytes(previous[-1])
+        free += sum(_dir_bytes(p) for p in self.root.glob("*" + DELETING))  # being removed in the background
         if free >= needed:
             return None
         return (f"not enough free space to save checkpoint {step_dir_name(step)} in {self.root}: it needs about "
@@ -195,7 +215,8 @@ class CheckpointSaver:
         if self.cfg.checkpoint.fully_parallel_save:
             strategy = FullyParallelSaveStrategyWrapper(
                 strategy, parallel_state.get_data_parallel_group(with_context_parallel=True))
-        sd = sharded_state_dict(self.components, state, with_optimizer=True, is_loading=False)
+        sd = sharded_state_dict(self.components, state, with_optimizer=True, is_loading=False,
+                                optimizer_format=self.cfg.checkpoint.optimizer_format)
         return dist_checkpointing.save(sd, str(tmp), sharded_strategy=strategy,
                                        async_sharded_save=self.queue is not None)
 
@@ -249,8 +270,22 @@ class CheckpointSaver:
         return "; no checkpoint of this run exists yet"
 
     def _prune(self, keep: str) -> None:
+        """Keep the newest keep_last steps, off the critical path: each older step is renamed to
+        step_N.deleting at once (never resumed from) and removed by a background thread, so no rank waits
+        on a large rmtree at the publishing barrier; leftovers of a killed run go with the next prune."""
         if self.keep_last <= 0:
             return
+        doomed = []
         for old in complete_steps(self.root)[:-self.keep_last]:
             if old.name != keep:
-                shutil.rmtree(old, ignore_errors=True)
+                aside = old.with_name(old.name + DELETING)
+                try:
+                    os.replace(old, aside)
+                except OSError:
+                    continue
+                doomed.append(aside)
+        doomed += [p for p in self.root.glob("*" + DELETING) if p not in doomed]
+        if doomed:
+            thread = threading.Thread(target=_remove_all, args=(doomed,), name="megatron-mtp-prune", daemon=True)
+            thread.start()
+            self.deleters.append(thread)

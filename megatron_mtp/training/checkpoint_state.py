@@ -1,11 +1,19 @@
 """What a checkpoint holds of a run, and loading it (saving: checkpoint_saver.py).
 
 Design note. The state is megatron-core sharded state dicts: the model chunks' (keys are global:
-`decoder.layers.<global index>`, routed experts on a global expert axis), the optimizer's in the
-`fully_reshardable` distributed-optimizer format, the LR scheduler, the progress counters and a
-per-rank RNG object. So any TP/PP/VPP/EP layout loads any other (torch_dist reshards), optimizer
-state included, except between EP=1 and EP>1, where megatron-core splits the optimizer into
-different sub-optimizers: that is refused with a clear error. With the interleaved schedule the
+`decoder.layers.<global index>`, routed experts on a global expert axis), the optimizer's, the LR
+scheduler, the progress counters and a per-rank RNG object. The distributed optimizer's state is
+written in checkpoint.optimizer_format:
+  - parallel (megatron-core's `dp_reshardable`, the default): each rank writes its own shard as it
+    lies in the DDP buckets, with no exchange and no extra memory; it reshards across data-parallel
+    ranks only, so a resume at another model-parallel layout or bucket size is refused in one
+    sentence naming the way out (info.check_optimizer_compatible);
+  - reshardable (`fully_reshardable`): the state is gathered over the data-parallel ranks into one
+    tensor per parameter (every rank holds its model-parallel shard's whole optimizer state on the
+    host during the save) and any TP/PP/VPP/EP layout loads it (torch_dist reshards).
+The format a checkpoint was written in is in its train_state.json, and the load follows it. Any
+layout loads the weights. Between EP=1 and EP>1 megatron-core splits the optimizer into different
+sub-optimizers: that optimizer state is refused with a clear error in either format. With the interleaved schedule the
 chunks are "model0".."modelN" instead of "model"; the names do not reach the files.
 A checkpoint needs nothing but its path to be used later: the resolved config, tokenizer and the
 layout it was written with travel inside it (checkpoint/info.py).
@@ -19,12 +27,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from megatron_mtp.checkpoint.info import check_optimizer_compatible, read_train_state
+from megatron_mtp.checkpoint.info import (
+    OPTIMIZER_FORMATS,
+    check_optimizer_compatible,
+    read_train_state,
+    saved_optimizer_format,
+)
 from megatron_mtp.errors import UserError
 from megatron_mtp.training.components import Components, TrainState, unwrap
 from megatron_mtp.training.schedules import config_hyperparameters_kept
 
-OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable", "chained_optim_avoid_prefix": True}
+
+def optimizer_metadata(optimizer_format: str) -> dict:
+    """megatron-core's metadata for the distributed optimizer's state dict in checkpoint.optimizer_format."""
+    return {"distrib_optim_sharding_type": OPTIMIZER_FORMATS[optimizer_format], "chained_optim_avoid_prefix": True}
 
 
 class DamagedCheckpoint(UserError):
@@ -83,7 +99,8 @@ def _model_keys(components: Components) -> list[str]:
     return ["model"] if n == 1 else [f"model{i}" for i in range(n)]
 
 
-def sharded_state_dict(components: Components, state: TrainState, with_optimizer: bool, is_loading: bool) -> dict:
+def sharded_state_dict(components: Components, state: TrainState, with_optimizer: bool, is_loading: bool,
+                       optimizer_format: str = "parallel") -> dict:
     from megatron.core.dist_checkpointing.mapping import ShardedObject
     from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
 
@@ -97,7 +114,7 @@ def sharded_state_dict(components: Components, state: TrainState, with_optimizer
     if with_optimizer:
         model_sd = chunks["model"] if len(chunks) == 1 else chunks
         sd["optimizer"] = components.optimizer.sharded_state_dict(model_sd, is_loading=is_loading,
-                                                                  metadata=OPTIMIZER_METADATA)
+                                                                  metadata=optimizer_metadata(optimizer_format))
         sd["scheduler"] = components.scheduler.state_dict()
     return sd
 
@@ -115,19 +132,21 @@ def _load_strategy(ckpt: Path, fully_parallel: bool):
 
 
 def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: bool,
-                    fully_parallel: bool = True, cfg=None) -> TrainState:
-    """Load weights (any layout) and, when asked, optimizer/scheduler/progress/RNG."""
+                    fully_parallel: bool = True, cfg=None, layout: dict | None = None) -> TrainState:
+    """Load weights (any layout) and, when asked, optimizer/scheduler/progress/RNG (`layout`: this run's
+    info.optimizer_layout, which a parallel-format optimizer state must have been written at)."""
     from megatron.core import dist_checkpointing
 
     saved = read_train_state(ckpt)
     _check_shard_files(ckpt)
     if load_optimizer:
-        reason = check_optimizer_compatible(saved, ranks.ep)
+        reason = check_optimizer_compatible(saved, ranks.ep, layout)
         if reason is not None:
-            raise UserError(f"cannot resume training from {ckpt}: {reason}; set checkpoint.load_optimizer=false "
+            raise UserError(f"cannot resume training from {ckpt}: {reason}; or set checkpoint.load_optimizer=false "
                             "(with checkpoint.load) to start from its weights only")
         _prepare_optimizer_for_load(components.optimizer)
-    sd = sharded_state_dict(components, TrainState(), load_optimizer, is_loading=True)
+    sd = sharded_state_dict(components, TrainState(), load_optimizer, is_loading=True,
+                            optimizer_format=saved_optimizer_format(saved))
     if not load_optimizer:
         sd.pop("rng_state")
         sd.pop("train_state")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from megatron_mtp.checkpoint.info import read_config
+from megatron_mtp.checkpoint.info import check_optimizer_compatible, optimizer_layout, read_config, read_train_state
 from megatron_mtp.checkpoint.resume_rules import refuse_load_changes, refuse_meaning_changes, refuse_tokenizer_change
 from megatron_mtp.checkpoint.run_dir import (
     DAMAGED_DIR,
@@ -67,6 +67,10 @@ def _check_start_point(cfg: Config, run_dir: Path, tokenizer) -> list[str]:
     if own is not None:
         refuse_meaning_changes(read_config(own.path), cfg, own.path, run_dir)
         refuse_tokenizer_change(own.path, tokenizer, run_dir)
+        reason = check_optimizer_compatible(read_train_state(own.path), cfg.parallel.expert, optimizer_layout(cfg))
+        if reason is not None:
+            raise UserError(f"cannot resume {run_dir} from {own.path.name}: {reason}; or start a new run from its "
+                            f"weights with --run-dir NEW checkpoint.load={own.path} checkpoint.load_optimizer=false")
     elif cfg.checkpoint.load:
         src = resolve_checkpoint(cfg.checkpoint.load, what="checkpoint.load")
         return refuse_load_changes(read_config(src.path), cfg, src.path, cfg.checkpoint.load_optimizer)
@@ -106,7 +110,7 @@ def _open_claimed(cfg: Config, run_dir: Path, platform: Platform, ranks: Ranks, 
     own = find_checkpoint(run_dir)
     fully_parallel = cfg.checkpoint.fully_parallel_load
     if own is not None:
-        own, state, damaged = _load_newest_readable(own, components, ranks, fully_parallel)
+        own, state, damaged = _load_newest_readable(own, components, ranks, fully_parallel, optimizer_layout(cfg))
         loaded_from = own.path
         notes += [own.note] if own.note else []
         notes += damaged
@@ -119,7 +123,7 @@ def _open_claimed(cfg: Config, run_dir: Path, platform: Platform, ranks: Ranks, 
         # a frozen base trains an optimizer of the MTP parameters alone: never the source's (mtp.freeze_base)
         take_optimizer = cfg.checkpoint.load_optimizer and not cfg.mtp.freeze_base
         state = ckpt_io.load_checkpoint(src.path, components, ranks, load_optimizer=take_optimizer,
-                                        fully_parallel=fully_parallel, cfg=cfg)
+                                        fully_parallel=fully_parallel, cfg=cfg, layout=optimizer_layout(cfg))
         loaded_from = src.path
         notes += [src.note] if src.note else []
     if loaded_from is not None:
@@ -134,7 +138,7 @@ def _open_claimed(cfg: Config, run_dir: Path, platform: Platform, ranks: Ranks, 
                    resolved.tokenizer, loaded_from, notes, lock)
 
 
-def _load_newest_readable(own, components: Components, ranks: Ranks, fully_parallel: bool):
+def _load_newest_readable(own, components: Components, ranks: Ranks, fully_parallel: bool, layout: dict):
     """Resume from the run's newest checkpoint that reads back. One whose bytes are damaged (complete in
     name and size, unreadable) is moved to checkpoints.damaged/ and the next newest is tried, with a note
     each; with none left, the damage is one sentence (and the damaged checkpoint stays where it is).
@@ -145,7 +149,7 @@ def _load_newest_readable(own, components: Components, ranks: Ranks, fully_paral
     while True:
         try:
             state = ckpt_io.load_checkpoint(own.path, components, ranks, load_optimizer=True,
-                                            fully_parallel=fully_parallel)
+                                            fully_parallel=fully_parallel, layout=layout)
             return own, state, notes
         except ckpt_io.DamagedCheckpoint as exc:  # raised on every rank together (its docstring)
             fallback = None

@@ -2,7 +2,7 @@
 
 Design note. A diverged run must stop (or skip the step) before its weights are touched and before
 anything non-finite is saved. Per step, every rank contributes to ONE all-reduce (SUM) of
-    [loss non-finite here, stop signal here, LM loss here, holds the LM loss]
+    [loss non-finite here, stop signal here, LM loss here, holds the LM loss, time-based save due here]
 which replaces the stop-signal agreement the loop needs anyway, so the guard costs no extra
 collective. The gradient norm comes from megatron-core's own computation over the gradient-stats
 group (global), after `prepare_grads` (which also performs its fp16 loss-scale inf check); only
@@ -53,16 +53,19 @@ class Agreement:
     stop_signal: bool
     lm_loss: Optional[float]
     """The global mean LM loss of the step (None if no rank holds it)."""
+    save_due: bool = False
+    """A time-based save is due (checkpoint.save_interval_minutes, by rank 0's clock)."""
 
 
-def agree(loss_nonfinite: bool, stop_signal: bool, lm_loss: Optional[float]) -> Agreement:
-    """One all-reduce: any rank's non-finite loss or signal, and the mean LM loss over its holders."""
+def agree(loss_nonfinite: bool, stop_signal: bool, lm_loss: Optional[float], save_due: bool = False) -> Agreement:
+    """One all-reduce: any rank's non-finite loss, signal or due save, and the mean LM loss over its holders."""
     held = lm_loss is not None
     vector = torch.tensor([float(loss_nonfinite), float(stop_signal), lm_loss if held and math.isfinite(lm_loss)
-                           else 0.0, float(held)], dtype=torch.float64)
+                           else 0.0, float(held), float(save_due)], dtype=torch.float64)
     total = all_reduce_sum(vector)
     holders = float(total[3])
-    return Agreement(bool(total[0] > 0), bool(total[1] > 0), float(total[2]) / holders if holders else None)
+    return Agreement(bool(total[0] > 0), bool(total[1] > 0), float(total[2]) / holders if holders else None,
+                     bool(total[4] > 0))
 
 
 def losses_finite(reported: list, mtp_losses) -> bool:

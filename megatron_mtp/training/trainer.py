@@ -15,6 +15,7 @@ import signal
 import time
 from pathlib import Path
 
+from megatron_mtp.checkpoint.info import optimizer_layout
 from megatron_mtp.errors import EXIT_FINISHED, EXIT_RESUME, RunError, UserError
 from megatron_mtp.training import checkpoint_state
 from megatron_mtp.training.batches import MicroBatchIterator, chunk_iterators
@@ -90,6 +91,9 @@ class Trainer:
         self.rollbacks = 0
         self.saver: CheckpointSaver | None = None
         self.watchdog: Watchdog | None = None
+        self.last_save = time.monotonic()
+        """When the last save started (checkpoint.save_interval_minutes counts from it)."""
+        self.save_due = False
         self.inject_nonfinite = injected_steps("NONFINITE")
         self.inject_spike = injected_steps("SPIKE")
         self.inject_signal = injected_steps("SIGNAL")
@@ -134,9 +138,10 @@ class Trainer:
                     self._evaluate(state)
                 finished = state.step >= cfg.training.max_steps
                 periodic = cfg.checkpoint.save_interval and state.step % cfg.checkpoint.save_interval == 0
-                if finished or periodic or stop_signal:
+                if finished or periodic or stop_signal or self.save_due:
                     watchdog.now_doing(f"saving step {state.step}")
                     self.saver.save(state)
+                    self.last_save = time.monotonic()
                     watchdog.progress(state.step, f"the work after saving step {state.step}")
                 if gc_interval and state.step % gc_interval == 0:
                     gc.collect()
@@ -211,7 +216,10 @@ class Trainer:
         holds_loss = self.ranks.is_last_stage and self.ranks.tp_rank == 0 and bool(reported)
         lm_loss = sum(micro_batch_mean(r) for r in reported) / len(reported) if holds_loss else None
         nonfinite = not losses_finite(reported, mtp_losses) or state.step + 1 in self.inject_nonfinite
-        agreed = agree(nonfinite, signal_here(), lm_loss)
+        minutes = cfg.checkpoint.save_interval_minutes
+        save_due = bool(minutes) and self.ranks.rank == 0 and time.monotonic() - self.last_save >= minutes * 60
+        agreed = agree(nonfinite, signal_here(), lm_loss, save_due)
+        self.save_due = agreed.save_due
         outcome = guarded_optimizer_step(components.optimizer, agreed.loss_nonfinite)
         state.step += 1
         state.consumed_samples += cfg.training.global_batch_size
@@ -279,7 +287,8 @@ class Trainer:
             raise RunError(f"{what}, and no checkpoint was saved before step {start} to roll back to; the run stops")
         position = state.consumed_samples
         loaded = checkpoint_state.load_checkpoint(target, self.components, self.ranks, load_optimizer=True,
-                                               fully_parallel=self.cfg.checkpoint.fully_parallel_load)
+                                               fully_parallel=self.cfg.checkpoint.fully_parallel_load,
+                                               layout=optimizer_layout(self.cfg))
         skipped = position - loaded.consumed_samples
         state.step, state.consumed_tokens = loaded.step, loaded.consumed_tokens
         state.consumed_samples = position  # the data since the checkpoint is skipped, not replayed

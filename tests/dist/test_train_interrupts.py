@@ -149,3 +149,13 @@ def test_a_signal_during_a_step_saves_that_step(tmp_path, train):
     assert proc.returncode == 75, proc.stderr[-3000:]
     assert "received SIGUSR1: saved at step 2" in proc.stdout, proc.stdout[-3000:]
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_0000002"
+
+
+def test_time_based_saves_beside_step_based_ones(tmp_path, train):
+    """checkpoint.save_interval_minutes saves whenever that much time passed since the last save (here a
+    few milliseconds: every step), agreed by all ranks, with step-based saves off."""
+    run = tmp_path / "run"
+    train(run, nproc=2, steps=3, overrides=("parallel.expert=2", "checkpoint.save_interval=0",
+                                            "checkpoint.save_interval_minutes=0.0001", "checkpoint.keep_last=0"))
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == [
+        "step_0000001", "step_0000002", "step_0000003"]

@@ -108,7 +108,7 @@ def test_resume_at_another_virtual_pipeline_size(tmp_path, train, metrics):
     four = ("model.num_layers=4", "schedule.decay_style=cosine", "schedule.decay_steps=5", "schedule.warmup_steps=1")
     straight, moved = tmp_path / "straight", tmp_path / "moved"
     train(straight, steps=4, overrides=four)
-    train(moved, steps=2, overrides=four)
+    train(moved, steps=2, overrides=(*four, "checkpoint.optimizer_format=reshardable"))
     second = train(moved, nproc=2, steps=4, overrides=(*four, "parallel.pipeline=2", "parallel.virtual_pipeline=2"))
     assert "at step 2" in second.stdout
     a, b = metrics(straight), metrics(moved)
@@ -177,7 +177,7 @@ def test_gqa_family_resumes_at_another_layout_as_if_uninterrupted(gqa_reference,
     root, single = gqa_reference(family)
     run = root / "resumed"
     config = GQA_CONFIGS[family]
-    train(run, steps=2, overrides=GQA, config=config)
+    train(run, steps=2, overrides=(*GQA, "checkpoint.optimizer_format=reshardable"), config=config)
     second = train(run, nproc=2, steps=STEPS, overrides=(*GQA, *GQA_LAYOUTS["pp2_vpp2"]), config=config)
     assert "at step 2" in second.stdout
     third = [r for r in metrics(run) if r.get("step") == STEPS and "train/lm_loss" in r]

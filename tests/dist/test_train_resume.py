@@ -50,12 +50,13 @@ def test_optimizer_cannot_move_between_ep1_and_ep2(tmp_path, train):
 
 @pytest.mark.parametrize("layout", [("parallel.tensor=2",), ("parallel.pipeline=2",)], ids=["tp2", "pp2"])
 def test_resume_at_another_layout_reshards_optimizer(tmp_path, train, metrics, layout):
-    """1 process for 3 steps, then 2 processes at another layout: optimizer state is resharded and the
-    run continues like the uninterrupted one (within the numerics of the layout change)."""
+    """1 process for 3 steps saved in the reshardable optimizer format, then 2 processes at another
+    layout: optimizer state is resharded and the run continues like the uninterrupted one (within the
+    numerics of the layout change)."""
     straight = tmp_path / "straight"
     train(straight, steps=5, overrides=COMMON)
     moved = tmp_path / "moved"
-    train(moved, steps=3, overrides=COMMON)
+    train(moved, steps=3, overrides=(*COMMON, "checkpoint.optimizer_format=reshardable"))
     second = train(moved, nproc=2, steps=5, overrides=(*COMMON, *layout))
     assert "at step 3" in second.stdout
     a, b = metrics(straight), metrics(moved)
@@ -105,7 +106,8 @@ def test_a_resume_takes_the_new_schedule_layout_and_intervals(tmp_path, train, m
     training.max_steps that stretches the decay; the logged lr after the resume is the new schedule's
     formula at each step (the checkpoint's schedule would hold its minimum, 3e-4)."""
     run = tmp_path / "run"
-    train(run, steps=2, overrides=("optimizer.lr=3e-3", "optimizer.min_lr=3e-4", "schedule.decay_style=cosine"))
+    train(run, steps=2, overrides=("optimizer.lr=3e-3", "optimizer.min_lr=3e-4", "schedule.decay_style=cosine",
+                                   "checkpoint.optimizer_format=reshardable"))
     assert abs(metrics(run)[-1]["train/lr"] - 3e-4) < 1e-9  # the first run decayed to its minimum
     proc = train(run, nproc=2, steps=5, overrides=("parallel.tensor=2", "optimizer.lr=1e-3", "optimizer.min_lr=1e-5",
                                                    "schedule.decay_style=linear", "optimizer.adam_beta2=0.9",
@@ -152,3 +154,22 @@ def test_a_resume_on_data_of_another_tokenizer_of_the_same_size_is_refused(one_s
     assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "is not the one the checkpoint was trained with" in errors[0] and "fingerprint" in errors[0], errors[0]
     assert _checkpoint_files(run) == before and len(metrics(run)) == rows
+
+
+def test_a_parallel_format_optimizer_state_refuses_another_model_parallel_layout(one_step_run, train, metrics):
+    """The default optimizer format reshards over data-parallel ranks only: TP2 is one sentence naming the
+    way out, before any process group starts; DP2 (EP2 keeps the expert split) resumes."""
+    run = one_step_run
+    before, rows = _checkpoint_files(run), len(metrics(run))
+    proc = train(run, nproc=2, steps=3, overrides=("checkpoint.keep_last=1", "parallel.tensor=2"), check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert errors and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    for words in ("is in the parallel format (checkpoint.optimizer_format=parallel)", "written at TP1 × PP1",
+                  "not TP2 × PP1", "checkpoint.optimizer_format=reshardable until its next save",
+                  "checkpoint.load_optimizer=false"):
+        assert words in errors[0], errors[0]
+    assert _checkpoint_files(run) == before and len(metrics(run)) == rows
+    # another data-parallel size is what the format reshards: one process's checkpoint resumes on two
+    resumed = train(run, nproc=2, steps=2, overrides=("checkpoint.keep_last=1",))
+    assert "at step 1" in resumed.stdout and [r["step"] for r in metrics(run)] == [1, 2]

@@ -68,3 +68,37 @@ def test_a_resume_refuses_a_change_of_the_routing(field, value):
     now = load_config(TINY, [f"{field}={value}"])
     changes = meaning_changes(saved, now)
     assert len(changes) == 1 and changes[0].startswith(f"{field} is "), changes
+
+
+def test_pruning_renames_at_once_and_removes_in_the_background(tmp_path, monkeypatch):
+    """No rank waits on an rmtree at the publishing barrier: the old steps leave the resumable names at
+    once, and their removal runs beside training (here held back until released)."""
+    import threading
+
+    from megatron_mtp.training import checkpoint_saver
+
+    root = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        d = root / run_dir.step_dir_name(step)
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text('{"files": {}}')
+        for name in run_dir.REQUIRED_FILES:
+            (d / name).write_text("x")
+    (root / "step_0000000.deleting").mkdir()  # left by a killed run
+    release = threading.Event()
+    real_rmtree = checkpoint_saver.shutil.rmtree
+
+    def slow_rmtree(path, ignore_errors=False):
+        release.wait(10)
+        real_rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(checkpoint_saver.shutil, "rmtree", slow_rmtree)
+    saver = object.__new__(checkpoint_saver.CheckpointSaver)
+    saver.root, saver.keep_last, saver.deleters, saver.queue = root, 1, [], None
+    saver._prune(keep=run_dir.step_dir_name(3))  # returns while the removal is held back
+    assert [p.name for p in run_dir.complete_steps(root)] == ["step_0000003"]
+    assert sorted(p.name for p in root.glob("*.deleting")) == ["step_0000000.deleting", "step_0000001.deleting",
+                                                               "step_0000002.deleting"]
+    release.set()
+    saver.close()
+    assert sorted(p.name for p in root.iterdir()) == ["step_0000003"]

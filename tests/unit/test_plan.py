@@ -188,3 +188,18 @@ def test_parallel_heads_plan_no_embedding_copy_and_head_by_head_holds_gradients(
               act.output_and_loss(d, k, 0).total)
     saved = by_head.ranks[-1].chunk_bytes[-1] - plain.ranks[-1].chunk_bytes[-1]
     assert saved == pytest.approx(act.head_by_head_held(d, grads).total - heads - logits)
+
+
+def test_checkpoint_save_host_memory_per_optimizer_format():
+    """The reshardable format gathers every data-parallel shard onto each rank; the parallel one keeps
+    its own: at DP=1 they are the same, at DP=4 the parallel one is a quarter (bucket padding aside)."""
+    tiny = str(ROOT / "configs" / "tiny_cpu.yaml")
+    dense = ["model.num_experts=0", "model.first_k_dense=0", "training.micro_batch_size=1"]
+    one = make_plan(load_config(tiny, dense), 1, parse_gpu("h100"))
+    four = make_plan(load_config(tiny, dense), 4, parse_gpu("h100"))
+    for plan in (one, four):
+        assert plan.worst.save_host["reshardable"] == one.worst.save_host["reshardable"] > 0
+    assert one.worst.save_host["parallel"] == one.worst.save_host["reshardable"]
+    assert abs(four.worst.save_host["parallel"] * 4 / four.worst.save_host["reshardable"] - 1) < 0.01
+    text = report.format_table(report.build(four))
+    assert "checkpoint save, host memory of the worst rank:" in text and "optimizer_format=parallel" in text
