@@ -4,10 +4,11 @@ For each rank count and each checkpoint.optimizer_format (parallel: megatron-cor
 every rank writes its own shard; reshardable: fully_reshardable, the shards are all-gathered onto
 every rank first), one real training run (`megatron-mtp train`, data parallel over the ranks with the
 experts split EP=ranks) of --steps steps that saves once, at its end. While it runs, every rank's
-resident memory is sampled every 5 ms (its pid and what it is doing come from its heartbeat file,
-training/watchdog.py). Printed per run: the save time the trainer reports, and the save's peak
-resident memory above the peak of the training steps before it (the worst rank), with the ratio
-reshardable / parallel measured side by side.
+resident memory is sampled every 5 ms (its pid comes from its heartbeat file, training/watchdog.py);
+the save starts when the last step's row reaches logs/metrics.jsonl. Printed per run: the save time
+the trainer reports, and the save's peak resident memory above the peak of everything before it
+(model build and training steps; the worst rank), with the ratio reshardable / parallel measured side
+by side.
 
     .venv/bin/python tools/bench/bench_checkpoint_formats.py [--hidden 768] [--steps 3] [--ranks 1 2 4]
 """
@@ -53,19 +54,24 @@ def run(work: Path, ranks: int, fmt: str, args) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // ranks)), PYTHONWARNINGS="ignore")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     beats = run_dir / "logs" / "heartbeat"
+    metrics = run_dir / "logs" / "metrics.jsonl"
+    pids: dict[int, int] = {}
     steps_peak: dict[int, int] = {}
     save_peak: dict[int, int] = {}
+    saving = False  # the last step's metrics row is written just before its save starts
     while proc.poll() is None:
-        for f in beats.glob("rank-*.json") if beats.is_dir() else []:
+        for f in beats.glob("rank-*.json") if beats.is_dir() and len(pids) < ranks else []:
             try:
                 beat = json.loads(f.read_text())
-            except (OSError, ValueError):
+                pids[int(beat["rank"])] = int(beat["pid"])
+            except (OSError, ValueError, KeyError):
                 continue
-            rss = _rss(int(beat["pid"]))
-            target = save_peak if str(beat["doing"]).startswith("saving") else steps_peak
-            if not str(beat["doing"]).startswith("saving") and save_peak.get(beat["rank"]):
-                continue  # after the save
-            target[beat["rank"]] = max(target.get(beat["rank"], 0), rss)
+        if not saving and metrics.is_file():
+            saving = any(json.loads(line).get("step") == args.steps for line in metrics.read_text().splitlines()
+                         if line.strip())
+        for rank, pid in pids.items():
+            peaks = save_peak if saving else steps_peak
+            peaks[rank] = max(peaks.get(rank, 0), _rss(pid))
         time.sleep(0.005)
     out, err = proc.communicate()
     if proc.returncode:
