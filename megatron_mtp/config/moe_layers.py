@@ -10,6 +10,7 @@ is answered in one place.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,11 @@ class MoeLayers:
     ``step - 1`` (phase ``step - 1``)."""
     dense: frozenset[int] = frozenset()
     """Layers that are dense whatever the rule above says (Qwen3's mlp_only_layers)."""
+    mtp_index: Optional[int] = None
+    """The layer index at which the serving engines build the family's MTP layer, whose rule the MTP layers
+    and parallel heads follow in training too, so that what trains is what exports: DeepSeek-V3 and
+    GLM-4.5 build MTP module d as HF layer num_layers + d (the first: num_layers); SGLang's Qwen3-MoE draft
+    builds its one layer as layer 0. None: num_layers."""
 
     def __contains__(self, index: int) -> bool:
         return (self.num_experts > 0 and index >= self.first_dense and index % self.every == self.phase
@@ -38,5 +44,5 @@ class MoeLayers:
 
     @property
     def mtp(self) -> bool:
-        """MTP layers and parallel heads are built like the last decoder layer (models/megatron_specs.py)."""
-        return self.num_layers - 1 in self
+        """The MTP layers and parallel heads have a routed MLP: the rule at ``mtp_index``."""
+        return (self.num_layers if self.mtp_index is None else self.mtp_index) in self

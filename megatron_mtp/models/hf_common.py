@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Union, runtime_ch
 
 from megatron_mtp.config.model import ModelConfig, MTPConfig
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.tensor_table import MoeLayers, mtp_is_moe
+from megatron_mtp.models.tensor_table import MoeLayers
 
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 EosIds = Union[int, tuple[int, ...], None]
@@ -109,17 +109,10 @@ def mtp_depth(raw: Mapping[str, Any], where: str = "config.json") -> int:
 
 def check_mtp_export(model: ModelConfig, mtp: MTPConfig, depth: int, format_name: str) -> None:
     """What every family's HF format needs of the MTP layers an export writes: no more than the config
-    has, and MoE ones (every engine builds the MTP layer as a MoE layer from first_k_dense_replace on)."""
+    has (their kind follows the engines' rule already: config/moe_layers.py)."""
     if depth > mtp.modules:
         raise UserError(f"asked for {depth} MTP layers but the config has {mtp.modules} MTP module(s)")
     check_group_routing(model, "model config")
-    if model.num_experts > 0 and depth and not mtp_is_moe(model):
-        raise UserError(
-            f"this model's MTP layers are dense (they are built like the last decoder layer, and all "
-            f"model.num_layers={model.num_layers} decoder layers are dense with model.first_k_dense="
-            f"{model.first_k_dense}), but the Hugging Face {format_name} format makes every layer from "
-            "first_k_dense_replace on MoE, MTP layers included; export with --mtp none, or train with "
-            "model.first_k_dense below model.num_layers (or model.num_experts=0 for a dense model)")
 
 
 NOT_CARRIED_ANY_FAMILY = {

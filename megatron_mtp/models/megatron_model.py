@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 from megatron_mtp.config import Config
 from megatron_mtp.models.megatron_specs import KeysAsTe, decoder_block_spec, mtp_block_spec
+from megatron_mtp.models.tensor_table import mtp_is_moe
 from megatron_mtp.platform import Platform
 
 
@@ -28,7 +29,7 @@ def build_gpt_model(cfg: Config, config, platform: Platform, vocab_size: int, pr
         extra = dict(heads[1], head_norm_spec=block.layer_norm, output_chunk=chunk)
     else:
         model_class, extra = GPTModel, {}
-        mtp = mtp_block_spec(config, platform, keys_as_te, vp_stage=vp_stage)
+        mtp = mtp_block_spec(config, platform, keys_as_te, vp_stage=vp_stage, moe=mtp_is_moe(cfg.model))
         if chunk or (cfg.mtp.num_layers and (cfg.mtp.targets != "tokens" or cfg.mtp.freeze_base)):
             from megatron_mtp.models.mtp_objective import MTPObjectiveGPTModel
 

@@ -96,30 +96,49 @@ def decoder_block_spec(config, platform: Platform, keys_as_te: KeysAsTe, vp_stag
     return spec if platform.use_te else _swap_local_modules(spec, keys_as_te)
 
 
-def mtp_block_spec(config, platform: Platform, keys_as_te: KeysAsTe, vp_stage=None, pp_rank=None):
+def _layer_spec_of_kind(config, platform: Platform, moe: bool):
+    """A decoder-layer spec with a routed MLP or a dense one, as the MTP layers and heads need (the
+    model's MoE-layer rule at the index the serving engines build them at: config/moe_layers.py). The
+    model's own layer of that kind when it has one, else one built with every layer of that kind."""
+    import dataclasses
+
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
+
+    specs = get_gpt_decoder_layer_specs(config, platform.use_te, "RMSNorm")
+    pattern = config.moe_layer_freq if isinstance(config.moe_layer_freq, list) else None
+    if not config.num_moe_experts or pattern is None:
+        return specs[-1]
+    for spec, is_moe in zip(reversed(specs), reversed(pattern)):
+        if bool(is_moe) == moe:
+            return spec
+    uniform = dataclasses.replace(config, moe_layer_freq=[int(moe)] * config.num_layers)
+    return get_gpt_decoder_layer_specs(uniform, platform.use_te, "RMSNorm")[-1]
+
+
+def mtp_block_spec(config, platform: Platform, keys_as_te: KeysAsTe, vp_stage=None, pp_rank=None, moe: bool = True):
     """MTP block for this pipeline stage (None on stages without MTP layers).
 
-    Each MTP layer is built like the model's last decoder layer. megatron-core would take that spec
-    from the stage's own decoder block, which is empty on a last stage that holds only MTP and the
-    loss (the DeepSeek-V3 layouts' final "mL" stage), so we take it from the whole model's layers.
+    Each MTP layer has a routed MLP or a dense one as the serving engines build it (`moe`: the model's
+    MoE-layer rule at that index, tensor_table.mtp_is_moe), so that what trains is what exports.
+    megatron-core would take the spec from the stage's own decoder block, which is empty on a last stage
+    that holds only MTP and the loss (the DeepSeek-V3 layouts' final "mL" stage), and has no layer of
+    the right kind on some, so we take it from the whole model's layers.
     """
     if not config.mtp_num_layers:
         return None
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs, get_gpt_mtp_block_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
 
-    last_layer = get_gpt_decoder_layer_specs(config, platform.use_te, "RMSNorm")[-1]
     spec = get_gpt_mtp_block_spec(
-        config, last_layer, use_transformer_engine=platform.use_te, vp_stage=vp_stage, pp_rank=pp_rank
+        config, _layer_spec_of_kind(config, platform, moe), use_transformer_engine=platform.use_te,
+        vp_stage=vp_stage, pp_rank=pp_rank
     )
     if spec is None or platform.use_te:
         return spec
     return _swap_local_modules(spec, keys_as_te)
 
 
-def parallel_head_layer_spec(config, platform: Platform, keys_as_te: KeysAsTe):
-    """The layer spec of a parallel MTP head (models/deepseek_v3/parallel_heads.py): the model's last
-    decoder layer, as mtp_block_spec builds each sequential MTP layer."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_layer_specs
-
-    last_layer = get_gpt_decoder_layer_specs(config, platform.use_te, "RMSNorm")[-1]
-    return last_layer if platform.use_te else _swap_local_modules(last_layer, keys_as_te)
+def parallel_head_layer_spec(config, platform: Platform, keys_as_te: KeysAsTe, moe: bool = True):
+    """The layer spec of a parallel MTP head (models/deepseek_v3/parallel_heads.py): of the kind
+    mtp_block_spec builds each sequential MTP layer."""
+    layer = _layer_spec_of_kind(config, platform, moe)
+    return layer if platform.use_te else _swap_local_modules(layer, keys_as_te)

@@ -182,7 +182,8 @@ def moe_layer_count(model: ModelConfig) -> int:
 
 
 def mtp_is_moe(model: ModelConfig) -> bool:
-    """MTP layers and parallel heads are built like the last decoder layer (models/megatron_specs.py)."""
+    """The MTP layers and parallel heads have a routed MLP: the model's MoE-layer rule at the index the
+    serving engines build them at (config/moe_layers.py; models/megatron_specs.py builds them so)."""
     return moe_layers(model).mtp
 
 
@@ -310,7 +311,7 @@ class Table:
 
     def parallel_head_params(self, model: ModelConfig, num_heads: int, spec: Optional[Spec] = None) -> list[Param]:
         """The tensors of ``num_heads`` parallel MTP heads (part "mtp"); a head is built like the
-        last decoder layer."""
+        sequential MTP layer (mtp_is_moe)."""
         table: list[Param] = []
         for i in range(num_heads):
             mp, hp = mcore_head_prefix(i), hf_head_prefix(i)

@@ -14,6 +14,7 @@ from megatron_mtp.config import load_config
 from megatron_mtp.config.validate import validate
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.family import get_family
+from megatron_mtp.models.tensor_table import mtp_is_moe
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs" / "qwen3_moe_tiny_cpu.yaml")
@@ -64,8 +65,11 @@ def test_moe_layer_rule_is_transformers_and_megatron_cores():
     raw = get_family("qwen3_moe").to_hf_config(first.model, first.mtp, vocab_size=64,
                                                num_nextn_predict_layers=0).to_dict()
     assert raw["mlp_only_layers"] == [0, 1, 3]  # first_k_dense has no Qwen spelling
-    with pytest.raises(UserError, match="make SGLang build it dense"):  # layer 0 dense there, the MTP layer MoE
-        get_family("qwen3_moe").to_hf_config(first.model, first.mtp, vocab_size=64, num_nextn_predict_layers=1)
+    # layer 0 is dense there, so SGLang builds the MTP layer dense, and so does training: it exports
+    assert not mtp_is_moe(first.model)
+    raw = get_family("qwen3_moe").to_hf_config(first.model, first.mtp, vocab_size=64,
+                                               num_nextn_predict_layers=1).to_dict()
+    assert not get_family("qwen3_moe").hf_view(raw, "config.json").is_moe_layer(6)
 
 
 @pytest.mark.parametrize(("override", "words"), [
@@ -83,9 +87,18 @@ def test_bad_qwen3_fields_are_one_sentence(override, words):
     assert str(err.value).count(". ") == 0
 
 
-def test_mtp_layer_that_sglang_would_build_otherwise_is_refused_on_export():
-    cfg = load_config(TINY, ["model.decoder_sparse_step=2"])  # layer 3 (the MTP layer's model) MoE, layer 0 dense
-    with pytest.raises(UserError, match="this model's MTP layer is MoE .* make SGLang build it dense; export with "
-                                        "--mtp none"):
-        get_family("qwen3_moe").to_hf_config(cfg.model, cfg.mtp, vocab_size=64, num_nextn_predict_layers=1)
-    get_family("qwen3_moe").to_hf_config(cfg.model, cfg.mtp, vocab_size=64, num_nextn_predict_layers=0)
+def test_the_mtp_layer_is_trained_as_sglang_builds_it_so_every_such_model_exports():
+    """SGLang's Qwen3-MoE draft builds its one layer as layer 0 of the rule; training builds the MTP layer
+    by the same index (not like the last decoder layer), in the tensor table and in megatron-core's spec."""
+    for overrides, moe in ((["model.decoder_sparse_step=2"], False),  # layer 0 dense, the last layer MoE
+                           (["model.mlp_only_layers=[0]"], False), ([], True),
+                           (["model.num_layers=4", "model.mlp_only_layers=[3]"], True)):  # the last one dense
+        cfg = load_config(TINY, overrides)
+        assert mtp_is_moe(cfg.model) is moe, overrides
+        raw = get_family("qwen3_moe").to_hf_config(cfg.model, cfg.mtp, vocab_size=64,
+                                                   num_nextn_predict_layers=1).to_dict()
+        view = get_family("qwen3_moe").hf_view(raw, "config.json")
+        assert view.is_moe_layer(cfg.model.num_layers) is moe and (0 in view.moe_layers) is moe
+        experts = [p for p in get_family("qwen3_moe").table.param_table(cfg.model, 1)
+                   if p.mcore.startswith("mtp.") and "experts" in p.mcore]
+        assert bool(experts) is moe, overrides

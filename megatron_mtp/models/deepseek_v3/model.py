@@ -5,6 +5,7 @@ from __future__ import annotations
 from megatron_mtp.config import Config
 from megatron_mtp.models.megatron_model import build_gpt_model
 from megatron_mtp.models.megatron_specs import parallel_head_layer_spec
+from megatron_mtp.models.tensor_table import mtp_is_moe
 from megatron_mtp.platform import Platform
 
 MLA_KEYS_AS_TE = {
@@ -21,7 +22,8 @@ def build_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_pr
     if cfg.mtp.style == "parallel" and cfg.mtp.num_layers:  # Gloeckle-style heads instead of the MTP block
         from megatron_mtp.models.deepseek_v3.parallel_heads import ParallelHeadsGPTModel
 
-        heads = (ParallelHeadsGPTModel, dict(head_layer_spec=parallel_head_layer_spec(config, platform, MLA_KEYS_AS_TE),
+        heads = (ParallelHeadsGPTModel, dict(head_layer_spec=parallel_head_layer_spec(config, platform, MLA_KEYS_AS_TE,
+                                                                                  mtp_is_moe(cfg.model)),
                                              head_by_head_backward=cfg.mtp.head_by_head_backward))
     return build_gpt_model(cfg, config, platform, vocab_size, pre_process, post_process, vp_stage,
                            keys_as_te=MLA_KEYS_AS_TE, heads=heads,

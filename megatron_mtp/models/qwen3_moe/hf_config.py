@@ -60,22 +60,6 @@ def _check_routing(model: ModelConfig, where: str) -> None:
                             f"train with model.{key}={'null' if value is None else value}")
 
 
-def _mtp_layers_agree(model: ModelConfig, depth: int) -> None:
-    """SGLang builds the MTP layer by the exported rule at layer 0 (its draft has one layer); training
-    builds it like the last decoder layer. Refuse an export where the two differ. The exported rule is
-    the model's own (first_k_dense joins mlp_only_layers), so layer 0 of that rule is what SGLang builds."""
-    if not depth or not model.num_experts:
-        return
-    rule = model.moe_layer_rule()
-    sglang_moe = 0 in rule
-    if sglang_moe != rule.mtp:
-        kind = "MoE" if rule.mtp else "dense"
-        raise UserError(f"this model's MTP layer is {kind} (it is built like the last decoder layer), but "
-                        f"decoder_sparse_step={model.decoder_sparse_step}, mlp_only_layers={model.mlp_only_layers} and "
-                        f"first_k_dense={model.first_k_dense} make SGLang build it {'dense' if rule.mtp else 'MoE'}; "
-                        "export with --mtp none")
-
-
 def to_hf_config(model: ModelConfig, mtp: MTPConfig, *, vocab_size: int, num_nextn_predict_layers: int,
                  torch_dtype: str = "bfloat16", bos_token_id: Optional[int] = None,
                  eos_token_id: Optional[int] = None) -> HFConfigFile:
@@ -84,7 +68,6 @@ def to_hf_config(model: ModelConfig, mtp: MTPConfig, *, vocab_size: int, num_nex
     moe = model.num_experts > 0
     if moe:
         _check_routing(model, "model config")
-    _mtp_layers_agree(model, num_nextn_predict_layers)
     dense_first = list(range(model.first_k_dense)) if moe else []
     values = {
         "architectures": ["Qwen3MoeForCausalLM"],

@@ -95,12 +95,11 @@ class Qwen3MoeHFConfig:
     def moe_layers(self) -> MoeLayers:
         step = self.decoder_sparse_step
         return MoeLayers(self.num_hidden_layers, self.num_experts, every=step, phase=step - 1,
-                         dense=frozenset(self.mlp_only_layers))
+                         dense=frozenset(self.mlp_only_layers), mtp_index=0)
 
     def is_moe_layer(self, layer_index: int) -> bool:
         """Decoder layer ``layer_index`` has a routed MLP; an MTP layer (index >= num_hidden_layers) is built
-        like the last decoder layer, as training builds it (hf_config.to_hf_config checks that the
-        engines' rule agrees before it writes one)."""
+        as SGLang's draft builds it, as layer 0, and so does training (config/moe_layers.py)."""
         rule = self.moe_layers
         return (rule.mtp if layer_index >= self.num_hidden_layers else layer_index in rule)
 

@@ -66,7 +66,7 @@ class Qwen3MoeModelConfig(ModelConfig):
     def moe_layer_rule(self) -> MoeLayers:
         step = self.decoder_sparse_step
         return MoeLayers(self.num_layers, self.num_experts, self.first_k_dense, every=step, phase=step - 1,
-                         dense=frozenset(self.mlp_only_layers))
+                         dense=frozenset(self.mlp_only_layers), mtp_index=0)  # SGLang's draft: its layer 0
 
     def check(self, cfg: Any) -> None:
         check(cfg)
