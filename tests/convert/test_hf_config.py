@@ -90,11 +90,12 @@ def test_unrepresentable_model_fields_are_errors():
                      vocab_size=64, num_nextn_predict_layers=0)
 
 
-def test_a_dense_mtp_layer_beside_routed_experts_is_one_sentence():
-    """All decoder layers dense: megatron-core builds the MTP layer dense too (like the last decoder
-    layer), which the HF format, MoE from first_k_dense_replace on, can't say; without MTP it can."""
+def test_all_dense_decoder_layers_beside_routed_experts_still_get_a_moe_mtp_layer():
+    """All decoder layers dense (first_k_dense = num_layers): the engines build the MTP layer at index
+    num_layers, MoE from first_k_dense_replace on, and training builds it so too; it exports."""
+    from megatron_mtp.models.tensor_table import mtp_is_moe
+
     model = ModelConfig(num_layers=1, first_k_dense=1, router_group_topk=1)
-    with pytest.raises(UserError, match="MTP layers are dense"):
-        to_hf_config(model, MTPConfig(num_layers=1), vocab_size=64, num_nextn_predict_layers=1)
+    assert mtp_is_moe(model)
     assert to_hf_config(model, MTPConfig(num_layers=1), vocab_size=64,
-                        num_nextn_predict_layers=0).first_k_dense_replace == 1
+                        num_nextn_predict_layers=1).first_k_dense_replace == 1
