@@ -4,7 +4,9 @@ Design note. The launcher starts the N ranks itself (RANK, WORLD_SIZE, MASTER_AD
 torchrun sets them) instead of going through torch's elastic agent, so that it owns what a user
 expects of one command:
   - TERM and USR1 sent to the launcher reach every rank exactly once (the trainer finishes the step,
-    saves and exits 75); INT (Ctrl-C) is sent on as TERM, the trainer's save-and-exit signal. The
+    saves and exits 75); INT (Ctrl-C) is sent on as TERM, the trainer's save-and-exit signal. A save
+    that takes over SAVE_NOTE_S is explained (a rank that stopped reporting is named); a second signal
+    stops every rank at once, without saving. The
     ranks run in a session of their own, so a terminal's Ctrl-C reaches them only through here.
   - The launcher waits for the save and exits with the ranks' code (75: rerun to resume); a rank that
     fails ends the others, and the launcher exits with the failing rank's code.
@@ -33,6 +35,8 @@ FORWARDED = {signal.SIGTERM: signal.SIGTERM, signal.SIGUSR1: signal.SIGUSR1, sig
 FAILED_RANK_GRACE_S = 10.0
 """How long the other ranks may take to end on their own after one failed, before they are killed
 (they may be waiting for the failed rank inside a collective)."""
+SAVE_NOTE_S = 10.0
+"""After a forwarded signal, how long the ranks may take to save before the launcher says what it waits for."""
 LOST_RANK_GRACE_S = 3.0
 """The same, after a rank was killed by a signal or lost: the others are ending themselves, or stopped."""
 
@@ -90,6 +94,12 @@ def _run_once(nproc: int, argv: list[str], run_dir: Path | None, signalled: list
 
     def forward(signum, _frame):
         signalled.append(signum)
+        if len(signalled) > 1:  # asked again while the ranks save: stop them without saving
+            _say("stopping every rank without saving (asked twice)")
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+            return
         for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(FORWARDED[signal.Signals(signum)])
@@ -100,7 +110,7 @@ def _run_once(nproc: int, argv: list[str], run_dir: Path | None, signalled: list
             procs.append(subprocess.Popen([sys.executable, "-m", "megatron_mtp", *argv],
                                           env=rank_env(rank, nproc, port, base), start_new_session=True,
                                           preexec_fn=_term_when_parent_dies))
-        return _wait(procs, run_dir)
+        return _wait(procs, run_dir, signalled)
     finally:
         for proc in procs:  # an exception here (or in _wait) must not leave ranks behind
             if proc.poll() is None:
@@ -110,12 +120,19 @@ def _run_once(nproc: int, argv: list[str], run_dir: Path | None, signalled: list
             signal.signal(sig, handler)
 
 
-def _wait(procs: list[subprocess.Popen], run_dir: Path | None) -> int:
+def _wait(procs: list[subprocess.Popen], run_dir: Path | None, signalled: list[int] | None = None) -> int:
     """Wait for every rank; once one fails, give the others FAILED_RANK_GRACE_S (LOST_RANK_GRACE_S when
     a rank was lost: the others are ending or waiting for it), then kill them. A rank that a signal
-    killed first is named in one sentence."""
+    killed first is named in one sentence. When the ranks take more than SAVE_NOTE_S to save after a
+    forwarded signal, say which have stopped reporting and how to stop without saving."""
     failed_at, grace, named = None, FAILED_RANK_GRACE_S, False
+    signalled_at, noted = None, False
     while [p.poll() for p in procs].count(None):  # poll every rank (any() would stop at the first live one)
+        if signalled and signalled_at is None:
+            signalled_at = time.monotonic()
+        if signalled_at is not None and not noted and time.monotonic() - signalled_at > SAVE_NOTE_S:
+            noted = True
+            _note_slow_save(procs, run_dir)
         if failed_at is None:
             ended = [(rank, p.returncode) for rank, p in enumerate(procs)
                      if p.returncode is not None and p.returncode not in (0, EXIT_RESUME)]
@@ -124,7 +141,7 @@ def _wait(procs: list[subprocess.Popen], run_dir: Path | None) -> int:
                 rank, code = ended[0]
                 if code < 0 or code == EXIT_RANK_LOST:
                     grace = LOST_RANK_GRACE_S
-                if code < 0:
+                if code < 0 and not (signalled and len(signalled) > 1):  # not the launcher's own kill
                     _name_killed(rank, procs[rank].pid, -code, run_dir, len(procs))
                     named = True
         if failed_at is not None and time.monotonic() - failed_at > grace:
@@ -133,6 +150,8 @@ def _wait(procs: list[subprocess.Popen], run_dir: Path | None) -> int:
                     p.kill()
         time.sleep(0.05)
     codes = [p.wait() for p in procs]
+    if signalled and len(signalled) > 1:
+        return 130  # stopped at the user's second request, without saving
     killed_first = [(rank, c) for rank, c in enumerate(codes) if c < 0]
     if not named and killed_first and not any(c > 0 and c not in (EXIT_RESUME,) for c in codes):
         rank, c = killed_first[0]
@@ -144,6 +163,20 @@ def _wait(procs: list[subprocess.Popen], run_dir: Path | None) -> int:
         code = max(failed)
         return code if code > 0 else 128 - code
     return EXIT_RESUME if EXIT_RESUME in codes else 0
+
+
+def _note_slow_save(procs: list[subprocess.Popen], run_dir: Path | None) -> None:
+    from megatron_mtp.training.watchdog import read_heartbeats
+
+    beats = read_heartbeats(run_dir, len(procs)) if run_dir is not None else {}
+    now = time.time()
+    silent = [f"rank {rank} (pid {p.pid}, no heartbeat for {now - float(beats[rank]['beat_at']):.0f} s)"
+              for rank, p in enumerate(procs) if p.poll() is None and rank in beats
+              and now - float(beats[rank].get("beat_at", now)) > SAVE_NOTE_S]
+    why = (f"{', '.join(silent)} stopped reporting, and the others wait for it in a collective until "
+           "training.hang_timeout ends them" if silent else "they are finishing the step and saving")
+    _say(f"still waiting for the ranks to save: {why}; send the signal again (Ctrl-C) to stop every rank "
+         "without saving")
 
 
 def _name_killed(rank: int, pid: int, signum: int, run_dir: Path | None, world: int) -> None:
