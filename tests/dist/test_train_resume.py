@@ -57,6 +57,13 @@ def test_resume_at_another_layout_reshards_optimizer(tmp_path, train, metrics, l
     train(straight, steps=5, overrides=COMMON)
     moved = tmp_path / "moved"
     train(moved, steps=3, overrides=(*COMMON, "checkpoint.optimizer_format=reshardable"))
+    # as a checkpoint from before the format was recorded: it loads in the reshardable format it was written in
+    import json
+
+    state_file = moved / "checkpoints" / "step_0000003" / "train_state.json"
+    state = json.loads(state_file.read_text())
+    del state["optimizer_format"], state["optimizer_layout"]
+    state_file.write_text(json.dumps(state))
     second = train(moved, nproc=2, steps=5, overrides=(*COMMON, *layout))
     assert "at step 3" in second.stdout
     a, b = metrics(straight), metrics(moved)
