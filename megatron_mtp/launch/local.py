@@ -98,7 +98,7 @@ def _run_once(nproc: int, argv: list[str], run_dir: Path | None, signalled: list
             _say("stopping every rank without saving (asked twice)")
             for proc in procs:
                 if proc.poll() is None:
-                    proc.kill()
+                    _kill_group(proc)
             return
         for proc in procs:
             if proc.poll() is None:
@@ -116,6 +116,7 @@ def _run_once(nproc: int, argv: list[str], run_dir: Path | None, signalled: list
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            _kill_group(proc)  # nor what a rank forked (checkpoint writers) and left when it was killed
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
@@ -147,7 +148,7 @@ def _wait(procs: list[subprocess.Popen], run_dir: Path | None, signalled: list[i
         if failed_at is not None and time.monotonic() - failed_at > grace:
             for p in procs:
                 if p.poll() is None:
-                    p.kill()
+                    _kill_group(p)
         time.sleep(0.05)
     codes = [p.wait() for p in procs]
     if signalled and len(signalled) > 1:
@@ -163,6 +164,16 @@ def _wait(procs: list[subprocess.Popen], run_dir: Path | None, signalled: list[i
         code = max(failed)
         return code if code > 0 else 128 - code
     return EXIT_RESUME if EXIT_RESUME in codes else 0
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL a rank and every process it forked: each rank leads a process group of its own
+    (start_new_session), which megatron-core's forked checkpoint writers share; one whose rank was
+    killed mid-save would otherwise wait forever on a lock its rank held."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _note_slow_save(procs: list[subprocess.Popen], run_dir: Path | None) -> None:

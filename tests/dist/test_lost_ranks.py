@@ -52,7 +52,13 @@ def test_a_dead_rank_then_a_hung_rank_are_named_and_the_job_restarts_each_time(t
                            and b["step"] >= first["step"] + 2 and b, proc)
         os.kill(second["pid"], signal.SIGSTOP)
         stopped_at = time.time()
-        out, err = proc.communicate(timeout=300)
+        try:
+            out, err = proc.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            beats = {f.name: f.read_text() for f in (run / "logs" / "heartbeat").glob("*.json")}
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise AssertionError(f"the job did not end: heartbeats {beats}\n{out[-3000:]}\n{err[-4000:]}") from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -71,3 +77,13 @@ def test_a_dead_rank_then_a_hung_rank_are_named_and_the_job_restarts_each_time(t
     steps = [json.loads(line)["step"] for line in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 41))
     assert time.time() - stopped_at < 120  # the hang was noticed within seconds, not the collective timeout
+    # no process of the job outlives the launcher (a killed rank's forked checkpoint writers included)
+    left = [pid for pid in os.listdir("/proc") if pid.isdigit() and _cmdline(pid).find(str(run)) >= 0]
+    assert not left, [_cmdline(pid) for pid in left]
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
