@@ -42,39 +42,13 @@ from pathlib import Path
 from typing import Optional
 
 from megatron_mtp.errors import EXIT_RANK_LOST, sentence
-
-HEARTBEAT_DIR = Path("logs") / "heartbeat"
-LAUNCHER_NAMES_DEAD_RANKS = "MEGATRON_MTP_LAUNCHER_NAMES_DEAD_RANKS"
-"""Set to 1 by the local launcher, which names a rank that a signal killed itself (with the signal)."""
-STALE_BEATS = 3
-"""A heartbeat this many beats old (plus a second) belongs to a rank that is stopped or gone."""
-
-
-def heartbeat_file(run_dir: Path, rank: int) -> Path:
-    return run_dir / HEARTBEAT_DIR / f"rank-{rank:05d}.json"
-
-
-def read_heartbeats(run_dir: Path, world: int) -> dict[int, dict]:
-    """{rank: record} of the ranks of a job of `world` ranks that wrote one."""
-    records = {}
-    for rank in range(world):
-        try:
-            records[rank] = json.loads(heartbeat_file(run_dir, rank).read_text())
-        except (OSError, ValueError):
-            continue
-    return records
-
-
-def _pid_gone(record: dict) -> bool:
-    if record.get("host") != socket.gethostname():
-        return False
-    try:
-        os.kill(int(record["pid"]), 0)
-    except ProcessLookupError:
-        return True
-    except (OSError, KeyError, ValueError):
-        return False
-    return False
+from megatron_mtp.launch.heartbeats import (
+    LAUNCHER_NAMES_DEAD_RANKS,
+    STALE_BEATS,
+    heartbeat_file,
+    pid_gone,
+    read_heartbeats,
+)
 
 
 def is_collective_failure(exc: BaseException) -> bool:
@@ -162,7 +136,7 @@ class Watchdog:
     def _stale(self, records: dict[int, dict], now: float) -> list[int]:
         limit = STALE_BEATS * self.beat_s + 1
         return [rank for rank in range(self.world) if rank != self.rank and (
-            rank not in records or now - float(records[rank].get("beat_at", 0)) > limit or _pid_gone(records[rank]))]
+            rank not in records or now - float(records[rank].get("beat_at", 0)) > limit or pid_gone(records[rank]))]
 
     def _describe_lost(self, lost: list[int], now: float, verb: str) -> str:
         records = read_heartbeats(self.run_dir, self.world)
@@ -173,7 +147,7 @@ class Watchdog:
                 parts.append(f"rank {rank} never reported")
                 continue
             age = now - float(r.get("beat_at", now))
-            state = "has exited" if _pid_gone(r) else f"stopped reporting {age:.0f} s ago"
+            state = "has exited" if pid_gone(r) else f"stopped reporting {age:.0f} s ago"
             parts.append(f"rank {rank} (pid {r.get('pid')} on {r.get('host')}) {state}, "
                          f"after step {r.get('step')} during {r.get('doing')}")
         more = f" and {len(lost) - 4} more ranks" if len(lost) > 4 else ""
@@ -208,11 +182,3 @@ class Watchdog:
         sys.stdout.flush()
         self._stop.set()
         os._exit(EXIT_RANK_LOST)
-
-
-def exit_note(run_dir: Path, world: int, rank: int) -> Optional[str]:
-    """'after step S during X' from a rank's last heartbeat (for the launcher's sentence on a dead rank)."""
-    record = read_heartbeats(run_dir, world).get(rank)
-    if record is None:
-        return None
-    return f"after step {record.get('step')} during {record.get('doing')}"
