@@ -90,6 +90,9 @@ def test_a_load_of_another_family_is_one_sentence(tmp_path, base, train):
 
 MTP_ONLY = ("mtp.num_layers=1", "mtp.freeze_base=true", "checkpoint.load_optimizer=false", "checkpoint.save_interval=1",
             "checkpoint.keep_last=3")
+BY_NAME = ("checkpoint.optimizer_format=reshardable",)
+"""The reshardable optimizer format keys its state by parameter name, which the optimizer checks read
+(the resumed run keeps the default parallel format: it resumes as exactly)."""
 TP2_PP2_EP2 = ("parallel.tensor=2", "parallel.pipeline=2", "parallel.expert=2")
 
 
@@ -100,8 +103,8 @@ def mtp_only(base, train, metrics):
     root = base.parent
     runs = {"one": root / "mtp_only_1", "eight": root / "mtp_only_8", "resumed": root / "mtp_only_resumed"}
     load = f"checkpoint.load={base}"
-    train(runs["one"], steps=3, overrides=(*MTP_ONLY, load))
-    train(runs["eight"], nproc=8, steps=2, overrides=(*MTP_ONLY, load, *TP2_PP2_EP2))
+    train(runs["one"], steps=3, overrides=(*MTP_ONLY, *BY_NAME, load))
+    train(runs["eight"], nproc=8, steps=2, overrides=(*MTP_ONLY, *BY_NAME, load, *TP2_PP2_EP2))
     train(runs["resumed"], steps=2, overrides=(*MTP_ONLY, load))
     train(runs["resumed"], steps=3, overrides=(*MTP_ONLY, load))
     return runs, {name: metrics(run) for name, run in runs.items()}
@@ -168,7 +171,7 @@ def test_gqa_model_gets_mtp_trained_alone_on_its_frozen_base(tmp_path, train, me
     run = tmp_path / "mtp_only"
     train(run, steps=3, config=config,
           # checkpoint.load_optimizer left at its default: a frozen base never takes the source's optimizer
-          overrides=(*(o for o in MTP_ONLY if not o.startswith("checkpoint.load_optimizer")),
+          overrides=(*(o for o in MTP_ONLY if not o.startswith("checkpoint.load_optimizer")), *BY_NAME,
                      f"checkpoint.load={base}", "mtp.init=copy_last_layer", "mtp.targets=self"))
     with TorchDistReader(_latest(base)) as src, TorchDistReader(_latest(run)) as got:
         main_keys = [k for k in src.keys() if not k.startswith("optimizer")]
