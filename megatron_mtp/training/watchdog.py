@@ -61,8 +61,8 @@ def is_collective_failure(exc: BaseException) -> bool:
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and any(words in text for words in (
-        "Connection closed by peer", "Connection reset by peer", "Broken pipe", "ProcessGroupGloo", "gloo",
-        "NCCL communicator was aborted", "Socket Timeout"))
+        "Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
+        "Socket Timeout"))
 
 
 class Watchdog:
