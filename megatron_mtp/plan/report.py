@@ -7,10 +7,10 @@ import os
 from typing import Optional
 
 from megatron_mtp.config import pipeline_layout
-from megatron_mtp.models.family import get_family
 from megatron_mtp.plan import comm, schedule
 from megatron_mtp.plan.gpus import GIB
 from megatron_mtp.plan.memory import Plan, resolve_vocab, suggestions
+from megatron_mtp.plan.throughput import model_flops_per_token, peak_tflops
 
 
 def _chunks(plan: Plan, pp_rank: int) -> str:
@@ -52,7 +52,7 @@ def build(plan: Plan, mfu: Optional[float] = None, with_suggestions: bool = True
         })
     worst = plan.worst
     tokens = t.global_batch_size * t.seq_length
-    flops = get_family(cfg.model.family).training_flops_per_token(cfg, resolve_vocab(cfg), cfg.mtp.num_layers) * tokens
+    flops = model_flops_per_token(cfg, resolve_vocab(cfg)) * tokens
     out = {
         "config": cfg.name,
         "target": "cpu" if plan.target.platform.is_cpu else "gpu",
@@ -76,14 +76,15 @@ def build(plan: Plan, mfu: Optional[float] = None, with_suggestions: bool = True
     if note:
         out["notes"].append(note)
     if mfu is not None:
-        peak = plan.gpu.fp8_tflops if t.fp8 else plan.gpu.bf16_tflops
+        peak = peak_tflops(plan.gpu, cfg)
         if peak:
             step = flops / (s.world * peak * 1e12 * mfu)
             out["time"] = {"mfu": mfu, "peak_tflops_per_gpu": peak, "step_seconds": step,
                            "tokens_per_second": tokens / step, "run_seconds": step * t.max_steps,
                            "epochs": t.max_steps * tokens / corpus if corpus else None}
             out["assumptions"].append(f"time: {mfu:.0%} of the {'FP8' if t.fp8 else 'bf16'} dense peak "
-                                      f"({peak:g} TFLOP/s per GPU) on the model's training FLOPs (3 × forward)")
+                                      f"({peak:g} TFLOP/s per GPU) on the model's training FLOPs (3 × forward; the "
+                                      "definition the trainer logs MFU with: plan/throughput.py)")
         else:
             out["notes"].append(f"{plan.gpu.name} has no known peak FLOP/s, so --mfu gives no time estimate")
     if with_suggestions and not plan.fits:

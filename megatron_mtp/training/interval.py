@@ -10,6 +10,8 @@ TP/PP/EP/DP layout (tested in tests/dist/test_train_layouts.py).
     replicas, which is what megatron-core's reduce_aux_losses_tracker_across_ranks computes.
   - Expert loads are token counts per expert; every token is routed on exactly one rank.
   - grad norm, λ and lr are the same on every rank.
+  - Throughput: model TFLOP/s per GPU = model FLOPs per token × tokens/s / world size, with the FLOPs
+    definition `plan --mfu` uses (plan/throughput.py); MFU against the GPU's peak, on GPUs only.
 """
 
 from __future__ import annotations
@@ -24,8 +26,13 @@ from megatron_mtp.training.sums import NamedSums
 
 class IntervalStats:
     def __init__(self, depth: int, total_layers: int, ranks, num_microbatches: int, tokens_per_step: int,
-                 expert_load: ExpertLoad):
-        """total_layers: decoder plus MTP layers (the length of megatron-core's per-layer trackers)."""
+                 expert_load: ExpertLoad, flops_per_token: float = 0.0, peak_tflops: float = 0.0,
+                 clip_grad: float = 0.0):
+        """total_layers: decoder plus MTP layers (the length of megatron-core's per-layer trackers);
+        flops_per_token: model FLOPs of a trained token and peak_tflops: the GPU's peak per GPU (0 on CPU),
+        both as plan/throughput.py defines them; clip_grad: the norm above which a step's gradients are
+        clipped (0: never)."""
+        self.flops_per_token, self.peak_tflops, self.clip_grad = flops_per_token, peak_tflops, clip_grad
         self.depth = depth
         self.ranks = ranks
         self.num_micro = num_microbatches
@@ -48,6 +55,8 @@ class IntervalStats:
         self.extra: dict[str, float] = {}
         """Scalars of events in the interval (a checkpoint's save time), logged with its row."""
         self.grad_norm_sum = 0.0
+        self.grad_norm_max = 0.0
+        self.clipped = 0
 
     def discard(self) -> None:
         """Forget the interval so far (its steps were undone by a rollback)."""
@@ -73,7 +82,10 @@ class IntervalStats:
                     self.sums[name] += metrics.sums[name]
             metrics.reset()
         self.steps += 1
-        self.grad_norm_sum += float(grad_norm or 0.0)
+        norm = float(grad_norm or 0.0)
+        self.grad_norm_sum += norm
+        self.grad_norm_max = max(self.grad_norm_max, norm)
+        self.clipped += int(0.0 < self.clip_grad < norm)
         self.lam, self.lr = lam, lr
 
     def add_balance_loss(self, layer_values: torch.Tensor) -> None:
@@ -98,13 +110,19 @@ class IntervalStats:
         replicas = total.value("replica_steps") or float("nan")
         steps = self.steps or float("nan")
         elapsed_steps = max(self.steps + self.skipped, 1)
+        tokens_per_s = self.tokens_per_step * (self.steps + self.skipped) / max(elapsed, 1e-9)
+        tflops = self.flops_per_token * tokens_per_s / self.ranks.world_size / 1e12  # plan/throughput.py
         values = {
             "train/lm_loss": total.value("lm_loss") / replicas,
             "train/mtp_lambda": self.lam,
             "train/lr": self.lr,
             "train/grad_norm": self.grad_norm_sum / steps,
             "perf/step_time_s": elapsed / elapsed_steps,
-            "perf/tokens_per_s": self.tokens_per_step * (self.steps + self.skipped) / max(elapsed, 1e-9),
+            "train/grad_norm_max": self.grad_norm_max if self.steps else float("nan"),
+            "train/clipped_steps": float(self.clipped),
+            "perf/tokens_per_s": tokens_per_s,
+            "perf/tokens_per_s_per_gpu": tokens_per_s / self.ranks.world_size,
+            "perf/tflops_per_gpu": tflops,
             "perf/memory_gib": memory_gib(),
             "moe/max_violation": max_violation(loads),
             "moe/balance_loss": self._balance_loss(),
@@ -112,6 +130,8 @@ class IntervalStats:
             "train/skipped_steps": float(self.skipped),
             **self.extra,
         }
+        if self.peak_tflops:  # a GPU of the plan's table (none on CPU: TFLOP/s only)
+            values["perf/mfu"] = tflops / self.peak_tflops
         for k in range(1, self.depth + 1):
             judged = float(total["judged"][k - 1]) or float("nan")  # nothing measured: NaN, not 0
             values[f"train/mtp_loss_{k}"] = float(total["mtp_loss"][k - 1]) / replicas

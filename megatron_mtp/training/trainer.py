@@ -17,6 +17,7 @@ from pathlib import Path
 
 from megatron_mtp.checkpoint.info import optimizer_layout
 from megatron_mtp.errors import EXIT_FINISHED, EXIT_RESUME, RunError, UserError
+from megatron_mtp.plan.throughput import gpu_of_device, model_flops_per_token, peak_tflops
 from megatron_mtp.training import checkpoint_state
 from megatron_mtp.training.batches import MicroBatchIterator, chunk_iterators
 from megatron_mtp.training.checkpoint_saver import CheckpointSaver
@@ -68,6 +69,16 @@ class _SignalFlag:
         self.previous.clear()
 
 
+def _device_peak_tflops(cfg, platform) -> float:
+    """The GPU's peak TFLOP/s for the run's precision when the `plan` table knows it (0 on CPU)."""
+    if platform.is_cpu:
+        return 0.0
+    import torch
+
+    gpu = gpu_of_device(torch.cuda.get_device_name())
+    return peak_tflops(gpu, cfg) if gpu is not None else 0.0
+
+
 class Trainer:
     def __init__(self, session, run_dir: Path):
         """`session` is a training.session.Session (config, platform, ranks, data, components)."""
@@ -84,7 +95,10 @@ class Trainer:
         self.num_micro = t.global_batch_size // (t.micro_batch_size * self.ranks.dp)
         self.tokens_per_step = t.global_batch_size * t.seq_length
         self.interval = IntervalStats(cfg.mtp.num_layers, cfg.model.num_layers + cfg.mtp.num_layers, self.ranks,
-                                      self.num_micro, self.tokens_per_step, expert_load)
+                                      self.num_micro, self.tokens_per_step, expert_load,
+                                      flops_per_token=model_flops_per_token(cfg, self.components.vocab_size),
+                                      peak_tflops=_device_peak_tflops(cfg, session.platform),
+                                      clip_grad=cfg.optimizer.clip_grad)
         spike = t.loss_spike
         self.spike = LossSpikeDetector(spike.factor, spike.window, spike.patience) if spike.factor else None
         self.skipped_in_a_row = 0

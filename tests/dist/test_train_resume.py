@@ -129,6 +129,22 @@ def test_a_resume_takes_the_new_schedule_layout_and_intervals(tmp_path, train, m
     for row in rows[2:]:  # linear decay over the new max_steps, no warm-up
         expected = 1e-3 - (1e-3 - 1e-5) * row["step"] / 5
         assert abs(row["train/lr"] - expected) < 1e-9, (row["step"], row["train/lr"], expected)
+    # the logged model TFLOP/s per GPU is plan's FLOPs per token × the measured tokens/s over the 2 ranks
+    from megatron_mtp.checkpoint.info import read_config
+    from megatron_mtp.plan import report
+    from megatron_mtp.plan.gpus import parse_gpu
+    from megatron_mtp.plan.memory import make_plan
+
+    planned = report.build(make_plan(read_config(run / "checkpoints" / "step_0000005"), 2, parse_gpu("h100"), cpu=True))
+    per_token = planned["training_flops_per_step"] / planned["tokens_per_step"]
+    clip = 1.0  # optimizer.clip_grad
+    for row in rows[2:]:
+        want = per_token * row["perf/tokens_per_s"] / 2 / 1e12
+        assert abs(row["perf/tflops_per_gpu"] - want) <= 1e-9 * want, (row["perf/tflops_per_gpu"], want)
+        assert row["perf/tokens_per_s_per_gpu"] == row["perf/tokens_per_s"] / 2 and "perf/mfu" not in row  # CPU
+        # one step per interval: its norm is the interval's mean and max; clipped when above optimizer.clip_grad
+        assert row["train/grad_norm_max"] == row["train/grad_norm"]
+        assert row["train/clipped_steps"] == float(row["train/grad_norm"] > clip)
 
 
 def test_a_resume_on_data_of_another_tokenizer_of_the_same_size_is_refused(one_step_run, train, metrics, tmp_path):
