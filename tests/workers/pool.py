@@ -50,8 +50,10 @@ class WorkerJob:
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", WORKER_POOL_OWNER=str(os.getpid()),
                    PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
         if nproc == 1:
+            # port 0: the one rank's store binds a free port itself, so no other process of the machine (the
+            # other lane's jobs) can take it between a free_port() look-up and the bind (EADDRINUSE)
             env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(free_port()))
+                       MASTER_PORT="0")
             cmd = [sys.executable, str(WORKER), str(self.dir)]
         else:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--nnodes", "1",
