@@ -24,7 +24,7 @@ from megatron_mtp.config import Config
 from megatron_mtp.config.validate import validate
 from megatron_mtp.config.vocab import padded_vocab_size
 from megatron_mtp.errors import UserError
-from megatron_mtp.platform import Platform, megatron_core
+from megatron_mtp.platform import Platform, all_reduce_sum, megatron_core
 from megatron_mtp.platform import setup as setup_platform
 from megatron_mtp.training import checkpoint_state as ckpt_io
 from megatron_mtp.training.components import Components, TrainState, build_components
@@ -155,8 +155,8 @@ def _load_newest_readable(own, components: Components, ranks: Ranks, fully_paral
             fallback = None
             if ranks.rank == 0:
                 fallback = set_aside_damaged(own.path)
-            found = torch.tensor([1.0 if fallback is not None or ranks.rank != 0 else 0.0])
-            torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MIN)
+            found = all_reduce_sum(torch.tensor([1.0 if fallback is not None or ranks.rank != 0 else 0.0]),
+                                   op=torch.distributed.ReduceOp.MIN)  # through the device NCCL needs
             if not found[0]:
                 raise UserError(f"{exc.ckpt} is damaged (reading it failed: {exc.cause}) and the run has no "
                                 "older complete checkpoint to resume from; restore it, or start over with "
