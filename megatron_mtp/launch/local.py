@@ -23,7 +23,6 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,12 +38,6 @@ SAVE_NOTE_S = 10.0
 """After a forwarded signal, how long the ranks may take to save before the launcher says what it waits for."""
 LOST_RANK_GRACE_S = 3.0
 """The same, after a rank was killed by a signal or lost: the others are ending themselves, or stopped."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _term_when_parent_dies() -> None:
@@ -89,7 +82,14 @@ def _run_once(nproc: int, argv: list[str], run_dir: Path | None, signalled: list
     base = dict(os.environ)
     # Each process would otherwise claim every core; on CPU, split them.
     base.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    port = free_port()
+    # The launcher hosts the job's rendezvous store, as torchrun's agent does: it binds a free port
+    # itself (port 0), so no other process can take the port between a look-up and the bind, and each
+    # start of the job gets a fresh store. The ranks connect to it as clients (TORCHELASTIC_USE_AGENT_STORE).
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    port = store.port
+    base["TORCHELASTIC_USE_AGENT_STORE"] = str(True)
     procs: list[subprocess.Popen] = []
 
     def forward(signum, _frame):
@@ -119,6 +119,7 @@ def _run_once(nproc: int, argv: list[str], run_dir: Path | None, signalled: list
             _kill_group(proc)  # nor what a rank forked (checkpoint writers) and left when it was killed
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        del store
 
 
 def _wait(procs: list[subprocess.Popen], run_dir: Path | None, signalled: list[int] | None = None) -> int:

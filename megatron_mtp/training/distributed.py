@@ -60,9 +60,8 @@ def init_distributed(cfg: Config, platform: Platform) -> Ranks:
             if world > 1:
                 raise UserError("WORLD_SIZE > 1 but MASTER_PORT is not set; launch through torchrun, "
                                 "`megatron-mtp train --nproc-per-node N` or `megatron-mtp submit`")
-            from megatron_mtp.launch.local import free_port
-
-            os.environ["MASTER_PORT"] = str(free_port())
+            os.environ["MASTER_PORT"] = "0"  # the one rank's store binds a free port itself
+            os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)  # and hosts it (no launcher's store)
         torch.distributed.init_process_group(
             backend=platform.backend, rank=rank, world_size=world,
             timeout=datetime.timedelta(seconds=cfg.training.collective_timeout),

@@ -22,8 +22,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from megatron_mtp.launch.local import free_port
-
 WORKER = Path(__file__).with_name("worker.py")
 # a job whose rank has grown past this (memory that a command's libraries keep, heap fragmentation) is
 # replaced before the next command: 15 warm ranks must fit in a 24 GiB machine beside the tests
@@ -56,8 +54,9 @@ class WorkerJob:
                        MASTER_PORT="0")
             cmd = [sys.executable, str(WORKER), str(self.dir)]
         else:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--nnodes", "1",
-                   "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(WORKER), str(self.dir)]
+            # --standalone: torchrun's agent binds its store on a free port itself (the same reason)
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+                   str(WORKER), str(self.dir)]
         self.log = open(self.dir / "job.log", "w")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                                      start_new_session=True)
