@@ -9,11 +9,15 @@ from typing import Optional
 @dataclass
 class DataConfig:
     paths: Optional[list[str]] = None
-    """Indexed-dataset prefixes (PREFIX.bin/PREFIX.idx) to train on; null uses the embedded default
-    corpus (the Python standard library's source, tokenized with its own BPE on first use)."""
+    """Indexed-dataset prefixes (PREFIX.bin/PREFIX.idx) to train on; an entry may be a glob over
+    prefixes (`data/fineweb_shard-*`) or a text file listing prefixes one per line, each optionally
+    preceded by its weight (Megatron-LM's `WEIGHT PREFIX` pairs). Null uses the embedded default
+    corpus (the Python standard library's source), allowed only for models no larger than the tiny
+    recipes' unless data.tokenizer is set."""
     weights: Optional[list[float]] = None
-    """Blend weights, one per entry of `paths`, normalised to sum to 1 (null: in proportion to each
-    dataset's size)."""
+    """Blend weights, one per entry of `paths`, normalised to sum to 1; an entry naming several
+    datasets shares its weight among them by their list-file weights or sizes (null: the list files'
+    weights, or else in proportion to each dataset's size)."""
     valid_paths: Optional[list[str]] = None
     """Separate validation prefixes; null carves validation out of `paths` with `split`."""
     valid_weights: Optional[list[float]] = None

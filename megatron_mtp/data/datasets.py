@@ -84,13 +84,15 @@ def resolve_data(cfg: Any) -> ResolvedData:
     cache = default_cache_dir(data.cache_dir)
     indices = os.path.join(cache, "indices")
     if data.paths is None:
-        for name in ("weights", "valid_paths", "valid_weights", "tokenizer"):
+        for name in ("weights", "valid_paths", "valid_weights"):
             if getattr(data, name, None) is not None:
                 raise UserError(
                     f"data.{name} is set but data.paths is null; the embedded default corpus has its own "
-                    f"tokenizer and splits, so set data.paths to your datasets or unset data.{name}"
+                    f"splits, so set data.paths to your datasets or unset data.{name}"
                 )
-        corpus = ensure_default_corpus(cache, data.default_corpus_vocab_size, data.default_corpus_max_bytes)
+        own = _abs(data.tokenizer) if data.tokenizer else None
+        corpus = ensure_default_corpus(cache, data.default_corpus_vocab_size, data.default_corpus_max_bytes,
+                                       tokenizer=own)
         return ResolvedData(
             tokenizer_path=corpus.tokenizer_dir,
             tokenizer=load_tokenizer(corpus.tokenizer_dir),
@@ -104,16 +106,19 @@ def resolve_data(cfg: Any) -> ResolvedData:
         )
     if not data.paths:
         raise UserError("data.paths is an empty list; list dataset prefixes or set it to null for the default corpus")
-    train = [_abs(p) for p in data.paths]
-    valid = [_abs(p) for p in data.valid_paths] if data.valid_paths is not None else None
+    from megatron_mtp.data.prefixes import expand_blend
+
+    train, train_weights = expand_blend(list(data.paths), data.weights, "data.paths")
+    valid, valid_weights = (expand_blend(list(data.valid_paths), data.valid_weights, "data.valid_paths")
+                            if data.valid_paths is not None else (None, None))
     tokenizer_path = _abs(data.tokenizer) if data.tokenizer else _tokenizer_from_meta(train + (valid or []))
     return ResolvedData(
         tokenizer_path=tokenizer_path,
         tokenizer=load_tokenizer(tokenizer_path),
         train_prefixes=train,
-        train_weights=list(data.weights) if data.weights is not None else None,
+        train_weights=train_weights,
         valid_prefixes=valid,
-        valid_weights=list(data.valid_weights) if data.valid_weights is not None else None,
+        valid_weights=valid_weights,
         split=None if valid is not None else data.split,
         index_cache_dir=indices,
     )
@@ -184,8 +189,9 @@ def _check_prefix(prefix: str, tok: Tokenizer) -> IndexInfo:
     return info
 
 
-def check_data_config(cfg: Any, resolved: ResolvedData) -> None:
-    """Validate the data section against the files on disk and the model; raises UserError."""
+def check_data_config(cfg: Any, resolved: ResolvedData) -> str:
+    """Validate the data section against the files on disk and the model; raises UserError. Returns
+    the start-up line that says what the run trains on (`data_line`)."""
     data = cfg.data
     tok = resolved.tokenizer
     tok.require_eod()
@@ -193,6 +199,7 @@ def check_data_config(cfg: Any, resolved: ResolvedData) -> None:
     if data.valid_weights is not None and data.valid_paths is None:
         raise UserError("data.valid_weights is set but data.valid_paths is null; set both or neither")
     _check_weights("valid_weights", data.valid_weights, data.valid_paths or [], "valid_paths")
+    _check_weights("weights", resolved.train_weights, resolved.train_prefixes, "paths")  # @list files' weights
 
     check_tokenizer_fits(cfg, tok.vocab_size, tok.source)
 
@@ -217,6 +224,49 @@ def check_data_config(cfg: Any, resolved: ResolvedData) -> None:
                 f"dataset '{info.prefix}' has {usable} tokens in its train split, fewer than one sequence of "
                 f"training.seq_length+1 = {need}; use more data or a shorter training.seq_length"
             )
+    if resolved.split is not None:
+        _check_split_parts(resolved.split, infos, weights, cfg.logging.eval_steps > 0)
+    return data_line(resolved, infos)
+
+
+def _check_split_parts(split: str, infos: list[IndexInfo], weights: list[float], evaluates: bool) -> None:
+    """Each part a run draws from must hold a document of every dataset in the blend: megatron-core cuts
+    a dataset's documents at round(bound · count), and a part with none would make its sampler loop
+    forever (GPTDataset counts epochs until their tokens cover the samples)."""
+    vector = _split_vector(split)
+    bounds = [sum(vector[:i]) for i in range(4)]
+    for info, weight in zip(infos, weights):
+        for part, name in ((0, "train"), (1, "validation")):
+            if weight <= 0 or vector[part] == 0 or (part == 1 and not evaluates):
+                continue  # a part of share 0 is not built at all
+            count = info.sequences
+            if round(bounds[part + 1] * count) - round(bounds[part] * count) <= 0:
+                raise UserError(
+                    f"dataset '{info.prefix}' has {count} documents, so data.split '{split}' leaves its {name} "
+                    f"part none; give it more documents, a larger {name} share in data.split, or set "
+                    "data.valid_paths")
+
+
+def data_line(resolved: ResolvedData, infos: list[IndexInfo]) -> str:
+    """'data: ...': the datasets, their tokens and weights, and the tokenizer, in one line."""
+    tokens = sum(i.tokens for i in infos)
+    tok = f"tokenizer {resolved.tokenizer_path} ({resolved.tokenizer.vocab_size} tokens)"
+    if resolved.default_corpus is not None:
+        own = "its own BPE" if resolved.default_corpus.tokenizer_dir.startswith(
+            os.path.dirname(resolved.train_prefixes[0])) else tok
+        return (f"data: the default corpus (this Python's standard library), {tokens:,} train tokens, {own}; "
+                "set data.paths to train on your corpus")
+    names = [os.path.basename(p) for p in resolved.train_prefixes]
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    if resolved.train_weights is None:
+        blend = "blended by size"
+    else:
+        total = sum(resolved.train_weights)
+        shares = [f"{w / total:.3g}" for w in resolved.train_weights[:3]]
+        blend = "weights " + "/".join(shares) + ("/..." if len(names) > 3 else "")
+    valid = (f"validation: {len(resolved.valid_prefixes)} datasets" if resolved.valid_prefixes is not None
+             else f"split {resolved.split}")
+    return f"data: {len(names)} datasets ({shown}), {tokens:,} tokens, {blend}; {valid}; {tok}"
 
 
 @contextlib.contextmanager

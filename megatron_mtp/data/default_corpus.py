@@ -13,7 +13,9 @@ still trains on real code. Recipe (bump RECIPE_VERSION whenever any of it change
 - Split by file: a file is held out for validation when its path hash is divisible by
   VALID_EVERY (~5 % of files); at least one file is held out.
 - Each file is one document, followed by ``<|end_of_text|>``.
-- Tokenizer: a byte-level BPE (see tokenizer.train_bpe) trained on the train split only.
+- Tokenizer: a byte-level BPE (see tokenizer.train_bpe) trained on the train split only; or, when
+  the run sets data.tokenizer (an imported model tried without preparing data), that tokenizer, the
+  cache key then holding its fingerprint instead of the vocabulary size.
 
 Cache layout: ``CACHE/default_corpus/<key>/{tokenizer/, train.bin/.idx, valid.bin/.idx,
 manifest.json}``, with ``key`` a hash of (recipe version, Python version, vocab size, cap,
@@ -24,6 +26,7 @@ directory and renames it into place, the others find it complete once they get t
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -117,10 +120,11 @@ def validation_text(max_bytes: int = DEFAULT_MAX_BYTES) -> str:
     return "\n\n".join(text for _, text in valid)
 
 
-def corpus_key(vocab_size: int, max_bytes: int) -> str:
+def corpus_key(vocab_size: int, max_bytes: int, fingerprint: Optional[str] = None) -> str:
     import tokenizers
 
     recipe = {
+        **({"tokenizer": fingerprint} if fingerprint else {}),
         "recipe": RECIPE_VERSION,
         "python": list(sys.version_info[:3]),
         "implementation": sys.implementation.name,
@@ -129,7 +133,8 @@ def corpus_key(vocab_size: int, max_bytes: int) -> str:
         "tokenizers": tokenizers.__version__,
     }
     digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
-    return f"py{sys.version_info[0]}{sys.version_info[1]}-v{vocab_size}-{digest}"
+    own = f"tok{fingerprint[:8]}" if fingerprint else f"v{vocab_size}"
+    return f"py{sys.version_info[0]}{sys.version_info[1]}-{own}-{digest}"
 
 
 def write_documents(
@@ -165,21 +170,37 @@ def _corpus_paths(root: str) -> DefaultCorpus:
 
 
 def ensure_default_corpus(
-    cache_dir: Optional[str] = None, vocab_size: int = 4096, max_bytes: int = DEFAULT_MAX_BYTES, progress: bool = True
+    cache_dir: Optional[str] = None, vocab_size: int = 4096, max_bytes: int = DEFAULT_MAX_BYTES, progress: bool = True,
+    tokenizer: Optional[str] = None,
 ) -> DefaultCorpus:
-    """Return the default corpus for this Python, building it first if the cache lacks it.
+    """Return the default corpus for this Python, building it first if the cache lacks it; with
+    `tokenizer` (a run's data.tokenizer), the same files tokenised with that tokenizer instead of the
+    corpus's own BPE (cached by the tokenizer's fingerprint; `tokenizer_dir` is then that path).
 
     Safe to call from many processes at once: exactly one builds, the others wait on a file lock.
     """
+    if tokenizer is not None:
+        tok = load_tokenizer(tokenizer)
+        tok.require_eod()
+        base = os.path.join(default_cache_dir(cache_dir), "default_corpus")
+        key = corpus_key(tok.vocab_size, max_bytes, tok.fingerprint())
+        final = os.path.join(base, key)
+        _build_locked(base, key, lambda: _build(base, key, vocab_size, max_bytes, progress, tok))
+        return dataclasses.replace(_corpus_paths(final), tokenizer_dir=tokenizer)
     if vocab_size < 258:
         raise UserError(
             f"data.default_corpus_vocab_size is {vocab_size}; it must be at least 258 (256 bytes + 2 special tokens)"
         )
     base = os.path.join(default_cache_dir(cache_dir), "default_corpus")
     key = corpus_key(vocab_size, max_bytes)
+    _build_locked(base, key, lambda: _build(base, key, vocab_size, max_bytes, progress))
+    return _corpus_paths(os.path.join(base, key))
+
+
+def _build_locked(base: str, key: str, build) -> None:
     final = os.path.join(base, key)
     if os.path.isfile(os.path.join(final, _MANIFEST)):
-        return _corpus_paths(final)
+        return
     try:
         os.makedirs(base, exist_ok=True)
     except OSError as exc:
@@ -191,13 +212,13 @@ def ensure_default_corpus(
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if not os.path.isfile(os.path.join(final, _MANIFEST)):
-                _build(base, key, vocab_size, max_bytes, progress)
+                build()
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
-    return _corpus_paths(final)
 
 
-def _build(base: str, key: str, vocab_size: int, max_bytes: int, progress: bool) -> None:
+def _build(base: str, key: str, vocab_size: int, max_bytes: int, progress: bool,
+           tok: Optional[Tokenizer] = None) -> None:
     final = os.path.join(base, key)
     tmp = os.path.join(base, f".{key}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -212,9 +233,9 @@ def _build(base: str, key: str, vocab_size: int, max_bytes: int, progress: bool)
             file=sys.stderr, flush=True,
         )
         paths = _corpus_paths(tmp)
-        tokenizer_dir = paths.tokenizer_dir
-        train_bpe(iter([t for _, t in train]), vocab_size, tokenizer_dir)
-        tok = load_tokenizer(tokenizer_dir)
+        if tok is None:  # the corpus's own BPE; a run's own tokenizer stays where it is
+            train_bpe(iter([t for _, t in train]), vocab_size, paths.tokenizer_dir)
+            tok = load_tokenizer(paths.tokenizer_dir)
         counts = {}
         for name, files, prefix in (("train", train, paths.train_prefix), ("valid", valid, paths.valid_prefix)):
             texts = (t for _, t in files)
@@ -230,7 +251,8 @@ def _build(base: str, key: str, vocab_size: int, max_bytes: int, progress: bool)
             "recipe": RECIPE_VERSION,
             "python": sys.version.split()[0],
             "stdlib": sysconfig.get_paths()["stdlib"],
-            "vocab_size": vocab_size,
+            "vocab_size": tok.vocab_size,
+            "tokenizer": tok.source if tok.source != paths.tokenizer_dir else "own",
             "max_bytes": max_bytes,
             "build_seconds": round(time.perf_counter() - start, 2),
             "splits": counts,

@@ -1,4 +1,4 @@
-"""The tokenising half of preprocessing: raw JSONL lines in, token arrays out.
+"""The tokenising half of preprocessing: raw JSONL lines (or a table's texts) in, token arrays out.
 
 Runs in worker processes (or in-process for one worker) and uses only numpy, json and
 `tokenizers` (never torch), so forked workers are safe and a spawned one starts fast. Each
@@ -18,6 +18,7 @@ from typing import Optional
 import numpy as np
 
 from megatron_mtp.data.jsonl import BAD_UNICODE, BadLine, Chunk, parse_line
+from megatron_mtp.data.sources import parse_row
 
 
 @dataclass
@@ -59,8 +60,9 @@ def encode_chunk(chunk: Chunk) -> EncodedChunk:
     texts: list[str] = []
     line_numbers: list[int] = []
     bad: list[BadLine] = []
-    for offset, raw in enumerate(chunk.lines):
-        parsed = parse_line(raw, text_key)
+    table = chunk.texts is not None
+    for offset, raw in enumerate(chunk.texts if table else chunk.lines):
+        parsed = parse_row(raw, text_key) if table else parse_line(raw, text_key)
         if parsed is None:
             continue
         if isinstance(parsed, tuple):
@@ -96,5 +98,6 @@ def encode_chunk(chunk: Chunk) -> EncodedChunk:
     if empty:
         lengths = lengths[lengths > 0]
     flat = np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int32, count=int(lengths.sum()))
-    input_bytes = sum(map(len, chunk.lines))
-    return EncodedChunk(chunk.file_index, flat, lengths, input_bytes, len(chunk.lines), bad, empty)
+    input_bytes = chunk.nbytes if table else sum(map(len, chunk.lines))
+    rows = len(chunk.texts) if table else len(chunk.lines)
+    return EncodedChunk(chunk.file_index, flat, lengths, input_bytes, rows, bad, empty)

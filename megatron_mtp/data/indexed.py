@@ -81,6 +81,12 @@ class IndexedWriter:
         self.documents += len(lengths)
         self.tokens += start
 
+    def add_dataset(self, prefix: str, documents: int, tokens: int) -> None:
+        """Append a whole indexed dataset of this writer's dtype (megatron-core's add_index)."""
+        self._builder.add_index(prefix)
+        self.documents += documents
+        self.tokens += tokens
+
     def commit(self, meta: dict[str, Any]) -> None:
         """Write the index and metadata, then rename everything into place (.idx last)."""
         self._builder.finalize(self._tmp[".idx"])

@@ -1,4 +1,4 @@
-"""Reading JSONL corpora (plain or gzip) as chunks of raw lines, and parsing one line into text.
+"""Reading JSONL corpora (plain, gzip or zstd) as chunks of raw lines, and parsing one line into text.
 
 Reading and parsing are split on purpose: the main process only cuts files into chunks of raw
 byte lines (cheap), and the workers decode UTF-8, parse JSON and tokenise (expensive). A chunk
@@ -8,16 +8,18 @@ remembers its file and first line number, so every problem is reported as ``file
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import BinaryIO, Optional, Union
+from dataclasses import dataclass, field
+from typing import BinaryIO, Callable, Optional, Union
 
 from megatron_mtp.errors import UserError
 
 GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 # Kinds of bad lines (used as keys of the skipped-line counts).
 BAD_JSON = "malformed JSON"
@@ -29,12 +31,16 @@ BAD_UNICODE = "invalid Unicode in text"
 
 @dataclass
 class Chunk:
-    """Consecutive raw lines of one input file."""
+    """Consecutive raw lines of one JSONL file, or consecutive rows' texts of one table file."""
 
     file_index: int
     first_line: int
-    """1-based line number of ``lines[0]``."""
+    """1-based line (or row) number of the chunk's first line (row)."""
     lines: list[bytes]
+    texts: Optional[list] = field(default=None)
+    """A table file's texts (None for a null value); then `lines` is empty."""
+    nbytes: int = 0
+    """A table chunk's text bytes."""
 
 
 @dataclass
@@ -47,59 +53,120 @@ class BadLine:
     detail: str
 
 
-def open_input(path: Union[str, os.PathLike]) -> tuple[BinaryIO, BinaryIO]:
-    """(line stream, raw file) for a plain or gzip file; the raw file's tell() measures progress."""
+def needs_extra(module: str, what: str) -> UserError:
+    """The sentence for a corpus format whose reader is not installed (the `corpus` extra)."""
+    return UserError(f"{what} needs the '{module}' package, which is not installed; install it with "
+                     f"pip install 'megatron-mtp[corpus]'")
+
+
+def sniff(path: Union[str, os.PathLike]) -> bytes:
+    """The first bytes of an input file (after checking it exists and is a file)."""
     if not os.path.exists(path):
         raise UserError(f"input file '{path}' does not exist")
     if not os.path.isfile(path):
         raise UserError(f"input '{path}' is not a file")
+    with open(path, "rb") as fh:
+        return fh.read(8)
+
+
+def open_input(path: Union[str, os.PathLike]) -> tuple[BinaryIO, BinaryIO]:
+    """(line stream, raw file) for a plain, gzip or zstd file; the raw file's tell() measures progress."""
+    head = sniff(path)
     raw = open(path, "rb")
-    if raw.read(2) == GZIP_MAGIC:
-        raw.seek(0)
+    if head[:2] == GZIP_MAGIC:
         return gzip.GzipFile(fileobj=raw, mode="rb"), raw  # type: ignore[return-value]
-    raw.seek(0)
+    if head[:4] == ZSTD_MAGIC:
+        try:
+            import zstandard
+        except ImportError:
+            raw.close()
+            raise needs_extra("zstandard", f"reading the zstd file '{path}'") from None
+        return io.BufferedReader(_ZstdFrames(raw, zstandard), 1 << 20), raw  # type: ignore[return-value]
     return raw, raw
 
 
-def iter_chunks(
-    paths: list[str], chunk_bytes: int = 1 << 18, progress: Optional[callable] = None
-) -> Iterator[Chunk]:
-    """Yield chunks of about ``chunk_bytes`` raw lines, file by file, in order.
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of a zstd file of one or more frames (as `zstd -T` and pzstd write);
+    unlike zstandard's stream_reader, a file that ends inside a frame (truncated) raises ZstdError."""
+
+    def __init__(self, raw: BinaryIO, zstandard):
+        self._raw, self._zstd = raw, zstandard
+        self._dctx = zstandard.ZstdDecompressor()
+        self._obj = self._dctx.decompressobj()
+        self._in_frame = False
+        self._buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not self._buf:
+            block = self._raw.read(1 << 20)
+            if not block:
+                if self._in_frame:
+                    raise self._zstd.ZstdError("the file ends inside a zstd frame (truncated)")
+                return 0
+            out = []
+            while block:
+                if self._obj.eof:
+                    self._obj = self._dctx.decompressobj()
+                out.append(self._obj.decompress(block))
+                block = self._obj.unused_data if self._obj.eof else b""
+            self._in_frame = not self._obj.eof
+            self._buf = b"".join(out)
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+def _damage_errors() -> tuple:
+    errors: tuple = (OSError, EOFError, zlib.error)
+    try:
+        import zstandard
+
+        errors += (zstandard.ZstdError,)
+    except ImportError:
+        pass
+    return errors
+
+
+def iter_file_chunks(index: int, path: str, chunk_bytes: int = 1 << 18,
+                     progress: Optional[Callable[[int], None]] = None) -> Iterator[Chunk]:
+    """Chunks of about ``chunk_bytes`` raw lines of one JSONL file, then an empty Chunk (its end marker).
 
     ``progress(n)`` is called with the number of (compressed) input bytes consumed since the last call.
-    A file that ends (after zero or more chunks) yields a Chunk with no lines as an end marker,
-    so the consumer can tell when a file is finished.
     """
-    for index, path in enumerate(paths):
-        stream, raw = open_input(path)
-        last_pos = 0
-        first = 1  # line number of lines[0]
-        lines: list[bytes] = []
-        size = 0
-        try:
-            for line in stream:
-                lines.append(line)
-                size += len(line)
-                if size >= chunk_bytes:
-                    yield Chunk(index, first, lines)
-                    first, lines, size = first + len(lines), [], 0
-                    if progress is not None:
-                        pos = raw.tell()
-                        progress(pos - last_pos)
-                        last_pos = pos
-        except (OSError, EOFError, zlib.error) as exc:
-            raise UserError(
-                f"input file '{path}' is a damaged gzip file (reading failed after line "
-                f"{first + len(lines) - 1}: {exc}); re-create or re-download it"
-            ) from None
-        finally:
-            stream.close()
-            raw.close()
-        if lines:
-            yield Chunk(index, first, lines)
-        if progress is not None:
-            progress(os.path.getsize(path) - last_pos)
-        yield Chunk(index, first + len(lines), [])
+    stream, raw = open_input(path)
+    last_pos = 0
+    first = 1  # line number of lines[0]
+    lines: list[bytes] = []
+    size = 0
+    try:
+        for line in stream:
+            lines.append(line)
+            size += len(line)
+            if size >= chunk_bytes:
+                yield Chunk(index, first, lines)
+                first, lines, size = first + len(lines), [], 0
+                if progress is not None:
+                    pos = raw.tell()
+                    progress(pos - last_pos)
+                    last_pos = pos
+    except _damage_errors() as exc:
+        what = "zstd" if sniff(path)[:4] == ZSTD_MAGIC else "gzip"
+        raise UserError(
+            f"input file '{path}' is a damaged {what} file (reading failed after line "
+            f"{first + len(lines) - 1}: {exc}); re-create or re-download it"
+        ) from None
+    finally:
+        stream.close()
+        raw.close()
+    if lines:
+        yield Chunk(index, first, lines)
+    if progress is not None:
+        progress(os.path.getsize(path) - last_pos)
+    yield Chunk(index, first + len(lines), [])
 
 
 def parse_line(line: bytes, text_key: str) -> Union[str, tuple[str, str], None]:
@@ -124,43 +191,3 @@ def parse_line(line: bytes, text_key: str) -> Union[str, tuple[str, str], None]:
     if not isinstance(text, str):
         return BAD_TYPE, f"the '{text_key}' value is a {type(text).__name__}, not a string"
     return text
-
-
-def is_jsonl_name(path: Union[str, os.PathLike]) -> bool:
-    """True for *.jsonl / *.json names (optionally .gz): such files hold one JSON document per line."""
-    name = os.fspath(path).lower()
-    if name.endswith(".gz"):
-        name = name[:-3]
-    return name.endswith((".jsonl", ".json"))
-
-
-def iter_texts(paths: list[str], text_key: str = "text") -> Iterator[str]:
-    """Documents of the given files in order: JSONL files give one text per line, others one per file.
-
-    Bad JSONL lines raise UserError naming file and line (used for tokenizer training, where a
-    silently skipped line would go unnoticed).
-    """
-    for path in paths:
-        if is_jsonl_name(path):
-            for chunk in iter_chunks([path]):
-                for offset, raw in enumerate(chunk.lines):
-                    parsed = parse_line(raw, text_key)
-                    if isinstance(parsed, tuple):
-                        raise UserError(f"{path}:{chunk.first_line + offset}: {parsed[1]}; fix the line")
-                    if parsed:
-                        yield parsed
-        else:
-            stream, raw = open_input(path)
-            try:
-                data = stream.read()
-            except (OSError, EOFError, zlib.error) as exc:
-                raise UserError(f"input file '{path}' is a damaged gzip file ({exc}); re-create it") from None
-            finally:
-                stream.close()
-                raw.close()
-            try:
-                yield data.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                line = data.count(b"\n", 0, exc.start) + 1
-                raise UserError(f"{path}:{line}: the file holds bytes that are not UTF-8; "
-                                "convert it to UTF-8") from None

@@ -1,6 +1,11 @@
-"""JSONL corpora -> megatron-core indexed dataset (the engine behind `megatron-mtp preprocess`).
+"""Corpora -> megatron-core indexed dataset (the engine behind `megatron-mtp preprocess`).
 
-Pipeline: the main process cuts the input files into chunks of raw lines (jsonl.iter_chunks),
+Inputs are files, directories, globs or @LIST files of JSONL (plain/gzip/zstd), Parquet or Arrow
+(sources.py). With ``shard=(i, n)`` only the i-th of n contiguous blocks of the expanded file list is
+tokenised, into PREFIX_shard-I-of-N (shards.py): n such runs (a Slurm array) merged in order equal
+one unsharded run, byte for byte.
+
+Pipeline: the main process cuts the input files into chunks of raw lines or table rows (sources.py),
 hands them to ``workers`` tokenising processes (encode_worker) through a bounded in-order window,
 and appends the returned token arrays to an IndexedWriter in input order. Because results are
 consumed strictly in submission order and each document is tokenised on its own, the .bin/.idx
@@ -24,7 +29,9 @@ from typing import Optional, Union
 
 from megatron_mtp.data import encode_worker
 from megatron_mtp.data.indexed import IndexedWriter
-from megatron_mtp.data.jsonl import BadLine, Chunk, iter_chunks, open_input
+from megatron_mtp.data.jsonl import BadLine, Chunk
+from megatron_mtp.data.shards import select_shard, shard_prefix
+from megatron_mtp.data.sources import describe_row, expand_inputs, input_kind, iter_input_chunks
 from megatron_mtp.data.tokenizer import Tokenizer, load_tokenizer
 from megatron_mtp.errors import UserError
 from megatron_mtp.output import write_failures
@@ -64,8 +71,8 @@ class PreprocessStats:
         return text
 
 
-def _describe_bad(bad: BadLine, paths: list[str]) -> str:
-    return f"{paths[bad.file_index]}:{bad.line}: {bad.detail}"
+def _describe_bad(bad: BadLine, paths: list[str], kinds: list[str]) -> str:
+    return f"{describe_row(paths[bad.file_index], kinds[bad.file_index], bad.line)}: {bad.detail}"
 
 
 class _InProcess:
@@ -153,14 +160,18 @@ def preprocess(
     skip_bad_lines: bool = False,
     progress: bool = True,
     chunk_bytes: int = 1 << 18,
+    shard: Optional[tuple[int, int]] = None,
 ) -> PreprocessStats:
-    """Tokenise JSONL ``inputs`` into ``output_prefix``.bin/.idx; see the module docstring."""
+    """Tokenise ``inputs`` into ``output_prefix``.bin/.idx (or its shard's prefix); see the module docstring."""
     if not inputs:
-        raise UserError("no input files given; pass one or more JSONL files with --input")
+        raise UserError("no input files given; pass corpus files, directories or globs with --input")
     if workers < 1:
         raise UserError(f"--workers is {workers}; it must be at least 1")
-    for path in inputs:
-        open_input(path)[1].close()  # existence check before any work
+    inputs = expand_inputs(list(inputs))
+    if shard is not None:
+        inputs = select_shard(inputs, *shard)
+        output_prefix = shard_prefix(output_prefix, *shard)
+    kinds = [input_kind(path) for path in inputs]  # existence and format checks before any work
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
     if tok.source in ("<memory>", "<trained>"):
         raise UserError("preprocess needs a tokenizer saved on disk; call Tokenizer.save(dir) and pass the directory")
@@ -182,13 +193,13 @@ def preprocess(
         if result.bad:
             if not skip_bad_lines:
                 first = result.bad[0]
-                raise UserError(
-                    f"{_describe_bad(first, inputs)}; fix the line or pass --skip-bad-lines to skip bad lines"
-                )
+                unit = "line" if kinds[first.file_index] == "jsonl" else "row"
+                raise UserError(f"{_describe_bad(first, inputs, kinds)}; fix the {unit} or pass --skip-bad-lines "
+                                "to skip bad lines")
             for bad in result.bad:
                 stats.bad_lines[bad.kind] = stats.bad_lines.get(bad.kind, 0) + 1
                 if len(stats.bad_examples) < MAX_BAD_EXAMPLES:
-                    stats.bad_examples.append(_describe_bad(bad, inputs))
+                    stats.bad_examples.append(_describe_bad(bad, inputs, kinds))
         writer.add(result.tokens, result.lengths)
         stats.documents += len(result.lengths)
         stats.tokens += int(result.lengths.sum())
@@ -198,8 +209,9 @@ def preprocess(
         docs_per_file[result.file_index] += len(result.lengths)
         lines_per_file[result.file_index] += result.lines
         if result.lines == 0 and docs_per_file[result.file_index] == 0:  # end of a file
+            unit = "lines" if kinds[result.file_index] == "jsonl" else "rows"
             what = "is empty" if lines_per_file[result.file_index] == 0 else (
-                f"holds no documents (its {lines_per_file[result.file_index]} lines are blank, empty or bad)")
+                f"holds no documents (its {lines_per_file[result.file_index]} {unit} are blank, empty or bad)")
             raise UserError(f"input file '{path}' {what}; remove it from --input or fill it")
         if bar is not None:
             elapsed = max(time.perf_counter() - start, 1e-9)
@@ -219,14 +231,14 @@ def preprocess(
             start = time.perf_counter()
             pending: collections.deque = collections.deque()
             window = 4 * workers
-            for chunk in iter_chunks(inputs, chunk_bytes, on_read):
+            for chunk in iter_input_chunks(inputs, text_key, chunk_bytes, on_read):
                 pending.append(runner.submit(chunk))
                 while len(pending) > window or (workers == 1 and pending):
                     consume(runner.result(pending.popleft()))
             while pending:
                 consume(runner.result(pending.popleft()))
             stats.seconds = time.perf_counter() - start
-            writer.commit(_meta(tok, inputs, text_key, append_eod, stats))
+            writer.commit(_meta(tok, inputs, text_key, append_eod, stats, shard))
     finally:
         if runner is not None:
             runner.close()
@@ -235,7 +247,8 @@ def preprocess(
     return stats
 
 
-def _meta(tok: Tokenizer, inputs: list[str], text_key: str, append_eod: bool, stats: PreprocessStats) -> dict:
+def _meta(tok: Tokenizer, inputs: list[str], text_key: str, append_eod: bool, stats: PreprocessStats,
+          shard: Optional[tuple[int, int]] = None) -> dict:
     return {
         "tokenizer": {
             "path": os.path.abspath(tok.source),
@@ -247,6 +260,7 @@ def _meta(tok: Tokenizer, inputs: list[str], text_key: str, append_eod: bool, st
         "append_eod": append_eod,
         "text_key": text_key,
         "inputs": [os.path.abspath(p) for p in inputs],
+        **({"shard": list(shard)} if shard else {}),
         "skipped_lines": dict(sorted(stats.bad_lines.items())),
         "empty_documents": stats.empty_documents,
     }

@@ -326,9 +326,17 @@ def _check_layout(cfg: Config, nodes: int, tasks_per_node: int) -> None:
 
 
 def _check_data_paths(cfg: Config) -> None:
+    from megatron_mtp.data.prefixes import expand_blend
+    from megatron_mtp.plan.default_corpus_rule import default_corpus_refusal
+
     d = cfg.data
-    for key, prefixes in (("data.paths", d.paths), ("data.valid_paths", d.valid_paths)):
-        for prefix in prefixes or []:
+    refusal = default_corpus_refusal(cfg)
+    if refusal:
+        raise UserError(refusal)
+    for key, entries, weights in (("data.paths", d.paths, d.weights), ("data.valid_paths", d.valid_paths,
+                                                                        d.valid_weights)):
+        prefixes = expand_blend(list(entries), weights, key)[0] if entries else []
+        for prefix in prefixes:
             if os.path.exists(prefix):
                 continue
             missing = [ext for ext in (".bin", ".idx") if not os.path.exists(prefix + ext)]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 from typing import Optional
 
 from megatron_mtp.config import pipeline_layout
 from megatron_mtp.plan import comm, schedule
+from megatron_mtp.plan.default_corpus_rule import default_corpus_refusal
 from megatron_mtp.plan.gpus import GIB
 from megatron_mtp.plan.memory import Plan, resolve_vocab, suggestions
 from megatron_mtp.plan.throughput import model_flops_per_token, peak_tflops
@@ -25,11 +27,18 @@ def _corpus_tokens(plan: Plan) -> tuple[Optional[int], Optional[str]]:
     """Tokens in data.paths (from the .bin sizes: uint16 ids below 65,500 vocabulary entries, else int32)."""
     paths = plan.cfg.data.paths
     if not paths:
+        refusal = default_corpus_refusal(plan.cfg)
+        if refusal:
+            return None, f"{refusal} (train and submit refuse it)"
         return None, "data.paths is null (the embedded default corpus), so epochs over the training data are not " \
                      "estimated"
     width = 2 if resolve_vocab(plan.cfg) < 65500 else 4
+    if any(p.startswith("@") for p in paths):
+        return None, "data.paths names @list files, so epochs over the training data are not estimated"
+    files = [f for prefix in paths for f in (sorted(glob.glob(f"{prefix}.bin")) if glob.has_magic(prefix)
+                                              else [f"{prefix}.bin"])]
     try:
-        return sum(os.path.getsize(f"{prefix}.bin") for prefix in paths) // width, None
+        return sum(os.path.getsize(f) for f in files) // width, None
     except OSError:
         return None, "the .bin files of data.paths are not readable here, so epochs are not estimated"
 

@@ -47,6 +47,8 @@ def train_main(cfg: Config, run_dir: Path) -> int:
             from megatron_mtp.plan.report import startup_line
 
             print(f"megatron-mtp train: {startup_line(session.cfg, ranks.world_size, session.platform)}", flush=True)
+            if session.data_line:
+                print(f"megatron-mtp train: {session.data_line}", flush=True)
             _note_if_not_exportable(session.cfg)
         return Trainer(session, run_dir).train()
     finally:

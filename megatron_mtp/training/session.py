@@ -50,6 +50,8 @@ class Session:
     """What the user should know about how the run started (a fallback checkpoint, a lock taken over)."""
     lock: Any = None
     """The run lock (rank 0 of a training session)."""
+    data_line: str = ""
+    """What the run trains on, for the start-up lines (data.datasets.data_line)."""
 
 
 def _with_vocab(cfg: Config, tokenizer) -> Config:
@@ -79,20 +81,26 @@ def _check_start_point(cfg: Config, run_dir: Path, tokenizer) -> list[str]:
 
 def open_training(cfg: Config, run_dir: Path) -> Session:
     from megatron_mtp.data.datasets import check_data_config, resolve_data
+    from megatron_mtp.plan.default_corpus_rule import default_corpus_refusal
 
+    refusal = default_corpus_refusal(cfg)
+    if refusal:  # the first thing a big recipe with its data forgotten hears
+        raise UserError(refusal)
     _, world = env_world()
     validate(cfg, world)
     megatron_core.transformer_config_extras(cfg.mtp)
     resolved = resolve_data(cfg)
     cfg = _with_vocab(cfg, resolved.tokenizer)
-    check_data_config(cfg, resolved)
+    data_line = check_data_config(cfg, resolved)
     load_notes = _check_start_point(cfg, run_dir, resolved.tokenizer)
     platform = setup_platform(cfg.training.device, cfg.parallel.backend, cfg.training.fp8)
     ranks = init_distributed(cfg, platform)
     before = run_dir_state(run_dir)
     lock, notes = claim_run_dir(run_dir, cfg.checkpoint.start_fresh, ranks)
     try:
-        return _open_claimed(cfg, run_dir, platform, ranks, resolved, lock, notes + load_notes)
+        session = _open_claimed(cfg, run_dir, platform, ranks, resolved, lock, notes + load_notes)
+        session.data_line = data_line
+        return session
     except BaseException:
         if lock is not None:  # nothing of this attempt stays to make the next one different
             lock.release()

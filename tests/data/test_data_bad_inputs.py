@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -161,10 +162,24 @@ def test_dataset_from_another_tokenizer(tmp_path, tokenizer_dir, two_datasets):
         check_data_config(cfg, resolve_data(cfg))
 
 
-def test_tokenizer_alongside_default_corpus_is_rejected(tmp_path, tokenizer_dir):
-    cfg = _cfg(tmp_path, tokenizer_dir)
-    with pytest.raises(UserError, match="data.tokenizer is set but data.paths is null"):
-        resolve_data(cfg)
+def test_the_default_corpus_is_tokenised_with_the_runs_own_tokenizer(tmp_path, tokenizer_dir, tokenizer):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    from megatron_mtp.data.default_corpus import select_files
+
+    cfg = _cfg(tmp_path, tokenizer_dir, "data.default_corpus_max_bytes=150000")
+    resolved = resolve_data(cfg)
+    assert resolved.tokenizer_path == str(tokenizer_dir) and resolved.tokenizer.vocab_size == 320
+    check_data_config(cfg, resolved)
+    train, valid = select_files(150_000)
+    for prefix, files in ((resolved.train_prefixes[0], train), (resolved.valid_prefixes[0], valid)):
+        data = IndexedDataset(prefix)
+        assert len(data) == len(files)
+        for i in (0, len(files) - 1):  # each file is one document of the run's tokens, then its EOD
+            assert data[i].tolist() == tokenizer.encode(files[i][1]) + [tokenizer.eod_id]
+    # its splits are the corpus's own: a validation blend of the user's needs data.paths
+    with pytest.raises(UserError, match="data.valid_paths is set but data.paths is null"):
+        resolve_data(_cfg(tmp_path, tokenizer_dir, "data.valid_paths=[x]"))
 
 
 def test_tokenizer_train_refuses_an_empty_input_and_an_existing_output(tmp_path, capsys):
@@ -184,3 +199,16 @@ def test_tokenizer_train_refuses_an_empty_input_and_an_existing_output(tmp_path,
     err = capsys.readouterr().err.strip()
     assert f"output '{tmp_path / 'taken'}' already exists" in err and len(err.splitlines()) == 1, err
     assert [p.name for p in (tmp_path / "taken").iterdir()] == ["mine.txt"]
+
+
+def test_train_refuses_a_big_recipe_on_the_default_corpus(tmp_path, capsys):
+    from megatron_mtp.cli import main
+
+    config = str(Path(__file__).resolve().parents[2] / "configs" / "qwen3_30b_a3b.yaml")
+    assert main(["train", config, "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["megatron-mtp train: error: data.paths is not set, so this 31.2B-parameter model would train on "
+                   "the embedded default corpus (the Python standard library, about 2 M tokens), which is for trying "
+                   "the tiny recipes; set data.paths to your preprocessed corpus (`megatron-mtp preprocess`), or set "
+                   "data.tokenizer to try the model on the default corpus with its own tokenizer"], err
+    assert not (tmp_path / "run").exists()

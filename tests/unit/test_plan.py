@@ -151,6 +151,13 @@ def test_submit_refuses_a_layout_over_memory(tmp_path):
     over = ["recompute.granularity=none", "optimizer.precision_aware=false", "optimizer.moment_dtype=fp32",
             "training.fp8_param_gather=false"]
     request = dict(config=V3, overrides=over, nodes=128, gpus_per_node=8, run_dir=str(tmp_path / "run"))
+    # the recipe ships data.paths null: submit refuses to train 671B parameters on the default corpus
+    with pytest.raises(UserError, match=r"data.paths is not set, so this 682.6B-parameter model would train on "
+                                        r"the embedded default corpus .*set data.paths to your preprocessed corpus"):
+        build_plan(SubmitRequest(**dict(request, force=True)))
+    for ext in (".bin", ".idx"):
+        (tmp_path / f"corpus{ext}").touch()
+    request["overrides"] = over + [f"data.paths=[{tmp_path / 'corpus'}]"]
     with pytest.raises(UserError) as refused:
         build_plan(SubmitRequest(**request))
     text = str(refused.value)

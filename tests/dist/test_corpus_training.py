@@ -1,0 +1,41 @@
+"""A training run reads a corpus as it ships: Parquet shards tokenised by a sharded preprocess (unmerged)
+and a zstd JSONL file, blended through a weighted @list with a glob; the start-up line says what it reads."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+pytestmark = [pytest.mark.dist, pytest.mark.mcore]
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+zstandard = pytest.importorskip("zstandard")
+
+
+def test_five_steps_on_parquet_shards_and_zstd_jsonl_through_a_weighted_list(tmp_path, train, metrics):
+    from megatron_mtp.data.default_corpus import default_cache_dir, ensure_default_corpus, select_files
+    from megatron_mtp.data.preprocess import preprocess
+
+    tok = ensure_default_corpus(default_cache_dir(None)).tokenizer_dir  # the tiny recipe's own tokenizer
+    texts = [text[i:i + 1500] for _, text in select_files(300_000)[0] for i in range(0, len(text), 1500)]
+    for i in range(2):
+        pq.write_table(pa.table({"text": texts[i::3]}), tmp_path / f"part-{i}.parquet", row_group_size=16)
+    (tmp_path / "code.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(
+        "".join(json.dumps({"text": t}) + "\n" for t in texts[2::3]).encode()))
+    for i in range(2):
+        preprocess([f"{tmp_path}/*.parquet"], tok, str(tmp_path / "web"), append_eod=True, progress=False,
+                   shard=(i, 2))
+    preprocess([str(tmp_path / "code.jsonl.zst")], tok, str(tmp_path / "code"), append_eod=True, progress=False)
+    (tmp_path / "blend.txt").write_text("0.7 web_shard-*\n0.3 code\n")
+
+    run = tmp_path / "run"
+    proc = train(run, steps=5, overrides=(f"data.paths=[{tmp_path / 'blend.txt'}]",))
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("megatron-mtp train: data:"))
+    shares = re.search(r"3 datasets \(web_shard-00000-of-00002, web_shard-00001-of-00002, code\), [\d,]+ tokens, "
+                       r"weights ([\d.]+)/([\d.]+)/([\d.]+); split 98,2,0", line)
+    assert shares, line
+    web0, web1, code = map(float, shares.groups())
+    assert web0 + web1 == pytest.approx(0.7, abs=2e-3) and code == pytest.approx(0.3, abs=1e-3)
+    assert [row["step"] for row in metrics(run)] == [1, 2, 3, 4, 5]
