@@ -36,5 +36,17 @@ class DataConfig:
     default_corpus_max_bytes: int = 8_000_000
     """Cap on the standard-library source the default corpus takes (bytes; keeps the first build
     to seconds). Changing it builds a new corpus in the cache."""
+    eod_mask_loss: bool = False
+    """Document boundaries for the loss: no prediction whose target lies in the next document (the
+    main model's at each EOD, megatron-core's `eod_mask_loss`; each MTP depth's wherever an EOD lies
+    between its position and its target)."""
+    reset_attention_mask: bool = False
+    """Document boundaries for attention: a token attends only to its own document (megatron-core's
+    `reset_attention_mask`, a materialised [s, s] mask per sample; megatron-core's local attention
+    only, so not with Transformer Engine)."""
+    reset_position_ids: bool = False
+    """Positions restart at each document (megatron-core's `reset_position_ids`). megatron-core's
+    rotary embeddings take positions from the sequence length, not position_ids, so with the rotary
+    families here it would change nothing: refused with a sentence."""
     num_workers: int = 0
     """DataLoader worker processes per rank."""

@@ -32,6 +32,10 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> ParallelSizes:
     _recompute(cfg, sizes)
     _overlap(cfg, sizes)
     _optimizer(cfg)
+    if cfg.data.reset_position_ids:
+        raise UserError("data.reset_position_ids=true would change nothing: megatron-core's rotary embeddings, "
+                        "which every family here uses, take positions from the sequence length, not from "
+                        "position_ids; set it to false (data.reset_attention_mask keeps documents apart)")
     return sizes
 
 

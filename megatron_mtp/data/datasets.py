@@ -226,7 +226,7 @@ def check_data_config(cfg: Any, resolved: ResolvedData) -> str:
             )
     if resolved.split is not None:
         _check_split_parts(resolved.split, infos, weights, cfg.logging.eval_steps > 0)
-    return data_line(resolved, infos)
+    return data_line(resolved, infos, cfg.data)
 
 
 def _check_split_parts(split: str, infos: list[IndexInfo], weights: list[float], evaluates: bool) -> None:
@@ -247,8 +247,14 @@ def _check_split_parts(split: str, infos: list[IndexInfo], weights: list[float],
                     "data.valid_paths")
 
 
-def data_line(resolved: ResolvedData, infos: list[IndexInfo]) -> str:
-    """'data: ...': the datasets, their tokens and weights, and the tokenizer, in one line."""
+def data_line(resolved: ResolvedData, infos: list[IndexInfo], data: Any = None) -> str:
+    """'data: ...': the datasets, their tokens and weights, the tokenizer and the document boundaries kept."""
+    kept = [what for what, on in (("loss", getattr(data, "eod_mask_loss", False)),
+                                  ("attention", getattr(data, "reset_attention_mask", False))) if on]
+    return _data_line(resolved, infos) + (f"; documents kept apart in {' and '.join(kept)}" if kept else "")
+
+
+def _data_line(resolved: ResolvedData, infos: list[IndexInfo]) -> str:
     tokens = sum(i.tokens for i in infos)
     tok = f"tokenizer {resolved.tokenizer_path} ({resolved.tokenizer.vocab_size} tokens)"
     if resolved.default_corpus is not None:
@@ -328,10 +334,10 @@ def gpt_dataset_config(cfg: Any, resolved: ResolvedData):
         split=split,
         path_to_cache=resolved.index_cache_dir,
         tokenizer=MegatronTokenizerAdapter(resolved.tokenizer),
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        eod_mask_loss=False,
-        create_attention_mask=False,
+        reset_position_ids=cfg.data.reset_position_ids,
+        reset_attention_mask=cfg.data.reset_attention_mask,
+        eod_mask_loss=cfg.data.eod_mask_loss,
+        create_attention_mask=cfg.data.reset_attention_mask,
         mmap_bin_files=True,
     )
 

@@ -16,8 +16,8 @@ def build_gpt_model(cfg: Config, config, platform: Platform, vocab_size: int, pr
                     rotary_percent: float = 1.0, heads: Optional[tuple[type, dict[str, Any]]] = None):
     """GPTModel for the current pipeline stage; `config` is the family's TransformerConfig. `heads`:
     (model class, its extra arguments) that replace the MTP block (parallel MTP heads). With
-    mtp.targets other than tokens, mtp.freeze_base or the chunked output loss, the sequential MTP block
-    trains through models/mtp_objective.py."""
+    mtp.targets other than tokens, mtp.freeze_base, data.eod_mask_loss or the chunked output loss, the
+    sequential MTP block trains through models/mtp_objective.py."""
     from megatron.core.models.gpt import GPTModel
 
     from megatron_mtp.platform.features import resolve_features
@@ -26,17 +26,19 @@ def build_gpt_model(cfg: Config, config, platform: Platform, vocab_size: int, pr
     block = decoder_block_spec(config, platform, keys_as_te, vp_stage=vp_stage)
     if heads is not None:
         model_class, mtp = heads[0], None
-        extra = dict(heads[1], head_norm_spec=block.layer_norm, output_chunk=chunk)
+        extra = dict(heads[1], head_norm_spec=block.layer_norm, output_chunk=chunk,
+                     stop_at_documents=cfg.data.eod_mask_loss)
     else:
         model_class, extra = GPTModel, {}
         mtp = mtp_block_spec(config, platform, keys_as_te, vp_stage=vp_stage, moe=mtp_is_moe(cfg.model))
-        if chunk or (cfg.mtp.num_layers and (cfg.mtp.targets != "tokens" or cfg.mtp.freeze_base)):
+        if chunk or (cfg.mtp.num_layers and (cfg.mtp.targets != "tokens" or cfg.mtp.freeze_base
+                                             or cfg.data.eod_mask_loss)):
             from megatron_mtp.models.mtp_objective import MTPObjectiveGPTModel
 
             model_class = MTPObjectiveGPTModel
             extra = dict(targets=cfg.mtp.targets, self_weight=cfg.mtp.self_weight,
                          self_temperature=cfg.mtp.self_temperature, freeze_base=cfg.mtp.freeze_base,
-                         output_chunk=chunk)
+                         output_chunk=chunk, stop_at_documents=cfg.data.eod_mask_loss)
     return model_class(
         config=config,
         transformer_layer_spec=block,

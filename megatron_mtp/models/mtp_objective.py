@@ -1,7 +1,7 @@
 """GPTModel whose sequential MTP modules learn other targets (mtp.targets: self, mix) and/or train on a
-frozen main model (mtp.freeze_base), and/or whose output-layer losses run in chunks
-(kernels.chunked_output_loss, models/output_losses.py). Used only then; otherwise megatron-core's
-GPTModel as it is.
+frozen main model (mtp.freeze_base), and/or stop at document boundaries (data.eod_mask_loss), and/or
+whose output-layer losses run in chunks (kernels.chunked_output_loss, models/output_losses.py). Used
+only then; otherwise megatron-core's GPTModel as it is.
 
 Design note. megatron-core's `_postprocess` runs the MTP block on the decoder output, takes each
 depth's CE to the data token and attaches (λ/D)·CE_k to the main hidden states (MTPLossAutoScaler),
@@ -18,6 +18,8 @@ order (D MTP output-layer calls, then the main one, which the acceptance hook re
   losses, both only happen with grad enabled), and the embedding/output head are frozen parameters.
   The trainer then runs the schedule forward-only and back-propagates the MTP objective itself
   (training/forward_step.py), so stages without an MTP layer do no backward at all.
+- document boundaries (data.eod_mask_loss): depth k's mask drops every target beyond an EOD, not
+  only megatron-core's rolled one (models/document_masks.py).
 - chunked output loss: no logits are made; each depth's loss comes from its hidden state and, for
   self/mix, the teacher's from the main hidden state rolled by k (so the teacher is h, not its logits).
   The main model's loss is chunked too, also without MTP layers.
@@ -37,9 +39,11 @@ class MTPObjectiveGPTModel(ChunkedOutputLosses, GPTModel):
     """GPTModel with mtp.targets, mtp.freeze_base and the chunked output loss (the module's design note)."""
 
     def __init__(self, *args, targets: str = "tokens", self_weight: float = 0.5, self_temperature: float = 1.0,
-                 freeze_base: bool = False, output_chunk: int | None = None, **kwargs):
+                 freeze_base: bool = False, output_chunk: int | None = None, stop_at_documents: bool = False,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.output_chunk = output_chunk
+        self.stop_at_documents = stop_at_documents  # data.eod_mask_loss (models/document_masks.py)
         self.targets, self.self_weight, self.self_temperature = targets, self_weight, self_temperature
         self.freeze_base = freeze_base
         self._grad_outside = False
@@ -163,16 +167,20 @@ class MTPObjectiveGPTModel(ChunkedOutputLosses, GPTModel):
         """(λ/D)·loss_k per token (divided by the tokens unless per-token loss) for each depth k, its loss
         ``depth_loss(inputs[k], labels rolled by k)``, recording each depth's mean loss for logging as
         megatron-core does."""
+        from megatron_mtp.models.document_masks import next_depth_mask
         from megatron_mtp.platform.megatron_core import record_mtp_loss
 
         depth = len(inputs)
         shifted_labels = labels.clone()
-        mask = loss_mask if loss_mask is not None else torch.ones_like(shifted_labels)
+        rolled = mask = loss_mask if loss_mask is not None else torch.ones_like(shifted_labels)
         scale = self.config.mtp_loss_scaling_factor / max(depth, 1)
         terms = []
         for k, x in enumerate(inputs):
             shifted_labels, _ = self._roll(shifted_labels, -1, packed_seq_params)
-            mask, num_tokens = self._roll(mask, -1, packed_seq_params)
+            rolled, _ = self._roll(rolled, -1, packed_seq_params)
+            # with data.eod_mask_loss a target across a document boundary does not count
+            mask = next_depth_mask(mask, rolled) if self.stop_at_documents else rolled
+            num_tokens = mask.sum()
             loss = mask * depth_loss(x, shifted_labels)
             if self.training:
                 record_mtp_loss(

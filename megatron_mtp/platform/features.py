@@ -58,6 +58,10 @@ def resolve_features(cfg, platform: Platform) -> Features:
     """The controls this run uses on `platform` (UserError for ones it cannot have)."""
     k, p, t, o = cfg.kernels, cfg.parallel, cfg.training, cfg.optimizer
     gpu_te = not platform.is_cpu and platform.use_te
+    if cfg.data.reset_attention_mask and platform.use_te:
+        raise UserError("data.reset_attention_mask=true needs megatron-core's local attention, but this run "
+                        "uses Transformer Engine's, which takes document boundaries only as packed sequences; "
+                        "set it to false (data.eod_mask_loss still keeps each loss within its document)")
     yarn = getattr(cfg.model, "yarn", None) is not None and cfg.model.yarn.factor != 1.0  # MLA's YaRN
     moe = cfg.model.num_experts > 0
     fused_ce = _cross_entropy(k.cross_entropy_fusion, platform)

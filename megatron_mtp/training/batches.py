@@ -29,8 +29,9 @@ class MicroBatchIterator:
         start = self.position + self.dp_rank * self.mbs
         items = [self.dataset[(start + i) % len(self.dataset)] for i in range(self.mbs)]
         self.position += self.mbs * self.dp_size
+        keys = KEYS + (("attention_mask",) if "attention_mask" in items[0] else ())  # data.reset_attention_mask
         return {k: torch.stack([torch.as_tensor(item[k]) for item in items]).to(self.device, non_blocking=True)
-                for k in KEYS}
+                for k in keys}
 
 
 def chunk_iterators(make, num_chunks: int):

@@ -63,7 +63,7 @@ def make_forward_step(metrics: Optional[MTPMetrics], device: Optional[str] = Non
             batch = {k: v.to(device) for k, v in batch.items()}
         if metrics is not None:
             metrics.start_microbatch(batch["labels"], batch["loss_mask"])
-        args = (batch["tokens"], batch["position_ids"], None)
+        args = (batch["tokens"], batch["position_ids"], batch.get("attention_mask"))  # None: causal
         kwargs = {"labels": batch["labels"], "loss_mask": batch["loss_mask"]}
         # the expert-parallel all-to-all overlap schedule asks for a plan of the forward instead
         output = model.build_schedule_plan(*args, **kwargs) if return_schedule_plan else model(*args, **kwargs)

@@ -56,6 +56,23 @@ def test_round_trip_through_gpt_dataset(tmp_path, write_jsonl, documents, tokeni
         np.testing.assert_array_equal(item["labels"].numpy(), stream[k * seq + 1:(k + 1) * seq + 1])
         assert item["loss_mask"].min() == 1.0
         np.testing.assert_array_equal(item["position_ids"].numpy(), np.arange(seq))
+    # document boundaries (data.eod_mask_loss, data.reset_attention_mask) on the same samples: no loss
+    # where the input is the EOD, and each token attends to its own document only
+    bounded = load_config(None, [f"data.paths=[{prefix}]", f"data.tokenizer={tokenizer_dir}", "data.split=100,0,0",
+                                 f"data.cache_dir={tmp_path / 'cache'}", f"training.seq_length={seq}",
+                                 "data.eod_mask_loss=true", "data.reset_attention_mask=true"])
+    train, _ = build_datasets(bounded, resolve_data(bounded), n_samples, 0)
+    eod, seen = tokenizer.eod_id, 0
+    causal = np.tril(np.ones((seq, seq), dtype=bool))
+    for k in range(len(train)):
+        item = train[int(position[k])]
+        tokens = item["tokens"].numpy()
+        np.testing.assert_array_equal(item["loss_mask"].numpy(), (tokens != eod).astype(np.float32))
+        doc = np.concatenate([[0], np.cumsum(tokens == eod)[:-1]])  # a document starts after each EOD
+        allowed = causal & (doc[:, None] == doc[None, :])
+        np.testing.assert_array_equal(~item["attention_mask"].numpy()[0], allowed)  # True = masked
+        seen += int((tokens[:-1] == eod).sum())
+    assert seen > 10  # boundaries inside samples were checked
 
 
 def test_without_append_eod_and_empty_documents(tmp_path, write_jsonl, tokenizer, tokenizer_dir):

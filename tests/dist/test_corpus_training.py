@@ -1,5 +1,7 @@
 """A training run reads a corpus as it ships: Parquet shards tokenised by a sharded preprocess (unmerged)
-and a zstd JSONL file, blended through a weighted @list with a glob; the start-up line says what it reads."""
+and a zstd JSONL file, blended through a weighted list file with a glob, with document boundaries kept
+in the loss and in attention (a materialised mask through the MLA attention and the MTP block); the
+start-up line says what it reads."""
 
 from __future__ import annotations
 
@@ -31,10 +33,12 @@ def test_five_steps_on_parquet_shards_and_zstd_jsonl_through_a_weighted_list(tmp
     (tmp_path / "blend.txt").write_text("0.7 web_shard-*\n0.3 code\n")
 
     run = tmp_path / "run"
-    proc = train(run, steps=5, overrides=(f"data.paths=[{tmp_path / 'blend.txt'}]",))
+    proc = train(run, steps=5, overrides=(f"data.paths=[{tmp_path / 'blend.txt'}]", "data.eod_mask_loss=true",
+                                          "data.reset_attention_mask=true"))
     line = next(line for line in proc.stdout.splitlines() if line.startswith("megatron-mtp train: data:"))
     shares = re.search(r"3 datasets \(web_shard-00000-of-00002, web_shard-00001-of-00002, code\), [\d,]+ tokens, "
-                       r"weights ([\d.]+)/([\d.]+)/([\d.]+); split 98,2,0", line)
+                       r"weights ([\d.]+)/([\d.]+)/([\d.]+); split 98,2,0; .*; documents kept apart in loss and "
+                       r"attention$", line)
     assert shares, line
     web0, web1, code = map(float, shares.groups())
     assert web0 + web1 == pytest.approx(0.7, abs=2e-3) and code == pytest.approx(0.3, abs=1e-3)

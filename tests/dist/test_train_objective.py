@@ -28,7 +28,10 @@ def _objective(script, depth, *overrides):
     return results
 
 
-@pytest.mark.parametrize("depth, overrides", [(1, ()), (2, ()), (2, CHUNKED)], ids=["d1", "d2", "d2_chunked"])
+# data.eod_mask_loss: the check's random mask zeros stand for EODs, so depth k at position i must also
+# drop its target when any of the mask at i .. i+k is zero (models/document_masks.py), not only at i+k
+@pytest.mark.parametrize("depth, overrides", [(1, ()), (2, ()), (2, CHUNKED), (3, ("data.eod_mask_loss=true",))],
+                         ids=["d1", "d2", "d2_chunked", "d3_documents"])
 def test_gradient_equals_hand_computed_objective(depth, overrides, script):
     _objective(script, depth, *overrides)
 

@@ -151,3 +151,16 @@ def test_chunked_output_loss_resolves_where_it_saves_memory():
         with pytest.raises(UserError, match=words) as info:
             resolve_features(_cfg(*overrides), CPU)
         assert "\n" not in str(info.value)
+
+
+def test_document_boundaries_for_attention_need_the_local_attention_and_positions_are_refused():
+    from megatron_mtp.config.validate import validate
+
+    resolve_features(_cfg("data.reset_attention_mask=true"), CPU)  # megatron-core's local attention takes the mask
+    resolve_features(_cfg("data.reset_attention_mask=true"), GPU_NO_TE)
+    with pytest.raises(UserError, match="data.reset_attention_mask=true needs megatron-core's local attention, but "
+                                        "this run uses Transformer Engine's"):
+        resolve_features(_cfg("data.reset_attention_mask=true"), GPU_TE)
+    with pytest.raises(UserError, match="data.reset_position_ids=true would change nothing: megatron-core's rotary"):
+        validate(_cfg("data.reset_position_ids=true"), 1)
+    validate(_cfg("data.eod_mask_loss=true", "data.reset_attention_mask=true"), 1)

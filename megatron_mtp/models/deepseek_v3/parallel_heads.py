@@ -180,11 +180,12 @@ class ParallelHeadsGPTModel(ChunkedOutputLosses, GPTModel):
     """megatron-core's GPTModel with n parallel heads on the last stage instead of the MTP block."""
 
     def __init__(self, *args, head_layer_spec, head_norm_spec, head_by_head_backward: bool = False,
-                 output_chunk: int | None = None, **kwargs):
+                 output_chunk: int | None = None, stop_at_documents: bool = False, **kwargs):
         from megatron.core.quantization.utils import get_quant_config_or_none
 
         super().__init__(*args, **kwargs)
         self.output_chunk = output_chunk  # kernels.chunked_output_loss (models/output_losses.py)
+        self.stop_at_documents = stop_at_documents  # data.eod_mask_loss (models/document_masks.py)
         assert self.mtp_block_spec is None and self.config.mtp_num_layers, "parallel heads replace the MTP block"
         if head_by_head_backward and self.config.gradient_accumulation_fusion:
             raise UserError("mtp.head_by_head_backward needs kernels.gradient_accumulation_fusion=false (the fused "
@@ -250,8 +251,10 @@ class ParallelHeadsGPTModel(ChunkedOutputLosses, GPTModel):
         packed = head_kwargs["packed_seq_params"]
         one_at_a_time = self.head_by_head_backward and self.training and torch.is_grad_enabled()
         trunk = hidden_states.detach().requires_grad_() if one_at_a_time else hidden_states
+        from megatron_mtp.models.document_masks import next_depth_mask
+
         shifted_labels = labels.clone()
-        mask = loss_mask if loss_mask is not None else torch.ones_like(shifted_labels)
+        rolled = mask = loss_mask if loss_mask is not None else torch.ones_like(shifted_labels)
         scale = self.config.mtp_loss_scaling_factor / n
         if one_at_a_time:
             weight = output_weight if output_weight is not None else self.output_layer.weight
@@ -262,7 +265,10 @@ class ParallelHeadsGPTModel(ChunkedOutputLosses, GPTModel):
             out = head(trunk, **head_kwargs)
             shifted_labels, _ = roll_tensor(shifted_labels, shifts=-1, dims=-1, cp_group=self.cp_group,
                                             packed_seq_params=packed)
-            mask, num_tokens = roll_tensor(mask, shifts=-1, dims=-1, cp_group=self.cp_group, packed_seq_params=packed)
+            rolled, _ = roll_tensor(rolled, shifts=-1, dims=-1, cp_group=self.cp_group, packed_seq_params=packed)
+            # with data.eod_mask_loss a target across a document boundary does not count
+            mask = next_depth_mask(mask, rolled) if self.stop_at_documents else rolled
+            num_tokens = mask.sum()
             if self.output_chunk:
                 logits = None
                 loss = self.chunked_token_losses(self.output_input(out), shifted_labels, output_weight) * mask

@@ -86,6 +86,9 @@ def main():
             target = torch.roll(labels, -k, 1)
             valid = torch.zeros_like(mask, dtype=torch.float64)
             valid[:, : s - k] = mask[:, k:].double()
+            if cfg.data.eod_mask_loss:  # a zero of the mask is an EOD: depth k at i also needs i .. i+k-1
+                for j in range(k):
+                    valid[:, : s - k] *= mask[:, j: s - k + j].double()
             by_tokens = ce(captured[k - 1], target, valid)
             by_self = soft_ce(captured[k - 1], torch.roll(main, -k, 0), valid)
             term = {"tokens": by_tokens, "self": by_self,
