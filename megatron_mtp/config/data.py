@@ -48,5 +48,9 @@ class DataConfig:
     """Positions restart at each document (megatron-core's `reset_position_ids`). megatron-core's
     rotary embeddings take positions from the sequence length, not position_ids, so with the rotary
     families here it would change nothing: refused with a sentence."""
-    num_workers: int = 0
-    """DataLoader worker processes per rank."""
+    num_workers: Optional[int] = None
+    """Worker processes per rank that read and collate micro-batches ahead of the step (a torch
+    DataLoader); 0 reads in the training process; null: 2 on a GPU, 0 on CPU. Only the ranks of the
+    first and last pipeline stages read (training/batches.py)."""
+    prefetch: int = 2
+    """Micro-batches each data worker keeps ready (DataLoader's prefetch_factor)."""

@@ -31,6 +31,8 @@ class Features:
     fp8_padding: bool
     tp_comm_overlap: bool
     async_save: bool
+    data_workers: int
+    """data.num_workers resolved: reading processes per rank."""
 
 
 def _needs(platform: Platform, field: str, what: str, te: bool = True, fix: str = "set it to auto or false") -> None:
@@ -88,7 +90,13 @@ def resolve_features(cfg, platform: Platform) -> Features:
         # so a background writer takes its time from the step (tools/bench/bench_checkpoint.py measures
         # 2x the time lost per save of a synchronous one)
         async_save=(not platform.is_cpu) if cfg.checkpoint.async_save == "auto" else bool(cfg.checkpoint.async_save),
+        # null: worker processes on a GPU, where the step leaves the cores idle; none on CPU, where the step
+        # itself uses every core (tools/bench/bench_data_loading.py measures both)
+        data_workers=(0 if platform.is_cpu else 2) if cfg.data.num_workers is None else cfg.data.num_workers,
     )
+    if features.data_workers < 0 or cfg.data.prefetch < 1:
+        raise UserError(f"data.num_workers is {cfg.data.num_workers} and data.prefetch {cfg.data.prefetch}; give "
+                        "0 or more workers and a prefetch of at least 1")
     here = "this run is on CPU" if platform.is_cpu else "it is not available here"
     if cfg.recompute.granularity == "selective" and "moe_act" in cfg.recompute.modules and not features.grouped_gemm:
         raise UserError("recompute.modules moe_act needs the experts' grouped GEMM (GPU with Transformer Engine), but "

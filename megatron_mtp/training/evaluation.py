@@ -10,7 +10,7 @@ import itertools
 
 import torch
 
-from megatron_mtp.training.batches import MicroBatchIterator
+from megatron_mtp.training.batches import MicroBatchIterator, stage_keys
 from megatron_mtp.training.forward_step import make_forward_step
 from megatron_mtp.training.metric_hooks import attach_metrics
 from megatron_mtp.training.metrics import MTPMetrics
@@ -70,7 +70,8 @@ def evaluate(session, global_batches: int, metrics: MTPMetrics | None) -> dict:
     t, ranks = session.cfg.training, session.ranks
     num_micro = t.global_batch_size // (t.micro_batch_size * ranks.dp) * global_batches
     batches = MicroBatchIterator(session.valid_dataset, 0, t.micro_batch_size, ranks.dp_rank, ranks.dp,
-                                 device=session.platform.device)
+                                 device=session.platform.device,
+                                 keys=stage_keys(ranks.pp_rank, ranks.pp, session.cfg.data.reset_attention_mask))
     return evaluate_batches(session, batches, num_micro, metrics, t.micro_batch_size, t.seq_length)
 
 

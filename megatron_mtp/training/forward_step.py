@@ -61,14 +61,16 @@ def make_forward_step(metrics: Optional[MTPMetrics], device: Optional[str] = Non
         batch = next(data_iterator)
         if device is not None:
             batch = {k: v.to(device) for k, v in batch.items()}
-        if metrics is not None:
-            metrics.start_microbatch(batch["labels"], batch["loss_mask"])
-        args = (batch["tokens"], batch["position_ids"], batch.get("attention_mask"))  # None: causal
-        kwargs = {"labels": batch["labels"], "loss_mask": batch["loss_mask"]}
+        # a stage reads only what it uses (training/batches.py): a middle stage gets no tokens or labels
+        labels, loss_mask = batch.get("labels"), batch.get("loss_mask")
+        if metrics is not None and labels is not None:
+            metrics.start_microbatch(labels, loss_mask)
+        args = (batch.get("tokens"), batch.get("position_ids"), batch.get("attention_mask"))  # None: causal
+        kwargs = {"labels": labels, "loss_mask": loss_mask}
         # the expert-parallel all-to-all overlap schedule asks for a plan of the forward instead
         output = model.build_schedule_plan(*args, **kwargs) if return_schedule_plan else model(*args, **kwargs)
         if mtp_only_microbatches is not None:
-            return output, partial(_backward_mtp_only, model, mtp_only_microbatches, batch["loss_mask"])
-        return output, partial(masked_lm_loss, batch["loss_mask"])
+            return output, partial(_backward_mtp_only, model, mtp_only_microbatches, loss_mask)
+        return output, partial(masked_lm_loss, loss_mask)
 
     return forward_step

@@ -19,7 +19,7 @@ from megatron_mtp.checkpoint.info import optimizer_layout
 from megatron_mtp.errors import EXIT_FINISHED, EXIT_RESUME, RunError, UserError
 from megatron_mtp.plan.throughput import gpu_of_device, model_flops_per_token, peak_tflops
 from megatron_mtp.training import checkpoint_state
-from megatron_mtp.training.batches import MicroBatchIterator, chunk_iterators
+from megatron_mtp.training.batches import MicroBatchIterator, chunk_iterators, stage_keys
 from megatron_mtp.training.checkpoint_saver import CheckpointSaver
 from megatron_mtp.training.components import TrainState
 from megatron_mtp.training.forward_step import make_forward_step, micro_batch_mean
@@ -192,10 +192,15 @@ class Trainer:
         return make_forward_step(self.metrics, mtp_only_microbatches=self.num_micro if frozen else None)
 
     def _data(self, state: TrainState):
-        t, ranks = self.cfg.training, self.ranks
+        from megatron_mtp.platform.features import resolve_features
+
+        cfg, ranks = self.cfg, self.ranks
+        keys = stage_keys(ranks.pp_rank, ranks.pp, cfg.data.reset_attention_mask)
+        workers = resolve_features(cfg, self.session.platform).data_workers
         return chunk_iterators(lambda: MicroBatchIterator(self.session.train_dataset, state.consumed_samples,
-                                                          t.micro_batch_size, ranks.dp_rank, ranks.dp,
-                                                          device=self.session.platform.device),
+                                                          cfg.training.micro_batch_size, ranks.dp_rank, ranks.dp,
+                                                          device=self.session.platform.device, keys=keys,
+                                                          num_workers=workers, prefetch=cfg.data.prefetch),
                                len(self.components.model))
 
     def train_step(self, fwd_bwd, forward_step, data, state: TrainState,
