@@ -80,6 +80,11 @@ class TrainingConfig:
     """Samples per micro-batch per data-parallel rank."""
     global_batch_size: int = 16
     """Samples per optimizer step across all data-parallel ranks (micro-batches are accumulated)."""
+    rampup_batch_size: Optional[list[int]] = None
+    """[START, INCREMENT, SAMPLES]: the global batch grows from START by INCREMENT, in equal steps over
+    the first SAMPLES samples, to global_batch_size (megatron-core's ramp-up; DeepSeek-V3's 3,072 ->
+    15,360 over 469B tokens at 4,096 tokens is [3072, 96, 114501953]). Every size must be a multiple of
+    micro_batch_size x data-parallel size. null: global_batch_size from the first step."""
     seed: int = 1234
     """Seed for initialisation, data order and dropout. The initial weights depend on it and not on
     the parallel layout (models/initialization.py)."""

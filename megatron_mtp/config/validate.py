@@ -80,6 +80,7 @@ def _parallel(cfg: Config, world_size: Optional[int]) -> ParallelSizes:
         raise UserError(f"training.global_batch_size={t.global_batch_size} must be a multiple of "
                         f"micro_batch_size × data-parallel size = {t.micro_batch_size}×{sizes.dp}={per_step}")
     micro = t.global_batch_size // per_step
+    _rampup(t, per_step, p.pipeline if vpp > 1 else 1)
     if vpp > 1 and micro % p.pipeline:
         raise UserError(f"the interleaved schedule needs the micro-batches per step ({micro} = global batch / "
                         f"(micro batch × data parallel)) to be a multiple of parallel.pipeline={p.pipeline}; "
@@ -87,6 +88,27 @@ def _parallel(cfg: Config, world_size: Optional[int]) -> ParallelSizes:
     if p.token_dispatcher == "flex" and p.tensor * p.expert == 1:
         raise UserError("parallel.token_dispatcher=flex needs parallel.tensor × parallel.expert > 1; use alltoall")
     return sizes
+
+
+def _rampup(t, per_step: int, interleave: int) -> None:
+    if t.rampup_batch_size is None:
+        return
+    ramp = t.rampup_batch_size
+    if len(ramp) != 3 or any(not isinstance(v, int) or isinstance(v, bool) for v in ramp) \
+            or ramp[0] < 1 or ramp[1] < 1 or ramp[2] < 0:
+        raise UserError(f"training.rampup_batch_size is {ramp}; give [START, INCREMENT, SAMPLES] as positive "
+                        "integers (SAMPLES may be 0), e.g. [16, 16, 10000]")
+    start, increment, _ = ramp
+    if start > t.global_batch_size or (t.global_batch_size - start) % increment:
+        raise UserError(f"training.rampup_batch_size {ramp} does not reach training.global_batch_size="
+                        f"{t.global_batch_size}: START must be at most it and the difference a multiple of INCREMENT")
+    unit = per_step * interleave
+    for size in range(start, t.global_batch_size + 1, increment):
+        if size % unit:
+            why = " times parallel.pipeline (the interleaved schedule)" if interleave > 1 else ""
+            raise UserError(f"training.rampup_batch_size {ramp} passes a global batch of {size}, not a multiple of "
+                            f"micro_batch_size × data-parallel size{why} = {unit}; pick START and INCREMENT "
+                            "that are multiples of it")
 
 
 def check_family(cfg: Config) -> None:

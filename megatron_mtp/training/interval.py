@@ -46,17 +46,26 @@ class IntervalStats:
         self.aux = torch.zeros(2, total_layers, dtype=torch.float64)
         self.lam = 0.0
         self.lr = 0.0
+        self.global_batch = 0
+        """The global batch size of the last step (training.rampup_batch_size grows it)."""
         self.reset()
 
     def reset(self) -> None:
         self.sums.zero_()
         self.steps = 0
         self.skipped = 0
+        self.tokens = 0
+        """Tokens of the interval's steps, skipped ones included (each step's own global batch)."""
         self.extra: dict[str, float] = {}
         """Scalars of events in the interval (a checkpoint's save time), logged with its row."""
         self.grad_norm_sum = 0.0
         self.grad_norm_max = 0.0
         self.clipped = 0
+
+    def count_tokens(self, tokens: int, global_batch: int) -> None:
+        """A step's tokens and its global batch size (which grows during a batch-size ramp-up)."""
+        self.tokens += tokens
+        self.global_batch = global_batch
 
     def discard(self) -> None:
         """Forget the interval so far (its steps were undone by a rollback)."""
@@ -110,7 +119,8 @@ class IntervalStats:
         replicas = total.value("replica_steps") or float("nan")
         steps = self.steps or float("nan")
         elapsed_steps = max(self.steps + self.skipped, 1)
-        tokens_per_s = self.tokens_per_step * (self.steps + self.skipped) / max(elapsed, 1e-9)
+        tokens = self.tokens or self.tokens_per_step * (self.steps + self.skipped)
+        tokens_per_s = tokens / max(elapsed, 1e-9)
         tflops = self.flops_per_token * tokens_per_s / self.ranks.world_size / 1e12  # plan/throughput.py
         values = {
             "train/lm_loss": total.value("lm_loss") / replicas,
@@ -120,6 +130,7 @@ class IntervalStats:
             "perf/step_time_s": elapsed / elapsed_steps,
             "train/grad_norm_max": self.grad_norm_max if self.steps else float("nan"),
             "train/clipped_steps": float(self.clipped),
+            "train/global_batch_size": float(self.global_batch),
             "perf/tokens_per_s": tokens_per_s,
             "perf/tokens_per_s_per_gpu": tokens_per_s / self.ranks.world_size,
             "perf/tflops_per_gpu": tflops,

@@ -19,6 +19,7 @@ from megatron_mtp.checkpoint.info import optimizer_layout
 from megatron_mtp.errors import EXIT_FINISHED, EXIT_RESUME, RunError, UserError
 from megatron_mtp.plan.throughput import gpu_of_device, model_flops_per_token, peak_tflops
 from megatron_mtp.training import checkpoint_state
+from megatron_mtp.training.batch_ramp import BatchRamp
 from megatron_mtp.training.batches import MicroBatchIterator, chunk_iterators, stage_keys
 from megatron_mtp.training.checkpoint_saver import CheckpointSaver
 from megatron_mtp.training.components import TrainState
@@ -92,8 +93,9 @@ class Trainer:
                              start_step=session.state.step)
         self.metrics, expert_load = attach_metrics(self.components.model, cfg, self.ranks)
         t = cfg.training
-        self.num_micro = t.global_batch_size // (t.micro_batch_size * self.ranks.dp)
-        self.tokens_per_step = t.global_batch_size * t.seq_length
+        self.ramp = BatchRamp(cfg, self.ranks.dp, self.ranks.rank)  # training.rampup_batch_size
+        self.num_micro = self.ramp.micro_batches(session.state.consumed_samples)
+        self.tokens_per_step = self.ramp.global_batch(session.state.consumed_samples) * t.seq_length
         self.interval = IntervalStats(cfg.mtp.num_layers, cfg.model.num_layers + cfg.mtp.num_layers, self.ranks,
                                       self.num_micro, self.tokens_per_step, expert_load,
                                       flops_per_token=model_flops_per_token(cfg, self.components.vocab_size),
@@ -214,6 +216,12 @@ class Trainer:
         from megatron_mtp.platform import megatron_core
 
         cfg, components = self.cfg, self.components
+        global_batch = self.ramp.global_batch(state.consumed_samples)  # grows during a ramp-up
+        if global_batch // self.ramp.per_micro != self.num_micro:
+            self.num_micro = global_batch // self.ramp.per_micro
+            if cfg.mtp.freeze_base:  # its backward scales by the micro-batches of the step
+                forward_step = self.forward_step()
+        self.interval.num_micro = self.num_micro
         lam = mtp_lambda(cfg, state.consumed_tokens)
         components.config.mtp_loss_scaling_factor = lam  # read by GPTModel at every forward
         if self.metrics is not None:  # acceptance is measured on the last step of each log interval
@@ -241,8 +249,9 @@ class Trainer:
         self.save_due = agreed.save_due
         outcome = guarded_optimizer_step(components.optimizer, agreed.loss_nonfinite)
         state.step += 1
-        state.consumed_samples += cfg.training.global_batch_size
-        state.consumed_tokens += self.tokens_per_step
+        state.consumed_samples += global_batch
+        state.consumed_tokens += global_batch * cfg.training.seq_length
+        self.interval.count_tokens(global_batch * cfg.training.seq_length, global_batch)
         if outcome.stepped:
             components.scheduler.step(increment=1)
             self.skipped_in_a_row = 0

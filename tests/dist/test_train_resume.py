@@ -9,9 +9,15 @@ pytestmark = [pytest.mark.dist, pytest.mark.mcore]
 COMMON = ("schedule.decay_style=cosine", "schedule.decay_steps=6", "schedule.warmup_steps=2")
 
 
-# one process with the output layer's loss in chunks (kernels.chunked_output_loss), EP2×DP2 with the whole logits
-@pytest.mark.parametrize("nproc,layout", [(1, ("kernels.chunked_output_loss=true", "kernels.output_loss_chunk=100")),
-                                          (2, ("parallel.expert=2",))], ids=["single_chunked", "ep2_dp2"])
+# one process with the output layer's loss in chunks (kernels.chunked_output_loss) and a batch-size ramp-up
+# that the resume lands in the middle of (global batches 2, 2, 4, 6, 8, 8; the λ switch at 640 tokens
+# comes where the consumed tokens reach it), EP2×DP2 with the whole logits
+RAMP = ("training.rampup_batch_size=[2,2,12]", "mtp.loss_weight_schedule=[[0,0.3],[640,0.1]]")
+
+
+@pytest.mark.parametrize("nproc,layout", [(1, ("kernels.chunked_output_loss=true", "kernels.output_loss_chunk=100",
+                                               *RAMP)),
+                                          (2, ("parallel.expert=2",))], ids=["single_chunked_rampup", "ep2_dp2"])
 def test_resume_equals_uninterrupted(tmp_path, nproc, layout, train, metrics):
     straight = tmp_path / "straight"
     train(straight, nproc=nproc, steps=6, overrides=(*COMMON, *layout))
@@ -24,6 +30,9 @@ def test_resume_equals_uninterrupted(tmp_path, nproc, layout, train, metrics):
     for x, y in zip(a, b):
         for key in ("train/lm_loss", "train/mtp_loss_1", "train/lr", "train/grad_norm"):
             assert abs(x[key] - y[key]) <= 1e-6 * max(1.0, abs(x[key])), (x["step"], key, x[key], y[key])
+    if RAMP[0] in layout:  # samples consumed before each step: 0, 2, 4, 8, 14, 22 (64 tokens each)
+        assert [r["train/global_batch_size"] for r in b] == [2, 2, 4, 6, 8, 8]
+        assert [r["train/mtp_lambda"] for r in b] == [0.3, 0.3, 0.3, 0.3, 0.1, 0.1]
     # a finished run does nothing more
     again = train(resumed, nproc=nproc, steps=6, overrides=(*COMMON, *layout))
     assert "already finished" in again.stdout

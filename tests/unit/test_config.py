@@ -130,6 +130,10 @@ BAD = [
     (["model.router_topk=0"], 1, "model.router_topk is 0; a MoE model (model.num_experts=8) needs it to be 1 or more"),
     (["model.moe_ffn_hidden_size=0"], 1, "model.moe_ffn_hidden_size is 0; a MoE model"),
     (["model.num_experts=-4"], 1, "model.num_experts is -4; it must be 0 (a dense model)"),
+    (["training.rampup_batch_size=[4,4]"], 1, "training.rampup_batch_size is [4, 4]; give [START, INCREMENT, SAMPLES]"),
+    (["training.rampup_batch_size=[4,5,100]"], 1, "does not reach training.global_batch_size=16"),
+    (["training.rampup_batch_size=[4,2,100]", "training.micro_batch_size=4"], 1,
+     "passes a global batch of 6, not a multiple of micro_batch_size × data-parallel size = 4"),
 ]
 
 
