@@ -34,6 +34,9 @@ def register(subparsers) -> None:
                    help="append the tokenizer's end-of-document token to every document")
     p.add_argument("--skip-bad-lines", action="store_true",
                    help="skip (and count) malformed lines instead of stopping at the first")
+    p.add_argument("--tokenizer-backend", default="auto", choices=("auto", "gigatoken", "hf"),
+                   help="auto (default): gigatoken when installed and it gives this tokenizer's tokens, else the HF "
+                   "tokenizer; the output is the same either way")
     p.add_argument("--shard", default=None, metavar="I/N",
                    help="tokenize only the I-th (from 0) of N contiguous blocks of the input files, into "
                    "PREFIX_shard-I-of-N (e.g. --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)")
@@ -79,6 +82,7 @@ def run_preprocess(args: argparse.Namespace) -> int:
 
     stats = preprocess(
         shard=parse_shard(args.shard) if args.shard is not None else None,
+        tokenizer_backend=args.tokenizer_backend,
         inputs=args.input,
         tokenizer=args.tokenizer,
         output_prefix=args.output_prefix,

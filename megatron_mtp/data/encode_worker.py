@@ -42,14 +42,21 @@ class EncodedChunk:
 _STATE: dict = {}
 
 
-def init_worker(tokenizer_path: str, text_key: str, eod_id: Optional[int]) -> None:
-    """Load the tokenizer once per worker process; eod_id is appended to every document when set."""
+def init_worker(tokenizer_path: str, text_key: str, eod_id: Optional[int], backend: str = "hf") -> None:
+    """Load the tokenizer once per worker process; eod_id is appended to every document when set.
+    backend 'gigatoken': encode through gigatoken (checked by fast_backend before the run starts)."""
     from tokenizers import Tokenizer as HFTokenizer
 
     from megatron_mtp.data.tokenizer import TOKENIZER_FILE
 
     file = os.path.join(tokenizer_path, TOKENIZER_FILE) if os.path.isdir(tokenizer_path) else tokenizer_path
-    _STATE.update(tokenizer=HFTokenizer.from_file(file), text_key=text_key, eod_id=eod_id)
+    tok = HFTokenizer.from_file(file)
+    fast = None
+    if backend == "gigatoken":
+        from megatron_mtp.data.fast_tokenizer import gigatoken_of
+
+        fast = gigatoken_of(tok)
+    _STATE.update(tokenizer=tok, fast=fast, text_key=text_key, eod_id=eod_id)
 
 
 def encode_chunk(chunk: Chunk) -> EncodedChunk:
@@ -71,6 +78,16 @@ def encode_chunk(chunk: Chunk) -> EncodedChunk:
         texts.append(parsed)
         line_numbers.append(chunk.first_line + offset)
 
+    fast = _STATE.get("fast")
+    if fast is not None:
+        from megatron_mtp.data.fast_tokenizer import encode_flat
+
+        flat_lengths = encode_flat(fast, tok, texts, eod_id, chunk.file_index, line_numbers)
+        if flat_lengths is not None:
+            flat, lengths, empty = flat_lengths
+            input_bytes = chunk.nbytes if table else sum(map(len, chunk.lines))
+            rows = len(chunk.texts) if table else len(chunk.lines)
+            return EncodedChunk(chunk.file_index, flat, lengths, input_bytes, rows, bad, empty)
     try:
         encoded = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
     except Exception:  # a lone surrogate (from a "\ud800" escape) cannot cross into Rust

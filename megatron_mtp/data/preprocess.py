@@ -23,6 +23,7 @@ import collections
 import contextlib
 import multiprocessing
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Optional, Union
@@ -161,6 +162,7 @@ def preprocess(
     progress: bool = True,
     chunk_bytes: int = 1 << 18,
     shard: Optional[tuple[int, int]] = None,
+    tokenizer_backend: str = "auto",
 ) -> PreprocessStats:
     """Tokenise ``inputs`` into ``output_prefix``.bin/.idx (or its shard's prefix); see the module docstring."""
     if not inputs:
@@ -176,7 +178,12 @@ def preprocess(
     if tok.source in ("<memory>", "<trained>"):
         raise UserError("preprocess needs a tokenizer saved on disk; call Tokenizer.save(dir) and pass the directory")
     eod_id = tok.require_eod() if append_eod else None
-    initargs = (tok.source, text_key, eod_id)
+    from megatron_mtp.data.fast_tokenizer import fast_backend
+
+    backend, note = fast_backend(tok.backend, tokenizer_backend)  # the same tokens either way (its design note)
+    if note and progress:
+        print(f"preprocess: note: {note}", file=sys.stderr, flush=True)
+    initargs = (tok.source, text_key, eod_id, backend)
 
     stats = PreprocessStats(output_prefix=output_prefix)
     docs_per_file = [0] * len(inputs)

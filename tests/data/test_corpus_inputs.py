@@ -140,3 +140,22 @@ def test_a_sharded_preprocess_merged_equals_the_unsharded_one(tmp_path, texts, t
         expand_blend([f"@{tmp_path / 'bad.txt'}"], None, "data.paths")
     with pytest.raises(UserError, match=r"data.paths entry '.*nope-\*' matches no dataset"):
         expand_blend([str(tmp_path / "nope-*")], None, "data.paths")
+
+
+def test_the_gigatoken_backend_writes_the_hf_tokenizers_bytes(tmp_path, texts, tokenizer_dir, write_jsonl):
+    pytest.importorskip("gigatoken")
+    from megatron_mtp.data.fast_tokenizer import fast_backend
+    from megatron_mtp.data.tokenizer import load_tokenizer
+
+    assert fast_backend(load_tokenizer(tokenizer_dir).backend, "auto") == ("gigatoken", None)
+    path = write_jsonl(tmp_path / "c.jsonl", texts)
+    with open(path, "a", encoding="utf-8") as fh:  # a lone surrogate escape: gigatoken's chunk goes the HF way
+        fh.write('{"text": "bad \\ud800 text"}\n' + json.dumps({"text": "après 😀 日本 \t  x"}) + "\n")
+    out = {}
+    for backend in ("hf", "gigatoken"):
+        for workers in (1, 2):
+            stats = _run([path], tokenizer_dir, tmp_path / f"{backend}{workers}", workers=workers, skip_bad_lines=True,
+                         tokenizer_backend=backend)
+            assert stats.bad_lines == {"invalid Unicode in text": 1}
+            out[backend, workers] = _files(tmp_path / f"{backend}{workers}")
+    assert len(set(out.values())) == 1

@@ -5,6 +5,7 @@ One run, same text for every measurement:
   raw-all   the same with the library's own thread pool (all cores; for reference)
   pre-1     preprocess with 1 worker (in-process): read JSONL, parse, tokenize, write .bin/.idx
   pre-N     preprocess with N worker processes
+  giga-1, giga-N  the same with --tokenizer-backend gigatoken (checked to write the same bytes)
 Ratios printed: pre-1 / raw-1, and pre-N / (N × raw-1) = wall-clock throughput per core used
 relative to the raw tokenizer (target ≥ 0.8), plus the N-worker speedup over 1 worker. Because a
 shared machine distorts wall-clock scaling, the same ratios are also printed per CPU-second
@@ -88,6 +89,8 @@ def main() -> int:
                 ("raw-all", lambda: _raw(tok, texts, parallel=True)),
                 ("pre-1", lambda: _pre(preprocess, path, tok, tmp, 1)),
                 (f"pre-{workers}", lambda: _pre(preprocess, path, tok, tmp, workers)),
+                ("giga-1", lambda: _pre(preprocess, path, tok, tmp, 1, "gigatoken")),
+                (f"giga-{workers}", lambda: _pre(preprocess, path, tok, tmp, workers, "gigatoken")),
             ):
                 cpu_before = _cpu_seconds()
                 seconds, tokens = fn()
@@ -95,6 +98,7 @@ def main() -> int:
                 if name not in results or seconds < results[name][0]:
                     results[name] = (seconds, tokens)
                 cpu[name] = min(cpu.get(name, float("inf")), cpu_used)
+        same = all(_read(tmp, f"out{w}-hf") == _read(tmp, f"out{w}-gigatoken") for w in (1, workers))
 
     cpus = available_cpus()
     print(f"corpus: {len(texts)} documents, {size / 1e6:.1f} MB JSONL, tokenizer {tok.vocab_size} tokens, "
@@ -115,7 +119,12 @@ def main() -> int:
     print(f"  pre-1 / raw-1                       = {per_cpu['pre-1'] / per_cpu['raw-1']:.2f}")
     print(f"  pre-{workers} / raw-1                       = "
           f"{per_cpu[f'pre-{workers}'] / per_cpu['raw-1']:.2f}   (target >= 0.80)")
-    if len(tokens) != 1 or results["raw-1"][1] != tokens.pop():
+    print(f"giga-1 / pre-1  (gigatoken over the HF tokenizer, one worker) = {rate['giga-1'] / rate['pre-1']:.2f}")
+    print(f"giga-{workers} / pre-{workers}  (the same, {workers} workers)            = "
+          f"{rate[f'giga-{workers}'] / rate[f'pre-{workers}']:.2f}")
+    print(f"gigatoken's .bin/.idx equal the HF tokenizer's: {same}")
+    tokens |= {v[1] for k, v in results.items() if k.startswith("giga")}
+    if not same or len(tokens) != 1 or results["raw-1"][1] != tokens.pop():
         print("WARNING: token counts differ between runs", file=sys.stderr)
         return 1
     return 0
@@ -128,9 +137,14 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def _pre(preprocess, path: str, tok, tmp: str, workers: int) -> tuple[float, int]:
-    stats = preprocess([path], tok, os.path.join(tmp, f"out{workers}"), workers=workers, progress=False)
+def _pre(preprocess, path: str, tok, tmp: str, workers: int, backend: str = "hf") -> tuple[float, int]:
+    stats = preprocess([path], tok, os.path.join(tmp, f"out{workers}-{backend}"), workers=workers, progress=False,
+                       tokenizer_backend=backend)
     return stats.seconds, stats.tokens
+
+
+def _read(tmp: str, prefix: str) -> bytes:
+    return b"".join(open(os.path.join(tmp, prefix + ext), "rb").read() for ext in (".bin", ".idx"))
 
 
 if __name__ == "__main__":
