@@ -23,6 +23,10 @@ from typing import Optional
 
 from megatron_mtp.errors import UserError
 
+CORPUS_NAMES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".jsonl.zstd", ".parquet",
+                ".arrow", ".gz", ".zst")
+"""Names of corpus files: an entry naming one was given where its tokenised dataset belongs."""
+
 
 def expand_blend(entries: list[str], weights: Optional[list[float]], name: str
                  ) -> tuple[list[str], Optional[list[float]]]:
@@ -67,8 +71,17 @@ def _expand_entry(entry: str, name: str, base: Optional[str] = None, depth: int 
         path = os.path.join(base, path)
     if entry.startswith("@"):
         return _expand_list(entry[1:], name, depth)
-    if os.path.isfile(path) and not os.path.isfile(path + ".idx"):  # a list file named without its '@'
-        return _expand_list(path, name, depth)
+    lower = path.lower()
+    if lower.endswith(CORPUS_NAMES) and os.path.isfile(path):
+        raise UserError(f"{name} entry '{entry}' is a corpus file, not a dataset prefix; tokenise it first "
+                        f"(megatron-mtp preprocess --input {entry} --tokenizer TOKENIZER --output-prefix PREFIX) "
+                        "and give PREFIX")
+    for suffix in (".bin", ".idx"):
+        if lower.endswith(suffix) and not glob.has_magic(path):
+            raise UserError(f"{name} entry '{entry}' ends with '{suffix}'; give the dataset prefix without the "
+                            f"extension ('{entry[: -len(suffix)]}')")
+    if os.path.isfile(path) and not os.path.isfile(path + ".idx"):
+        return _expand_list(path, name, depth)  # a list file named without its '@'
     if glob.has_magic(path):
         found = sorted(m[: -len(".idx")] for m in glob.glob(path + ".idx", recursive=True))
         if not found:

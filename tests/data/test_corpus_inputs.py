@@ -140,6 +140,13 @@ def test_a_sharded_preprocess_merged_equals_the_unsharded_one(tmp_path, texts, t
         expand_blend([f"@{tmp_path / 'bad.txt'}"], None, "data.paths")
     with pytest.raises(UserError, match=r"data.paths entry '.*nope-\*' matches no dataset"):
         expand_blend([str(tmp_path / "nope-*")], None, "data.paths")
+    # a corpus file or a .bin where a prefix belongs: what to give instead, not a tokenizer error
+    with pytest.raises(UserError, match=r"entry '.*part-00.jsonl' is a corpus file, not a dataset prefix; tokenise "
+                                        r"it first \(megatron-mtp preprocess --input"):
+        expand_blend([str(corpus / "part-00.jsonl")], None, "data.paths")
+    with pytest.raises(UserError, match=r"entry '.*whole.bin' ends with '.bin'; give the dataset prefix without the "
+                                        r"extension \('.*whole'\)"):
+        expand_blend([str(tmp_path / "whole.bin")], None, "data.paths")
 
 
 def test_the_gigatoken_backend_writes_the_hf_tokenizers_bytes(tmp_path, texts, tokenizer_dir, write_jsonl):
