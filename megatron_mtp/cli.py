@@ -25,9 +25,11 @@ _COMMAND_MODULES = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from megatron_mtp.models.family import supported_text
+
     parser = argparse.ArgumentParser(
         prog="megatron-mtp",
-        description="Pretrain MoE models with Multi-Token Prediction (DeepSeek-V3 and GLM-4.5 families).",
+        description=f"Pretrain MoE models with Multi-Token Prediction: {supported_text()}.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True

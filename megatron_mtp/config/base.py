@@ -44,7 +44,17 @@ def parse_yaml(text):
     return yaml.load(text, Loader=_Loader)
 
 
+NOT_YET = {
+    "context_parallel": "context parallelism is not supported yet (a sequence is not split over ranks); for long "
+                        "sequences use parallel.sequence_parallel with parallel.tensor > 1 and recompute",
+}
+"""Keys users of Megatron-LM reach for that name a capability this project does not have yet: the
+answer says so instead of suggesting a near spelling of another field."""
+
+
 def _closest(name: str, choices: list[str]) -> str:
+    if name in NOT_YET and name not in choices:
+        return f": {NOT_YET[name]}"
     match = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
     return f"; did you mean '{match[0]}'?" if match else f"; valid keys: {', '.join(sorted(choices))}"
 

@@ -5,14 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 
+from megatron_mtp.config.dtypes import dtype_arg
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     convert = subparsers.add_parser("convert", help="convert checkpoints between megatron-core and Hugging Face")
     sub = convert.add_subparsers(dest="convert_command", metavar="DIRECTION")
     sub.required = True
 
+    from megatron_mtp.models.family import supported_text
+
     to_hf = sub.add_parser("to-hf", help="megatron-mtp checkpoint -> Hugging Face directory of its family "
-                           "(DeepSeek-V3 or GLM-4.5)")
+                           f"({supported_text()})")
     to_hf.add_argument("checkpoint", help="run directory, its checkpoints/ directory, a checkpoints/step_N "
                        "directory or the checkpoints/latest file")
     to_hf.add_argument("out", help="output directory (must not exist)")
@@ -26,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     to_hf.add_argument("--mtp-layout", choices=("hf", "nextn"), default=None,
                        help="naming of OUT/mtp: hf = layer num_hidden_layers+i with embed/head copies (default); "
                        "nextn = SGLang NextN (one MTP module)")
-    to_hf.add_argument("--dtype", choices=("bf16", "fp32", "fp8"), default=None,
+    to_hf.add_argument("--dtype", type=dtype_arg(("bf16", "fp32", "fp8")), default=None, metavar="bf16|fp32|fp8",
                        help="weight dtype (default bf16; expert bias stays fp32); fp8: DeepSeek-V3's release "
                        "format, decoder-layer linears in float8_e4m3fn with 128x128 block scales, the rest bf16")
     to_hf.add_argument("--speculative", type=int, metavar="K",
@@ -35,8 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     to_hf.add_argument("--max-shard-size", type=float, default=4.0, help="safetensors shard size in GiB (default 4)")
     to_hf.set_defaults(func=run_to_hf)
 
-    from_hf = sub.add_parser("from-hf", help="Hugging Face DeepSeek-V3/V2 or GLM-4.5 directory -> megatron-mtp "
-                             "checkpoint")
+    from_hf = sub.add_parser("from-hf", help=f"Hugging Face directory of {supported_text()} (and DeepSeek-V2) "
+                             "-> megatron-mtp checkpoint")
     from_hf.add_argument("hf_dir",
                          help="HF model directory (bf16 or FP8 release), or a separate export with main/ and mtp/")
     from_hf.add_argument("out", help="output checkpoint directory (must not exist)")
@@ -46,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from_hf.add_argument("--tp", type=int, default=1, help="tensor-parallel size recorded in config.yaml")
     from_hf.add_argument("--pp", type=int, default=1, help="pipeline-parallel size recorded in config.yaml")
     from_hf.add_argument("--ep", type=int, default=1, help="expert-parallel size recorded in config.yaml")
-    from_hf.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="dtype of the stored weights")
+    from_hf.add_argument("--dtype", type=dtype_arg(("fp32", "bf16")), default="fp32", metavar="fp32|bf16",
+                         help="dtype of the stored weights (default fp32)")
     from_hf.set_defaults(func=run_from_hf)
 
     drop = subparsers.add_parser("drop-mtp",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from megatron_mtp import strict_json
+from megatron_mtp.config.dtypes import dtype_arg
 from megatron_mtp.errors import UserError
 
 if TYPE_CHECKING:
@@ -19,12 +20,14 @@ if TYPE_CHECKING:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from megatron_mtp.models.family import supported_text
+
     parser = subparsers.add_parser(
         "generate",
         help="generate text, optionally with MTP speculative decoding",
-        description="Generate from an exported Hugging Face directory of a DeepSeek-V3 (deepseek_v3) or "
-        "GLM-4.5/4.6/4.7 (glm4_moe) model (main/ + mtp/, inline, or plain; the MTP layers draft) or from a "
-        "megatron-mtp checkpoint/run directory (exported on the fly).",
+        description=f"Generate from an exported Hugging Face directory of a {supported_text()} model (main/ + "
+        "mtp/, inline, or plain; the MTP layers draft) or from a megatron-mtp checkpoint/run directory (exported "
+        "on the fly).",
     )
     parser.add_argument("model", help="exported model directory, or a megatron-mtp checkpoint/run directory")
     source = parser.add_mutually_exclusive_group(required=True)
@@ -42,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="draft K tokens per step with the MTP module(s) (0 = plain decoding)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the EOS token")
-    parser.add_argument("--dtype", default="float32", help="float32 (default), bfloat16 or float16")
+    parser.add_argument("--dtype", type=dtype_arg(("fp32", "bf16", "fp16")), default="fp32", metavar="fp32|bf16|fp16",
+                        help="compute dtype (default fp32)")
     parser.add_argument("--batch-size", type=int, default=8, metavar="B",
                         help="with --prompts-file: sequences decoded together; a finished one frees its place for the "
                              "next prompt (default 8)")

@@ -15,7 +15,8 @@ def register(subparsers) -> None:
     p.add_argument("--run-dir", help="run directory (default: runs/<config name>)")
     p.add_argument("--max-steps", type=int, help="same as training.max_steps=N")
     p.add_argument("--nproc-per-node", type=int, default=None,
-                   help="start this many local processes, one rank each (omit inside torchrun or Slurm)")
+                   help="start this many ranks on this machine, one process each (the command launches them "
+                   "itself; omit it when the ranks are started for you, by torchrun or by `megatron-mtp submit`)")
     p.add_argument("--max-restarts", type=int, default=0,
                    help="with --nproc-per-node: start the job again from the latest checkpoint after a rank dies "
                    "or hangs, up to N times (default 0)")

@@ -1,0 +1,51 @@
+"""One CLI dialect: one dtype vocabulary for every --dtype (the old spellings still work, with a note),
+help texts that name every family, and keys that name a missing capability answered as such."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from megatron_mtp.cli import build_parser, main
+from megatron_mtp.models.family import families
+
+
+@pytest.mark.parametrize("argv,allowed", [
+    (["convert", "to-hf", "CKPT", "OUT"], ("bf16", "fp32", "fp8")),
+    (["convert", "from-hf", "HF", "OUT"], ("fp32", "bf16")),
+    (["generate", "MODEL", "--prompt", "x"], ("fp32", "bf16", "fp16")),
+], ids=["to-hf", "from-hf", "generate"])
+def test_every_dtype_flag_speaks_fp32_bf16_and_keeps_the_old_spellings(argv, allowed, capsys):
+    parser = build_parser()
+    for name in allowed:
+        assert parser.parse_args(argv + ["--dtype", name]).dtype == name
+    capsys.readouterr()
+    for old, new in (("float32", "fp32"), ("bfloat16", "bf16")):
+        if new in allowed:
+            assert parser.parse_args(argv + ["--dtype", old]).dtype == new
+            assert f"note: --dtype {old} is spelled {new} in every command now" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser.parse_args(argv + ["--dtype", "int8"])
+    assert f"'int8' is not one of {', '.join(allowed)}" in capsys.readouterr().err
+
+
+def test_help_texts_name_every_family_and_the_launcher_says_what_it_does(capsys):
+    titles = [family.title for family in families()]
+    assert len(titles) >= 3
+    for argv in (["--help"], ["generate", "--help"], ["convert", "--help"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(argv)
+        text = " ".join(capsys.readouterr().out.split())
+        assert all(title in text for title in titles), (argv, text)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "the command launches them itself" in text and "with torchrun" not in text
+
+
+def test_context_parallel_is_answered_as_missing_not_as_a_misspelling(capsys):
+    config = str(Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml")
+    assert main(["train", config, "parallel.context_parallel=2"]) == 2
+    err = capsys.readouterr().err
+    assert "context parallelism is not supported yet" in err and "did you mean" not in err
