@@ -25,7 +25,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        "refuse what it cannot load or run; without it those facts are warnings")
     to_hf.add_argument("--mtp", choices=("separate", "inline", "none", "only"), default=None,
                        help="separate: OUT/main + OUT/mtp (default without --for); inline: release layout in OUT; "
-                       "none: main only in OUT; only: OUT is the MTP directory alone (a new draft for an "
+                       "none: main only in OUT (what `megatron-mtp drop-mtp` does, the documented way); only: OUT "
+                       "is the MTP directory alone (a new draft for an "
                        "unchanged base release; from-hf BASE OUT2 --mtp-dir OUT pairs them)")
     to_hf.add_argument("--mtp-layout", choices=("hf", "nextn"), default=None,
                        help="naming of OUT/mtp: hf = layer num_hidden_layers+i with embed/head copies (default); "
@@ -46,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from_hf.add_argument("out", help="output checkpoint directory (must not exist)")
     from_hf.add_argument("--mtp-dir", help="separate MTP directory (release or NextN naming); its MTP tensors replace "
                          "any the main directory holds inline")
-    from_hf.add_argument("--no-mtp", action="store_true", help="leave MTP layers out even if the source has them")
+    from_hf.add_argument("--no-mtp", action="store_true", help="leave MTP layers out even if the source has them "
+                         "(an alias of importing, then `megatron-mtp drop-mtp`, the documented way)")
     from_hf.add_argument("--tp", type=int, default=1, help="tensor-parallel size recorded in config.yaml")
     from_hf.add_argument("--pp", type=int, default=1, help="pipeline-parallel size recorded in config.yaml")
     from_hf.add_argument("--ep", type=int, default=1, help="expert-parallel size recorded in config.yaml")

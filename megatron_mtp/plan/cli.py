@@ -33,7 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     spec = parser.add_argument_group(
         "speculative decoding", "--speculative predicts instead whether MTP drafts pay when serving this model "
         "on --gpu, by batch size and draft length (design note and assumptions: plan/speculative.py)")
-    spec.add_argument("--speculative", action="store_true", help="print the speculative-decoding prediction")
+    spec.add_argument("--speculative", nargs="?", const="0", default=None, metavar="K",
+                      help="print the speculative-decoding prediction for K draft tokens per step (as K means in "
+                      "generate and convert to-hf), or for K = 1, 2 and 3 when K is left out")
     spec.add_argument("--acceptance", default="0.85", metavar="A[,A2,...]",
                       help="acceptance of the draft at depth 1, 2, ... (the last repeats; default 0.85, "
                            "DeepSeek-V3's published second-token rate)")
@@ -61,7 +63,8 @@ def run_speculative(args: argparse.Namespace, cfg) -> int:
         raise UserError(f"--weight-bytes is {args.weight_bytes}; give the bytes of one weight (1 for FP8, 2 for bf16)")
     serve = ServeLayout(tp=args.serve_tp, ep=args.serve_ep, weight_bytes=args.weight_bytes, context=args.context)
     gpu = parse_gpu(args.gpu)
-    rows = predict(cfg, resolve_vocab(cfg), gpu, acceptance, serve)
+    drafts = {"drafts": (args.speculative,)} if args.speculative else {}
+    rows = predict(cfg, resolve_vocab(cfg), gpu, acceptance, serve, **drafts)
     if args.json:
         from megatron_mtp import strict_json
 
@@ -100,15 +103,23 @@ def run_plan(args: argparse.Namespace) -> int:
             raise UserError(f"'{item}' is neither an option nor a key.path=value override")
     if args.mfu is not None and not 0 < args.mfu <= 1:
         raise UserError(f"--mfu {args.mfu} must be a fraction between 0 and 1 (e.g. 0.4)")
+    if args.speculative is not None:  # an optional K: a key.path=value after the flag is an override
+        if "=" in args.speculative:
+            args.overrides = [*args.overrides, args.speculative]
+            args.speculative = "0"
+        if not args.speculative.isdigit():
+            raise UserError(f"--speculative {args.speculative}: give the draft tokens per step as a number, or leave "
+                            "it out for K = 1, 2 and 3")
+        args.speculative = int(args.speculative)
     if args.smallest:
         from megatron_mtp.plan.smallest import smallest
 
-        if args.speculative:
+        if args.speculative is not None:
             raise UserError("--smallest and --speculative are two different questions; ask one at a time")
         per_node = 8 if args.gpus_per_node is None else args.gpus_per_node  # 0 is refused, not the default
         return smallest(args.config, list(args.overrides), args.gpu or "h100", per_node, args.max_nodes)
     cfg = load_config(args.config, list(args.overrides))
-    if args.speculative:
+    if args.speculative is not None:
         return run_speculative(args, cfg)
     gpu = parse_gpu(args.gpu)
     plan = make_plan(cfg, world_size(cfg, args.nodes, args.gpus_per_node), gpu, cpu=args.cpu,

@@ -49,3 +49,22 @@ def test_context_parallel_is_answered_as_missing_not_as_a_misspelling(capsys):
     assert main(["train", config, "parallel.context_parallel=2"]) == 2
     err = capsys.readouterr().err
     assert "context parallelism is not supported yet" in err and "did you mean" not in err
+
+
+def test_speculative_means_draft_tokens_per_step_in_plan_too(capsys):
+    config = str(Path(__file__).resolve().parents[2] / "configs" / "deepseek_v3_671b.yaml")
+    drafts = {}
+    for argv in (["--speculative", "2"], ["--speculative"]):
+        assert main(["plan", config, *argv, "--gpu", "h200", "--serve-tp", "8"]) == 0
+        rows = [line.split() for line in capsys.readouterr().out.splitlines() if line[:5].strip().isdigit()]
+        drafts[len(argv)] = sorted({int(row[1]) for row in rows})
+    assert drafts == {2: [2], 1: [1, 2, 3]}
+    with pytest.raises(SystemExit):  # generate's K is the same count
+        build_parser().parse_args(["generate", "M", "--prompt", "x", "--speculative"])
+
+
+def test_drop_mtp_is_the_documented_way_and_the_other_spellings_say_so(capsys):
+    for argv in (["convert", "to-hf", "--help"], ["convert", "from-hf", "--help"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(argv)
+        assert "`megatron-mtp drop-mtp`" in " ".join(capsys.readouterr().out.split())
