@@ -261,18 +261,19 @@ def serving_export(cfg: Config, out: Path, mode: MtpMode, mtp_layout: MtpLayout,
 
 
 def check_serving(
-    export: serving.Export, serve_for: Optional[str], warn: Optional[Callable[[str], None]] = None
+    export: serving.Export, serve_for: Optional[str], note: Optional[Callable[[str], None]] = None
 ) -> list[serving.Problem]:
     """Every engine's problems with this export (for SERVING.md). With ``serve_for`` its first one is
-    the error; without, each goes to ``warn``."""
+    the error; without, no engine was named, so ``note`` gets one line pointing at SERVING.md."""
     found = [p for engine in serving.ENGINES for p in serving.problems(engine, export)]
     if serve_for is not None:
         mine = [p for p in found if p.engine == serve_for]
         if mine:
             raise UserError(mine[0].sentence)
-    elif warn is not None:
-        for p in found:
-            warn(p.sentence)
+    elif note is not None and found:
+        engines = sorted({p.engine for p in found})
+        note(f"SERVING.md says what {' and '.join(engines)} cannot do with this export ({len(found)} "
+             f"point{'s' if len(found) > 1 else ''}); name the engine with --for to have it checked")
     return found
 
 
@@ -343,7 +344,8 @@ def export_to_hf(
                         "--mtp none has no MTP module")
     out_dir = Path(out_dir)
     export = serving_export(cfg, out_dir.absolute(), mtp, mtp_layout, dtype, speculative)
-    found = [] if only else check_serving(export, serve_for, warn)
+    say = (lambda text: print(f"note: {text}", file=sys.stderr)) if warn is not None else None
+    found = [] if only else check_serving(export, serve_for, say)
     params = select_params(reader, cfg, step)
     _check_shapes(reader, params, cfg, step)
     reader.validate(sorted({p.mcore for p in params}))

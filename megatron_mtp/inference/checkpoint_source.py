@@ -72,10 +72,17 @@ def export_checkpoint(ckpt: Path, out: Path) -> None:
     cmd = [sys.executable, "-m", "megatron_mtp", "convert", "to-hf", str(ckpt), str(out), "--mtp", "separate",
            "--dtype", "fp32"]
     tail: collections.deque = collections.deque(maxlen=40)
+    wrote = False
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
         for line in proc.stdout:  # stdout stays the decoder's (its tokens, its JSON)
-            sys.stderr.write(line)
+            wrote = wrote or line.startswith("wrote ")
+            # its progress and notes; not the SERVING.md (nor the note on it) of a folder about to be renamed
+            if not wrote and not line.startswith("note: SERVING.md"):
+                sys.stderr.write(line)
             tail.append(line)
+    if not proc.returncode:
+        print(f"note: exported {ckpt} to the Hugging Face format for decoding (kept in the export cache "
+              f"{cache_root()})", file=sys.stderr)
     if proc.returncode:
         said = [line.split(": error: ", 1)[1].strip() for line in tail if ": error: " in line]
         if said:

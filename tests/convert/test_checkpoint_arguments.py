@@ -20,11 +20,13 @@ def _spellings(run_dir):
                   "latest": run_dir / "checkpoints" / "latest"}
 
 
-def test_every_command_accepts_the_four_spellings(trained_run, tmp_path):
+def test_every_command_accepts_the_four_spellings(trained_run, tmp_path, capsys, monkeypatch):
     from megatron_mtp.convert.drop_mtp import drop_mtp
     from megatron_mtp.convert.to_hf import export_to_hf
+    from megatron_mtp.inference import checkpoint_source
     from megatron_mtp.inference.generate import load_generator
 
+    monkeypatch.setattr(checkpoint_source, "cache_root", lambda: tmp_path / "exports")  # exported here, once
     step, spellings = _spellings(trained_run)
     exports = []
     for name, path in spellings.items():
@@ -35,6 +37,10 @@ def test_every_command_accepts_the_four_spellings(trained_run, tmp_path):
         assert (drop_mtp(path, tmp_path / f"dropped_{name}") / "config.yaml").is_file()
         assert load_generator(path).generate([1, 2, 3], max_new_tokens=2, ignore_eos=True).tokens
     assert len(set(exports)) == 1
+    # the decoder's export says one line, not the SERVING.md of a folder it renames (exported once, then cached)
+    err = capsys.readouterr().err
+    assert err.count(f"note: exported {step} to the Hugging Face format for decoding") == 1, err[-3000:]
+    assert "vllm serve" not in err and "SERVING" not in err, err[-3000:]
 
 
 def test_run_without_latest_uses_newest_complete_step_everywhere(trained_run, tmp_path, capsys):
