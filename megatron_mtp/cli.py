@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     silence_everywhere_harmless()  # before a command imports megatron-core or torch
     try:
         if args.command == "eval":  # an HF export (FP8 included) is imported once; convert sits above training
+            from megatron_mtp.platform.detect import detect
+            from megatron_mtp.platform.known_warnings import silence_known_harmless
+
+            silence_known_harmless(detect())  # before the checkpoint's reading imports megatron-core, as train does
             from megatron_mtp.convert.import_cache import checkpoint_of
 
             args.checkpoint = checkpoint_of(args.checkpoint)
