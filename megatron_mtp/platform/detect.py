@@ -25,6 +25,13 @@ class Platform:
     def is_cpu(self) -> bool:
         return self.device == "cpu"
 
+    def synchronize(self) -> None:
+        """Wait for the device's queued work (a no-op on CPU, where work is never queued)."""
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
 
 _CURRENT: Optional[Platform] = None
 

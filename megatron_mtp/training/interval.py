@@ -20,7 +20,7 @@ import torch
 
 from megatron_mtp.platform import all_reduce_sum
 from megatron_mtp.training.forward_step import micro_batch_mean
-from megatron_mtp.training.metrics import ExpertLoad, MTPMetrics, max_violation, memory_gib
+from megatron_mtp.training.metrics import ExpertLoad, MTPMetrics, layer_imbalance, max_violation, memory_gib
 from megatron_mtp.training.sums import NamedSums
 
 
@@ -136,6 +136,7 @@ class IntervalStats:
             "perf/tflops_per_gpu": tflops,
             "perf/memory_gib": memory_gib(),
             "moe/max_violation": max_violation(loads),
+            **layer_imbalance(loads),
             "moe/balance_loss": self._balance_loss(),
             "progress/consumed_tokens": float(consumed_tokens),
             "train/skipped_steps": float(self.skipped),

@@ -139,6 +139,18 @@ def max_violation(counts: torch.Tensor) -> float:
     return float((used.max(dim=1).values / mean - 1).mean())
 
 
+def layer_imbalance(counts: torch.Tensor) -> dict[str, float]:
+    """'moe/imbalance/layer_NN': max expert load / mean expert load of each MoE layer that routed tokens
+    (layer numbers from 1, MTP layers after the decoder's, as megatron-core counts them)."""
+    out = {}
+    for index in range(counts.shape[0]):
+        load = counts[index]
+        total = float(load.sum())
+        if total > 0:
+            out[f"moe/imbalance/layer_{index + 1:02d}"] = float(load.max()) / (total / load.numel())
+    return out
+
+
 def memory_gib() -> float:
     """Peak accelerator memory on GPU, resident set size on CPU (GiB)."""
     if current_platform().is_cpu:

@@ -26,6 +26,7 @@ from megatron_mtp.training.components import TrainState
 from megatron_mtp.training.forward_step import make_forward_step, micro_batch_mean
 from megatron_mtp.training.interval import IntervalStats
 from megatron_mtp.training.metric_hooks import attach_metrics
+from megatron_mtp.training.phase_times import PhaseTimes
 from megatron_mtp.training.run_logger import RunLogger, format_step_line
 from megatron_mtp.training.schedules import mtp_lambda
 from megatron_mtp.training.step_guard import (
@@ -94,6 +95,7 @@ class Trainer:
         self.metrics, expert_load = attach_metrics(self.components.model, cfg, self.ranks)
         t = cfg.training
         self.ramp = BatchRamp(cfg, self.ranks.dp, self.ranks.rank)  # training.rampup_batch_size
+        self.times = PhaseTimes(session.platform.synchronize)
         self.num_micro = self.ramp.micro_batches(session.state.consumed_samples)
         self.tokens_per_step = self.ramp.global_batch(session.state.consumed_samples) * t.seq_length
         self.interval = IntervalStats(cfg.mtp.num_layers, cfg.model.num_layers + cfg.mtp.num_layers, self.ranks,
@@ -199,11 +201,12 @@ class Trainer:
         cfg, ranks = self.cfg, self.ranks
         keys = stage_keys(ranks.pp_rank, ranks.pp, cfg.data.reset_attention_mask)
         workers = resolve_features(cfg, self.session.platform).data_workers
-        return chunk_iterators(lambda: MicroBatchIterator(self.session.train_dataset, state.consumed_samples,
-                                                          cfg.training.micro_batch_size, ranks.dp_rank, ranks.dp,
-                                                          device=self.session.platform.device, keys=keys,
-                                                          num_workers=workers, prefetch=cfg.data.prefetch),
-                               len(self.components.model))
+        return self.times.timed(chunk_iterators(
+            lambda: MicroBatchIterator(self.session.train_dataset, state.consumed_samples,
+                                       cfg.training.micro_batch_size, ranks.dp_rank, ranks.dp,
+                                       device=self.session.platform.device, keys=keys, num_workers=workers,
+                                       prefetch=cfg.data.prefetch),
+            len(self.components.model)))
 
     def train_step(self, fwd_bwd, forward_step, data, state: TrainState,
                    signal_here=lambda: False) -> tuple[StepOutcome, bool]:
@@ -230,11 +233,12 @@ class Trainer:
         for chunk in components.model:
             chunk.zero_grad_buffer()
         components.optimizer.zero_grad()
-        reported = fwd_bwd(
-            forward_step_func=forward_step, data_iterator=data, model=components.model,
-            num_microbatches=self.num_micro, seq_length=cfg.training.seq_length,
-            micro_batch_size=cfg.training.micro_batch_size, forward_only=cfg.mtp.freeze_base,
-        )
+        with self.times.phase("forward_backward"):
+            reported = fwd_bwd(
+                forward_step_func=forward_step, data_iterator=data, model=components.model,
+                num_microbatches=self.num_micro, seq_length=cfg.training.seq_length,
+                micro_batch_size=cfg.training.micro_batch_size, forward_only=cfg.mtp.freeze_base,
+            )
         if cfg.mtp.freeze_base:  # what the schedule does after its backward passes
             components.config.finalize_model_grads_func(components.model)
         if state.step + 1 in self.inject_signal:  # a save-and-exit signal during the step (step_guard.py)
@@ -247,7 +251,8 @@ class Trainer:
         save_due = bool(minutes) and self.ranks.rank == 0 and time.monotonic() - self.last_save >= minutes * 60
         agreed = agree(nonfinite, signal_here(), lm_loss, save_due)
         self.save_due = agreed.save_due
-        outcome = guarded_optimizer_step(components.optimizer, agreed.loss_nonfinite)
+        with self.times.phase("optimizer"):
+            outcome = guarded_optimizer_step(components.optimizer, agreed.loss_nonfinite)
         state.step += 1
         state.consumed_samples += global_batch
         state.consumed_tokens += global_batch * cfg.training.seq_length
@@ -340,7 +345,8 @@ class Trainer:
         self.saver.published.clear()
 
     def _log_interval(self, state: TrainState, elapsed: float) -> None:
-        values = self.interval.values(state.consumed_tokens, elapsed)
+        steps = self.interval.steps + self.interval.skipped
+        values = {**self.interval.values(state.consumed_tokens, elapsed), **self.times.values(steps)}
         self.log.info(format_step_line(state.step, self.cfg.training.max_steps, values, self.cfg.mtp.num_layers))
         self.log.scalars(state.step, values)
         if self.session.lock is not None:

@@ -42,4 +42,12 @@ def test_five_steps_on_parquet_shards_and_zstd_jsonl_through_a_weighted_list(tmp
     assert shares, line
     web0, web1, code = map(float, shares.groups())
     assert web0 + web1 == pytest.approx(0.7, abs=2e-3) and code == pytest.approx(0.3, abs=1e-3)
-    assert [row["step"] for row in metrics(run)] == [1, 2, 3, 4, 5]
+    rows = metrics(run)
+    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]
+    for row in rows[1:]:  # where the step's time went, and each MoE layer's load (logging/phase_times.py)
+        phases = row["time/data_s"] + row["time/forward_backward_s"] + row["time/optimizer_s"]
+        assert 0.7 * row["perf/step_time_s"] < phases <= row["perf/step_time_s"], row
+        layers = {k: v for k, v in row.items() if k.startswith("moe/imbalance/layer_")}
+        assert layers and all(v >= 1.0 for v in layers.values()), row
+        mean_violation = sum(v - 1 for v in layers.values()) / len(layers)  # the one number logged before
+        assert mean_violation == pytest.approx(row["moe/max_violation"], rel=1e-9), row
