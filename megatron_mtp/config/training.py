@@ -167,6 +167,15 @@ class LoggingConfig:
     """Print a console line and write TensorBoard scalars every N steps."""
     tensorboard: bool = True
     """Write TensorBoard event files under RUN_DIR/tensorboard."""
+    wandb_project: Optional[str] = None
+    """Also log every scalar to this Weights & Biases project (the `wandb` extra), with the run's
+    config; a resumed run continues the same W&B run. null: no W&B."""
+    wandb_entity: Optional[str] = None
+    """The W&B team or user that owns the project (null: the logged-in user's default)."""
+    wandb_name: Optional[str] = None
+    """The W&B run's display name (null: the config's name)."""
+    wandb_mode: Literal["online", "offline"] = "online"
+    """offline: write RUN_DIR/wandb/ without a network, to upload later with `wandb sync`."""
     eval_interval: int = 0
     """Evaluate on the validation split every N steps (0: never during training)."""
     eval_steps: int = 4

@@ -6,6 +6,7 @@ Engine, DeepEP) is decided in platform/features.py once the platform is known.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from typing import Optional
 
@@ -32,6 +33,9 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> ParallelSizes:
     _recompute(cfg, sizes)
     _overlap(cfg, sizes)
     _optimizer(cfg)
+    if cfg.logging.wandb_project and importlib.util.find_spec("wandb") is None:
+        raise UserError("logging.wandb_project is set but the 'wandb' package is not installed; install it with "
+                        "pip install 'megatron-mtp[wandb]' or unset logging.wandb_project")
     if cfg.data.reset_position_ids:
         raise UserError("data.reset_position_ids=true would change nothing: megatron-core's rotary embeddings, "
                         "which every family here uses, take positions from the sequence length, not from "

@@ -13,17 +13,19 @@ from megatron_mtp import strict_json
 
 
 class RunLogger:
-    """Console lines, logs/train.log, logs/metrics.jsonl and TensorBoard, on rank 0.
+    """Console lines, logs/train.log, logs/metrics.jsonl, TensorBoard and W&B, on rank 0.
 
     A full or failing disk must not end a run from here (the checkpoint path reports it): a write that
     fails is said once on stderr, and that file is given up while the console keeps the lines.
     """
 
-    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, start_step: int = 0):
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, start_step: int = 0, wandb=None):
         """`start_step`: the step the run starts from. What an earlier attempt logged after it (steps it
         trained but never saved, replayed now) is dropped, so each step is in metrics.jsonl and
         TensorBoard once."""
         self.enabled = enabled
+        self.wandb = wandb
+        """A training.wandb_log.WandbRun (logging.wandb_project) or None."""
         self.writer = None
         self.log_file = self.metrics_file = None
         if enabled:
@@ -65,6 +67,8 @@ class RunLogger:
         if not self.enabled:
             return
         self._write("metrics_file", strict_json.dumps({"step": step, **values}) + "\n")
+        if self.wandb is not None:
+            self.wandb.log(step, values)
         if self.writer is None:
             return
         try:
@@ -75,6 +79,9 @@ class RunLogger:
             self.writer = None
 
     def close(self) -> None:
+        if self.wandb is not None:
+            self.wandb.finish()
+            self.wandb = None
         for fh in (self.writer, self.log_file, self.metrics_file):
             if fh is not None:
                 with contextlib.suppress(OSError):

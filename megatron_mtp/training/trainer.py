@@ -90,8 +90,13 @@ class Trainer:
         self.ranks = session.ranks
         self.components = session.components
         cfg = self.cfg
+        wandb = None
+        if self.ranks.rank == 0 and cfg.logging.wandb_project and session.state.step < cfg.training.max_steps:
+            from megatron_mtp.training.wandb_log import WandbRun
+
+            wandb = WandbRun(cfg, run_dir)
         self.log = RunLogger(run_dir, enabled=self.ranks.rank == 0, tensorboard=cfg.logging.tensorboard,
-                             start_step=session.state.step)
+                             start_step=session.state.step, wandb=wandb)
         self.metrics, expert_load = attach_metrics(self.components.model, cfg, self.ranks)
         t = cfg.training
         self.ramp = BatchRamp(cfg, self.ranks.dp, self.ranks.rank)  # training.rampup_batch_size

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 pytestmark = [pytest.mark.dist, pytest.mark.mcore]
@@ -12,7 +15,8 @@ COMMON = ("schedule.decay_style=cosine", "schedule.decay_steps=6", "schedule.war
 # one process with the output layer's loss in chunks (kernels.chunked_output_loss) and a batch-size ramp-up
 # that the resume lands in the middle of (global batches 2, 2, 4, 6, 8, 8; the λ switch at 640 tokens
 # comes where the consumed tokens reach it), EP2×DP2 with the whole logits
-RAMP = ("training.rampup_batch_size=[2,2,12]", "mtp.loss_weight_schedule=[[0,0.3],[640,0.1]]")
+RAMP = ("training.rampup_batch_size=[2,2,12]", "mtp.loss_weight_schedule=[[0,0.3],[640,0.1]]",
+        "logging.wandb_project=mtp-test", "logging.wandb_mode=offline")
 
 
 @pytest.mark.parametrize("nproc,layout", [(1, ("kernels.chunked_output_loss=true", "kernels.output_loss_chunk=100",
@@ -33,6 +37,16 @@ def test_resume_equals_uninterrupted(tmp_path, nproc, layout, train, metrics):
     if RAMP[0] in layout:  # samples consumed before each step: 0, 2, 4, 8, 14, 22 (64 tokens each)
         assert [r["train/global_batch_size"] for r in b] == [2, 2, 4, 6, 8, 8]
         assert [r["train/mtp_lambda"] for r in b] == [0.3, 0.3, 0.3, 0.3, 0.1, 0.1]
+        # W&B (offline): both attempts logged into one W&B run, the same scalars as metrics.jsonl
+        run_id = (resumed / "logs" / "wandb_run_id").read_text().strip()
+        files = sorted((resumed / "wandb").glob("offline-run-*/run-*.wandb"))
+        assert [f.name for f in files] == [f"run-{run_id}.wandb"] * 2
+        rows = [row for f in files for row in wandb_history(f)]
+        assert [row["_step"] for row in rows] == [1, 2, 3, 4, 5, 6]
+        for logged, row in zip(b, rows):
+            for key in ("train/lm_loss", "perf/tflops_per_gpu", "train/grad_norm_max", "time/forward_backward_s",
+                        "moe/imbalance/layer_02", "train/global_batch_size"):
+                assert row[key] == pytest.approx(logged[key], rel=1e-12), (key, row[key], logged[key])
     # a finished run does nothing more
     again = train(resumed, nproc=nproc, steps=6, overrides=(*COMMON, *layout))
     assert "already finished" in again.stdout
@@ -205,3 +219,31 @@ def test_a_parallel_format_optimizer_state_refuses_another_model_parallel_layout
     # another data-parallel size is what the format reshards: one process's checkpoint resumes on two
     resumed = train(run, nproc=2, steps=2, overrides=("checkpoint.keep_last=1",))
     assert "at step 1" in resumed.stdout and [r["step"] for r in metrics(run)] == [1, 2]
+
+
+def wandb_history(path: Path) -> list[dict]:
+    """The history rows of an offline W&B run file: LevelDB-log records (7-byte headers in 32 KiB blocks)
+    of wandb's protobuf Records, after the file's 7-byte ':W&B' header."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", data[:8]
+    block, pos, records, pending = 32768, 7, [], b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (1, 4):  # FULL, LAST
+            records.append(pending + chunk)
+            pending = b""
+        elif kind in (2, 3):  # FIRST, MIDDLE
+            pending += chunk
+    rows = []
+    for raw in records:
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(raw)
+        if record.WhichOneof("record_type") == "history":
+            rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item})
+    return rows
