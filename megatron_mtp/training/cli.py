@@ -37,6 +37,15 @@ def register(subparsers) -> None:
                    "MTP-only run and the model it was loaded from: acceptance per depth before and after)")
     e.set_defaults(func=run_eval)
 
+    r = subparsers.add_parser("runs", help="look at runs: `runs show RUN` summarises one")
+    rsub = r.add_subparsers(dest="runs_command", metavar="ACTION")
+    rsub.required = True
+    show = rsub.add_parser("show", help="a run's steps, tokens, time, final and best losses, acceptance per "
+                           "depth, throughput and checkpoints (what train prints when it finishes)")
+    show.add_argument("run_dir", metavar="RUN", help="a run directory")
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+    show.set_defaults(func=run_show)
+
 
 def _split_config_arg(args) -> tuple[str | None, list[str]]:
     # `train key=value` without a config: the first positional is an override
@@ -94,3 +103,12 @@ def run_eval(args) -> int:
 
     return eval_main(args.checkpoint, list(args.overrides), as_json=args.json, text_file=args.text_file,
                      steps=args.steps, compare=args.compare)
+
+
+def run_show(args) -> int:
+    from megatron_mtp import strict_json
+    from megatron_mtp.training.run_summary import format_summary, summarize
+
+    summary = summarize(Path(args.run_dir))
+    print(strict_json.dumps(summary) if args.json else format_summary(summary))
+    return 0

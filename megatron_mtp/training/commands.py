@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from megatron_mtp import strict_json
 from megatron_mtp.config import Config
-from megatron_mtp.errors import UserError
+from megatron_mtp.errors import EXIT_FINISHED, UserError
 
 
 def _write_resolved_config(cfg: Config, run_dir: Path) -> None:
@@ -50,7 +50,15 @@ def train_main(cfg: Config, run_dir: Path) -> int:
             if session.data_line:
                 print(f"megatron-mtp train: {session.data_line}", flush=True)
             _note_if_not_exportable(session.cfg)
-        return Trainer(session, run_dir).train()
+        code = Trainer(session, run_dir).train()
+        if ranks.rank == 0 and code == EXIT_FINISHED:
+            from megatron_mtp.training.run_summary import format_summary, summarize
+
+            try:
+                print(format_summary(summarize(run_dir)), flush=True)
+            except UserError:  # nothing logged to sum up (no interval ended): the run itself is fine
+                pass
+        return code
     finally:
         if session.lock is not None:
             session.lock.release()

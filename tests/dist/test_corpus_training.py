@@ -16,7 +16,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 zstandard = pytest.importorskip("zstandard")
 
 
-def test_five_steps_on_parquet_shards_and_zstd_jsonl_through_a_weighted_list(tmp_path, train, metrics):
+def test_five_steps_on_parquet_shards_and_zstd_jsonl_through_a_weighted_list(tmp_path, train, metrics, capsys):
     from megatron_mtp.data.default_corpus import default_cache_dir, ensure_default_corpus, select_files
     from megatron_mtp.data.preprocess import preprocess
 
@@ -44,6 +44,17 @@ def test_five_steps_on_parquet_shards_and_zstd_jsonl_through_a_weighted_list(tmp
     assert web0 + web1 == pytest.approx(0.7, abs=2e-3) and code == pytest.approx(0.3, abs=1e-3)
     rows = metrics(run)
     assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]
+    # the run summary train ends with, and `runs show` gives, from the logged rows and the checkpoints
+    from megatron_mtp.cli import main
+
+    assert main(["runs", "show", str(run), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["step"] == 5 and summary["consumed_tokens"] == rows[-1]["progress/consumed_tokens"]
+    assert summary["best_lm_loss"] == min(row["train/lm_loss"] for row in rows)
+    assert summary["train_seconds"] == pytest.approx(sum(row["perf/step_time_s"] for row in rows))
+    assert summary["mtp_acceptance"] == [rows[-1]["train/mtp_acceptance_1"]]
+    assert summary["checkpoints"] == sorted(p.name for p in (run / "checkpoints").glob("step_*"))
+    assert f"run {run}: step 5, {int(rows[-1]['progress/consumed_tokens']):,} tokens in" in proc.stdout
     for row in rows[1:]:  # where the step's time went, and each MoE layer's load (logging/phase_times.py)
         phases = row["time/data_s"] + row["time/forward_backward_s"] + row["time/optimizer_s"]
         assert 0.7 * row["perf/step_time_s"] < phases <= row["perf/step_time_s"], row
