@@ -49,9 +49,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          "any the main directory holds inline")
     from_hf.add_argument("--no-mtp", action="store_true", help="leave MTP layers out even if the source has them "
                          "(an alias of importing, then `megatron-mtp drop-mtp`, the documented way)")
-    from_hf.add_argument("--tp", type=int, default=1, help="tensor-parallel size recorded in config.yaml")
-    from_hf.add_argument("--pp", type=int, default=1, help="pipeline-parallel size recorded in config.yaml")
-    from_hf.add_argument("--ep", type=int, default=1, help="expert-parallel size recorded in config.yaml")
+    from_hf.add_argument("--tp", type=int, default=1, help="parallel.tensor of the training layout written into "
+                         "OUT/config.yaml; the weights themselves load at any layout (default 1)")
+    from_hf.add_argument("--pp", type=int, default=1, help="parallel.pipeline of that layout (default 1)")
+    from_hf.add_argument("--ep", type=int, default=1, help="parallel.expert of that layout (default 1)")
     from_hf.add_argument("--dtype", type=dtype_arg(("fp32", "bf16")), default="fp32", metavar="fp32|bf16",
                          help="dtype of the stored weights (default fp32)")
     from_hf.set_defaults(func=run_from_hf)
