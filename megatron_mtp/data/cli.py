@@ -64,8 +64,9 @@ def register(subparsers) -> None:
         "train",
         help="train a byte-level BPE tokenizer",
         description="Train a byte-level BPE with special tokens <|begin_of_text|> (BOS) and <|end_of_text|> (EOD). "
-        "Inputs named *.jsonl/*.json (optionally .gz) give one document per line (--text-key); other files "
-        "are plain text, one document each. The output directory loads with transformers.AutoTokenizer.",
+        "Inputs named *.jsonl/*.json (optionally .gz or .zst) give one document per line (--text-key), Parquet "
+        "and Arrow files one per row; other files are plain text, one document each. The output directory loads "
+        "with transformers.AutoTokenizer.",
     )
     tr.add_argument("--input", nargs="+", required=True, metavar="INPUT",
                     help="training files, directories, globs (quoted) or @FILE lists of them")
