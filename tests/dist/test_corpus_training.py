@@ -57,7 +57,7 @@ def test_five_steps_on_parquet_shards_and_zstd_jsonl_through_a_weighted_list(tmp
     assert f"run {run}: step 5, {int(rows[-1]['progress/consumed_tokens']):,} tokens in" in proc.stdout
     for row in rows[1:]:  # where the step's time went, and each MoE layer's load (logging/phase_times.py)
         phases = row["time/data_s"] + row["time/forward_backward_s"] + row["time/optimizer_s"]
-        assert 0.7 * row["perf/step_time_s"] < phases <= row["perf/step_time_s"], row
+        assert 0.5 * row["perf/step_time_s"] < phases <= row["perf/step_time_s"], row
         layers = {k: v for k, v in row.items() if k.startswith("moe/imbalance/layer_")}
         assert layers and all(v >= 1.0 for v in layers.values()), row
         mean_violation = sum(v - 1 for v in layers.values()) / len(layers)  # the one number logged before
