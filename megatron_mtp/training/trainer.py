@@ -99,7 +99,7 @@ class Trainer:
                              start_step=session.state.step, wandb=wandb)
         self.metrics, expert_load = attach_metrics(self.components.model, cfg, self.ranks)
         t = cfg.training
-        self.ramp = BatchRamp(cfg, self.ranks.dp, self.ranks.rank)  # training.rampup_batch_size
+        self.ramp = BatchRamp(cfg, self.ranks.dp)  # training.rampup_batch_size
         self.times = PhaseTimes(session.platform.synchronize)
         self.num_micro = self.ramp.micro_batches(session.state.consumed_samples)
         self.tokens_per_step = self.ramp.global_batch(session.state.consumed_samples) * t.seq_length
