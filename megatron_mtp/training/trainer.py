@@ -101,6 +101,8 @@ class Trainer:
         t = cfg.training
         self.ramp = BatchRamp(cfg, self.ranks.dp)  # training.rampup_batch_size
         self.times = PhaseTimes(session.platform.synchronize)
+        self._frozen_steps: dict = {}
+        """micro-batches per step -> the frozen-base forward_step for it (a ramp-up changes the count)."""
         self.num_micro = self.ramp.micro_batches(session.state.consumed_samples)
         self.tokens_per_step = self.ramp.global_batch(session.state.consumed_samples) * t.seq_length
         self.interval = IntervalStats(cfg.mtp.num_layers, cfg.model.num_layers + cfg.mtp.num_layers, self.ranks,
@@ -225,11 +227,11 @@ class Trainer:
 
         cfg, components = self.cfg, self.components
         global_batch = self.ramp.global_batch(state.consumed_samples)  # grows during a ramp-up
-        if global_batch // self.ramp.per_micro != self.num_micro:
-            self.num_micro = global_batch // self.ramp.per_micro
-            if cfg.mtp.freeze_base:  # its backward scales by the micro-batches of the step
-                forward_step = self.forward_step()
-        self.interval.num_micro = self.num_micro
+        self.num_micro = self.interval.num_micro = global_batch // self.ramp.per_micro
+        if cfg.mtp.freeze_base and self.ramp.ramp is not None:  # its backward scales by the step's micro-batches
+            if self.num_micro not in self._frozen_steps:
+                self._frozen_steps[self.num_micro] = self.forward_step()
+            forward_step = self._frozen_steps[self.num_micro]
         lam = mtp_lambda(cfg, state.consumed_tokens)
         components.config.mtp_loss_scaling_factor = lam  # read by GPTModel at every forward
         if self.metrics is not None:  # acceptance is measured on the last step of each log interval
