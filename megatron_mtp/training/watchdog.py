@@ -158,6 +158,9 @@ class Watchdog:
         records = read_heartbeats(self.run_dir, self.world)
         lost = self._stale(records, now)
         waited = now - self.progress_at
+        gone = [rank for rank in lost if rank in records and pid_gone(records[rank])]
+        if lost and gone == lost and os.environ.get(LAUNCHER_NAMES_DEAD_RANKS) == "1":
+            self._end(None, lost)  # ranks that exited: the local launcher names each with its signal
         if lost:
             what = self._describe_lost(lost, now, "is stopped")
         else:
