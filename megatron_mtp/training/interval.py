@@ -25,7 +25,7 @@ from megatron_mtp.training.sums import NamedSums
 
 
 class IntervalStats:
-    def __init__(self, depth: int, total_layers: int, ranks, num_microbatches: int, tokens_per_step: int,
+    def __init__(self, depth: int, total_layers: int, ranks, num_microbatches: int,
                  expert_load: ExpertLoad, flops_per_token: float = 0.0, peak_tflops: float = 0.0,
                  clip_grad: float = 0.0):
         """total_layers: decoder plus MTP layers (the length of megatron-core's per-layer trackers);
@@ -36,7 +36,6 @@ class IntervalStats:
         self.depth = depth
         self.ranks = ranks
         self.num_micro = num_microbatches
-        self.tokens_per_step = tokens_per_step
         self.expert_load = expert_load
         # held by the last stage's TP rank 0 of each replica
         self.sums = NamedSums(lm_loss=1, replica_steps=1, mtp_loss=depth, accepted=depth, correct=depth,
@@ -119,8 +118,7 @@ class IntervalStats:
         replicas = total.value("replica_steps") or float("nan")
         steps = self.steps or float("nan")
         elapsed_steps = max(self.steps + self.skipped, 1)
-        tokens = self.tokens or self.tokens_per_step * (self.steps + self.skipped)
-        tokens_per_s = tokens / max(elapsed, 1e-9)
+        tokens_per_s = self.tokens / max(elapsed, 1e-9)
         tflops = self.flops_per_token * tokens_per_s / self.ranks.world_size / 1e12  # plan/throughput.py
         values = {
             "train/lm_loss": total.value("lm_loss") / replicas,

@@ -104,9 +104,8 @@ class Trainer:
         self._frozen_steps: dict = {}
         """micro-batches per step -> the frozen-base forward_step for it (a ramp-up changes the count)."""
         self.num_micro = self.ramp.micro_batches(session.state.consumed_samples)
-        self.tokens_per_step = self.ramp.global_batch(session.state.consumed_samples) * t.seq_length
         self.interval = IntervalStats(cfg.mtp.num_layers, cfg.model.num_layers + cfg.mtp.num_layers, self.ranks,
-                                      self.num_micro, self.tokens_per_step, expert_load,
+                                      self.num_micro, expert_load,
                                       flops_per_token=model_flops_per_token(cfg, self.components.vocab_size),
                                       peak_tflops=_device_peak_tflops(cfg, session.platform),
                                       clip_grad=cfg.optimizer.clip_grad)
