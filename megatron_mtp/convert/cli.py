@@ -8,6 +8,10 @@ import sys
 from megatron_mtp.config.dtypes import dtype_arg
 
 
+_LAYOUT_ALIASES = {"--tp": "parallel.tensor", "--pp": "parallel.pipeline", "--ep": "parallel.expert"}
+"""from-hf's older layout flags: they only ever set these keys of the written config."""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     convert = subparsers.add_parser("convert", help="convert checkpoints between megatron-core and Hugging Face")
     sub = convert.add_subparsers(dest="convert_command", metavar="DIRECTION")
@@ -49,10 +53,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          "any the main directory holds inline")
     from_hf.add_argument("--no-mtp", action="store_true", help="leave MTP layers out even if the source has them "
                          "(an alias of importing, then `megatron-mtp drop-mtp`, the documented way)")
-    from_hf.add_argument("--tp", type=int, default=1, help="parallel.tensor of the training layout written into "
-                         "OUT/config.yaml; the weights themselves load at any layout (default 1)")
-    from_hf.add_argument("--pp", type=int, default=1, help="parallel.pipeline of that layout (default 1)")
-    from_hf.add_argument("--ep", type=int, default=1, help="parallel.expert of that layout (default 1)")
+    from_hf.add_argument("overrides", nargs="*", metavar="key.path=value",
+                         help="dotted overrides of the training config written into OUT/config.yaml, as `train` takes "
+                         "them (parallel.tensor=2 parallel.expert=4 optimizer.lr=1e-4 ...); the weights load at any "
+                         "layout, the model section comes from the HF config")
+    for flag, key in _LAYOUT_ALIASES.items():
+        from_hf.add_argument(flag, type=int, default=None, help=f"alias of {key}=N (kept for older scripts)")
     from_hf.add_argument("--dtype", type=dtype_arg(("fp32", "bf16")), default="fp32", metavar="fp32|bf16",
                          help="dtype of the stored weights (default fp32)")
     from_hf.set_defaults(func=run_from_hf)
@@ -83,8 +89,14 @@ def run_to_hf(args: argparse.Namespace) -> int:
 def run_from_hf(args: argparse.Namespace) -> int:
     from megatron_mtp.convert.from_hf import import_from_hf
 
-    out = import_from_hf(args.hf_dir, args.out, mtp_dir=args.mtp_dir, tp=args.tp, pp=args.pp, ep=args.ep,
-                         with_mtp=not args.no_mtp, dtype=args.dtype)
+    overrides = list(args.overrides)
+    for flag, key in _LAYOUT_ALIASES.items():
+        value = getattr(args, flag[2:])
+        if value is not None:
+            print(f"note: {flag} {value} is {key}={value}, the spelling every command takes", file=sys.stderr)
+            overrides.insert(0, f"{key}={value}")
+    out = import_from_hf(args.hf_dir, args.out, mtp_dir=args.mtp_dir, with_mtp=not args.no_mtp, dtype=args.dtype,
+                         overrides=overrides)
     print(f"wrote {out}")
     return 0
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -30,8 +30,9 @@ from megatron_mtp.checkpoint.info import train_state_record, write_checkpoint_in
 from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR
 from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
 from megatron_mtp.config import Config
+from megatron_mtp.config.base import apply_override
+from megatron_mtp.config.root import config_from_dict
 from megatron_mtp.config.model import MTPConfig
-from megatron_mtp.config.parallel import ParallelConfig
 from megatron_mtp.config.validate import check_family
 from megatron_mtp.convert.hf_source import record_source
 from megatron_mtp.convert.progress import Progress
@@ -145,22 +146,42 @@ def _assemble(param: Param, src: _Sources, dtype: torch.dtype, expert: Optional[
     return tensor.unsqueeze(0) if expert is not None else tensor
 
 
+_FROM_HF_KEYS = ("model.", "mtp.num_layers", "mtp.style")
+"""Overrides the HF directory decides (its config.json and MTP tensors)."""
+
+
+def _written_config(name: str, model_cfg, mtp: MTPConfig, overrides: Sequence[str], vocab: int) -> Config:
+    """The config written beside the imported weights: the HF model and MTP shape, then ``overrides``;
+    the vocabulary is padded for the chosen tensor-parallel size."""
+    data = Config(name=name, model=model_cfg, mtp=mtp).to_dict()
+    for override in overrides:
+        key = override.split("=", 1)[0].strip()
+        if key.startswith(_FROM_HF_KEYS):
+            raise UserError(f"override '{override}': {key} comes from the Hugging Face config.json and weights; "
+                            "set training, parallel, data and the other sections here, or edit the model after import")
+        apply_override(data, Config, override)
+    cfg = config_from_dict(data)
+    if cfg.model.num_experts and cfg.model.num_experts % cfg.parallel.expert:
+        raise UserError(f"parallel.expert={cfg.parallel.expert} does not divide the {cfg.model.num_experts} routed "
+                        "experts")
+    cfg.model.make_vocab_size_divisible_by = _vocab_multiple(vocab, cfg.parallel.tensor)
+    check_family(cfg)
+    return cfg
+
+
 def import_from_hf(
     hf_dir: str | Path,
     out_dir: str | Path,
     mtp_dir: Optional[str | Path] = None,
-    tp: int = 1,
-    pp: int = 1,
-    ep: int = 1,
     with_mtp: bool = True,
     dtype: str = "fp32",
+    overrides: Sequence[str] = (),
 ) -> Path:
-    """Convert an HF DeepSeek-V3/V2 or GLM-4.5 model into a megatron-mtp checkpoint directory ``out_dir``."""
+    """Convert an HF model of a registered family into a megatron-mtp checkpoint directory ``out_dir``;
+    ``overrides`` (dotted, as `train` takes them) set the training config written beside the weights
+    (``parallel.tensor=2``, ``optimizer.lr=1e-4``, ...); the model and MTP shape come from the HF config."""
     if dtype not in DTYPES:
         raise UserError(f"--dtype must be fp32 or bf16, not '{dtype}'")
-    for flag, value in (("--tp", tp), ("--pp", pp), ("--ep", ep)):
-        if value < 1:
-            raise UserError(f"{flag} must be a positive integer, got {value}")
     hf_dir = Path(hf_dir)
     if not hf_dir.is_dir():
         raise UserError(f"Hugging Face directory '{hf_dir}' does not exist")
@@ -172,8 +193,9 @@ def import_from_hf(
     style = "parallel" if mtp is not None and is_heads_config(mtp.config) else "sequential"
     if style == "parallel" and not with_mtp:
         mtp = None  # its tensors are not model.layers.* names that --no-mtp would recognise
-    if model_cfg.num_experts and model_cfg.num_experts % ep:
-        raise UserError(f"--ep {ep} does not divide the {model_cfg.num_experts} routed experts")
+    cfg = _written_config(f"from_hf_{hf_dir.name}", model_cfg, MTPConfig(num_layers=depth, style=style if depth
+                                                                          else "sequential"), overrides, vocab)
+    model_cfg = cfg.model
     src = _Sources(main, mtp, model_cfg.num_layers)
     if src.replaced and with_mtp:
         layers = ", ".join(f"model.layers.{model_cfg.num_layers + d}" for d in sorted(src.replaced))
@@ -204,8 +226,6 @@ def import_from_hf(
         raise UserError(
             f"model.embed_tokens.weight is {emb} but config.json says vocab {vocab} x hidden {model_cfg.hidden_size}"
         )
-    model_cfg.make_vocab_size_divisible_by = _vocab_multiple(vocab, tp)
-    check_family(Config(model=model_cfg, parallel=ParallelConfig(tensor=tp, pipeline=pp, expert=ep)))
     torch_dtype = DTYPES[dtype]
     shapes = {p.mcore: _shape_of(p, src) for p in params}
     for key, shape in shapes.items():
@@ -243,12 +263,6 @@ def import_from_hf(
             for name in TOKENIZER_FILES:
                 if (main.path / name).is_file():
                     (tok_dst / name).write_bytes((main.path / name).read_bytes())
-        cfg = Config(
-            name=f"from_hf_{hf_dir.name}",
-            model=model_cfg,
-            mtp=MTPConfig(num_layers=depth, style=style if depth else "sequential"),
-            parallel=ParallelConfig(tensor=tp, pipeline=pp, expert=ep),
-        )
         if has_tokenizer:
             cfg.data.tokenizer = str(final / TOKENIZER_DIR)
         record_source(main.path, tmp)

@@ -46,9 +46,9 @@ def sharded_io(mode: str, path: Path, nproc: int = 1) -> subprocess.CompletedPro
     return run([str(HERE / "sharded_io_script.py"), mode, str(path)], nproc=nproc)
 
 
-def megatron_cli(*args: str, timeout: int = 900, nproc: int = 1) -> subprocess.CompletedProcess:
+def megatron_cli(*args: str, timeout: int = 900, nproc: int = 1, check: bool = True) -> subprocess.CompletedProcess:
     """`megatron-mtp ARGS` (one process unless nproc says otherwise)."""
-    return run(["-m", "megatron_mtp.cli", *args], nproc=nproc, timeout=timeout)
+    return run(["-m", "megatron_mtp.cli", *args], nproc=nproc, timeout=timeout, check=check)
 
 
 def launched_cli(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+import yaml
 
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.convert.drop_mtp import drop_mtp
@@ -80,9 +81,16 @@ def test_cli_to_hf_and_drop_mtp(trained_run, export_fp32, tmp_path):
     same_tree(tmp_path / "hf", export_fp32 / "main")
     megatron_cli("drop-mtp", str(export_fp32), str(tmp_path / "dropped"))
     same_tree(tmp_path / "dropped", export_fp32 / "main")
-    megatron_cli("convert", "from-hf", str(export_fp32), str(tmp_path / "ckpt"), "--tp", "2", "--ep", "2")
-    cfg = (tmp_path / "ckpt" / "config.yaml").read_text()
-    assert "tensor: 2" in cfg and "expert: 2" in cfg
+    # the written config takes train's dotted overrides; the older --ep is an alias that says so
+    proc = megatron_cli("convert", "from-hf", str(export_fp32), str(tmp_path / "ckpt"), "parallel.tensor=2",
+                        "--ep", "2", "optimizer.lr=1.5e-4")
+    assert "note: --ep 2 is parallel.expert=2" in proc.stderr
+    cfg = yaml.safe_load((tmp_path / "ckpt" / "config.yaml").read_text())
+    assert (cfg["parallel"]["tensor"], cfg["parallel"]["expert"], cfg["optimizer"]["lr"]) == (2, 2, 1.5e-4)
+    refused = megatron_cli("convert", "from-hf", str(export_fp32), str(tmp_path / "bad"), "model.num_layers=2",
+                           check=False)
+    assert refused.returncode == 2 and "model.num_layers comes from the Hugging Face config.json" in refused.stderr
+    assert not (tmp_path / "bad").exists()
 
 
 def test_nextn_layout_and_import_back(trained_run, export_fp32, tmp_path):
