@@ -155,9 +155,14 @@ def _evaluate_checkpoint(ckpt: Path, cfg: Config, data: EvalData, steps: Optiona
         if data.text is not None:
             from megatron_mtp.training.text_eval import text_batches
 
-            batches, num_micro = text_batches(session, data.text, data.where, data.max_windows)
+            batches, num_micro, windows = text_batches(session, data.text, data.where, data.max_windows)
             result = evaluate_batches(session, batches, num_micro, metrics, cfg.training.micro_batch_size,
                                       cfg.training.seq_length)
+            s = cfg.training.seq_length
+            result["data"] = (f"{data.where}: {windows} windows of training.seq_length={s} tokens, {s - 1} predictions "
+                              "each (a window's last token has no next one)"
+                              + (f"; at most logging.eval_steps × training.global_batch_size = {data.max_windows} "
+                                 "windows" if data.max_windows is not None else ""))
         else:
             from megatron_mtp.data.datasets import build_datasets, resolve_data
 
@@ -169,6 +174,9 @@ def _evaluate_checkpoint(ckpt: Path, cfg: Config, data: EvalData, steps: Optiona
                 raise UserError("the checkpoint's data config has no validation split; pass --text-file or set "
                                 "data.split/data.valid_paths")
             result = evaluate(session, n, metrics)
+            t = cfg.training
+            result["data"] = (f"the validation split of data.paths: {n} batches of {t.global_batch_size} sequences of "
+                              f"training.seq_length={t.seq_length} tokens, each token's next one scored")
         result["checkpoint"] = str(ckpt)
         return result
     finally:
@@ -208,7 +216,7 @@ def eval_main(path: str, overrides: list[str], as_json: bool, text_file: str | N
             elif not compare:
                 result, ckpt = results[0], results[0]["checkpoint"]
                 print(f"checkpoint {ckpt}")
-                print(f"tokens evaluated  {result['tokens']}")
+                print(f"tokens evaluated  {result['tokens']} ({result['data']})")
                 ppl = math.exp(min(result["lm_loss"], 50))
                 print(f"lm_loss           {result['lm_loss']:.6f} (perplexity {ppl:.3f})")
                 for k, (loss, acc) in enumerate(zip(result["mtp_loss"], result["mtp_acceptance"]), start=1):

@@ -29,7 +29,7 @@ def read_text_file(text_file: str) -> str:
 
 def text_batches(session, text: str, where: str, max_windows: int | None = None):
     """Micro-batches of ``text`` (what ``where`` names) at the session's sequence length and micro-batch
-    size: every window, or the first ``max_windows``."""
+    size: every window, or the first ``max_windows``; with the number of rounds and of windows."""
     cfg, ranks = session.cfg, session.ranks
     if session.tokenizer is None:
         raise UserError(f"checkpoint {session.loaded_from} has no tokenizer/ directory, so {where} cannot be "
@@ -59,4 +59,4 @@ def text_batches(session, text: str, where: str, max_windows: int | None = None)
             sl = slice(lo, lo + mbs)
             yield {"tokens": tokens[sl], "labels": labels[sl], "loss_mask": mask[sl], "position_ids": positions[sl]}
 
-    return gen(), rounds
+    return gen(), rounds, n_windows

@@ -173,6 +173,8 @@ def test_eval_loss_equals_loss_from_transformers_logits(trained_run, export_fp32
         logits = model(windows).logits
     loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
     assert result["tokens"] == n * (seq - 1)
+    assert result["data"].startswith(f"--text-file {text_file}: {n} windows of training.seq_length={seq} tokens, "
+                                     f"{seq - 1} predictions each")
     assert abs(result["lm_loss"] - loss.item()) < 1e-4
 
 
@@ -187,6 +189,7 @@ def test_eval_compare_scores_a_run_and_its_export_on_the_same_tokens(trained_run
         run_side, export_side = json.loads(proc.stdout.strip().splitlines()[-1])["checkpoints"][::(
             1 if first == trained_run else -1)]
         assert run_side["tokens"] == export_side["tokens"] > 0, (first, run_side, export_side)
+        assert run_side["data"] == export_side["data"]  # one description of the one token stream
         assert abs(run_side["lm_loss"] - export_side["lm_loss"]) < 1e-5
         assert all(abs(a - b) < 1e-5 for a, b in zip(run_side["mtp_loss"], export_side["mtp_loss"], strict=True))
 
