@@ -132,6 +132,15 @@ class ModelConfig:
     moe_router_load_balancing_type): seq_aux_loss, each sequence (DeepSeek-V3); aux_loss, each
     micro-batch (the Switch-Transformer loss transformers' Qwen3-MoE and Mixtral compute); global_aux_loss,
     the whole global batch across data-parallel ranks and micro-batches (Qwen3's training report)."""
+    moe_capacity_factor: Optional[float] = None
+    """Token dropping: each expert takes at most capacity_factor × (tokens × router_topk / num_experts) of a
+    micro-batch's tokens and drops the rest (GShard, Switch; megatron-core's moe_expert_capacity_factor). null:
+    no dropping (DeepSeek-V3). The dropped share is logged as moe/dropped_tokens, per layer moe/dropped/layer_NN."""
+    moe_token_drop_policy: Literal["probs", "position"] = "probs"
+    """Which tokens an expert over capacity keeps: probs, those with the highest routing probability;
+    position, the first in the micro-batch."""
+    moe_pad_to_capacity: bool = False
+    """Pad every expert's input to its capacity (fixed shapes, e.g. for CUDA graphs; needs moe_capacity_factor)."""
     # --- misc
     norm_epsilon: float = 1.0e-6
     """RMSNorm epsilon."""

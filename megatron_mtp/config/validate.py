@@ -91,7 +91,23 @@ def _parallel(cfg: Config, world_size: Optional[int]) -> ParallelSizes:
                         "change training.global_batch_size or training.micro_batch_size")
     if p.token_dispatcher == "flex" and p.tensor * p.expert == 1:
         raise UserError("parallel.token_dispatcher=flex needs parallel.tensor × parallel.expert > 1; use alltoall")
+    _capacity(m, p)
     return sizes
+
+
+def _capacity(m, p) -> None:
+    """Token dropping's fields (megatron-core asserts the same deeper down, or silently ignores them)."""
+    if m.moe_capacity_factor is not None:
+        if not m.moe_capacity_factor > 0:
+            raise UserError(f"model.moe_capacity_factor is {m.moe_capacity_factor}; use a positive factor (1.0: an "
+                            "even share per expert) or null for no token dropping")
+        if not m.num_experts:
+            raise UserError("model.moe_capacity_factor is set on a dense model (model.num_experts=0); leave it null")
+    elif m.moe_pad_to_capacity:
+        raise UserError("model.moe_pad_to_capacity=true needs model.moe_capacity_factor (the capacity it pads to)")
+    if m.moe_pad_to_capacity and p.token_dispatcher == "flex" and p.flex_backend == "deepep":
+        raise UserError("model.moe_pad_to_capacity=true does not work with parallel.token_dispatcher=flex on DeepEP; "
+                        "use parallel.flex_backend=hybridep or the alltoall dispatcher")
 
 
 def _rampup(t, per_step: int, interleave: int) -> None:

@@ -7,7 +7,6 @@ import sys
 
 from megatron_mtp.config.dtypes import dtype_arg
 
-
 _LAYOUT_ALIASES = {"--tp": "parallel.tensor", "--pp": "parallel.pipeline", "--ep": "parallel.expert"}
 """from-hf's older layout flags: they only ever set these keys of the written config."""
 

@@ -31,8 +31,8 @@ from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR
 from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
 from megatron_mtp.config import Config
 from megatron_mtp.config.base import apply_override
-from megatron_mtp.config.root import config_from_dict
 from megatron_mtp.config.model import MTPConfig
+from megatron_mtp.config.root import config_from_dict
 from megatron_mtp.config.validate import check_family
 from megatron_mtp.convert.hf_source import record_source
 from megatron_mtp.convert.progress import Progress

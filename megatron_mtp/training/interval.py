@@ -8,7 +8,7 @@ TP/PP/EP/DP layout (tested in tests/dist/test_train_layouts.py).
     (each rank sees its sequence-parallel slice); the parts sum to the layer's value. We sum
     over all ranks and divide by the number of TP-rank-0 ranks that saw the layer, i.e. the
     replicas, which is what megatron-core's reduce_aux_losses_tracker_across_ranks computes.
-  - Expert loads are token counts per expert; every token is routed on exactly one rank.
+  - The MoE scalars: moe_metrics.py.
   - grad norm, λ and lr are the same on every rank.
   - Throughput: model TFLOP/s per GPU = model FLOPs per token × tokens/s / world size, with the FLOPs
     definition `plan --mfu` uses (plan/throughput.py); MFU against the GPU's peak, on GPUs only.
@@ -20,18 +20,20 @@ import torch
 
 from megatron_mtp.platform import all_reduce_sum
 from megatron_mtp.training.forward_step import micro_batch_mean
-from megatron_mtp.training.metrics import ExpertLoad, MTPMetrics, layer_imbalance, max_violation, memory_gib
+from megatron_mtp.training.metrics import MTPMetrics, memory_gib
+from megatron_mtp.training.moe_metrics import ExpertLoad
 from megatron_mtp.training.sums import NamedSums
 
 
 class IntervalStats:
     def __init__(self, depth: int, total_layers: int, ranks, num_microbatches: int,
                  expert_load: ExpertLoad, flops_per_token: float = 0.0, peak_tflops: float = 0.0,
-                 clip_grad: float = 0.0):
+                 clip_grad: float = 0.0, with_dropped: bool = False):
         """total_layers: decoder plus MTP layers (the length of megatron-core's per-layer trackers);
         flops_per_token: model FLOPs of a trained token and peak_tflops: the GPU's peak per GPU (0 on CPU),
         both as plan/throughput.py defines them; clip_grad: the norm above which a step's gradients are
-        clipped (0: never)."""
+        clipped (0: never); with_dropped: log the dropped tokens (a capacity is set)."""
+        self.with_dropped = with_dropped
         self.flops_per_token, self.peak_tflops, self.clip_grad = flops_per_token, peak_tflops, clip_grad
         self.depth = depth
         self.ranks = ranks
@@ -112,8 +114,6 @@ class IntervalStats:
     def values(self, consumed_tokens: int, elapsed: float) -> dict[str, float]:
         """The interval's scalars (every rank must call: it all-reduces), then a reset."""
         total = self.sums.all_reduced()
-        loads = all_reduce_sum(self.expert_load.counts.clone()).cpu()
-        self.expert_load.reset()
         # an interval of skipped steps only has no loss to report: NaN (null in metrics.jsonl)
         replicas = total.value("replica_steps") or float("nan")
         steps = self.steps or float("nan")
@@ -133,8 +133,7 @@ class IntervalStats:
             "perf/tokens_per_s_per_gpu": tokens_per_s / self.ranks.world_size,
             "perf/tflops_per_gpu": tflops,
             "perf/memory_gib": memory_gib(),
-            "moe/max_violation": max_violation(loads),
-            **layer_imbalance(loads),
+            **self.expert_load.interval_values(with_dropped=self.with_dropped),
             "moe/balance_loss": self._balance_loss(),
             "progress/consumed_tokens": float(consumed_tokens),
             "train/skipped_steps": float(self.skipped),

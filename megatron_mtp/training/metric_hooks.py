@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from megatron_mtp.training.components import unwrap
-from megatron_mtp.training.metrics import ExpertLoad, MTPMetrics
+from megatron_mtp.training.metrics import MTPMetrics
+from megatron_mtp.training.moe_metrics import ExpertLoad
 
 
 def attach_metrics(model_chunks: list, cfg, ranks) -> tuple[MTPMetrics | None, ExpertLoad]:
     """MTP acceptance on the chunk that holds the output layer (the last chunk of the last pipeline
-    rank); expert loads from every router of every chunk."""
+    rank); expert loads and biases from every router of every chunk."""
     from megatron.core import parallel_state
     from megatron.core.transformer.moe.router import Router
 
@@ -21,11 +22,14 @@ def attach_metrics(model_chunks: list, cfg, ranks) -> tuple[MTPMetrics | None, E
         else:
             last.output_layer.register_forward_hook(metrics.output_hook)
     total_layers = cfg.model.num_layers + cfg.mtp.num_layers
-    load = ExpertLoad(total_layers, cfg.model.num_experts)
+    m = cfg.model
+    load = ExpertLoad(total_layers, m.num_experts, m.router_topk, m.moe_pad_to_capacity, m.router_enable_expert_bias)
     for chunk in model_chunks:
         for name, module in unwrap(chunk).named_modules():
             if isinstance(module, Router):
-                module.register_forward_hook(load.hook_for(_global_layer_index(name, module, cfg)))
+                index = _global_layer_index(name, module, cfg)
+                module.register_forward_hook(load.hook_for(index))
+                load.watch_bias(index, module)
     return metrics, load
 
 

@@ -10,8 +10,8 @@ k, the prediction at position t targets token t+1+k, which the main model predic
 over positions t < s-k whose shifted loss mask is set. In evaluation the hook also computes the
 per-depth cross entropy (megatron-core only records it in training mode). The argmax over the
 vocabulary costs a few percent of a step on CPU, so training measures acceptance on the last step
-of each logging interval (one global batch); evaluation measures every batch. Routers get a hook that
-counts tokens per expert for the load-balance metric (max violation: max load / mean load - 1).
+of each logging interval (one global batch); evaluation measures every batch. The MoE layers'
+signals are in moe_metrics.py.
 With the chunked output loss (kernels.chunked_output_loss) no logits reach the output layer, so the
 loss reports each call's argmax and cross entropy to the label itself, in the same order
 (``observe``, reached through the model's ``prediction_observer``; models/output_losses.py): the same
@@ -108,47 +108,6 @@ class MTPMetrics:
             self.sums["correct"][i] += float(((draft == self._labels[:, k:]).float() * mask).sum())
             self.sums["judged"][i] += float(mask.sum())
         self._labels = None
-
-
-class ExpertLoad:
-    """Tokens routed to each expert, per MoE layer, from the routers' routing maps."""
-
-    def __init__(self, num_layers_total: int, num_experts: int):
-        self.counts = torch.zeros(num_layers_total, max(num_experts, 1), dtype=torch.float64)
-
-    def hook_for(self, layer_index: int):
-        def hook(module, inputs, output):
-            routing_map = output[1]  # [tokens, experts] bool
-            with torch.no_grad():
-                if self.counts.device != routing_map.device:  # accumulate where routing runs: no sync
-                    self.counts = self.counts.to(routing_map.device)
-                self.counts[layer_index] += routing_map.sum(dim=0).double()
-
-        return hook
-
-    def reset(self) -> None:
-        self.counts.zero_()
-
-
-def max_violation(counts: torch.Tensor) -> float:
-    """Mean over MoE layers of (max expert load / mean expert load - 1)."""
-    used = counts[counts.sum(dim=1) > 0]
-    if used.numel() == 0:
-        return 0.0
-    mean = used.mean(dim=1)
-    return float((used.max(dim=1).values / mean - 1).mean())
-
-
-def layer_imbalance(counts: torch.Tensor) -> dict[str, float]:
-    """'moe/imbalance/layer_NN': max expert load / mean expert load of each MoE layer that routed tokens
-    (layer numbers from 1, MTP layers after the decoder's, as megatron-core counts them)."""
-    out = {}
-    for index in range(counts.shape[0]):
-        load = counts[index]
-        total = float(load.sum())
-        if total > 0:
-            out[f"moe/imbalance/layer_{index + 1:02d}"] = float(load.max()) / (total / load.numel())
-    return out
 
 
 def memory_gib() -> float:

@@ -108,7 +108,8 @@ class Trainer:
                                       self.num_micro, expert_load,
                                       flops_per_token=model_flops_per_token(cfg, self.components.vocab_size),
                                       peak_tflops=_device_peak_tflops(cfg, session.platform),
-                                      clip_grad=cfg.optimizer.clip_grad)
+                                      clip_grad=cfg.optimizer.clip_grad,
+                                      with_dropped=cfg.model.moe_capacity_factor is not None)
         spike = t.loss_spike
         self.spike = LossSpikeDetector(spike.factor, spike.window, spike.patience) if spike.factor else None
         self.skipped_in_a_row = 0

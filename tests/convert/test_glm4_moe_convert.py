@@ -107,7 +107,8 @@ def test_transformers_built_model_imports_with_its_logits(tokens, tmp_path):
         reference = model(torch.load(tokens)).logits
     model.save_pretrained(tmp_path / "hf")
     with pytest.raises(UserError, match="num_query_groups=2 is not divisible by parallel.tensor=4"):
-        import_from_hf(tmp_path / "hf", tmp_path / "tp4", overrides=["parallel.tensor=4"])  # refused before anything is written
+        # refused before anything is written
+        import_from_hf(tmp_path / "hf", tmp_path / "tp4", overrides=["parallel.tensor=4"])
     assert not (tmp_path / "tp4").exists()
     ckpt = import_from_hf(tmp_path / "hf", tmp_path / "ckpt")
     ours = megatron_forward(ckpt, tokens, tmp_path / "out.pt")

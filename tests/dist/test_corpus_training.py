@@ -34,7 +34,7 @@ def test_five_steps_on_parquet_shards_and_zstd_jsonl_through_a_weighted_list(tmp
 
     run = tmp_path / "run"
     proc = train(run, steps=5, overrides=(f"data.paths=[{tmp_path / 'blend.txt'}]", "data.eod_mask_loss=true",
-                                          "data.reset_attention_mask=true"))
+                                          "data.reset_attention_mask=true", "model.moe_capacity_factor=1.0"))
     line = next(line for line in proc.stdout.splitlines() if line.startswith("megatron-mtp train: data:"))
     shares = re.search(r"3 datasets \(web_shard-00000-of-00002, web_shard-00001-of-00002, code\), [\d,]+ tokens, "
                        r"weights ([\d.]+)/([\d.]+)/([\d.]+); split 98,2,0; .*; documents kept apart in loss and "
@@ -62,3 +62,13 @@ def test_five_steps_on_parquet_shards_and_zstd_jsonl_through_a_weighted_list(tmp
         assert layers and all(v >= 1.0 for v in layers.values()), row
         mean_violation = sum(v - 1 for v in layers.values()) / len(layers)  # the one number logged before
         assert mean_violation == pytest.approx(row["moe/max_violation"], rel=1e-9), row
+        # a capacity of an even share drops tokens in every MoE layer; each layer asks for the same
+        # tokens × topk, so the overall share is the layers' mean (training/moe_metrics.py)
+        dropped = {k.rsplit("_", 1)[1]: v for k, v in row.items() if k.startswith("moe/dropped/layer_")}
+        assert dropped.keys() == {k.rsplit("_", 1)[1] for k in layers} and all(0 < v < 1 for v in dropped.values())
+        assert row["moe/dropped_tokens"] == pytest.approx(sum(dropped.values()) / len(dropped), rel=1e-9)
+        # the aux-free bias moves each expert by model.router_bias_update_rate (1e-3) a step, up or down
+        spreads = {k.rsplit("_", 1)[1]: v for k, v in row.items() if k.startswith("moe/expert_bias_spread/")}
+        assert spreads.keys() == dropped.keys(), row
+        assert all(0 < v <= 2e-3 * row["step"] + 1e-9 for v in spreads.values()), row
+        assert max(spreads.values()) / 2 <= row["moe/expert_bias_absmax"] <= 1e-3 * row["step"] + 1e-9, row

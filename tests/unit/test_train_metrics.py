@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from megatron_mtp.training.metrics import MTPMetrics, max_violation
+from megatron_mtp.training.metrics import MTPMetrics
+from megatron_mtp.training.moe_metrics import ExpertLoad, dropped_tokens, max_violation
 
 
 def _direct(mtp_preds, main_pred, labels, mask):
@@ -57,3 +59,29 @@ def test_max_violation():
     counts = torch.tensor([[10.0, 10, 10, 10], [40, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.float64)
     # layer 0 balanced (0), layer 1 all on one expert (4x mean -> 3), unused layer ignored
     assert abs(max_violation(counts) - 1.5) < 1e-12
+
+
+def test_dropped_tokens_follow_megatron_cores_capacity_rule():
+    """The hook's kept counts, fed by megatron-core's own token dropping, give the dropped share a
+    direct count gives: each expert keeps at most C = ceil(tokens × topk / experts × factor)."""
+    import math
+
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.moe.moe_utils import apply_router_token_dropping
+
+    torch.manual_seed(0)
+    tokens, experts, topk, factor = 64, 8, 2, 1.0
+    logits = torch.randn(tokens, experts) + torch.linspace(0, 2, experts)  # skewed: some experts overflow
+    scores, chosen = logits.softmax(-1).topk(topk, dim=-1)
+    routing_map = torch.zeros(tokens, experts, dtype=torch.bool).scatter(1, chosen, True)
+    probs = torch.zeros(tokens, experts).scatter(1, chosen, scores)
+    capacity = math.ceil(tokens * topk / experts * factor)
+    want = 1 - routing_map.sum(0).clamp(max=capacity).sum().item() / (tokens * topk)
+    assert want > 0.05  # the case drops tokens
+    for pad in (False, True):
+        load = ExpertLoad(1, experts, topk, pad_to_capacity=pad)
+        load.hook_for(0)(None, None, apply_router_token_dropping(probs, routing_map, topk, factor,
+                                                                 pad_to_capacity=pad))
+        assert load.counts[0].tolist() == routing_map.sum(0).clamp(max=capacity).double().tolist()
+        got = dropped_tokens(load.counts.sum(dim=1), load.requests)
+        assert got["moe/dropped_tokens"] == pytest.approx(want, abs=1e-12) == got["moe/dropped/layer_01"]
