@@ -309,12 +309,22 @@ def _tokenizer_vocab(path: str) -> int:
     return max(ids) + 1
 
 
+def capacity_bound(cfg: Config, imbalance: float) -> float:
+    """The routed tokens an expert receives over the balanced count once a capacity applies: at most
+    model.moe_capacity_factor (tokens beyond it are dropped), exactly it when padded to capacity."""
+    cap = cfg.model.moe_capacity_factor
+    if cap is None:
+        return imbalance
+    return cap if cfg.model.moe_pad_to_capacity else min(imbalance, cap)
+
+
 def make_plan(cfg: Config, world: int, gpu: Gpu, cpu: bool = False, imbalance: float = 1.0) -> Plan:
     """The memory plan of `cfg` on `world` ranks (UserError for a layout that cannot run)."""
     if not math.isfinite(imbalance) or imbalance < 1.0:
         raise UserError(f"--routing-imbalance {imbalance} must be at least 1 (1: every expert-parallel rank "
                         "receives the average number of tokens)")
     sizes = validate(cfg, world)
+    imbalance = capacity_bound(cfg, imbalance)
     tgt = target(cfg, cpu)
     vocab = resolve_vocab(cfg)
     t = cfg.training
@@ -404,7 +414,9 @@ def assumptions(plan: Plan) -> list[str]:
         "megatron-core's " + ("interleaved" if s.vpp > 1 else "1F1B" if s.pp > 1 else "") +
         " schedule keeps in flight at its peak",
         f"routing: each expert-parallel rank receives {plan.imbalance:g}× the balanced token count "
-        "(--routing-imbalance)",
+        + ("(--routing-imbalance)" if cfg.model.moe_capacity_factor is None else
+           "(model.moe_capacity_factor " + ("pads every expert to it" if cfg.model.moe_pad_to_capacity else
+                                            "caps --routing-imbalance") + ")"),
     ]
     if t.fp8 is not None and not plan.target.platform.is_cpu:
         out.append("FP8 weights: " + ("parameters stored in FP8 (1 byte) plus a column-wise FP8 copy (1 byte)"

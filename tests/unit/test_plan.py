@@ -210,3 +210,14 @@ def test_checkpoint_save_host_memory_per_optimizer_format():
     assert abs(four.worst.save_host["parallel"] * 4 / four.worst.save_host["reshardable"] - 1) < 0.01
     text = report.format_table(report.build(four))
     assert "checkpoint save, host memory of the worst rank:" in text and "optimizer_format=parallel" in text
+
+
+def test_a_capacity_caps_or_fixes_the_routed_tokens_the_plan_counts():
+    h100 = parse_gpu("h100")
+
+    def worst(overrides, imbalance):
+        return make_plan(load_config(V3, overrides), 1024, h100, imbalance=imbalance).worst.total
+
+    assert worst([], 2.0) > worst([], 1.25)  # more routed tokens, more memory
+    assert worst(["model.moe_capacity_factor=1.25"], 2.0) == worst([], 1.25)  # dropped beyond the capacity
+    assert worst(["model.moe_capacity_factor=1.5", "model.moe_pad_to_capacity=true"], 1.0) == worst([], 1.5)
