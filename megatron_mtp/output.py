@@ -368,3 +368,15 @@ def check_not_replaced(path: PathLike, seen: Optional[tuple[int, int, int]], out
     now = file_identity(path)
     if now is not None and now != seen:
         raise _taken(Path(out).absolute(), what)
+
+
+def write_text_atomic(out: PathLike, text: str, what: str = "output") -> None:
+    """Write ``out`` whole or not at all (a temporary beside it, then a rename); a failure is one sentence."""
+    out = Path(out)
+    tmp = temp_name(out)
+    try:
+        with write_failures(out, what, [tmp], len(text.encode())):
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -37,7 +37,7 @@ def register(subparsers) -> None:
                    "MTP-only run and the model it was loaded from: acceptance per depth before and after)")
     e.set_defaults(func=run_eval)
 
-    r = subparsers.add_parser("runs", help="look at runs: `runs show RUN` summarises one")
+    r = subparsers.add_parser("runs", help="look at runs: `runs show RUN` summarises one, `runs plot RUN` draws it")
     rsub = r.add_subparsers(dest="runs_command", metavar="ACTION")
     rsub.required = True
     show = rsub.add_parser("show", help="a run's steps, tokens, time, final and best losses, acceptance per "
@@ -45,6 +45,11 @@ def register(subparsers) -> None:
     show.add_argument("run_dir", metavar="RUN", help="a run directory")
     show.add_argument("--json", action="store_true", help="print one JSON object")
     show.set_defaults(func=run_show)
+    plot = rsub.add_parser("plot", help="draw a run's dashboard (losses, MTP acceptance, throughput, grad norm, MoE "
+                           "balance against the step) into one SVG file")
+    plot.add_argument("run_dir", metavar="RUN", help="a run directory")
+    plot.add_argument("--out", help="the SVG file to write (default RUN/logs/dashboard.svg)")
+    plot.set_defaults(func=run_plot)
 
 
 def _split_config_arg(args) -> tuple[str | None, list[str]]:
@@ -111,4 +116,12 @@ def run_show(args) -> int:
 
     summary = summarize(Path(args.run_dir))
     print(strict_json.dumps(summary) if args.json else format_summary(summary))
+    return 0
+
+
+def run_plot(args) -> int:
+    from megatron_mtp.training.run_plot import plot_run
+
+    out = plot_run(Path(args.run_dir), Path(args.out) if args.out else None)
+    print(f"wrote {out}")
     return 0

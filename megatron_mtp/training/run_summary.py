@@ -14,10 +14,9 @@ RECENT = 10
 """Throughput is the mean of the last RECENT logged intervals (the first ones include start-up)."""
 
 
-def summarize(run_dir: Path) -> dict[str, Any]:
-    """The summary of the run in `run_dir` (a UserError when it has logged nothing)."""
-    from megatron_mtp.checkpoint.run_dir import complete_steps
-
+def logged_rows(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """Every row of RUN/logs/metrics.jsonl, and the training rows with a finite loss (a UserError when
+    there are none)."""
     metrics = run_dir / "logs" / "metrics.jsonl"
     if not metrics.is_file():
         raise UserError(f"'{run_dir}' has no logs/metrics.jsonl: it is not a run directory, or it has not logged a "
@@ -26,6 +25,14 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     train = [r for r in rows if "train/lm_loss" in r and _finite(r["train/lm_loss"])]
     if not train:
         raise UserError(f"'{run_dir}' has logged no training step yet; run `megatron-mtp train` there first")
+    return rows, train
+
+
+def summarize(run_dir: Path) -> dict[str, Any]:
+    """The summary of the run in `run_dir` (a UserError when it has logged nothing)."""
+    from megatron_mtp.checkpoint.run_dir import complete_steps
+
+    rows, train = logged_rows(run_dir)
     last, recent = train[-1], train[-RECENT:]
     depth = sum(1 for key in last if key.startswith("train/mtp_loss_"))
     best = min(train, key=lambda r: r["train/lm_loss"])

@@ -55,6 +55,9 @@ def test_five_steps_on_parquet_shards_and_zstd_jsonl_through_a_weighted_list(tmp
     assert summary["mtp_acceptance"] == [rows[-1]["train/mtp_acceptance_1"]]
     assert summary["checkpoints"] == sorted(p.name for p in (run / "checkpoints").glob("step_*"))
     assert f"run {run}: step 5, {int(rows[-1]['progress/consumed_tokens']):,} tokens in" in proc.stdout
+    assert main(["runs", "plot", str(run)]) == 0  # its dashboard: the dropped share among the MoE series
+    svg = (run / "logs" / "dashboard.svg").read_text()
+    assert "<polyline" in svg and ">dropped share</text>" in svg and ">depth 1</text>" in svg
     for row in rows[1:]:  # where the step's time went, and each MoE layer's load (logging/phase_times.py)
         phases = row["time/data_s"] + row["time/forward_backward_s"] + row["time/optimizer_s"]
         assert 0.5 * row["perf/step_time_s"] < phases <= row["perf/step_time_s"], row
