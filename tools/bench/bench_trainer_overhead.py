@@ -7,11 +7,13 @@ on the same model and data in one process. Target: ratio <= 1.05.
 losses, stop signals and the LM loss (one small all-reduce) and the guarded optimizer step —
 everything the loop does every step; logging/eval/checkpoint intervals are excluded on both sides. The bare
 loop is what a user would write with megatron-core alone (schedule, optimizer step, LR step).
+The same step is also run with its phase timers taken out (target: timers <= 1% of a step).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -40,13 +42,37 @@ def main() -> None:
     def bare():
         bare_step(components, bare_data, 1, args.seq, args.micro_batch)
 
-    times = interleaved({"ours": ours, "bare": bare}, rounds=args.rounds, steps_per_round=args.steps_per_round)
+    timers = trainer.times  # the phase timers (training/phase_times.py), and the same step without them
+    untimed = _Untimed()
+
+    def ours_untimed():
+        trainer.times = untimed
+        try:
+            ours()
+        finally:
+            trainer.times = timers
+
+    times = interleaved({"ours": ours, "bare": bare, "untimed": ours_untimed}, rounds=args.rounds,
+                        steps_per_round=args.steps_per_round)
     print(f"model: hidden {args.hidden}, layers {args.layers}, seq {args.seq}, vocab {vocab}, "
           f"micro batch {args.micro_batch}, MTP D={cfg.mtp.num_layers}, device {plat.device}, "
           f"threads {torch.get_num_threads()}")
     print(f"step time ours: {times['ours'] * 1e3:.1f} ms   bare megatron-core: {times['bare'] * 1e3:.1f} ms")
     print(f"ratio ours / bare: {times['ours'] / times['bare']:.3f} (target <= 1.05)")
+    print(f"phase timers: step {times['ours'] * 1e3:.1f} ms with them, {times['untimed'] * 1e3:.1f} ms without; "
+          f"ratio {times['ours'] / times['untimed']:.3f} (target <= 1.01)")
     destroy()
+
+
+class _Untimed:
+    """PhaseTimes' interface, timing nothing."""
+
+    @contextlib.contextmanager
+    def phase(self, name):
+        yield
+
+    def timed(self, iterator):
+        return iterator
 
 
 if __name__ == "__main__":
