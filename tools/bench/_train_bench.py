@@ -130,12 +130,13 @@ def single_process_trainer(cfg, components, run_dir):
     """A Trainer over already-built components in a one-process job (no data, no checkpoint)."""
     from types import SimpleNamespace
 
+    from megatron_mtp.platform import current
     from megatron_mtp.training.components import TrainState
     from megatron_mtp.training.distributed import Ranks
     from megatron_mtp.training.trainer import Trainer
 
     session = SimpleNamespace(cfg=cfg, ranks=Ranks(0, 1, 1, 1, 1, 1, 0, 0, 0, 0), components=components,
-                              state=TrainState())
+                              state=TrainState(), platform=current())
     return Trainer(session, run_dir)
 
 
