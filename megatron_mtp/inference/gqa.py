@@ -24,7 +24,7 @@ from torch import nn
 
 from megatron_mtp.inference.kv_cache import KVCache, Rows
 from megatron_mtp.inference.layers import RMSNorm, Rotary, rotate_half
-from megatron_mtp.models.glm4_moe.hf_config_json import Glm4MoeHFConfig
+from megatron_mtp.models.gqa.hf_view import GroupedQueryHFConfig
 
 
 def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -36,9 +36,10 @@ def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 
 
 class GQAttention(nn.Module):
-    """GLM-4.5 attention with a rollback-able key/value cache (module docstring)."""
+    """Grouped-query attention (GLM-4.5, Qwen3-MoE: a view with use_qk_norm and rotary_dim) with a rollback-able
+    key/value cache (module docstring)."""
 
-    def __init__(self, config: Glm4MoeHFConfig) -> None:
+    def __init__(self, config: GroupedQueryHFConfig) -> None:
         super().__init__()
         h, d = config.hidden_size, config.head_dim
         self.heads, self.kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
@@ -51,7 +52,7 @@ class GQAttention(nn.Module):
         self.scaling = d**-0.5
 
     @staticmethod
-    def rotary(config: Glm4MoeHFConfig) -> Rotary:
+    def rotary(config: GroupedQueryHFConfig) -> Rotary:
         return Rotary(config.rotary_dim, config.rope_theta)
 
     def cache_dims(self) -> dict[str, int]:

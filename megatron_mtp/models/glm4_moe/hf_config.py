@@ -12,14 +12,14 @@ from ``first_k_dense_replace`` on is MoE.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping, Optional
 
 from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.glm4_moe.hf_config_json import READ_KEYS, parse_hf_config
 from megatron_mtp.models.glm4_moe.model_config import Glm4MoeModelConfig as ModelConfig
-from megatron_mtp.models.glm4_moe.model_config import head_dim, query_groups, rotary_percent
+from megatron_mtp.models.gqa.hf_values import hf_values, model_values
+from megatron_mtp.models.gqa.model_fields import rotary_percent
 from megatron_mtp.models.hf_common import (
     IGNORED_ANY_FAMILY,
     NOT_CARRIED_ANY_FAMILY,
@@ -52,42 +52,24 @@ def to_hf_config(model: ModelConfig, mtp: MTPConfig, *, vocab_size: int, num_nex
             "the Hugging Face GLM-4.5 format routes with sigmoid scores and e_score_correction_bias; train with "
             "model.router_score_function=sigmoid and model.router_enable_expert_bias=true")
     groups = model.router_num_groups or 1
-    values = {
-        "architectures": ["Glm4MoeForCausalLM"],
-        "model_type": "glm4_moe",
-        "vocab_size": int(vocab_size),
-        "hidden_size": model.hidden_size,
-        "intermediate_size": model.ffn_hidden_size,
-        "moe_intermediate_size": model.moe_ffn_hidden_size,
-        "num_hidden_layers": model.num_layers,
-        "num_nextn_predict_layers": int(num_nextn_predict_layers),
-        "num_attention_heads": model.num_attention_heads,
-        "num_key_value_heads": query_groups(model),
-        "head_dim": head_dim(model),
-        "partial_rotary_factor": rotary_percent(model),
-        "attention_bias": model.add_qkv_bias,
-        "attention_dropout": 0.0,
-        "use_qk_norm": model.qk_layernorm,
-        "n_shared_experts": model.num_shared_experts if moe else 0,
-        "n_routed_experts": model.num_experts if moe else 0,
-        "num_experts_per_tok": model.router_topk if moe else 1,
-        "first_k_dense_replace": model.first_k_dense if moe else model.num_layers,
-        "n_group": groups,
-        "topk_group": (model.router_group_topk or 1) if groups > 1 else 1,
-        "routed_scaling_factor": model.router_topk_scaling_factor,
-        "norm_topk_prob": model.router_norm_topk_prob,
-        "hidden_act": "silu",
-        "rms_norm_eps": model.norm_epsilon,
-        "rope_theta": model.rope_theta,
-        "rope_scaling": None,
-        "max_position_embeddings": model.max_position_embeddings,
-        "initializer_range": model.init_method_std,
-        "tie_word_embeddings": model.tie_embeddings,
-        "bos_token_id": bos_token_id,
-        "eos_token_id": eos_token_id,
-        "torch_dtype": torch_dtype,
-        "use_cache": True,
-    }
+    values = hf_values(
+        model, architecture="Glm4MoeForCausalLM", model_type="glm4_moe", vocab_size=vocab_size,
+        num_nextn_predict_layers=num_nextn_predict_layers, torch_dtype=torch_dtype, bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        partial_rotary_factor=rotary_percent(model),
+        attention_bias=model.add_qkv_bias,
+        attention_dropout=0.0,
+        use_qk_norm=model.qk_layernorm,
+        n_shared_experts=model.num_shared_experts if moe else 0,
+        n_routed_experts=model.num_experts if moe else 0,
+        num_experts_per_tok=model.router_topk if moe else 1,
+        first_k_dense_replace=model.first_k_dense if moe else model.num_layers,
+        n_group=groups,
+        topk_group=(model.router_group_topk or 1) if groups > 1 else 1,
+        routed_scaling_factor=model.router_topk_scaling_factor,
+        norm_topk_prob=model.router_norm_topk_prob,
+        hidden_act="silu",
+    )
     return HFConfigFile(values)
 
 
@@ -101,26 +83,15 @@ def from_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> tuple[
         raise UserError(f"{where}: 'hidden_act' = {view.hidden_act!r} cannot be represented (only SwiGLU MLPs)")
     if view.attention_dropout != 0.0:
         raise UserError(f"{where}: 'attention_dropout' = {view.attention_dropout!r} cannot be represented")
-    heads, hidden, vocab = view.num_attention_heads, view.hidden_size, view.vocab_size
     experts, groups, num_layers = view.n_routed_experts, view.n_group, view.num_hidden_layers
     model = ModelConfig(
         family="glm4_moe",
-        num_layers=num_layers,
-        hidden_size=hidden,
-        ffn_hidden_size=view.intermediate_size,
-        num_attention_heads=heads,
-        num_query_groups=view.num_key_value_heads,
-        head_dim=None if hidden % heads == 0 and view.head_dim == hidden // heads else view.head_dim,
+        **model_values(view),
         rotary_percent=view.partial_rotary_factor,
         qk_layernorm=view.use_qk_norm,
         add_qkv_bias=view.attention_bias,
-        vocab_size=vocab,
-        make_vocab_size_divisible_by=math.gcd(vocab, 128),
-        max_position_embeddings=view.max_position_embeddings,
-        rope_theta=view.rope_theta,
         num_experts=experts,
         first_k_dense=min(view.first_k_dense_replace, num_layers) if experts else 0,
-        moe_ffn_hidden_size=view.moe_intermediate_size,
         num_shared_experts=view.n_shared_experts if experts else 0,
         router_topk=view.num_experts_per_tok if experts else 1,
         router_num_groups=groups if groups > 1 else None,
@@ -129,13 +100,10 @@ def from_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> tuple[
         router_topk_scaling_factor=view.routed_scaling_factor,
         router_norm_topk_prob=view.norm_topk_prob,
         router_enable_expert_bias=True,
-        norm_epsilon=view.rms_norm_eps,
-        init_method_std=view.initializer_range,
-        tie_embeddings=view.tie_word_embeddings,
     )
     if experts:
         check_group_routing(model, where)
-    return model, MTPConfig(num_layers=view.num_nextn_predict_layers), vocab
+    return model, MTPConfig(num_layers=view.num_nextn_predict_layers), view.vocab_size
 
 
 def carry_source_fields(written: Mapping[str, Any], source: Optional[Mapping[str, Any]],

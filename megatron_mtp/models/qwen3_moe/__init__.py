@@ -1,39 +1,26 @@
 """Qwen3-MoE family (``Qwen3MoeForCausalLM``: Qwen3-30B-A3B, Qwen3-235B-A22B): grouped-query attention
-with q/k norms and full RoPE (GLM-4.5's attention pieces, models/glm4_moe/), softmax top-k routing with
+with q/k norms and full RoPE (the shared grouped-query pieces, models/gqa/), softmax top-k routing with
 a balance loss and no shared experts, MoE layers by ``decoder_sparse_step`` / ``mlp_only_layers``. The
 releases ship no MTP; a draft trained on the frozen base is written in SGLang's Qwen3-MoE MTP naming
 (hf_mapping.py). Its ``Family``, registered once (models/family.py)."""
 
 from __future__ import annotations
 
-from megatron_mtp.models.family import Family, ServingFacts, lazy, register
-from megatron_mtp.models.glm4_moe import size
+from megatron_mtp.models.family import ServingFacts, register
+from megatron_mtp.models.gqa.family import grouped_query_family
 from megatron_mtp.models.qwen3_moe import hf_config, hf_config_json, hf_mapping
 from megatron_mtp.models.qwen3_moe.model_config import Qwen3MoeModelConfig
 
 _NO_MTP = "{engine} has no MTP draft model for Qwen3MoeForCausalLM"
 
-FAMILY = register(Family(
+FAMILY = register(grouped_query_family(
     name="qwen3_moe",
     title="Qwen3-MoE",
-    hf_architectures=("Qwen3MoeForCausalLM",),
-    hf_model_types=("qwen3_moe",),
+    architecture="Qwen3MoeForCausalLM",
     model_config=Qwen3MoeModelConfig,
-    table=hf_mapping.TABLE,
-    attention_order=hf_mapping.ATTENTION_ORDER,
-    attention_shape=size.attention_shape,
-    build_transformer_config=lazy("megatron_mtp.models.glm4_moe.transformer_config:build_transformer_config"),
-    build_model=lazy("megatron_mtp.models.glm4_moe.model:build_model"),
-    layer_sizes=size.layer_sizes,
-    parameter_counts=size.parameter_counts,
-    training_flops_per_token=size.training_flops_per_token,
-    kv_cache_elements_per_token=size.kv_cache_elements_per_token,
-    decode_attention_flops=size.decode_attention_flops,
-    to_hf_config=hf_config.to_hf_config,
-    from_hf_config=hf_config.from_hf_config,
-    carry_source_fields=hf_config.carry_source_fields,
-    hf_view=hf_config_json.parse_hf_config,
-    attention="gqa",
+    hf_mapping=hf_mapping,
+    hf_config=hf_config,
+    hf_config_json=hf_config_json,
     serving=ServingFacts(
         engine_facts={
             # vLLM's MTP model types (deepseek_mtp, glm4_moe_mtp, qwen3_next_mtp, ... in the sources read) have

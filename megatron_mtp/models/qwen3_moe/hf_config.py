@@ -14,12 +14,11 @@ shared experts or scaling. ``model.first_k_dense`` has no Qwen spelling: its lay
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping, Optional
 
 from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.glm4_moe.model_config import head_dim, query_groups
+from megatron_mtp.models.gqa.hf_values import hf_values, model_values
 from megatron_mtp.models.hf_common import (
     IGNORED_ANY_FAMILY,
     NOT_CARRIED_ANY_FAMILY,
@@ -69,41 +68,23 @@ def to_hf_config(model: ModelConfig, mtp: MTPConfig, *, vocab_size: int, num_nex
     if moe:
         _check_routing(model, "model config")
     dense_first = list(range(model.first_k_dense)) if moe else []
-    values = {
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "model_type": "qwen3_moe",
-        "vocab_size": int(vocab_size),
-        "hidden_size": model.hidden_size,
-        "intermediate_size": model.ffn_hidden_size,
-        "moe_intermediate_size": model.moe_ffn_hidden_size,
-        "num_hidden_layers": model.num_layers,
-        "num_nextn_predict_layers": int(num_nextn_predict_layers),
-        "num_attention_heads": model.num_attention_heads,
-        "num_key_value_heads": query_groups(model),
-        "head_dim": head_dim(model),
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "num_experts": model.num_experts,
-        "num_experts_per_tok": model.router_topk if moe else 1,
-        "decoder_sparse_step": model.decoder_sparse_step,
-        "mlp_only_layers": sorted(set(dense_first) | set(model.mlp_only_layers)),
-        "norm_topk_prob": model.router_norm_topk_prob,
-        "router_aux_loss_coef": model.aux_loss_coeff,
-        "output_router_logits": False,
-        "hidden_act": "silu",
-        "rms_norm_eps": model.norm_epsilon,
-        "rope_theta": model.rope_theta,
-        "rope_scaling": None,
-        "max_position_embeddings": model.max_position_embeddings,
-        "use_sliding_window": False,
-        "sliding_window": None,
-        "initializer_range": model.init_method_std,
-        "tie_word_embeddings": model.tie_embeddings,
-        "bos_token_id": bos_token_id,
-        "eos_token_id": eos_token_id,
-        "torch_dtype": torch_dtype,
-        "use_cache": True,
-    }
+    values = hf_values(
+        model, architecture="Qwen3MoeForCausalLM", model_type="qwen3_moe", vocab_size=vocab_size,
+        num_nextn_predict_layers=num_nextn_predict_layers, torch_dtype=torch_dtype, bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        attention_bias=False,
+        attention_dropout=0.0,
+        num_experts=model.num_experts,
+        num_experts_per_tok=model.router_topk if moe else 1,
+        decoder_sparse_step=model.decoder_sparse_step,
+        mlp_only_layers=sorted(set(dense_first) | set(model.mlp_only_layers)),
+        norm_topk_prob=model.router_norm_topk_prob,
+        router_aux_loss_coef=model.aux_loss_coeff,
+        output_router_logits=False,
+        hidden_act="silu",
+        use_sliding_window=False,
+        sliding_window=None,
+    )
     return HFConfigFile(values)
 
 
@@ -116,7 +97,6 @@ def from_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> tuple[
     for key, (allowed, why) in _REFUSED.items():
         if getattr(view, key) != allowed:
             raise UserError(f"{where}: '{key}' = {getattr(view, key)!r} cannot be represented ({why})")
-    heads, hidden, vocab = view.num_attention_heads, view.hidden_size, view.vocab_size
     num_layers = view.num_hidden_layers
     outside = [i for i in view.mlp_only_layers if not 0 <= i < num_layers]
     if outside:
@@ -124,29 +104,16 @@ def from_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> tuple[
     experts = view.num_experts
     model = ModelConfig(
         family="qwen3_moe",
-        num_layers=num_layers,
-        hidden_size=hidden,
-        ffn_hidden_size=view.intermediate_size,
-        num_attention_heads=heads,
-        num_query_groups=view.num_key_value_heads,
-        head_dim=None if hidden % heads == 0 and view.head_dim == hidden // heads else view.head_dim,
-        vocab_size=vocab,
-        make_vocab_size_divisible_by=math.gcd(vocab, 128),
-        max_position_embeddings=view.max_position_embeddings,
-        rope_theta=view.rope_theta,
+        **model_values(view),
         num_experts=experts,
         first_k_dense=0,
         decoder_sparse_step=view.decoder_sparse_step,
         mlp_only_layers=sorted(set(view.mlp_only_layers)) if experts else [],
-        moe_ffn_hidden_size=view.moe_intermediate_size,
         router_topk=view.num_experts_per_tok if experts else 1,
         router_norm_topk_prob=view.norm_topk_prob,
         aux_loss_coeff=view.router_aux_loss_coef,
-        norm_epsilon=view.rms_norm_eps,
-        init_method_std=view.initializer_range,
-        tie_embeddings=view.tie_word_embeddings,
     )
-    return model, MTPConfig(num_layers=view.num_nextn_predict_layers), vocab
+    return model, MTPConfig(num_layers=view.num_nextn_predict_layers), view.vocab_size
 
 
 def carry_source_fields(written: Mapping[str, Any], source: Optional[Mapping[str, Any]],

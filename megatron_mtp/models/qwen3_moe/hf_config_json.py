@@ -10,6 +10,7 @@ model a consumer builds from the view is the model transformers builds from the 
 - the MTP depth is ``num_nextn_predict_layers`` (ours: the releases ship no MTP), 0 when absent.
 The names the decoder's shared layers read (``models.hf_common.HFView``) are properties over
 Qwen3's own: no shared experts, no expert groups, no routed scaling, softmax scores.
+The fields and parsing every grouped-query family shares: models/gqa/hf_view.py.
 Each consumer refuses what it cannot run (decoding: ``inference/model_dir.py``).
 """
 
@@ -17,54 +18,33 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 from megatron_mtp.config.moe_layers import MoeLayers
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.hf_common import EosIds, eos_ids, missing_or_value, mtp_depth, note_once, read_view_fields
+from megatron_mtp.models.gqa.hf_view import READ_KEYS as _SHARED_KEYS
+from megatron_mtp.models.gqa.hf_view import GroupedQueryHFConfig, read_grouped_query, read_rope
 from megatron_mtp.models.hf_common import read_value as _value
 
 
 @dataclass(frozen=True, kw_only=True)
-class Qwen3MoeHFConfig:
+class Qwen3MoeHFConfig(GroupedQueryHFConfig):
     """The architecture fields of an HF Qwen3-MoE config.json, as HF names them (fields without a
     default are required)."""
 
-    architectures: tuple[str, ...] = ()
     model_type: str = "qwen3_moe"
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    """FFN width of the dense layers (those of mlp_only_layers or off the sparse step)."""
-    num_hidden_layers: int
-    num_nextn_predict_layers: int = 0
-    num_attention_heads: int
     num_key_value_heads: int = 4
-    head_dim: int = 0
-    """0 in the dataclass only while parsing; the view always holds the real width (default
-    ``hidden_size // num_attention_heads``)."""
-    rope_theta: float = 10000.0
     attention_bias: bool = False
     """Bias on q/k/v and o (Qwen3-MoE: none)."""
     use_sliding_window: bool = False
     moe_intermediate_size: int = 768
     num_experts: int = 128
-    num_experts_per_tok: int = 8
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
     norm_topk_prob: bool = False
     router_aux_loss_coef: float = 0.001
-    hidden_act: str = "silu"
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 32768
-    attention_dropout: float = 0.0
-    initializer_range: float = 0.02
-    tie_word_embeddings: bool = False
-    bos_token_id: Optional[int] = None
-    eos_token_id: EosIds = None
-    pad_token_id: Optional[int] = None
-    torch_dtype: Optional[str] = None
-    quantization_config: Optional[dict] = None
 
     # -- the names every family's view shares (models/hf_common.HFView)
     @property
@@ -87,11 +67,6 @@ class Qwen3MoeHFConfig:
         return self.head_dim
 
     @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        eos = self.eos_token_id
-        return () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
-
-    @property
     def moe_layers(self) -> MoeLayers:
         step = self.decoder_sparse_step
         return MoeLayers(self.num_hidden_layers, self.num_experts, every=step, phase=step - 1,
@@ -104,30 +79,18 @@ class Qwen3MoeHFConfig:
         return (rule.mtp if layer_index >= self.num_hidden_layers else layer_index in rule)
 
 
-_FIELDS = dataclasses.fields(Qwen3MoeHFConfig)
-READ_KEYS = frozenset({f.name for f in _FIELDS} | {"rope_parameters", "rope_scaling", "num_mtp_layers", "dtype",
-                                                   "num_local_experts"})
+READ_KEYS = frozenset({f.name for f in dataclasses.fields(Qwen3MoeHFConfig)} | _SHARED_KEYS | {"num_local_experts"})
 """Every config.json key the view reads."""
 
 
 def _rope_theta(raw: Mapping[str, Any], where: str) -> float:
-    params = raw.get("rope_scaling") or raw.get("rope_parameters") or {}  # transformers reads rope_scaling first
-    if not isinstance(params, Mapping):
-        raise UserError(f"{where}: the rope settings (rope_parameters) must be a mapping.")
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind not in ("default", None):
-        raise UserError(f"{where}: rope type '{kind}' is not supported for a Qwen3-MoE model (only the default "
-                        "RoPE, which the Qwen3-MoE releases use; their YaRN is a serving-time option).")
-    factor = _value(params, "partial_rotary_factor", float, 1.0, where)
-    if factor != 1.0:
-        raise UserError(f"{where}: partial_rotary_factor {factor} cannot be represented; Qwen3-MoE rotates every "
-                        "dimension of each head.")
-    theta = _value(params if params.get("rope_theta") is not None else raw, "rope_theta", float, 10000.0, where)
-    top = _value(raw, "rope_theta", float, None, where)
-    if params.get("rope_theta") is not None and top is not None and top != theta:
-        note_once(f"{where}: rope_parameters gives rope_theta {theta} and the top level {top}; {theta} is used, "
-                  "as transformers does")
-    return theta
+    rope = read_rope(raw, where, {"rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+                     "for a Qwen3-MoE model (only the default RoPE, which the Qwen3-MoE releases use; their YaRN is a "
+                     "serving-time option).")
+    if rope["partial_rotary_factor"] != 1.0:
+        raise UserError(f"{where}: partial_rotary_factor {rope['partial_rotary_factor']} cannot be represented; "
+                        "Qwen3-MoE rotates every dimension of each head.")
+    return rope["rope_theta"]
 
 
 def _layer_list(raw: Mapping[str, Any], where: str) -> tuple[int, ...]:
@@ -140,26 +103,12 @@ def _layer_list(raw: Mapping[str, Any], where: str) -> tuple[int, ...]:
 
 def parse_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> Qwen3MoeHFConfig:
     """The view of a config.json dict; a missing required field or a malformed one is a UserError."""
-    values = read_view_fields(raw, Qwen3MoeHFConfig, where, "Qwen3-MoE")
-    heads = values["num_attention_heads"]
-    if heads < 1 or values["num_key_value_heads"] < 1 or heads % values["num_key_value_heads"]:
-        kv = missing_or_value(raw, "num_key_value_heads", values["num_key_value_heads"])
-        raise UserError(f"{where}: num_attention_heads ({heads}) must be a positive multiple of num_key_value_heads "
-                        f"{kv}.")
+    values = read_grouped_query(raw, Qwen3MoeHFConfig, where, "Qwen3-MoE")
     experts = _value(raw, "num_experts", int, None, where)
     if experts is None:
         experts = _value(raw, "num_local_experts", int, 128, where)
     if values["decoder_sparse_step"] < 1:
         raise UserError(f"{where}: decoder_sparse_step is {values['decoder_sparse_step']}; it must be a positive "
                         "integer; correct it in that file.")
-    values.update(
-        architectures=tuple(str(a) for a in raw.get("architectures") or ()),
-        head_dim=values["head_dim"] or values["hidden_size"] // heads,
-        num_experts=experts,
-        mlp_only_layers=_layer_list(raw, where),
-        num_nextn_predict_layers=mtp_depth(raw, where),
-        eos_token_id=_value(raw, "eos_token_id", eos_ids, None, where),
-        torch_dtype=values["torch_dtype"] or _value(raw, "dtype", str, None, where),
-        rope_theta=_rope_theta(raw, where),
-    )
+    values.update(num_experts=experts, mlp_only_layers=_layer_list(raw, where), rope_theta=_rope_theta(raw, where))
     return Qwen3MoeHFConfig(**values)

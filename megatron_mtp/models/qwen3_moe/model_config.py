@@ -3,11 +3,11 @@ with per-head q/k RMSNorms and full RoPE, and where the routed layers are (``dec
 ``mlp_only_layers``). The routing itself (softmax top-k, ``router_norm_topk_prob``, the balance loss,
 no expert bias, no groups, no shared experts) is the shared ModelConfig's.
 
-The attention is GLM-4.5's grouped-query attention with two settings fixed: every head dimension is
-rotated and there is no qkv bias (transformers' Qwen3-MoE puts ``attention_bias`` on o_proj too, which
-megatron-core's linear_proj does not have, and the released models have none). They are class
-constants here, not fields, so the GLM pieces this family reuses (tensor table, sizes, megatron-core
-config, GPTModel; models/glm4_moe/) read them as they read GLM's fields.
+The attention is the shared grouped-query attention (models/gqa/) with two settings fixed: every head
+dimension is rotated and there is no qkv bias (transformers' Qwen3-MoE puts ``attention_bias`` on o_proj
+too, which megatron-core's linear_proj does not have, and the released models have none). They are class
+constants here, not fields, so the shared pieces (tensor table, sizes, megatron-core config, GPTModel)
+read them as they read GLM's fields.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Optional
 
-from megatron_mtp.config.model import ModelConfig
 from megatron_mtp.config.moe_layers import MoeLayers
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.glm4_moe.model_config import check as check_grouped_query
+from megatron_mtp.models.gqa.model_fields import GroupedQueryModelConfig
+from megatron_mtp.models.gqa.model_fields import check as check_grouped_query
 
 
 @dataclass
-class Qwen3MoeModelConfig(ModelConfig):
+class Qwen3MoeModelConfig(GroupedQueryModelConfig):
     rotary_percent: ClassVar[float] = 1.0
     """Qwen3 rotates every dimension of each head (rotate-half style)."""
     add_qkv_bias: ClassVar[bool] = False
@@ -48,9 +48,6 @@ class Qwen3MoeModelConfig(ModelConfig):
     aux_loss_type: Literal["seq_aux_loss", "aux_loss", "global_aux_loss"] = "aux_loss"
     """Over which tokens the balance loss counts (Qwen3-MoE: the micro-batch, as transformers computes it)."""
 
-    num_query_groups: Optional[int] = None
-    """Key/value heads (HF num_key_value_heads); each serves num_attention_heads / num_query_groups
-    query heads. null: as many as attention heads."""
     head_dim: Optional[int] = None
     """Width of each query/key/value head (HF head_dim; Qwen3-MoE's is 128 whatever the hidden size).
     null: hidden_size / num_attention_heads."""

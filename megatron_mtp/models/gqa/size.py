@@ -1,13 +1,13 @@
-"""Analytic parameter counts and training FLOPs of the GLM-4.5 model (models/sizes.py over the
-grouped-query tensor table)."""
+"""Analytic parameter counts and training FLOPs of a grouped-query attention model (models/sizes.py
+over the grouped-query tensor table; a family's own MTP names do not change the counts)."""
 
 from __future__ import annotations
 
 from megatron_mtp.config import Config
 from megatron_mtp.models import sizes
 from megatron_mtp.models.family import AttentionShape
-from megatron_mtp.models.glm4_moe.hf_mapping import TABLE
-from megatron_mtp.models.glm4_moe.model_config import head_dim, query_groups, rotary_percent
+from megatron_mtp.models.gqa.attention_table import TABLE
+from megatron_mtp.models.gqa.model_fields import head_dim, query_groups, rotary_percent
 from megatron_mtp.models.sizes import LayerSizes, mtp_own_size  # noqa: F401  (the family interface)
 
 

@@ -1,5 +1,7 @@
-"""THE tensor table of the GLM-4.5 family (``glm4_moe``): its grouped-query attention block, around
-the MoE, dense MLP and MTP rules every family shares (models/tensor_table.py).
+"""The grouped-query attention block's tensor rules, and the table of a GQA family that names its MTP
+layers as DeepSeek-V3 does (GLM-4.5): around the MoE, dense MLP and MTP rules every family shares
+(models/tensor_table.py). A family with its own MTP naming builds its Table from these rules
+(models/qwen3_moe/hf_mapping.py).
 
 megatron-core fuses q, k and v into one ``linear_qkv`` whose rows are grouped per key/value head:
 [group g: its query heads, its key head, its value head] for g = 0 .. groups-1 (so a TP rank holds
@@ -15,7 +17,7 @@ from __future__ import annotations
 from typing import Optional
 
 from megatron_mtp.config.model import ModelConfig
-from megatron_mtp.models.glm4_moe.model_config import head_dim, query_groups
+from megatron_mtp.models.gqa.model_fields import head_dim, query_groups
 from megatron_mtp.models.tensor_table import (  # noqa: F401  (the family's table interface)
     EMBEDDING,
     FINAL_NORM,
@@ -48,7 +50,7 @@ def qkv_layout(m: ModelConfig) -> tuple[int, int, int]:
 
 
 _QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
-_ATTENTION = (
+ATTENTION_RULES = (
     Rule("input_layernorm.weight", ("input_layernorm.weight",), hidden, "none", "block_norm", spec="local"),
     Rule("self_attention.linear_qkv.layer_norm_weight", ("input_layernorm.weight",), hidden, "none", "block_norm",
          spec="te"),
@@ -62,10 +64,10 @@ _ATTENTION = (
 )
 
 
-def _attention(model: ModelConfig, spec: Optional[Spec]) -> list[Rule]:
+def attention_rules(model: ModelConfig, spec: Optional[Spec]) -> list[Rule]:
     """The grouped-query attention's tensors: the bias and the q/k norms only where configured."""
     out = []
-    for rule in _ATTENTION:
+    for rule in ATTENTION_RULES:
         if spec is not None and rule.spec not in (None, spec):
             continue
         if rule.mcore.endswith(".bias") and not model.add_qkv_bias:
@@ -77,7 +79,7 @@ def _attention(model: ModelConfig, spec: Optional[Spec]) -> list[Rule]:
     return out
 
 
-TABLE = Table(attention=_ATTENTION, attention_for=_attention, qkv=qkv_layout)
+TABLE = Table(attention=ATTENTION_RULES, attention_for=attention_rules, qkv=qkv_layout)
 layer_rules = TABLE.layer_rules
 block_rules = TABLE.block_rules
 rule_for_key = TABLE.rule_for_key

@@ -1,17 +1,17 @@
-"""Translate our typed Config into megatron-core's TransformerConfig with GLM-4.5's grouped-query
-attention (the shared fields in models/megatron_config.py).
+"""Translate our typed Config into megatron-core's TransformerConfig with grouped-query attention (the
+shared fields in models/megatron_config.py).
 
 Partial RoPE: megatron-core's GPTModel builds its rotary embedding over ``kv_channels x
 rotary_percent`` dims with ``inv_freq = 1 / base^(2i / rot_dim)`` and rotates the first ``rot_dim``
 dims of each head in the rotate-half (non-interleaved) style, passing the rest through; transformers'
-glm4_moe does the same with ``partial_rotary_factor``. The q/k norms are built with the per-head
+glm4_moe and qwen3_moe do the same with ``partial_rotary_factor``. The q/k norms are built with the per-head
 width (``hidden_size_per_attention_head``) and applied per head before RoPE, as transformers' are.
 """
 
 from __future__ import annotations
 
 from megatron_mtp.config import Config
-from megatron_mtp.models.glm4_moe.model_config import head_dim, query_groups
+from megatron_mtp.models.gqa.model_fields import head_dim, query_groups
 from megatron_mtp.models.megatron_config import common_kwargs, megatron_layout  # noqa: F401  (the interface)
 from megatron_mtp.platform import Platform
 from megatron_mtp.platform.features import Features, resolve_features

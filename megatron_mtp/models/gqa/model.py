@@ -1,10 +1,10 @@
-"""Build the megatron-core GPTModel of one pipeline stage (models/megatron_model.py) with GLM-4.5's
-grouped-query attention and partial RoPE."""
+"""Build the megatron-core GPTModel of one pipeline stage (models/megatron_model.py) with grouped-query
+attention and partial (or full) RoPE."""
 
 from __future__ import annotations
 
 from megatron_mtp.config import Config
-from megatron_mtp.models.glm4_moe.model_config import rotary_percent
+from megatron_mtp.models.gqa.model_fields import rotary_percent
 from megatron_mtp.models.megatron_model import build_gpt_model
 from megatron_mtp.platform import Platform
 
