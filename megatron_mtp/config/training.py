@@ -90,8 +90,11 @@ class TrainingConfig:
     the parallel layout (models/initialization.py)."""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Compute precision (parameters are kept in fp32 for the optimizer in bf16/fp16)."""
-    fp8: Optional[Literal["delayed", "tensorwise", "blockwise", "mxfp8"]] = None
-    """FP8 recipe through Transformer Engine (GPU only); null disables FP8."""
+    fp8: Optional[Literal["delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"]] = None
+    """Low-precision recipe through Transformer Engine (GPU only): delayed or tensorwise (per-tensor FP8
+    scales; Ada, Hopper, Blackwell), blockwise (DeepSeek-V3's 128x128 FP8 blocks; Hopper, Blackwell), mxfp8
+    or nvfp4 (4-bit; both Blackwell data-center GPUs only). Checked against the GPU by plan, submit and
+    train (platform/low_precision.py). null: no low precision."""
     fp8_param_gather: bool = False
     """With fp8: keep parameters in FP8 and all-gather them in FP8 (saves the bf16 weight copy)."""
     grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"

@@ -141,7 +141,9 @@ def common_kwargs(cfg: Config, platform: Platform, features: Features, mtp_loss_
         # With PP2, batched p2p ops pair a rank's sends and receives with one peer in the wrong order
         # and silently swap activations and gradients (Megatron-LM refuses it); overlapped p2p does not.
         kwargs.update(overlap_p2p_comm=True, batch_p2p_comm=False)
-    if t.fp8 is not None:
+    if t.fp8 == "nvfp4":  # megatron-core's FP4 fields (its fp8 and fp4 exclude each other)
+        kwargs.update(fp4="e2m1", fp4_recipe="nvfp4", fp4_param=t.fp8_param_gather)
+    elif t.fp8 is not None:
         kwargs.update(fp8="e4m3" if t.fp8 in ("blockwise", "mxfp8") else "hybrid", fp8_recipe=t.fp8,
                       fp8_param=t.fp8_param_gather)
     return kwargs

@@ -19,14 +19,16 @@ class Gpu:
     fp8_tflops: float = 0.0
     hbm_bytes_per_s: float = 0.0
     """Memory bandwidth (data sheet, SXM); 0: unknown (no decoding-speed prediction)."""
+    capability: tuple[int, int] | None = None
+    """CUDA compute capability (which FP8/FP4 recipes it runs: platform/low_precision.py); None: unknown."""
 
 
 # Names use the decimal GB of the data sheets; the capacity is what the device reports (nvidia-smi
 # total: H100 SXM 81,559 MiB, H200 143,771 MiB, B200 183,359 MiB).
 KNOWN = {
-    "h100": Gpu("H100 80 GB", 81559 * 1024**2, 989.0, 1979.0, 3.35e12),
-    "h200": Gpu("H200 141 GB", 143771 * 1024**2, 989.0, 1979.0, 4.8e12),
-    "b200": Gpu("B200 192 GB", 183359 * 1024**2, 2250.0, 4500.0, 8.0e12),
+    "h100": Gpu("H100 80 GB", 81559 * 1024**2, 989.0, 1979.0, 3.35e12, (9, 0)),
+    "h200": Gpu("H200 141 GB", 143771 * 1024**2, 989.0, 1979.0, 4.8e12, (9, 0)),
+    "b200": Gpu("B200 192 GB", 183359 * 1024**2, 2250.0, 4500.0, 8.0e12, (10, 0)),
 }
 DEFAULT = "h100"
 

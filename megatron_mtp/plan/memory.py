@@ -47,6 +47,7 @@ from megatron_mtp.plan.params import (
 )
 from megatron_mtp.platform.detect import Platform
 from megatron_mtp.platform.features import Features, resolve_features
+from megatron_mtp.platform.low_precision import check_recipe
 
 FIXED_ALLOWANCE = 3 * GIB
 """CUDA context (~0.5 GiB), NCCL communicators and buffers, cuBLAS/TE workspaces, allocator slack."""
@@ -324,6 +325,8 @@ def make_plan(cfg: Config, world: int, gpu: Gpu, cpu: bool = False, imbalance: f
         raise UserError(f"--routing-imbalance {imbalance} must be at least 1 (1: every expert-parallel rank "
                         "receives the average number of tokens)")
     sizes = validate(cfg, world)
+    if not cpu:
+        check_recipe(cfg.training.fp8, gpu.capability, gpu.name)
     imbalance = capacity_bound(cfg, imbalance)
     tgt = target(cfg, cpu)
     vocab = resolve_vocab(cfg)

@@ -72,6 +72,9 @@ def detect(device: str = "auto", backend: str = "auto", fp8: Optional[str] = Non
                 f"training.fp8={fp8} needs Transformer Engine, which is not installed here; "
                 "install the 'gpu' extra (pip install 'megatron-mtp[gpu]') or set training.fp8=null"
             )
+        from megatron_mtp.platform.low_precision import check_recipe, device_capability
+
+        check_recipe(fp8, device_capability(), torch.cuda.get_device_name())
     return Platform(device=device, backend=backend, use_te=use_te)
 
 

@@ -123,6 +123,9 @@ def test_schedule_replay_matches_megatron_formulas():
     (["--routing-imbalance", "0.5"], "--routing-imbalance 0.5 must be at least 1"),
     (["--routing-imbalance", "nan"], "--routing-imbalance nan must be at least 1"),
     (["model.vocab_size=null", "data.paths=[/data/x]"], "model.vocab_size is null"),
+    # the recipe a GPU generation cannot run, before any GPU is allocated (platform/low_precision.py)
+    (["training.fp8=mxfp8"], "training.fp8=mxfp8 does not run on the H100 80 GB (Hopper, 9.0)"),
+    (["--gpu", "h200", "training.fp8=nvfp4"], "use training.fp8=blockwise or tensorwise there"),
 ])
 def test_bad_input_is_one_sentence(args, message, capsys):
     argv = ["plan", V3, "--nodes", "128"] + (["--gpus-per-node", "8"] if "--gpus-per-node" not in args else []) + args
@@ -221,3 +224,22 @@ def test_a_capacity_caps_or_fixes_the_routed_tokens_the_plan_counts():
     assert worst([], 2.0) > worst([], 1.25)  # more routed tokens, more memory
     assert worst(["model.moe_capacity_factor=1.25"], 2.0) == worst([], 1.25)  # dropped beyond the capacity
     assert worst(["model.moe_capacity_factor=1.5", "model.moe_pad_to_capacity=true"], 1.0) == worst([], 1.5)
+
+
+def test_low_precision_recipes_by_gpu_generation(tmp_path):
+    from megatron_mtp.platform.low_precision import check_recipe
+
+    for gpu in ("h100", "h200", "b200"):
+        make_plan(load_config(V3), 1024, parse_gpu(gpu))  # the recipe's blockwise runs on all three
+    for recipe in ("mxfp8", "nvfp4"):
+        make_plan(load_config(V3, [f"training.fp8={recipe}"]), 1024, parse_gpu("b200"))
+        make_plan(load_config(V3, [f"training.fp8={recipe}"]), 1024, parse_gpu("141"))  # unknown kind: unchecked
+    with pytest.raises(UserError, match="needs compute capability 8.9 or newer .* the A100 is 8.0"):
+        check_recipe("tensorwise", (8, 0), "A100")
+    with pytest.raises(UserError, match=r"the RTX PRO 6000 \(Blackwell workstation, 12.0\)"):
+        check_recipe("mxfp8", (12, 0), "RTX PRO 6000")
+    check_recipe("blockwise", (12, 0), "RTX PRO 6000")
+    request = SubmitRequest(config=V3, overrides=["training.fp8=mxfp8", f"data.paths=[{tmp_path / 'c'}]"],
+                            nodes=128, gpus_per_node=8, run_dir=str(tmp_path / "run"), force=True)
+    with pytest.raises(UserError, match="training.fp8=mxfp8 does not run on the H100"):
+        build_plan(request)  # submit: refused even with --force, which only passes memory

@@ -164,3 +164,12 @@ def test_document_boundaries_for_attention_need_the_local_attention_and_position
     with pytest.raises(UserError, match="data.reset_position_ids=true would change nothing: megatron-core's rotary"):
         validate(_cfg("data.reset_position_ids=true"), 1)
     validate(_cfg("data.eod_mask_loss=true", "data.reset_attention_mask=true"), 1)
+
+
+def test_nvfp4_maps_onto_megatron_cores_fp4_fields():
+    from megatron_mtp.models.deepseek_v3.transformer_config import transformer_config_kwargs
+
+    cfg = load_config(str(ROOT / "configs" / "deepseek_v3_671b.yaml"), ["training.fp8=nvfp4"])
+    kwargs = transformer_config_kwargs(cfg, GPU_TE, resolve_features(cfg, GPU_TE))
+    assert (kwargs["fp4"], kwargs["fp4_recipe"], kwargs["fp4_param"]) == ("e2m1", "nvfp4", True)
+    assert "fp8" not in kwargs and "fp8_recipe" not in kwargs  # megatron-core's fp8 and fp4 exclude each other
