@@ -57,6 +57,10 @@ class ParallelConfig:
     max(40M, 1M × data-parallel size))."""
     tp_comm_overlap: Toggle = False
     """Overlap tensor-parallel communication with GEMMs (Transformer Engine userbuffers, GPU)."""
+    shared_expert_overlap: Toggle = "auto"
+    """Run the shared experts while the routed tokens travel (megatron-core's moe_shared_expert_overlap: CUDA
+    streams, GPU only). auto: on with a GPU, shared experts and the alltoall dispatcher, unless
+    moe_a2a_overlap (which overlaps them itself) or recomputation of the shared experts is on."""
     moe_a2a_overlap: bool = False
     """Overlap the expert-parallel all-to-all of one micro-batch with the compute of another
     (megatron-core's overlap_moe_expert_parallel_comm: bf16, expert > 1, and with MTP pipeline > 1

@@ -63,3 +63,11 @@ class KernelConfig:
     fp8_padding: Toggle = "auto"
     """Pad the routing map so each expert's tokens are a multiple of 16 (needed by FP8 GEMMs;
     auto: on with training.fp8)."""
+    cuda_graph: Literal["off", "local", "transformer_engine"] = "off"
+    """Capture layers' forward and backward in CUDA graphs (GPU; megatron-core's cuda_graph_impl): local
+    (megatron-core's own graphs) or transformer_engine (Transformer Engine's make_graphed_callables). Graphs
+    want fixed shapes: an MoE layer is graphed only with model.moe_pad_to_capacity."""
+    cuda_graph_scope: Optional[list[str]] = None
+    """What cuda_graph captures (megatron-core's cuda_graph_scope): any of attn, mlp, moe, moe_router,
+    moe_preprocess (transformer_engine), or full_iteration (local). null: megatron-core's default, whole
+    layers."""

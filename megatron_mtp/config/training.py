@@ -95,6 +95,10 @@ class TrainingConfig:
     scales; Ada, Hopper, Blackwell), blockwise (DeepSeek-V3's 128x128 FP8 blocks; Hopper, Blackwell), mxfp8
     or nvfp4 (4-bit; both Blackwell data-center GPUs only). Checked against the GPU by plan, submit and
     train (platform/low_precision.py). null: no low precision."""
+    bf16_first_last_layers: Optional[list[int]] = None
+    """With fp8: [START, END], the first START and last END decoder layers stay in bf16 (megatron-core's
+    first_last_layers_bf16; DeepSeek-V3 style recipes keep the layers next to the embedding and the head out
+    of FP8). Not with fp8=delayed. null: every layer in the recipe."""
     fp8_param_gather: bool = False
     """With fp8: keep parameters in FP8 and all-gather them in FP8 (saves the bf16 weight copy)."""
     grad_reduce_dtype: Literal["fp32", "bf16"] = "fp32"

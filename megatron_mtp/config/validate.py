@@ -195,6 +195,15 @@ def _mtp_and_numbers(cfg: Config) -> None:
         raise UserError(f"training.fp8={t.fp8} needs training.precision=bf16")
     if t.fp8_param_gather and t.fp8 is None:
         raise UserError("training.fp8_param_gather needs training.fp8 (an FP8 recipe)")
+    if t.bf16_first_last_layers is not None:
+        pair = t.bf16_first_last_layers
+        per_stage = m.num_layers // cfg.parallel.pipeline
+        if len(pair) != 2 or not all(isinstance(n, int) and 0 <= n <= per_stage for n in pair):
+            raise UserError(f"training.bf16_first_last_layers is {pair}; give [START, END], each 0 to {per_stage} (the "
+                            "decoder layers of one pipeline stage)")
+        if t.fp8 in (None, "delayed"):
+            raise UserError(f"training.bf16_first_last_layers needs a training.fp8 recipe other than delayed (it is "
+                            f"{t.fp8}); megatron-core keeps no layer in bf16 under delayed scaling")
     if t.grad_reduce_dtype == "bf16" and t.precision != "bf16":
         raise UserError("training.grad_reduce_dtype=bf16 needs training.precision=bf16")
     for key, value in (("optimizer.adam_eps", o.adam_eps), ("model.norm_epsilon", m.norm_epsilon),

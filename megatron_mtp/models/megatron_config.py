@@ -146,4 +146,13 @@ def common_kwargs(cfg: Config, platform: Platform, features: Features, mtp_loss_
     elif t.fp8 is not None:
         kwargs.update(fp8="e4m3" if t.fp8 in ("blockwise", "mxfp8") else "hybrid", fp8_recipe=t.fp8,
                       fp8_param=t.fp8_param_gather)
+    if t.bf16_first_last_layers is not None and t.fp8 is not None:
+        start, end = t.bf16_first_last_layers
+        kwargs.update(first_last_layers_bf16=True, num_layers_at_start_in_bf16=start, num_layers_at_end_in_bf16=end)
+    if features.cuda_graph is not None:
+        kwargs["cuda_graph_impl"] = features.cuda_graph
+        if cfg.kernels.cuda_graph_scope is not None:
+            kwargs["cuda_graph_scope"] = list(cfg.kernels.cuda_graph_scope)
+    if features.shared_expert_overlap:
+        kwargs["moe_shared_expert_overlap"] = True
     return kwargs

@@ -9,6 +9,7 @@ trainer uses, and the mapping onto megatron-core reads nothing else.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from dataclasses import dataclass
 from typing import Optional
@@ -33,6 +34,9 @@ class Features:
     async_save: bool
     data_workers: int
     """data.num_workers resolved: reading processes per rank."""
+    cuda_graph: Optional[str] = None
+    """megatron-core's cuda_graph_impl ('local' or 'transformer_engine'); None: no CUDA graphs."""
+    shared_expert_overlap: bool = False
 
 
 def _needs(platform: Platform, field: str, what: str, te: bool = True, fix: str = "set it to auto or false") -> None:
@@ -94,6 +98,8 @@ def resolve_features(cfg, platform: Platform) -> Features:
         # itself uses every core (tools/bench/bench_data_loading.py measures both)
         data_workers=(0 if platform.is_cpu else 2) if cfg.data.num_workers is None else cfg.data.num_workers,
     )
+    features = dataclasses.replace(features, cuda_graph=_cuda_graph(cfg, platform),
+                                   shared_expert_overlap=_shared_expert_overlap(cfg, platform, gpu_te))
     if features.data_workers < 0 or cfg.data.prefetch < 1:
         raise UserError(f"data.num_workers is {cfg.data.num_workers} and data.prefetch {cfg.data.prefetch}; give "
                         "0 or more workers and a prefetch of at least 1")
@@ -116,6 +122,52 @@ def resolve_features(cfg, platform: Platform) -> Features:
         raise UserError("optimizer.cpu_optimizer=deepspeed needs DeepSpeed; install the 'deepspeed' extra "
                         "(pip install 'megatron-mtp[deepspeed]') or use cpu_optimizer=torch")
     return features
+
+
+CUDA_GRAPH_SCOPES = {"transformer_engine": ("attn", "mlp", "moe", "moe_router", "moe_preprocess"),
+                     "local": ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")}
+"""What kernels.cuda_graph_scope may name per implementation (megatron-core's CudaGraphScope)."""
+
+
+def _cuda_graph(cfg, platform: Platform) -> Optional[str]:
+    k, m = cfg.kernels, cfg.model
+    if k.cuda_graph == "off":
+        if k.cuda_graph_scope is not None:
+            raise UserError("kernels.cuda_graph_scope is set but kernels.cuda_graph is off; set kernels.cuda_graph "
+                            "to local or transformer_engine, or leave the scope null")
+        return None
+    if platform.is_cpu:
+        raise UserError(f"kernels.cuda_graph={k.cuda_graph} needs CUDA graphs on a GPU, but this run is on CPU; "
+                        "set kernels.cuda_graph=off")
+    if k.cuda_graph == "transformer_engine" and not platform.use_te:
+        raise UserError("kernels.cuda_graph=transformer_engine needs Transformer Engine, which is not installed here; "
+                        "install the 'gpu' extra (pip install 'megatron-mtp[gpu]') or use kernels.cuda_graph=local")
+    scope = k.cuda_graph_scope or []
+    unknown = [s for s in scope if s not in CUDA_GRAPH_SCOPES[k.cuda_graph]]
+    if unknown:
+        raise UserError(f"kernels.cuda_graph_scope names {unknown[0]!r}, which kernels.cuda_graph={k.cuda_graph} "
+                        f"cannot capture; use any of {', '.join(CUDA_GRAPH_SCOPES[k.cuda_graph])}")
+    if "moe" in scope and not m.moe_pad_to_capacity:
+        raise UserError("kernels.cuda_graph_scope moe needs fixed expert shapes: set model.moe_capacity_factor and "
+                        "model.moe_pad_to_capacity=true, or capture moe_router/moe_preprocess instead")
+    return k.cuda_graph
+
+
+def _shared_expert_overlap(cfg, platform: Platform, gpu_te: bool) -> bool:
+    m, p, r = cfg.model, cfg.parallel, cfg.recompute
+    recomputed = r.granularity == "selective" and "shared_experts" in r.modules
+    why = ("model.num_shared_experts=0" if not (m.num_experts and m.num_shared_experts) else
+           f"parallel.token_dispatcher={p.token_dispatcher} (only alltoall)" if p.token_dispatcher != "alltoall" else
+           "parallel.moe_a2a_overlap, which overlaps the shared experts itself" if p.moe_a2a_overlap else
+           "recompute.modules shared_experts" if recomputed else None)
+    if p.shared_expert_overlap == "auto":
+        return not platform.is_cpu and why is None
+    if p.shared_expert_overlap and platform.is_cpu:
+        raise UserError("parallel.shared_expert_overlap=true needs CUDA streams on a GPU, but this run is on CPU; "
+                        "set it to auto or false")
+    if p.shared_expert_overlap and why is not None:
+        raise UserError(f"parallel.shared_expert_overlap=true does not work with {why}; set it to auto or false")
+    return bool(p.shared_expert_overlap)
 
 
 def _output_loss_chunk(cfg, fused_ce: Optional[str]) -> Optional[int]:

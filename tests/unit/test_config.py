@@ -131,6 +131,8 @@ BAD = [
     (["model.moe_ffn_hidden_size=0"], 1, "model.moe_ffn_hidden_size is 0; a MoE model"),
     (["model.num_experts=-4"], 1, "model.num_experts is -4; it must be 0 (a dense model)"),
     (["model.moe_capacity_factor=0"], 1, "model.moe_capacity_factor is 0.0; use a positive factor"),
+    (["training.bf16_first_last_layers=[1,1]"], 1, "training.bf16_first_last_layers needs a training.fp8 recipe"),
+    (["training.bf16_first_last_layers=[1]"], 1, "training.bf16_first_last_layers is [1]; give [START, END]"),
     (["model.moe_pad_to_capacity=true"], 1, "model.moe_pad_to_capacity=true needs model.moe_capacity_factor"),
     (["model.moe_capacity_factor=1.0", "model.moe_pad_to_capacity=true", "parallel.token_dispatcher=flex",
       "parallel.expert=2"], 2, "does not work with parallel.token_dispatcher=flex on DeepEP"),

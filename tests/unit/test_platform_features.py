@@ -55,6 +55,8 @@ def test_async_save_is_off_by_default_on_cpu_but_can_be_asked_for():
     (["training.precision=bf16", "optimizer.precision_aware=true"],
      "optimizer.precision_aware=true needs Transformer Engine's FusedAdam on a GPU"),
     (["recompute.granularity=selective", "recompute.modules=[moe_act]"], "recompute.modules moe_act needs"),
+    (["kernels.cuda_graph=local"], "kernels.cuda_graph=local needs CUDA graphs on a GPU"),
+    (["parallel.shared_expert_overlap=true"], "parallel.shared_expert_overlap=true needs CUDA streams on a GPU"),
 ])
 def test_gpu_only_controls_on_cpu_are_one_sentence(overrides, field):
     with pytest.raises(UserError, match=field.replace("(", r"\(")) as info:
@@ -173,3 +175,33 @@ def test_nvfp4_maps_onto_megatron_cores_fp4_fields():
     kwargs = transformer_config_kwargs(cfg, GPU_TE, resolve_features(cfg, GPU_TE))
     assert (kwargs["fp4"], kwargs["fp4_recipe"], kwargs["fp4_param"]) == ("e2m1", "nvfp4", True)
     assert "fp8" not in kwargs and "fp8_recipe" not in kwargs  # megatron-core's fp8 and fp4 exclude each other
+
+
+def test_cuda_graphs_shared_expert_overlap_and_bf16_layers_map_onto_megatron_core():
+    from megatron_mtp.models.deepseek_v3.transformer_config import transformer_config_kwargs
+
+    def kwargs(*overrides):
+        cfg = load_config(str(ROOT / "configs" / "deepseek_v3_671b.yaml"), list(overrides))
+        return transformer_config_kwargs(cfg, GPU_TE, resolve_features(cfg, GPU_TE))
+
+    plain = kwargs("parallel.moe_a2a_overlap=false", "parallel.delay_wgrad_compute=false")
+    assert plain["moe_shared_expert_overlap"] is True  # auto: a GPU, a shared expert, alltoall
+    assert "moe_shared_expert_overlap" not in kwargs()  # the recipe's a2a overlap overlaps them itself
+    assert "cuda_graph_impl" not in plain and "first_last_layers_bf16" not in plain
+    graphed = kwargs("kernels.cuda_graph=transformer_engine", "kernels.cuda_graph_scope=[attn,moe_router]",
+                     "training.bf16_first_last_layers=[1,2]")
+    assert (graphed["cuda_graph_impl"], graphed["cuda_graph_scope"]) == ("transformer_engine", ["attn", "moe_router"])
+    assert (graphed["first_last_layers_bf16"], graphed["num_layers_at_start_in_bf16"],
+            graphed["num_layers_at_end_in_bf16"]) == (True, 1, 2)
+    assert not resolve_features(_cfg(), CPU).shared_expert_overlap  # auto is off on CPU
+    for overrides, message in (
+            (["kernels.cuda_graph=local", "kernels.cuda_graph_scope=[moe]"], "scope moe needs fixed expert shapes"),
+            (["kernels.cuda_graph=transformer_engine", "kernels.cuda_graph_scope=[full_iteration]"],
+             "names 'full_iteration', which kernels.cuda_graph=transformer_engine cannot capture"),
+            (["parallel.shared_expert_overlap=true", "parallel.token_dispatcher=allgather"],
+             "does not work with parallel.token_dispatcher=allgather")):
+        with pytest.raises(UserError, match=message):
+            kwargs("parallel.moe_a2a_overlap=false", "parallel.delay_wgrad_compute=false", *overrides)
+    cfg = load_config(str(ROOT / "configs" / "deepseek_v3_671b.yaml"), ["kernels.cuda_graph=transformer_engine"])
+    with pytest.raises(UserError, match="install the 'gpu' extra"):
+        resolve_features(cfg, GPU_NO_TE)
