@@ -121,12 +121,18 @@ def test_resume_at_another_virtual_pipeline_size(tmp_path, train, metrics):
 @pytest.mark.parametrize("layout", ["[3,1]", "[4,0]"], ids=["short_last_stage", "mtp_alone_on_last_stage"])
 def test_uneven_pipeline_layout_matches_single_process(tmp_path, train, metrics, layout):
     """parallel.pipeline_layout with a short last stage, or one holding only MTP and the loss (the
-    DeepSeek-V3 recipes' final 'mL' stage), trains like 1 process."""
+    DeepSeek-V3 recipes' final 'mL' stage, which `plan --smallest` also tries), trains like 1 process; there
+    a resume after step 1 continues as the uninterrupted run does."""
     start = ("model.num_layers=4",)
     single, uneven = tmp_path / "single", tmp_path / "uneven"
     train(single, steps=2, overrides=start)
-    train(uneven, nproc=2, steps=2, overrides=(*start, "parallel.pipeline=2", f"parallel.pipeline_layout={layout}"))
+    pipeline = (*start, "parallel.pipeline=2", f"parallel.pipeline_layout={layout}")
+    if layout == "[4,0]":
+        train(uneven, nproc=2, steps=1, overrides=pipeline)
+    proc = train(uneven, nproc=2, steps=2, overrides=pipeline)
+    assert ("resum" in proc.stdout + proc.stderr) == (layout == "[4,0]")
     a, b = metrics(single), metrics(uneven)
+    assert [r["step"] for r in b] == [1, 2]
     assert_same_first_step(b, a, layout)
     for key in ("train/lm_loss", "train/mtp_loss_1"):
         assert max(abs(x[key] - y[key]) for x, y in zip(a, b)) < 2e-3, key

@@ -88,3 +88,20 @@ def test_zero_gpus_per_node_is_refused_not_the_default():
     out = subprocess.run([sys.executable, "-m", "megatron_mtp", "plan", "configs/tiny_cpu.yaml", "--smallest",
                           "--gpus-per-node", "0"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 2 and "--gpus-per-node (0)" in out.stderr and "must be at least 1" in out.stderr
+
+
+def test_the_search_tries_mtp_on_a_stage_of_its_own():
+    from megatron_mtp.config import load_config
+    from megatron_mtp.config.pipeline_layout import stages
+
+    out = subprocess.run([sys.executable, "-m", "megatron_mtp", "plan", "configs/tiny_cpu.yaml", "--smallest",
+                          "--gpu", "h100", "--max-nodes", "1"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    alone = [line for line in out.stdout.splitlines() if "(MTP on a stage of its own)" in line]
+    assert alone and all(" x PP1 " not in line for line in alone), out.stdout  # only where there is a pipeline
+    command = next(line for line in out.stdout.splitlines() if line.startswith("reproduce: "))
+    overrides = [w for w in command.split()[4:] if "=" in w]
+    cfg = load_config(str(ROOT / "configs" / "tiny_cpu.yaml"), overrides)
+    assert "parallel.pipeline_layout=[4,0]" in overrides, command  # the best: the output layer's stage lightest
+    last = stages(4, 1, cfg.parallel.pipeline, None, cfg.parallel.pipeline_layout)[-1]
+    assert (last.layers, last.mtp_layers, last.loss) == ((), 1, True)
