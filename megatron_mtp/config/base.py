@@ -45,8 +45,7 @@ def parse_yaml(text):
 
 
 NOT_YET = {
-    "context_parallel": "context parallelism is not supported yet (a sequence is not split over ranks); for long "
-                        "sequences use parallel.sequence_parallel with parallel.tensor > 1 and recompute",
+    "context_parallel": "context parallelism is parallel.context (CP; planned by `megatron-mtp plan`)",
 }
 """Keys users of Megatron-LM reach for that name a capability this project does not have yet: the
 answer says so instead of suggesting a near spelling of another field."""

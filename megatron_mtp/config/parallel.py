@@ -1,6 +1,6 @@
 """Parallel layout: tensor, pipeline (and virtual), expert parallel sizes, and communication overlap.
 
-Data parallelism is what is left: world / (tensor × pipeline) for attention and dense layers, and
+Data parallelism is what is left: world / (tensor × pipeline × context) for attention and dense layers, and
 world / (expert_tensor × expert × pipeline) for the routed experts (megatron-core's parallel
 folding: experts reuse the same ranks with their own grouping).
 """
@@ -23,6 +23,11 @@ class ParallelConfig:
     virtual_pipeline: Optional[int] = None
     """Model chunks per pipeline rank for the interleaved schedule (VPP; null or 1: not interleaved).
     Implied by a pipeline_layout with pipeline × N stages."""
+    context: int = 1
+    """Context-parallel size (CP): each sequence split over this many ranks, in 2 × CP chunks (rank r holds
+    chunks r and 2CP - 1 - r, which balances causal attention), keys and values passed around a ring
+    (megatron-core's context_parallel_size; Transformer Engine's attention). `plan` counts it; training
+    with it is refused until the batches are split over these ranks (README: "Long context")."""
     expert: int = 1
     """Expert-parallel size (EP): routed experts are split across this many ranks."""
     expert_tensor: Optional[int] = None

@@ -52,6 +52,13 @@ def _parallel(cfg: Config, world_size: Optional[int]) -> ParallelSizes:
         value = getattr(p, name)
         if value is not None and value < 1:
             raise UserError(f"parallel.{name} is {value}; it must be a positive integer or null")
+    if p.context < 1:
+        raise UserError(f"parallel.context is {p.context}; it must be a positive integer (1: no context parallelism)")
+    chunks = 2 * p.context * p.tensor  # each CP rank's 2 chunks, split again over the TP ranks (sequence parallel)
+    if p.context > 1 and t.seq_length % chunks:
+        raise UserError(f"training.seq_length={t.seq_length} must be divisible by 2 × parallel.context × "
+                        f"parallel.tensor = {chunks}: each context-parallel rank holds 2 chunks of a sequence, "
+                        "split again over the tensor-parallel ranks")
     stages = pipeline_layout.stages(m.num_layers, cfg.mtp.num_layers, p.pipeline, p.virtual_pipeline,
                                     p.pipeline_layout)
     vpp = len(stages) // p.pipeline

@@ -155,4 +155,6 @@ def common_kwargs(cfg: Config, platform: Platform, features: Features, mtp_loss_
             kwargs["cuda_graph_scope"] = list(cfg.kernels.cuda_graph_scope)
     if features.shared_expert_overlap:
         kwargs["moe_shared_expert_overlap"] = True
+    if cfg.parallel.context > 1:
+        kwargs["context_parallel_size"] = cfg.parallel.context
     return kwargs

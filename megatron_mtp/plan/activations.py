@@ -132,7 +132,9 @@ def dims_of(cfg: Config, padded_vocab: int, imbalance: float = 1.0, seq: int | N
     a = get_family(m.family).attention_shape(m)
     attention = dict(qk_dim=a.qk_dim, v_dim=a.v_dim, rope_dim=a.rope_dim, q_lora=a.q_lora, kv_lora=a.kv_lora,
                      kv_heads=None if a.kv_heads is None else a.kv_heads // tp, qk_norm=a.qk_norm)
-    return Dims(seq=seq or cfg.training.seq_length, batch=batch or cfg.training.micro_batch_size,
+    # context parallelism: a rank holds 1/CP of each sequence (2 chunks); its activations scale with that
+    return Dims(seq=(seq or cfg.training.seq_length) // cfg.parallel.context,
+                batch=batch or cfg.training.micro_batch_size,
                 hidden=m.hidden_size, heads=m.num_attention_heads // tp, **attention,
                 ffn=m.ffn_hidden_size // tp, expert_ffn=m.moe_ffn_hidden_size // etp,
                 shared_ffn=m.num_shared_experts * m.moe_ffn_hidden_size // tp, experts=m.num_experts,

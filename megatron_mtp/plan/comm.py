@@ -65,8 +65,14 @@ def _mlp_tp(d: Dims) -> float:
     return sum(_column(d.hidden, d.tokens)) + 2 * d.tokens * d.hidden
 
 
+def _kv_width(d: Dims) -> float:
+    """Key and value elements per token on one TP rank (MLA: the up-projected heads)."""
+    heads = d.kv_heads if d.kv_heads is not None else d.heads
+    return heads * (d.qk_dim + d.v_dim)
+
+
 def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
-    """Bytes per group kind ('tp', 'ep', 'etp', 'dp', 'edp', 'pp', 'embedding') for `pp_rank`."""
+    """Bytes per group kind ('tp', 'cp', 'ep', 'etp', 'dp', 'edp', 'pp', 'embedding') for `pp_rank`."""
     sizes, tgt = plan.sizes, plan.target
     d = dims_of(cfg, memory.resolve_vocab(cfg), plan.imbalance)
     te, m, a = tgt.te, cfg.model, d.act_bytes
@@ -83,6 +89,9 @@ def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
         per_micro: Counter = Counter()
         for moe, forward_only in layers:
             passes = 1 if forward_only else 2
+            if sizes.cp > 1:  # keys and values around the CP ring: CP - 1 hops forward, again with their
+                # gradients backward (the ring attention of Transformer Engine)
+                per_micro["cp"] += (1 + 2 * (passes - 1)) * (sizes.cp - 1) * t * _kv_width(d) * a
             if tp:
                 per_micro["tp"] += sum(_attention_tp(cfg, d, te)) * a
                 if not moe or m.num_shared_experts:

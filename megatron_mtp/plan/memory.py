@@ -399,6 +399,7 @@ def assumptions(plan: Plan) -> list[str]:
         f"{plan.gpu.name} ({plan.gpu.memory_bytes / GIB:.1f} GiB), Transformer Engine specs"
     out = [
         f"target: {where}; world {s.world} = TP{s.tp} × PP{s.pp}" + (f" (VPP{s.vpp})" if s.vpp > 1 else "") +
+        (f" × CP{s.cp}" if s.cp > 1 else "") +
         f" × DP{s.dp}; experts EP{s.ep} × ETP{s.etp} × EDP{s.edp}",
         f"{plan.num_micro} micro-batches of {t.micro_batch_size} × {t.seq_length} tokens per step per data-parallel "
         "rank (global batch / (micro batch × DP))",

@@ -244,8 +244,9 @@ def chunk_buffers(params: list[Param], sizes: ParallelSizes, bucket_size: Option
         for p in group:
             kinds.setdefault(fp8_params and p.linear, []).append(p)
         for fp8, members in kinds.items():
-            out.append(layout_buffer(members, sizes.edp if expert else sizes.dp, bucket_size, distributed,
-                                     expert, fp8))
+            # dense gradients reduce (and the distributed optimizer shards) over data × context parallel ranks
+            out.append(layout_buffer(members, sizes.edp if expert else sizes.dp * sizes.cp, bucket_size,
+                                     distributed, expert, fp8))
     return out
 
 
@@ -256,7 +257,7 @@ def ddp_bucket_size(cfg: Config, sizes: ParallelSizes, pp_rank: int, vp_stage: i
     p = cfg.parallel
     if not p.overlap_grad_reduce or cfg.mtp.freeze_base or pp_rank > 0 or vp_stage > 0:
         return None
-    return p.bucket_size or max(40_000_000, 1_000_000 * sizes.dp)
+    return p.bucket_size or max(40_000_000, 1_000_000 * sizes.dp * sizes.cp)
 
 
 def trains(cfg: Config, param: Param) -> bool:

@@ -67,7 +67,8 @@ def build(plan: Plan, mfu: Optional[float] = None, with_suggestions: bool = True
         "target": "cpu" if plan.target.platform.is_cpu else "gpu",
         "gpu": {"name": plan.gpu.name, "memory_bytes": plan.gpu.memory_bytes},
         "world": s.world,
-        "layout": {"tp": s.tp, "pp": s.pp, "vpp": s.vpp, "dp": s.dp, "ep": s.ep, "etp": s.etp, "edp": s.edp},
+        "layout": {"tp": s.tp, "pp": s.pp, "vpp": s.vpp, "cp": s.cp, "dp": s.dp, "ep": s.ep, "etp": s.etp,
+                   "edp": s.edp},
         "micro_batches_per_step": plan.num_micro,
         "tokens_per_step": tokens,
         "training_flops_per_step": flops,
@@ -118,7 +119,8 @@ def format_table(report: dict) -> str:
         "CPU processes (gloo)" if cpu else f"× {gpu['name']} ({gpu['memory_bytes'] / GIB:.1f} GiB)")
     lines = [
         head,
-        f"layout    TP{lay['tp']} × PP{lay['pp']}{vpp} × DP{lay['dp']}; experts EP{lay['ep']} × ETP{lay['etp']} × "
+        f"layout    TP{lay['tp']} × PP{lay['pp']}{vpp}" + (f" × CP{lay['cp']}" if lay["cp"] > 1 else "") +
+        f" × DP{lay['dp']}; experts EP{lay['ep']} × ETP{lay['etp']} × "
         f"EDP{lay['edp']}; {report['micro_batches_per_step']} micro-batches per step, "
         f"{report['tokens_per_step']:,} tokens per step",
         f"schedule  pipeline bubble {report['bubble_fraction']:.1%} of a step ((p - 1) / (v m + p - 1))",

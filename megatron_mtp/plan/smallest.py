@@ -5,7 +5,8 @@ Searches world sizes of whole nodes (--gpus-per-node each, 8 by default) from on
 the layouts TP in {1,2,4,8} x PP in {1,2,4,...,32} x EP in {1,2,4,...,64} (expert TP 1, virtual
 pipeline off; megatron-core's even layer split, `parallel.pipeline_layout=null`, and with MTP layers
 also the decoder layers over PP - 1 stages with the MTP layers and the loss on a last stage of their
-own, which lightens the stage that holds the output layer) that the config's own checks accept.
+own, which lightens the stage that holds the output layer; for sequences of 16K tokens or more also CP
+in {1,2,...,32}) that the config's own checks accept.
 Prints, for the first world size with a fitting layout, every fitting layout by worst-rank memory,
 and the `plan` command that reproduces the best one. The plan is the one `megatron-mtp plan`
 prints (exact state bytes; saved activations and workspace estimated as it states). It plans the
@@ -25,6 +26,18 @@ from megatron_mtp.config.validate import validate
 from megatron_mtp.errors import UserError
 from megatron_mtp.plan.gpus import parse_gpu
 from megatron_mtp.plan.memory import make_plan
+
+LONG = 16384
+"""From this sequence length on, the search also splits sequences over context-parallel ranks."""
+
+
+def _contexts(cfg) -> tuple[int, ...]:
+    """The context-parallel sizes tried: 1, and for sequences of LONG tokens or more 2 to 32."""
+    return (1, 2, 4, 8, 16, 32) if cfg.training.seq_length >= LONG else (1,)
+
+
+def _cp(cp: int) -> str:
+    return f" x CP{cp}" if cp > 1 else ""
 
 
 def _splits(cfg, pp: int) -> list[str]:
@@ -53,16 +66,18 @@ def smallest(config: str, overrides: list[str], gpu_name: str = "h100", gpus_per
         of the ``most_sharded`` ones with the largest TP x PP x EP)."""
         world = nodes * gpus_per_node
         out = []
-        combos = [c for c in itertools.product((1, 2, 4, 8), (1, 2, 4, 8, 16, 32), (1, 2, 4, 8, 16, 32, 64))
-                  if not (world % (c[0] * c[1]) or world % (c[1] * c[2]))]
+        combos = [(tp, pp, ep, cp) for tp, pp, ep in itertools.product((1, 2, 4, 8), (1, 2, 4, 8, 16, 32),
+                                                                         (1, 2, 4, 8, 16, 32, 64))
+                  for cp in _contexts(base)
+                  if not (world % (tp * pp * cp) or world % (pp * ep))]
         if most_sharded is not None:
-            combos.sort(key=lambda c: -c[0] * c[1] * c[2])
-        for tp, pp, ep in combos:
+            combos.sort(key=lambda c: -c[0] * c[1] * c[2] * c[3])
+        for tp, pp, ep, cp in combos:
             if most_sharded is not None and len(out) == most_sharded:
                 break
             for split in _splits(base, pp):
                 layout = [f"parallel.tensor={tp}", f"parallel.pipeline={pp}", f"parallel.expert={ep}",
-                          "parallel.expert_tensor=1", "parallel.virtual_pipeline=null",
+                          f"parallel.context={cp}", "parallel.expert_tensor=1", "parallel.virtual_pipeline=null",
                           f"parallel.pipeline_layout={split}", f"parallel.world_size={world}"]
                 try:
                     cfg = load_config(config, [*overrides, *layout])
@@ -70,7 +85,7 @@ def smallest(config: str, overrides: list[str], gpu_name: str = "h100", gpus_per
                     plan = make_plan(cfg, world, gpu, cpu=False, imbalance=1.0)
                 except UserError:
                     continue  # a layout the config can't take (heads, experts or layers don't divide)
-                out.append((plan.worst.total, plan.fits, tp, pp, ep, plan.worst.pp_rank, split))
+                out.append((plan.worst.total, plan.fits, tp, pp, ep, plan.worst.pp_rank, split, cp))
         best = min(out, default=None)
         which = "most sharded " if most_sharded is not None else ""
         print(f"  {nodes} node(s), {world} GPUs: {len(out)} {which}layouts planned, {sum(o[1] for o in out)} fit"
@@ -86,27 +101,29 @@ def smallest(config: str, overrides: list[str], gpu_name: str = "h100", gpus_per
     # world grows), that says nothing of smaller worlds, which are searched as usual
     largest = plans(max_nodes, most_sharded=4)
     if largest and not any(fits for _, fits, *_ in largest):
-        total, _, tp, pp, ep, *_ = min(largest)
+        total, _, tp, pp, ep, _, _, cp = min(largest)
         print(f"no layout up to {max_nodes} nodes fits {config} on {gpu.name}: even at "
               f"{max_nodes * gpus_per_node} GPUs the lowest worst rank is {total / 2**30:.1f} GiB "
-              f"(TP{tp} x PP{pp} x EP{ep}) of {gib:.1f} GiB", file=sys.stderr)
+              f"(TP{tp} x PP{pp} x EP{ep}{_cp(cp)}) of {gib:.1f} GiB", file=sys.stderr)
         return 1
     for nodes in range(1, max_nodes + 1):
         world = nodes * gpus_per_node
-        fits = sorted((total, tp, pp, ep, rank, split) for total, ok, tp, pp, ep, rank, split in plans(nodes) if ok)
+        fits = sorted((total, tp, pp, ep, rank, split, cp) for total, ok, tp, pp, ep, rank, split, cp in plans(nodes)
+                      if ok)
         if not fits:
             continue
         print(f"{config} on {gpu.name} ({gib:.1f} GiB): smallest fitting world "
               f"{world} GPUs ({nodes} node(s) x {gpus_per_node})")
-        for total, tp, pp, ep, rank, split in fits:
-            print(f"  TP{tp} x PP{pp} x EP{ep} x DP{world // (tp * pp)}"
+        for total, tp, pp, ep, rank, split, cp in fits:
+            print(f"  TP{tp} x PP{pp} x EP{ep}{_cp(cp)} x DP{world // (tp * pp * cp)}"
                   + (" (MTP on a stage of its own)" if split != "null" else "")
                   + f": worst rank {total / 2**30:.1f} GiB (pipeline rank {rank})")
-        _, tp, pp, ep, _, split = fits[0]
+        _, tp, pp, ep, _, split, cp = fits[0]
         print("reproduce: megatron-mtp plan " + " ".join([
             config, *overrides, f"parallel.tensor={tp}", f"parallel.pipeline={pp}",
-            f"parallel.expert={ep}", "parallel.expert_tensor=1", "parallel.virtual_pipeline=null",
-            f"parallel.pipeline_layout={split}", f"parallel.world_size={world}", f"--nodes {nodes}",
+            f"parallel.expert={ep}", f"parallel.context={cp}", "parallel.expert_tensor=1",
+            "parallel.virtual_pipeline=null", f"parallel.pipeline_layout={split}", f"parallel.world_size={world}",
+            f"--nodes {nodes}",
             f"--gpus-per-node {gpus_per_node}",
             f"--gpu {gpu_name}"]))
         return 0

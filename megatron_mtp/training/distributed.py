@@ -77,6 +77,7 @@ def init_distributed(cfg: Config, platform: Platform) -> Ranks:
         virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
         expert_model_parallel_size=p.expert,
         expert_tensor_parallel_size=etp,
+        context_parallel_size=p.context,
     )
     seed_everything(cfg.training.seed, platform)
     return Ranks(

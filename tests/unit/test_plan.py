@@ -243,3 +243,31 @@ def test_low_precision_recipes_by_gpu_generation(tmp_path):
                             nodes=128, gpus_per_node=8, run_dir=str(tmp_path / "run"), force=True)
     with pytest.raises(UserError, match="training.fp8=mxfp8 does not run on the H100"):
         build_plan(request)  # submit: refused even with --force, which only passes memory
+
+
+def test_context_parallelism_splits_each_sequence_and_passes_keys_and_values_around_a_ring():
+    h100 = parse_gpu("h100")
+    short = make_plan(load_config(V3), 1024, h100)
+    # DeepSeek-V3's 32K phase on the same GPUs: 8 context-parallel ranks hold 4,096 tokens of a sequence each,
+    # the dense state shards over data × context ranks (8 × 8, as the 64 data ranks of the 4K run)
+    long = make_plan(load_config(V3, ["training.seq_length=32768", "parallel.context=8",
+                                      "training.global_batch_size=1920"]), 1024, h100)
+    # (its global batch of 1,920 sequences is the 4K run's 15,360 at 8x the length: the same micro-batches)
+    assert (long.sizes.cp, long.sizes.dp) == (8, 8) and long.num_micro == short.num_micro
+    assert [r.total for r in long.ranks] == [r.total for r in short.ranks]
+    assert "× CP8 × DP8" in report.format_table(report.build(long))
+    # the ring: CP - 1 hops of this rank's keys and values (MLA: the up-projected heads) per layer, forward,
+    # and again with their gradients backward
+    m, tokens = long.cfg.model, 4096 * long.cfg.training.micro_batch_size
+    kv = m.num_attention_heads // 2 * (m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim)
+    layers = sum(len(s.layers) + s.mtp_layers for s in memory.model_stages(long.cfg) if s.pp_rank == 1)
+    assert comm.step_bytes(long.cfg, long, 1)["cp"] == 3 * 7 * tokens * kv * 2 * layers * long.num_micro
+    assert comm.step_bytes(short.cfg, short, 1)["cp"] == 0
+
+
+def test_smallest_tries_context_parallelism_for_long_sequences():
+    out = subprocess.run([sys.executable, "-m", "megatron_mtp", "plan", str(ROOT / "configs" / "tiny_cpu.yaml"),
+                          "training.seq_length=16384", "model.max_position_embeddings=16384", "--smallest",
+                          "--max-nodes", "1"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert any(" x CP" in line for line in out.stdout.splitlines() if line.startswith("  TP")), out.stdout
