@@ -2,7 +2,9 @@
 # GPU check: train the tiny model for a few steps in bf16 and in FP8 (delayed, tensorwise,
 # blockwise recipes through Transformer Engine), then with the memory/throughput controls that
 # run on one GPU (recompute, optimizer offload, async checkpoints, manual GC, and with Transformer
-# Engine its fused kernels), and print losses, step times and memory.
+# Engine its fused kernels), the GPU-only controls (shared-expert overlap, CUDA graphs, padded token
+# dropping; with Transformer Engine TE graphs, bf16 first/last layers and the Blackwell recipes where the
+# GPU has them), and print losses, step times and memory.
 #   tools/gpu_check.sh [OUT_DIR] [STEPS]
 # Needs one CUDA GPU. Without Transformer Engine the bf16 run uses local specs and each FP8 run
 # must end in one clear error sentence (that is checked and reported too).
@@ -61,5 +63,25 @@ run_case kernels_off kernels.grouped_gemm=false kernels.permute_fusion=false ker
   kernels.cross_entropy_fusion=off kernels.gradient_accumulation_fusion=false
 if [ "$HAVE_TE" = 1 ]; then
   run_case precision_aware_bf16 optimizer.precision_aware=true optimizer.moment_dtype=bf16
+fi
+skip() { echo "$1: skipped ($2)"; }
+echo "== GPU-only controls, one short run each (skipped with the reason where this machine lacks what they need)"
+run_case shared_expert_overlap parallel.shared_expert_overlap=true
+run_case cuda_graph_local kernels.cuda_graph=local "kernels.cuda_graph_scope=[attn]"
+run_case capacity_padded model.moe_capacity_factor=1.0 model.moe_pad_to_capacity=true
+CC=$($PY -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())" 2>/dev/null || echo 0.0)
+if [ "$HAVE_TE" = 1 ]; then
+  run_case cuda_graph_te kernels.cuda_graph=transformer_engine "kernels.cuda_graph_scope=[attn,moe_router]"
+  run_case fp8_bf16_ends training.fp8=tensorwise "training.bf16_first_last_layers=[1,1]"
+  case "$CC" in
+    10.*) run_case fp8_mxfp8 training.fp8=mxfp8; run_case fp4_nvfp4 training.fp8=nvfp4 ;;
+    *) skip "mxfp8/nvfp4" "compute capability $CC: Blackwell data-center GPUs only; train must refuse it:"
+       run_case fp8_mxfp8_refused training.fp8=mxfp8 ;;
+  esac
+  skip "context parallelism" "training with parallel.context > 1 is refused until batches are split over CP ranks"
+else
+  for name in cuda_graph_te fp8_bf16_ends fp8_mxfp8 fp4_nvfp4 context_parallel; do
+    skip "$name" "needs Transformer Engine"
+  done
 fi
 echo "HAVE_TE=$HAVE_TE"
