@@ -120,7 +120,8 @@ class _ZstdFrames(io.RawIOBase):
         return n
 
 
-def _damage_errors() -> tuple:
+def damage_errors() -> tuple:
+    """The exceptions a damaged gzip or zstd stream raises while it is read (zstd: only with the extra)."""
     errors: tuple = (OSError, EOFError, zlib.error)
     try:
         import zstandard
@@ -153,7 +154,7 @@ def iter_file_chunks(index: int, path: str, chunk_bytes: int = 1 << 18,
                     pos = raw.tell()
                     progress(pos - last_pos)
                     last_pos = pos
-    except _damage_errors() as exc:
+    except damage_errors() as exc:
         what = "zstd" if sniff(path)[:4] == ZSTD_MAGIC else "gzip"
         raise UserError(
             f"input file '{path}' is a damaged {what} file (reading failed after line "

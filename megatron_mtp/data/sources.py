@@ -181,8 +181,9 @@ def _open_table(path: str, kind: str, text_key: str):
         source = pa.memory_map(path)
         try:
             reader = pa.ipc.open_file(source)
-            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-            rows = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+            # memory-mapped: a batch is a zero-copy view of the file, so holding them all costs no memory
+            listed = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+            batches, rows = iter(listed), sum(batch.num_rows for batch in listed)
         except pa.ArrowInvalid:
             reader = pa.ipc.open_stream(source)
             batches, rows = iter(reader), 0
@@ -226,7 +227,7 @@ def iter_texts(paths: list[str], text_key: str = "text") -> Iterator[str]:
     """Documents of the given files in order (for tokenizer training): a JSONL file gives one text per
     line, a Parquet or Arrow file one per row, any other file is one document. A bad line or row
     raises UserError naming it (a silently skipped one would go unnoticed here)."""
-    from megatron_mtp.data.jsonl import _damage_errors, open_input, parse_line
+    from megatron_mtp.data.jsonl import damage_errors, open_input, parse_line
 
     for path in paths:
         kind = input_kind(path)
@@ -244,7 +245,7 @@ def iter_texts(paths: list[str], text_key: str = "text") -> Iterator[str]:
         stream, raw = open_input(path)
         try:
             data = stream.read()
-        except _damage_errors() as exc:
+        except damage_errors() as exc:
             raise UserError(f"input file '{path}' is a damaged compressed file ({exc}); re-create it") from None
         finally:
             stream.close()
