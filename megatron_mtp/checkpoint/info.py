@@ -99,11 +99,13 @@ def optimizer_layout(cfg: Config) -> dict[str, Any]:
                                         p.pipeline_layout)
     return {"tensor": p.tensor, "pipeline": p.pipeline, "virtual_pipeline": vpp, "pipeline_layout": text,
             "expert": p.expert, "expert_tensor": p.expert_tensor or p.tensor, "bucket_size": p.bucket_size,
-            "distributed_optimizer": p.distributed_optimizer}
+            "distributed_optimizer": p.distributed_optimizer,
+            **({"context": p.context} if p.context > 1 else {})}  # absent at CP 1, as in older checkpoints
 
 
 def _layout_words(layout: dict[str, Any]) -> str:
     return (f"TP{layout.get('tensor')} × PP{layout.get('pipeline')} (VPP{layout.get('virtual_pipeline')}) × "
+            + (f"CP{layout['context']} × " if layout.get("context", 1) > 1 else "") +
             f"EP{layout.get('expert')} × ETP{layout.get('expert_tensor')}, parallel.bucket_size="
             f"{layout.get('bucket_size')}")
 

@@ -45,7 +45,7 @@ def parse_yaml(text):
 
 
 NOT_YET = {
-    "context_parallel": "context parallelism is parallel.context (CP; planned by `megatron-mtp plan`)",
+    "context_parallel": "context parallelism is parallel.context (CP)",
 }
 """Keys users of Megatron-LM reach for that name a capability this project does not have yet: the
 answer says so instead of suggesting a near spelling of another field."""

@@ -54,11 +54,8 @@ def _parallel(cfg: Config, world_size: Optional[int]) -> ParallelSizes:
             raise UserError(f"parallel.{name} is {value}; it must be a positive integer or null")
     if p.context < 1:
         raise UserError(f"parallel.context is {p.context}; it must be a positive integer (1: no context parallelism)")
-    chunks = 2 * p.context * p.tensor  # each CP rank's 2 chunks, split again over the TP ranks (sequence parallel)
-    if p.context > 1 and t.seq_length % chunks:
-        raise UserError(f"training.seq_length={t.seq_length} must be divisible by 2 × parallel.context × "
-                        f"parallel.tensor = {chunks}: each context-parallel rank holds 2 chunks of a sequence, "
-                        "split again over the tensor-parallel ranks")
+    if p.context > 1:
+        _context_parallel(cfg)
     stages = pipeline_layout.stages(m.num_layers, cfg.mtp.num_layers, p.pipeline, p.virtual_pipeline,
                                     p.pipeline_layout)
     vpp = len(stages) // p.pipeline
@@ -100,6 +97,27 @@ def _parallel(cfg: Config, world_size: Optional[int]) -> ParallelSizes:
         raise UserError("parallel.token_dispatcher=flex needs parallel.tensor × parallel.expert > 1; use alltoall")
     _capacity(m, p)
     return sizes
+
+
+def _context_parallel(cfg: Config) -> None:
+    """What parallel.context > 1 needs (training/context_parallel.py), one sentence for the first it lacks."""
+    p, t, d, mtp = cfg.parallel, cfg.training, cfg.data, cfg.mtp
+    chunks = 2 * p.context * p.tensor  # each CP rank's 2 chunks, split again over the TP ranks (sequence parallel)
+    if t.seq_length % chunks:
+        raise UserError(f"training.seq_length={t.seq_length} must be divisible by 2 × parallel.context × "
+                        f"parallel.tensor = {chunks}: each context-parallel rank holds 2 chunks of a sequence, "
+                        "split again over the tensor-parallel ranks")
+    unsupported = [
+        (d.reset_attention_mask, "data.reset_attention_mask (attention within documents)"),
+        (mtp.num_layers and mtp.style == "parallel", "mtp.style=parallel"),
+        (mtp.num_layers and mtp.freeze_base, "mtp.freeze_base"),
+        (mtp.num_layers and d.eod_mask_loss, "data.eod_mask_loss with MTP layers (their masks run along the "
+                                             "whole sequence)"),
+    ]
+    for on, what in unsupported:
+        if on:
+            raise UserError(f"parallel.context={p.context} does not work with {what} yet; set parallel.context=1 "
+                            "or turn that off")
 
 
 def _capacity(m, p) -> None:

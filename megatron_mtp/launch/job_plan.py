@@ -22,7 +22,6 @@ from megatron_mtp.errors import UserError
 from megatron_mtp.launch.container_mounts import Mount, container_path, parse_mounts
 from megatron_mtp.launch.slurm_time import format_seconds, parse_slurm_time
 from megatron_mtp.launch.submit_request import SubmitRequest
-from megatron_mtp.platform.features import refuse_context_parallel_training
 
 __all__ = ["JobPlan", "SubmitRequest", "build_plan", "check_memory"]
 
@@ -101,7 +100,6 @@ def build_plan(request: SubmitRequest) -> JobPlan:
         cfg = load_config(request.config, list(request.overrides) + device_overrides)
     _check_layout(cfg, request.nodes, tasks_per_node)
     validate(cfg, request.nodes * tasks_per_node)  # the trainer's own start-up checks, run here first
-    refuse_context_parallel_training(cfg, None)
     memory = None if request.cpu else check_memory(cfg, request.nodes * tasks_per_node, request.gpu, request.force)
     _check_data_paths(cfg)
 

@@ -16,7 +16,8 @@ def build_gpt_model(cfg: Config, config, platform: Platform, vocab_size: int, pr
                     rotary_percent: float = 1.0, heads: Optional[tuple[type, dict[str, Any]]] = None):
     """GPTModel for the current pipeline stage; `config` is the family's TransformerConfig. `heads`:
     (model class, its extra arguments) that replace the MTP block (parallel MTP heads). With
-    mtp.targets other than tokens, mtp.freeze_base, data.eod_mask_loss or the chunked output loss, the
+    mtp.targets other than tokens, mtp.freeze_base, data.eod_mask_loss, parallel.context > 1 or the chunked
+    output loss, the
     sequential MTP block trains through models/mtp_objective.py."""
     from megatron.core.models.gpt import GPTModel
 
@@ -32,7 +33,7 @@ def build_gpt_model(cfg: Config, config, platform: Platform, vocab_size: int, pr
         model_class, extra = GPTModel, {}
         mtp = mtp_block_spec(config, platform, keys_as_te, vp_stage=vp_stage, moe=mtp_is_moe(cfg.model))
         if chunk or (cfg.mtp.num_layers and (cfg.mtp.targets != "tokens" or cfg.mtp.freeze_base
-                                             or cfg.data.eod_mask_loss)):
+                                             or cfg.data.eod_mask_loss or cfg.parallel.context > 1)):
             from megatron_mtp.models.mtp_objective import MTPObjectiveGPTModel
 
             model_class = MTPObjectiveGPTModel

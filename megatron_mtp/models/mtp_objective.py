@@ -1,7 +1,7 @@
 """GPTModel whose sequential MTP modules learn other targets (mtp.targets: self, mix) and/or train on a
 frozen main model (mtp.freeze_base), and/or stop at document boundaries (data.eod_mask_loss), and/or
-whose output-layer losses run in chunks (kernels.chunked_output_loss, models/output_losses.py). Used
-only then; otherwise megatron-core's GPTModel as it is.
+whose output-layer losses run in chunks (kernels.chunked_output_loss, models/output_losses.py), and with
+context parallelism. Used only then; otherwise megatron-core's GPTModel as it is.
 
 Design note. megatron-core's `_postprocess` runs the MTP block on the decoder output, takes each
 depth's CE to the data token and attaches (λ/D)·CE_k to the main hidden states (MTPLossAutoScaler),
@@ -20,6 +20,8 @@ order (D MTP output-layer calls, then the main one, which the acceptance hook re
   (training/forward_step.py), so stages without an MTP layer do no backward at all.
 - document boundaries (data.eod_mask_loss): depth k's mask drops every target beyond an EOD, not
   only megatron-core's rolled one (models/document_masks.py).
+- context parallelism (parallel.context): each depth's mean is over the tokens of every CP rank, times
+  CP, as the main loss (training/context_parallel.py); megatron-core's own normalises per rank.
 - chunked output loss: no logits are made; each depth's loss comes from its hidden state and, for
   self/mix, the teacher's from the main hidden state rolled by k (so the teacher is h, not its logits).
   The main model's loss is chunked too, also without MTP layers.
@@ -180,11 +182,22 @@ class MTPObjectiveGPTModel(ChunkedOutputLosses, GPTModel):
             rolled, _ = self._roll(rolled, -1, packed_seq_params)
             # with data.eod_mask_loss a target across a document boundary does not count
             mask = next_depth_mask(mask, rolled) if self.stop_at_documents else rolled
-            num_tokens = mask.sum()
             loss = mask * depth_loss(x, shifted_labels)
+            # context parallelism: the depth's tokens are spread over the CP ranks (training/context_parallel.py)
+            num_tokens, whole_sum = _over_context(mask.sum(), torch.sum(loss).detach(), self.cp_group)
             if self.training:
                 record_mtp_loss(
-                    torch.sum(loss).detach() / num_tokens, k, depth,
+                    whole_sum / num_tokens, k, depth,
                     avg_group=parallel_state.get_data_parallel_group(with_context_parallel=True))
-            terms.append(scale * loss if self.config.calculate_per_token_loss else scale * loss / num_tokens)
+            cp = 1 if self.cp_group is None else torch.distributed.get_world_size(self.cp_group)
+            terms.append(scale * loss if self.config.calculate_per_token_loss else scale * loss * cp / num_tokens)
         return terms
+
+
+def _over_context(count: torch.Tensor, total: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor]:
+    """A depth's token count and loss sum over the context-parallel ranks (as they are without CP)."""
+    if group is None or torch.distributed.get_world_size(group) == 1:
+        return count, total
+    both = torch.stack([count.detach().float(), total.float()])
+    torch.distributed.all_reduce(both, group=group)
+    return both[0], both[1]

@@ -170,19 +170,6 @@ def _shared_expert_overlap(cfg, platform: Platform, gpu_te: bool) -> bool:
     return bool(p.shared_expert_overlap)
 
 
-def refuse_context_parallel_training(cfg, platform: Optional[Platform]) -> None:
-    """parallel.context > 1 is planned (plan, README "Long context") but not trained: one sentence at
-    `train` (``platform``: where it would run) and `submit` (None: the job's GPUs)."""
-    cp = cfg.parallel.context
-    if cp == 1:
-        return
-    if platform is not None and platform.is_cpu:
-        raise UserError(f"parallel.context={cp} needs Transformer Engine's attention on a GPU (megatron-core's local "
-                        "attention has no context parallelism), but this run is on CPU; set parallel.context=1")
-    raise UserError(f"parallel.context={cp} is planned by `megatron-mtp plan` but not trained yet (the trainer does "
-                    "not yet split each sequence over the context-parallel ranks); train with parallel.context=1")
-
-
 def _output_loss_chunk(cfg, fused_ce: Optional[str]) -> Optional[int]:
     k = cfg.kernels
     if k.output_loss_chunk < 1:

@@ -6,7 +6,10 @@
 - `CoreAttention`: causal scaled-dot-product attention that accepts MLA's separate key and value
   head dims (megatron's local DotProductAttention sizes its output by kv_channels only) and
   grouped-query attention's fewer key/value heads (each serves consecutive query heads, as in
-  megatron-core's DotProductAttention and transformers' repeat_kv).
+  megatron-core's DotProductAttention and transformers' repeat_kv). With context parallelism
+  (parallel.context, megatron-core's local attention has none) each rank gathers every rank's keys and
+  values into the whole sequence and masks causally by global positions (training/context_parallel.py
+  says which chunks a rank holds); Transformer Engine passes them around a ring instead.
 Both take megatron-core's constructor arguments, so specs can swap them for TE modules.
 """
 
@@ -65,12 +68,23 @@ class CoreAttention(MegatronModule):
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **_):
+        cp_mask = None
+        if self.config.context_parallel_size > 1:
+            from megatron.core import parallel_state
+
+            group = parallel_state.get_context_parallel_group()
+            key, value = (_WholeSequence.apply(t, group) for t in (key, value))
+            cp_mask = _causal_by_position(query.shape[0], key.shape[0], group, query.device)
         # [s, b, h, d] -> [b, h, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         if k.shape[1] != q.shape[1]:  # grouped-query: key/value head g serves query heads g*r .. g*r+r-1
             repeat = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        if attention_mask is not None:
+        if cp_mask is not None:
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=cp_mask, dropout_p=self.dropout if self.training else 0.0,
+                scale=self.softmax_scale)
+        elif attention_mask is not None:
             mask = ~attention_mask  # megatron: True = masked out; SDPA: True = attend
             out = torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
@@ -81,3 +95,43 @@ class CoreAttention(MegatronModule):
                 scale=self.softmax_scale)
         s, b = out.shape[2], out.shape[0]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
+def _chunk_order(rank: int, cp: int) -> tuple[int, int]:
+    """The global chunks a CP rank holds (training/context_parallel.py)."""
+    return rank, 2 * cp - 1 - rank
+
+
+class _WholeSequence(torch.autograd.Function):
+    """[2c, ...] local chunks of every CP rank -> [2·CP·c, ...] in sequence order; the backward sums the
+    whole-sequence gradient over the ranks (each rank's queries add their part) and keeps this rank's chunks."""
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor, group) -> torch.Tensor:
+        cp, rank = torch.distributed.get_world_size(group), torch.distributed.get_rank(group)
+        parts = [torch.empty_like(local) for _ in range(cp)]
+        torch.distributed.all_gather(parts, local.contiguous(), group=group)
+        chunks: list = [None] * (2 * cp)
+        for r, part in enumerate(parts):
+            first, second = part.chunk(2, dim=0)
+            a, b = _chunk_order(r, cp)
+            chunks[a], chunks[b] = first, second
+        ctx.group, ctx.rank, ctx.cp = group, rank, cp
+        return torch.cat(chunks, dim=0)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        torch.distributed.all_reduce(grad, group=ctx.group)
+        chunks = grad.chunk(2 * ctx.cp, dim=0)
+        a, b = _chunk_order(ctx.rank, ctx.cp)
+        return torch.cat([chunks[a], chunks[b]], dim=0), None
+
+
+def _causal_by_position(local: int, whole: int, group, device) -> torch.Tensor:
+    """[local, whole] bool, True where a local query may attend a key: key position <= query position."""
+    cp, rank = torch.distributed.get_world_size(group), torch.distributed.get_rank(group)
+    chunk = local // 2
+    a, b = _chunk_order(rank, cp)
+    positions = torch.cat([torch.arange(a * chunk, (a + 1) * chunk), torch.arange(b * chunk, (b + 1) * chunk)])
+    return (torch.arange(whole)[None, :] <= positions[:, None]).to(device)

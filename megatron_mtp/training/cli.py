@@ -86,13 +86,6 @@ def run_train(args) -> int:
         validate(cfg, args.nproc_per_node)
         print(cfg.to_yaml(), end="")
         return 0
-    if cfg.parallel.context > 1:
-        from megatron_mtp.config.validate import validate
-        from megatron_mtp.platform.detect import detect
-        from megatron_mtp.platform.features import refuse_context_parallel_training
-
-        validate(cfg, args.nproc_per_node)  # the config's own mistakes first
-        refuse_context_parallel_training(cfg, detect(cfg.training.device, cfg.parallel.backend))
     in_job = "RANK" in os.environ and "WORLD_SIZE" in os.environ
     if args.nproc_per_node and args.nproc_per_node > 1 and not in_job:
         from megatron_mtp.config.validate import validate

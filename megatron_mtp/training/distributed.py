@@ -37,6 +37,9 @@ class Ranks:
     """Model chunks on this pipeline rank (interleaved schedule when > 1)."""
     etp: int = 1
     """Tensor-parallel size inside the routed experts."""
+    cp: int = 1
+    """Context-parallel ranks that share each sequence (parallel.context)."""
+    cp_rank: int = 0
 
     @property
     def is_last_stage(self) -> bool:
@@ -93,6 +96,8 @@ def init_distributed(cfg: Config, platform: Platform) -> Ranks:
         pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
         ep_rank=parallel_state.get_expert_model_parallel_rank(),
         dp_rank=parallel_state.get_data_parallel_rank(),
+        cp=parallel_state.get_context_parallel_world_size(),
+        cp_rank=parallel_state.get_context_parallel_rank(),
     )
 
 

@@ -8,18 +8,24 @@ from typing import Optional
 
 import torch
 
+from megatron_mtp.training.context_parallel import global_count, local_batch
 from megatron_mtp.training.metrics import MTPMetrics
 
 
-def masked_lm_loss(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+def masked_lm_loss(loss_mask: torch.Tensor, output_tensor: torch.Tensor, cp_group=None):
     """Masked mean LM cross entropy of one micro-batch, plus its sum and token count.
 
-    The MTP losses enter through backward inside GPTModel (MTPLossAutoScaler), not here.
+    The MTP losses enter through backward inside GPTModel (MTPLossAutoScaler), not here. With context
+    parallelism (``cp_group``) the micro-batch's tokens are spread over the group: the mean is over all
+    of them and the sum and count reported are the whole micro-batch's (training/context_parallel.py).
     """
     mask = loss_mask.float()
     total = torch.sum(output_tensor.float() * mask)
     count = mask.sum()
-    return total / count.clamp(min=1), {"lm_sum": total.detach().clone(), "lm_count": count.detach().clone()}
+    if cp_group is None:
+        return total / count.clamp(min=1), {"lm_sum": total.detach().clone(), "lm_count": count.detach().clone()}
+    whole = global_count(count, cp_group)  # megatron-core's schedule multiplies this by CP (the note there)
+    return total / whole.clamp(min=1), {"lm_sum": global_count(total, cp_group), "lm_count": whole}
 
 
 def micro_batch_mean(reported: dict) -> float:
@@ -57,10 +63,13 @@ def make_forward_step(metrics: Optional[MTPMetrics], device: Optional[str] = Non
     forward-only schedule (the loss function back-propagates the MTP objective itself).
     """
 
+    cp_group, cp, cp_rank = _context_parallel()
+
     def forward_step(data_iterator, model, return_schedule_plan: bool = False):
         batch = next(data_iterator)
         if device is not None:
             batch = {k: v.to(device) for k, v in batch.items()}
+        batch = local_batch(batch, cp_rank, cp)  # parallel.context: this rank's chunks of each sequence
         # a stage reads only what it uses (training/batches.py): a middle stage gets no tokens or labels
         labels, loss_mask = batch.get("labels"), batch.get("loss_mask")
         if metrics is not None and labels is not None:
@@ -71,6 +80,16 @@ def make_forward_step(metrics: Optional[MTPMetrics], device: Optional[str] = Non
         output = model.build_schedule_plan(*args, **kwargs) if return_schedule_plan else model(*args, **kwargs)
         if mtp_only_microbatches is not None:
             return output, partial(_backward_mtp_only, model, mtp_only_microbatches, loss_mask)
-        return output, partial(masked_lm_loss, loss_mask)
+        return output, partial(masked_lm_loss, loss_mask, cp_group=cp_group)
 
     return forward_step
+
+
+def _context_parallel():
+    """(group or None, size, rank) of this rank's context-parallel group."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized() or parallel_state.get_context_parallel_world_size() == 1:
+        return None, 1, 0
+    return (parallel_state.get_context_parallel_group(), parallel_state.get_context_parallel_world_size(),
+            parallel_state.get_context_parallel_rank())

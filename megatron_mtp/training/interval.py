@@ -5,7 +5,8 @@ TP/PP/EP/DP layout (tested in tests/dist/test_train_layouts.py).
   - Losses and acceptance live on the last pipeline stage; each data-parallel replica counts once
     (its TP rank 0), so the sums are averaged over replicas.
   - megatron-core's MoE balance-loss tracker holds, per layer, a partial value on each TP rank
-    (each rank sees its sequence-parallel slice); the parts sum to the layer's value. We sum
+    (each rank sees its sequence-parallel slice) and each context-parallel rank (its chunks of the
+    sequences); the parts sum to the layer's value. We sum
     over all ranks and divide by the number of TP-rank-0 ranks that saw the layer, i.e. the
     replicas, which is what megatron-core's reduce_aux_losses_tracker_across_ranks computes.
   - The MoE scalars: moe_metrics.py.
@@ -102,7 +103,7 @@ class IntervalStats:
         """Per-layer MoE balance loss of one step (megatron-core's tracker, before its coefficient)."""
         values = layer_values.detach().double().cpu() / self.num_micro
         self.aux[0] += values
-        if self.ranks.tp_rank == 0:
+        if self.ranks.tp_rank == 0 and self.ranks.cp_rank == 0:  # TP and CP ranks hold parts of one value
             self.aux[1] += (values != 0).double()
 
     def _balance_loss(self) -> float:

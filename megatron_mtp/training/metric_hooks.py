@@ -16,7 +16,8 @@ def attach_metrics(model_chunks: list, cfg, ranks) -> tuple[MTPMetrics | None, E
     metrics = None
     last = unwrap(model_chunks[-1])
     if ranks.is_last_stage and cfg.mtp.num_layers > 0:
-        metrics = MTPMetrics(cfg.mtp.num_layers, parallel_state.get_tensor_model_parallel_group())
+        cp_group = parallel_state.get_context_parallel_group() if ranks.cp > 1 else None
+        metrics = MTPMetrics(cfg.mtp.num_layers, parallel_state.get_tensor_model_parallel_group(), cp_group)
         if getattr(last, "output_chunk", None):  # no logits are made: the chunked loss reports its argmaxes
             last.prediction_observer = metrics
         else:

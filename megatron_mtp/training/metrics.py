@@ -39,9 +39,12 @@ def _vocab_parallel_argmax(logits: torch.Tensor, tp_group) -> torch.Tensor:
 class MTPMetrics:
     """Accumulates per-depth acceptance/accuracy (and eval CE) across micro-batches."""
 
-    def __init__(self, depth: int, tp_group):
+    def __init__(self, depth: int, tp_group, cp_group=None):
+        """cp_group: the context-parallel group, whose ranks hold chunks of each sequence; the targets k
+        positions ahead are then rolled across them as the MTP labels are (training/context_parallel.py)."""
         self.depth = depth
         self.tp_group = tp_group
+        self.cp_group = cp_group
         self.compute_ce = False
         self.active = True  # when False, micro-batches are not measured
         self._labels = None
@@ -78,7 +81,7 @@ class MTPMetrics:
             if self.compute_ce and call < self.depth:
                 from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-                target = torch.roll(self._labels, -(call + 1), dims=1).t().contiguous()  # [s, b]
+                target = self._ahead(self._labels, call + 1).t().contiguous()  # [s, b]
                 ce = vocab_parallel_cross_entropy(logits.float().clone(), target).t()  # [b, s]
             self.observe(pred, ce)
 
@@ -92,20 +95,28 @@ class MTPMetrics:
         if call == self.depth:  # the main model's call: everything for this micro-batch is in
             self._accumulate(pred)
 
+    def _ahead(self, tensor: torch.Tensor, k: int) -> torch.Tensor:
+        """[b, s] -> the value k positions later at each position, 0 past the sequence's end (across the
+        context-parallel ranks with megatron-core's roll_tensor, as the MTP labels are rolled)."""
+        if self.cp_group is None:
+            out = torch.zeros_like(tensor)
+            out[:, : tensor.shape[1] - k] = tensor[:, k:]
+            return out
+        from megatron.core.transformer.multi_token_prediction import roll_tensor
+
+        for _ in range(k):
+            tensor, _ = roll_tensor(tensor, shifts=-1, dims=-1, cp_group=self.cp_group)
+        return tensor
+
     def _valid_mask(self, k: int) -> torch.Tensor:
-        s = self._labels.shape[1]
-        mask = torch.zeros_like(self._mask, dtype=torch.float32)
-        mask[:, : s - k] = self._mask[:, k:].float()
-        return mask
+        return self._ahead(self._mask.float(), k)
 
     def _accumulate(self, main_pred: torch.Tensor) -> None:
-        s = main_pred.shape[1]
         for i in range(self.depth):
             k = i + 1
-            draft = self._preds[i][:, : s - k]
-            mask = self._valid_mask(k)[:, : s - k]
-            self.sums["accepted"][i] += float(((draft == main_pred[:, k:]).float() * mask).sum())
-            self.sums["correct"][i] += float(((draft == self._labels[:, k:]).float() * mask).sum())
+            draft, mask = self._preds[i], self._valid_mask(k)
+            self.sums["accepted"][i] += float(((draft == self._ahead(main_pred, k)).float() * mask).sum())
+            self.sums["correct"][i] += float(((draft == self._ahead(self._labels, k)).float() * mask).sum())
             self.sums["judged"][i] += float(mask.sum())
         self._labels = None
 

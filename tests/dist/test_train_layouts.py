@@ -20,6 +20,10 @@ LAYOUTS = {
     "tp2_pp2_ep2": (8, ("parallel.tensor=2", "parallel.pipeline=2", "parallel.expert=2")),
     # DeepSeek-V3 recipes' folding: experts over the tensor ranks (expert TP 1), refused before it
     "tp2_etp1_ep2": (2, ("parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1")),
+    # context parallelism: each sequence over 2 ranks (the local attention gathers keys and values), experts
+    # over the same ranks; and with sequence parallelism over TP inside each CP rank's chunks
+    "cp2_ep2": (2, ("parallel.context=2", "parallel.expert=2")),
+    "tp2_cp2": (4, ("parallel.tensor=2", "parallel.context=2")),
     # the output layer's loss in chunks of 100 of the 1,024 tokens (sequence parallel, MTP on the last stage)
     "tp2_pp2_chunked": (4, ("parallel.tensor=2", "parallel.pipeline=2", "kernels.chunked_output_loss=true",
                             "kernels.output_loss_chunk=100")),

@@ -44,17 +44,18 @@ def test_help_texts_name_every_family_and_the_launcher_says_what_it_does(capsys)
     assert "the command launches them itself" in text and "with torchrun" not in text
 
 
-def test_context_parallel_is_answered_with_its_field_and_cp_on_cpu_is_one_sentence(capsys, tmp_path):
+def test_context_parallel_is_answered_with_its_field_and_what_it_lacks_is_one_sentence(capsys):
     config = str(Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml")
     assert main(["train", config, "parallel.context_parallel=2"]) == 2
     err = capsys.readouterr().err
     assert "context parallelism is parallel.context" in err and "did you mean" not in err
-    assert main(["train", config, "parallel.context=2", "--run-dir", str(tmp_path / "run")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "parallel.context=2 needs Transformer Engine's attention on a GPU" in err and len(err.splitlines()) == 1
-    assert not (tmp_path / "run").exists()
-    assert main(["train", config, "parallel.context=2", "training.seq_length=102"]) == 2
-    assert "must be divisible by 2 × parallel.context × parallel.tensor = 4" in capsys.readouterr().err
+    for overrides, message in ((["training.seq_length=102"], "must be divisible by 2 × parallel.context × "
+                                                               "parallel.tensor = 4"),
+                               (["mtp.style=parallel"], "parallel.context=2 does not work with mtp.style=parallel"),
+                               (["data.eod_mask_loss=true"], "does not work with data.eod_mask_loss with MTP")):
+        assert main(["train", config, "parallel.context=2", "--print-config", *overrides]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
 
 
 def test_speculative_means_draft_tokens_per_step_in_plan_too(capsys):
