@@ -78,7 +78,12 @@ if [ "$HAVE_TE" = 1 ]; then
     *) skip "mxfp8/nvfp4" "compute capability $CC: Blackwell data-center GPUs only; train must refuse it:"
        run_case fp8_mxfp8_refused training.fp8=mxfp8 ;;
   esac
-  skip "context parallelism" "training with parallel.context > 1 is refused until batches are split over CP ranks"
+  NGPU=$($PY -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+  if [ "$NGPU" -ge 2 ]; then  # Transformer Engine's ring attention over 2 GPUs, against the 1-GPU bf16 run above
+    run_case context_parallel_2 parallel.context=2 --nproc-per-node 2
+  else
+    skip "context parallelism" "needs 2 GPUs (this machine has $NGPU)"
+  fi
 else
   for name in cuda_graph_te fp8_bf16_ends fp8_mxfp8 fp4_nvfp4 context_parallel; do
     skip "$name" "needs Transformer Engine"
