@@ -185,7 +185,8 @@ def summary_line(report: dict) -> str:
     micro = f"{rank['in_flight']} micro-batch" + ("" if rank["in_flight"] == 1 else "es")
     return (f"plan ({where}): worst pipeline rank {w['pp_rank']} {w['total_bytes'] / GIB:.2f} GiB = state "
             f"{state:.2f} + activations {rank['activation_bytes'] / GIB:.2f} ({micro} in flight), bubble "
-            f"{report['bubble_fraction']:.1%}, TP{lay['tp']}×PP{lay['pp']}×DP{lay['dp']}")
+            f"{report['bubble_fraction']:.1%}, TP{lay['tp']}×PP{lay['pp']}"
+            + (f"×CP{lay['cp']}" if lay["cp"] > 1 else "") + f"×DP{lay['dp']}")
 
 
 def startup_line(cfg, world: int, platform) -> str:

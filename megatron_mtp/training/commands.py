@@ -40,10 +40,11 @@ def train_main(cfg: Config, run_dir: Path) -> int:
                 print(f"megatron-mtp train: note: {note}", flush=True)
             vpp = f" (VPP{ranks.vpp})" if ranks.vpp > 1 else ""
             experts = f"EP{ranks.ep}" + (f" × ETP{ranks.etp}" if ranks.etp != ranks.tp else "")
+            context = f"CP{ranks.cp} × " if ranks.cp > 1 else ""
             print(f"megatron-mtp train: run {session.cfg.name} in {run_dir} on {session.platform.device}/"
                   f"{session.platform.backend}, world {ranks.world_size} = TP{ranks.tp} × PP{ranks.pp}{vpp} × "
-                  f"DP{ranks.dp} ({experts}), {where}" + (f", SLURM_RESTART_COUNT={restart}" if restart else ""),
-                  flush=True)
+                  f"{context}DP{ranks.dp} ({experts}), {where}"
+                  + (f", SLURM_RESTART_COUNT={restart}" if restart else ""), flush=True)
             from megatron_mtp.plan.report import startup_line
 
             print(f"megatron-mtp train: {startup_line(session.cfg, ranks.world_size, session.platform)}", flush=True)

@@ -58,7 +58,9 @@ def test_layout_matches_single_process(reference, name, train, metrics):
     root, single = reference
     nproc, overrides = LAYOUTS[name]
     run = root / name
-    train(run, nproc=nproc, steps=STEPS, overrides=(*overrides, *EVAL))
+    proc = train(run, nproc=nproc, steps=STEPS, overrides=(*overrides, *EVAL))
+    if "parallel.context=2" in overrides:  # the start-up line names the context-parallel ranks
+        assert "× CP2 × DP" in proc.stdout, proc.stdout[-2000:]
     rows = [r for r in metrics(run) if "train/lm_loss" in r]
     evals = [r for r in metrics(run) if "valid/lm_loss" in r]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
