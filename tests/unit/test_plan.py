@@ -49,8 +49,8 @@ def test_671b_plan_takes_seconds_without_torch():
     body, seconds = proc.stdout.rsplit("SECONDS", 1)
     assert float(seconds) < 10
     plan = _strict(body)
-    assert plan["world"] == 1024 and plan["layout"] == {"tp": 2, "pp": 8, "vpp": 4, "dp": 64, "ep": 64, "etp": 1,
-                                                        "edp": 2}
+    assert plan["world"] == 1024 and plan["layout"] == {"tp": 2, "pp": 8, "vpp": 4, "cp": 1, "dp": 64, "ep": 64,
+                                                        "etp": 1, "edp": 2}
     assert plan["worst"]["fits"] and len(plan["ranks"]) == 8
     assert plan["ranks"][0]["in_flight"] == 2 * 7 + 3 * 8 + 1 + 1  # interleaved warm-up (+1 with A2A overlap) + 1
     assert plan["time"]["step_seconds"] > 0 and plan["assumptions"]
