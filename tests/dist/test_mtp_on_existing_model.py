@@ -164,15 +164,17 @@ def test_eval_compare_shows_the_loaded_model_beside_the_trained_mtp(mtp_only, ba
 def test_gqa_model_gets_mtp_trained_alone_on_its_frozen_base(tmp_path, train, metrics, config):
     """The same for the grouped-query families (run for Qwen3-MoE, whose releases ship no MTP; GLM-4.5's
     attention is the same code): a model without MTP gets a module copied from its last layer, trained
-    alone against the main model's own predictions (targets self); its main weights stay bitwise, the
-    optimizer holds the MTP parameters alone, the module learns."""
+    alone against the main model's own predictions (targets self), its global batch growing by a ramp-up;
+    its main weights stay bitwise, the optimizer holds the MTP parameters alone, the module learns."""
     base = tmp_path / "base"
     train(base, steps=1, config=config, overrides=("mtp.num_layers=0", *FROZEN, "checkpoint.save_interval=1"))
     run = tmp_path / "mtp_only"
     train(run, steps=3, config=config,
           # checkpoint.load_optimizer left at its default: a frozen base never takes the source's optimizer
           overrides=(*(o for o in MTP_ONLY if not o.startswith("checkpoint.load_optimizer")), *BY_NAME,
-                     f"checkpoint.load={base}", "mtp.init=copy_last_layer", "mtp.targets=self"))
+                     f"checkpoint.load={base}", "mtp.init=copy_last_layer", "mtp.targets=self",
+                     # with a batch-size ramp: every step builds its frozen-base forward for its own micro-batches
+                     "training.rampup_batch_size=[4,2,12]"))
     with TorchDistReader(_latest(base)) as src, TorchDistReader(_latest(run)) as got:
         main_keys = [k for k in src.keys() if not k.startswith("optimizer")]
         assert any("linear_qkv" in k for k in main_keys)
@@ -182,3 +184,5 @@ def test_gqa_model_gets_mtp_trained_alone_on_its_frozen_base(tmp_path, train, me
         assert params and all(p.startswith("mtp.") for p in params), sorted(params)[:5]
     losses = [r["train/mtp_loss_1"] for r in metrics(run) if "train/mtp_loss_1" in r]
     assert len(losses) == 3 and losses[-1] < losses[0]
+    sizes = [r["train/global_batch_size"] for r in metrics(run) if "train/global_batch_size" in r]
+    assert sizes[0] == 4 and sizes == sorted(sizes) and sizes[-1] > 4, sizes  # the ramp grew the batch
