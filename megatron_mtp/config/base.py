@@ -44,16 +44,16 @@ def parse_yaml(text):
     return yaml.load(text, Loader=_Loader)
 
 
-NOT_YET = {
+OTHER_SPELLINGS = {
     "context_parallel": "context parallelism is parallel.context (CP)",
 }
-"""Keys users of Megatron-LM reach for that name a capability this project does not have yet: the
-answer says so instead of suggesting a near spelling of another field."""
+"""Keys users of Megatron-LM reach for whose capability this project spells otherwise: the answer names
+it instead of suggesting a near spelling of another field."""
 
 
 def _closest(name: str, choices: list[str]) -> str:
-    if name in NOT_YET and name not in choices:
-        return f": {NOT_YET[name]}"
+    if name in OTHER_SPELLINGS and name not in choices:
+        return f": {OTHER_SPELLINGS[name]}"
     match = difflib.get_close_matches(name, choices, n=1, cutoff=0.5)
     return f"; did you mean '{match[0]}'?" if match else f"; valid keys: {', '.join(sorted(choices))}"
 
