@@ -9,7 +9,6 @@ trainer uses, and the mapping onto megatron-core reads nothing else.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 from dataclasses import dataclass
 from typing import Optional
@@ -34,9 +33,9 @@ class Features:
     async_save: bool
     data_workers: int
     """data.num_workers resolved: reading processes per rank."""
-    cuda_graph: Optional[str] = None
+    cuda_graph: Optional[str]
     """megatron-core's cuda_graph_impl ('local' or 'transformer_engine'); None: no CUDA graphs."""
-    shared_expert_overlap: bool = False
+    shared_expert_overlap: bool
 
 
 def _needs(platform: Platform, field: str, what: str, te: bool = True, fix: str = "set it to auto or false") -> None:
@@ -97,9 +96,9 @@ def resolve_features(cfg, platform: Platform) -> Features:
         # null: worker processes on a GPU, where the step leaves the cores idle; none on CPU, where the step
         # itself uses every core (tools/bench/bench_data_loading.py measures both)
         data_workers=(0 if platform.is_cpu else 2) if cfg.data.num_workers is None else cfg.data.num_workers,
+        cuda_graph=_cuda_graph(cfg, platform),
+        shared_expert_overlap=_shared_expert_overlap(cfg, platform),
     )
-    features = dataclasses.replace(features, cuda_graph=_cuda_graph(cfg, platform),
-                                   shared_expert_overlap=_shared_expert_overlap(cfg, platform, gpu_te))
     if features.data_workers < 0 or cfg.data.prefetch < 1:
         raise UserError(f"data.num_workers is {cfg.data.num_workers} and data.prefetch {cfg.data.prefetch}; give "
                         "0 or more workers and a prefetch of at least 1")
@@ -153,7 +152,7 @@ def _cuda_graph(cfg, platform: Platform) -> Optional[str]:
     return k.cuda_graph
 
 
-def _shared_expert_overlap(cfg, platform: Platform, gpu_te: bool) -> bool:
+def _shared_expert_overlap(cfg, platform: Platform) -> bool:
     m, p, r = cfg.model, cfg.parallel, cfg.recompute
     recomputed = r.granularity == "selective" and "shared_experts" in r.modules
     why = ("model.num_shared_experts=0" if not (m.num_experts and m.num_shared_experts) else
