@@ -27,7 +27,7 @@ class ParallelConfig:
     """Context-parallel size (CP): each sequence split over this many ranks, in 2 × CP chunks (rank r holds
     chunks r and 2CP - 1 - r, which balances causal attention), keys and values passed around a ring
     (megatron-core's context_parallel_size: Transformer Engine's attention on GPUs, an all-gather of keys
-    and values in the local attention; training/context_parallel.py). Not yet with parallel MTP heads,
+    and values in the local attention; models/context_parallel.py). Not yet with parallel MTP heads,
     mtp.freeze_base, data.reset_attention_mask, or data.eod_mask_loss with MTP layers."""
     expert: int = 1
     """Expert-parallel size (EP): routed experts are split across this many ranks."""

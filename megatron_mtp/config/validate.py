@@ -100,7 +100,7 @@ def _parallel(cfg: Config, world_size: Optional[int]) -> ParallelSizes:
 
 
 def _context_parallel(cfg: Config) -> None:
-    """What parallel.context > 1 needs (training/context_parallel.py), one sentence for the first it lacks."""
+    """What parallel.context > 1 needs (models/context_parallel.py), one sentence for the first it lacks."""
     p, t, d, mtp = cfg.parallel, cfg.training, cfg.data, cfg.mtp
     chunks = 2 * p.context * p.tensor  # each CP rank's 2 chunks, split again over the TP ranks (sequence parallel)
     if t.seq_length % chunks:

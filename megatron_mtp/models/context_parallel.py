@@ -11,7 +11,7 @@ undo the context part of that average (not the MTP losses, which enter through M
     main loss of a rank  = (Σ over its tokens) / (tokens of all CP ranks)
     depth k of a rank    = (λ/D) · (Σ over its tokens) · CP / (depth-k tokens of all CP ranks)
 and each rank reports the micro-batch's whole sum and count, so the logged losses are the one-process
-values (models/mtp_objective.py; the depths' labels are rolled across ranks by megatron-core's
+values (``over_context``; models/mtp_objective.py; the depths' labels are rolled across ranks by megatron-core's
 ``roll_tensor``). The acceptance metric rolls the main model's argmax
 and the labels across the ranks the same way (training/metrics.py), so it judges what one process does.
 """
@@ -20,24 +20,28 @@ from __future__ import annotations
 
 import torch
 
+from megatron_mtp.platform.local_modules import chunk_order
+
 
 def local_batch(batch: dict, rank: int, cp: int) -> dict:
-    """This CP rank's part of every [b, s] tensor of ``batch``: chunks rank and 2·cp - 1 - rank."""
+    """This CP rank's part of every [b, s] tensor of ``batch``: its two chunks (``chunk_order``)."""
     if cp == 1:
         return batch
+    first, second = chunk_order(rank, cp)
     out = {}
     for key, value in batch.items():
         if torch.is_tensor(value) and value.dim() >= 2:
             chunks = value.chunk(2 * cp, dim=1)
-            value = torch.cat([chunks[rank], chunks[2 * cp - 1 - rank]], dim=1)
+            value = torch.cat([chunks[first], chunks[second]], dim=1)
         out[key] = value
     return out
 
 
-def global_count(count: torch.Tensor, group) -> torch.Tensor:
-    """``count`` summed over the CP ranks (no gradient; ``group`` None: as it is)."""
+def over_context(count: torch.Tensor, total: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor]:
+    """A micro-batch's token count and loss sum over the CP ranks, in one all-reduce and without gradient
+    (``group`` None: as they are)."""
     if group is None or torch.distributed.get_world_size(group) == 1:
-        return count
-    total = count.detach().clone()
-    torch.distributed.all_reduce(total, group=group)
-    return total
+        return count, total
+    both = torch.stack([count.detach().float(), total.detach().float()])
+    torch.distributed.all_reduce(both, group=group)
+    return both[0], both[1]

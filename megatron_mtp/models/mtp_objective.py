@@ -21,7 +21,7 @@ order (D MTP output-layer calls, then the main one, which the acceptance hook re
 - document boundaries (data.eod_mask_loss): depth k's mask drops every target beyond an EOD, not
   only megatron-core's rolled one (models/document_masks.py).
 - context parallelism (parallel.context): each depth's mean is over the tokens of every CP rank, times
-  CP, as the main loss (training/context_parallel.py); megatron-core's own normalises per rank.
+  CP, as the main loss (models/context_parallel.py); megatron-core's own normalises per rank.
 - chunked output loss: no logits are made; each depth's loss comes from its hidden state and, for
   self/mix, the teacher's from the main hidden state rolled by k (so the teacher is h, not its logits).
   The main model's loss is chunked too, also without MTP layers.
@@ -33,6 +33,7 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 
+from megatron_mtp.models.context_parallel import over_context
 from megatron_mtp.models.output_losses import ChunkedOutputLosses
 from megatron_mtp.models.soft_cross_entropy import vocab_parallel_soft_cross_entropy
 
@@ -183,8 +184,8 @@ class MTPObjectiveGPTModel(ChunkedOutputLosses, GPTModel):
             # with data.eod_mask_loss a target across a document boundary does not count
             mask = next_depth_mask(mask, rolled) if self.stop_at_documents else rolled
             loss = mask * depth_loss(x, shifted_labels)
-            # context parallelism: the depth's tokens are spread over the CP ranks (training/context_parallel.py)
-            num_tokens, whole_sum = _over_context(mask.sum(), torch.sum(loss).detach(), self.cp_group)
+            # context parallelism: the depth's tokens are spread over the CP ranks (models/context_parallel.py)
+            num_tokens, whole_sum = over_context(mask.sum(), torch.sum(loss).detach(), self.cp_group)
             if self.training:
                 record_mtp_loss(
                     whole_sum / num_tokens, k, depth,
@@ -193,11 +194,3 @@ class MTPObjectiveGPTModel(ChunkedOutputLosses, GPTModel):
             terms.append(scale * loss if self.config.calculate_per_token_loss else scale * loss * cp / num_tokens)
         return terms
 
-
-def _over_context(count: torch.Tensor, total: torch.Tensor, group) -> tuple[torch.Tensor, torch.Tensor]:
-    """A depth's token count and loss sum over the context-parallel ranks (as they are without CP)."""
-    if group is None or torch.distributed.get_world_size(group) == 1:
-        return count, total
-    both = torch.stack([count.detach().float(), total.float()])
-    torch.distributed.all_reduce(both, group=group)
-    return both[0], both[1]

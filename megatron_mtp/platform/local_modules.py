@@ -8,7 +8,7 @@
   grouped-query attention's fewer key/value heads (each serves consecutive query heads, as in
   megatron-core's DotProductAttention and transformers' repeat_kv). With context parallelism
   (parallel.context, megatron-core's local attention has none) each rank gathers every rank's keys and
-  values into the whole sequence and masks causally by global positions (training/context_parallel.py
+  values into the whole sequence and masks causally by global positions (models/context_parallel.py
   says which chunks a rank holds); Transformer Engine passes them around a ring instead.
 Both take megatron-core's constructor arguments, so specs can swap them for TE modules.
 """
@@ -97,8 +97,9 @@ class CoreAttention(MegatronModule):
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
 
-def _chunk_order(rank: int, cp: int) -> tuple[int, int]:
-    """The global chunks a CP rank holds (training/context_parallel.py)."""
+def chunk_order(rank: int, cp: int) -> tuple[int, int]:
+    """The two chunks (of 2·cp) of every sequence that context-parallel rank ``rank`` holds: rank and
+    2·cp - 1 - rank (megatron-core's load-balanced split; models/context_parallel.py)."""
     return rank, 2 * cp - 1 - rank
 
 
@@ -114,7 +115,7 @@ class _WholeSequence(torch.autograd.Function):
         chunks: list = [None] * (2 * cp)
         for r, part in enumerate(parts):
             first, second = part.chunk(2, dim=0)
-            a, b = _chunk_order(r, cp)
+            a, b = chunk_order(r, cp)
             chunks[a], chunks[b] = first, second
         ctx.group, ctx.rank, ctx.cp = group, rank, cp
         return torch.cat(chunks, dim=0)
@@ -124,7 +125,7 @@ class _WholeSequence(torch.autograd.Function):
         grad = grad.contiguous()
         torch.distributed.all_reduce(grad, group=ctx.group)
         chunks = grad.chunk(2 * ctx.cp, dim=0)
-        a, b = _chunk_order(ctx.rank, ctx.cp)
+        a, b = chunk_order(ctx.rank, ctx.cp)
         return torch.cat([chunks[a], chunks[b]], dim=0), None
 
 
@@ -132,6 +133,6 @@ def _causal_by_position(local: int, whole: int, group, device) -> torch.Tensor:
     """[local, whole] bool, True where a local query may attend a key: key position <= query position."""
     cp, rank = torch.distributed.get_world_size(group), torch.distributed.get_rank(group)
     chunk = local // 2
-    a, b = _chunk_order(rank, cp)
+    a, b = chunk_order(rank, cp)
     positions = torch.cat([torch.arange(a * chunk, (a + 1) * chunk), torch.arange(b * chunk, (b + 1) * chunk)])
     return (torch.arange(whole)[None, :] <= positions[:, None]).to(device)

@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from megatron_mtp.training.context_parallel import global_count, local_batch
+from megatron_mtp.models.context_parallel import local_batch, over_context
 from megatron_mtp.training.metrics import MTPMetrics
 
 
@@ -17,15 +17,15 @@ def masked_lm_loss(loss_mask: torch.Tensor, output_tensor: torch.Tensor, cp_grou
 
     The MTP losses enter through backward inside GPTModel (MTPLossAutoScaler), not here. With context
     parallelism (``cp_group``) the micro-batch's tokens are spread over the group: the mean is over all
-    of them and the sum and count reported are the whole micro-batch's (training/context_parallel.py).
+    of them and the sum and count reported are the whole micro-batch's (models/context_parallel.py).
     """
     mask = loss_mask.float()
     total = torch.sum(output_tensor.float() * mask)
     count = mask.sum()
     if cp_group is None:
         return total / count.clamp(min=1), {"lm_sum": total.detach().clone(), "lm_count": count.detach().clone()}
-    whole = global_count(count, cp_group)  # megatron-core's schedule multiplies this by CP (the note there)
-    return total / whole.clamp(min=1), {"lm_sum": global_count(total, cp_group), "lm_count": whole}
+    whole, whole_sum = over_context(count, total, cp_group)  # megatron-core's schedule multiplies by CP (the note)
+    return total / whole.clamp(min=1), {"lm_sum": whole_sum, "lm_count": whole}
 
 
 def micro_batch_mean(reported: dict) -> float:

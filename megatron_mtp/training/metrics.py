@@ -41,7 +41,7 @@ class MTPMetrics:
 
     def __init__(self, depth: int, tp_group, cp_group=None):
         """cp_group: the context-parallel group, whose ranks hold chunks of each sequence; the targets k
-        positions ahead are then rolled across them as the MTP labels are (training/context_parallel.py)."""
+        positions ahead are then rolled across them as the MTP labels are (models/context_parallel.py)."""
         self.depth = depth
         self.tp_group = tp_group
         self.cp_group = cp_group

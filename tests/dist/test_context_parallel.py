@@ -16,7 +16,7 @@ def test_mtp_roll_over_context_parallel_ranks_equals_the_whole_sequence_rolled(c
 
 def test_a_context_parallel_run_resumes_as_one_process_runs_on(tmp_path, train, metrics):
     """CP2 (the local attention gathering keys and values) trains one step, saves, and resumes: its losses
-    and grad norms are the one-process run's at both steps (training/context_parallel.py)."""
+    and grad norms are the one-process run's at both steps (models/context_parallel.py)."""
     single, cp2 = tmp_path / "single", tmp_path / "cp2"
     train(single, steps=2)
     save = ("checkpoint.save_interval=1", "parallel.context=2")
