@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, Callable, Mapping, Optional
 
 from megatron_mtp.config.model import (
@@ -161,6 +162,40 @@ class Family:
 
 
 _REGISTRY: dict[str, Family] = {}
+
+
+def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], model_types: tuple[str, ...],
+                      model_config: type, builders: str, size: ModuleType, hf_mapping: ModuleType,
+                      hf_config: ModuleType, hf_config_json: ModuleType, attention: str,
+                      serving: ServingFacts) -> Family:
+    """A Family from the modules a family folder holds, each with the names the Family reads: ``size``
+    (attention_shape, layer_sizes, parameter_counts, training_flops_per_token, kv_cache_elements_per_token,
+    decode_attention_flops), ``hf_mapping`` (TABLE, ATTENTION_ORDER), ``hf_config`` (to_hf_config,
+    from_hf_config, carry_source_fields), ``hf_config_json`` (parse_hf_config); ``builders`` is the package
+    whose ``transformer_config`` and ``model`` modules build it on megatron-core (loaded when first used)."""
+    return Family(
+        name=name,
+        title=title,
+        hf_architectures=architectures,
+        hf_model_types=model_types,
+        model_config=model_config,
+        table=hf_mapping.TABLE,
+        attention_order=hf_mapping.ATTENTION_ORDER,
+        attention_shape=size.attention_shape,
+        build_transformer_config=lazy(f"{builders}.transformer_config:build_transformer_config"),
+        build_model=lazy(f"{builders}.model:build_model"),
+        layer_sizes=size.layer_sizes,
+        parameter_counts=size.parameter_counts,
+        training_flops_per_token=size.training_flops_per_token,
+        kv_cache_elements_per_token=size.kv_cache_elements_per_token,
+        decode_attention_flops=size.decode_attention_flops,
+        to_hf_config=hf_config.to_hf_config,
+        from_hf_config=hf_config.from_hf_config,
+        carry_source_fields=hf_config.carry_source_fields,
+        hf_view=hf_config_json.parse_hf_config,
+        attention=attention,
+        serving=serving,
+    )
 
 
 def register(family: Family) -> Family:
