@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from megatron_mtp.platform.local_modules import chunk_order
+from megatron_mtp.platform.context_chunks import chunk_order
 
 
 def local_batch(batch: dict, rank: int, cp: int) -> dict:

@@ -24,6 +24,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import nn
 
+from megatron_mtp.platform.context_chunks import chunk_order
 from megatron_mtp.rms_norm import rms_norm
 
 
@@ -95,12 +96,6 @@ class CoreAttention(MegatronModule):
                 scale=self.softmax_scale)
         s, b = out.shape[2], out.shape[0]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
-
-
-def chunk_order(rank: int, cp: int) -> tuple[int, int]:
-    """The two chunks (of 2·cp) of every sequence that context-parallel rank ``rank`` holds: rank and
-    2·cp - 1 - rank (megatron-core's load-balanced split; models/context_parallel.py)."""
-    return rank, 2 * cp - 1 - rank
 
 
 class _WholeSequence(torch.autograd.Function):
