@@ -17,7 +17,7 @@ from megatron_mtp.models.tensor_table import EMBEDDING, OUTPUT_LAYER
 def expected_shape(key: str, model: ModelConfig, vocab: int) -> tuple[int, ...]:
     if key in (EMBEDDING, OUTPUT_LAYER):
         return (vocab, model.hidden_size)
-    rule = get_family(model.family).table.rule_for_key(key)
+    rule = get_family(model.family).table.rule_for_key(key, model)
     shape = tuple(rule.shape(model))
     return (model.num_experts, *shape) if rule.experts else shape
 

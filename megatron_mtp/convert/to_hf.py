@@ -129,7 +129,7 @@ def plan_pieces(
                 return nextn_name(name, num_layers)
             return name
 
-        if p.num_experts:
+        if p.num_experts and not p.stacked:
             inner = shape[1:]
             for e in range(p.num_experts):
                 names = [rename(n.format(e=e)) for n in p.hf]

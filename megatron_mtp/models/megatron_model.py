@@ -13,9 +13,11 @@ from megatron_mtp.platform import Platform
 
 def build_gpt_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_process: bool,
                     post_process: bool, vp_stage=None, *, keys_as_te: KeysAsTe, position_embedding_type: str,
-                    rotary_percent: float = 1.0, heads: Optional[tuple[type, dict[str, Any]]] = None):
+                    rotary_percent: float = 1.0, heads: Optional[tuple[type, dict[str, Any]]] = None,
+                    specs: Optional[tuple[Any, Any]] = None):
     """GPTModel for the current pipeline stage; `config` is the family's TransformerConfig. `heads`:
-    (model class, its extra arguments) that replace the MTP block (parallel MTP heads). With
+    (model class, its extra arguments) that replace the MTP block (parallel MTP heads). `specs`: the
+    family's own (decoder block, MTP block) specs, where megatron-core's GPT specs do not build it. With
     mtp.targets other than tokens, mtp.freeze_base, data.eod_mask_loss, parallel.context > 1 or the chunked
     output loss, the
     sequential MTP block trains through models/mtp_objective.py."""
@@ -24,14 +26,15 @@ def build_gpt_model(cfg: Config, config, platform: Platform, vocab_size: int, pr
     from megatron_mtp.platform.features import resolve_features
 
     chunk = resolve_features(cfg, platform).output_loss_chunk
-    block = decoder_block_spec(config, platform, keys_as_te, vp_stage=vp_stage)
+    block = specs[0] if specs else decoder_block_spec(config, platform, keys_as_te, vp_stage=vp_stage)
     if heads is not None:
         model_class, mtp = heads[0], None
         extra = dict(heads[1], head_norm_spec=block.layer_norm, output_chunk=chunk,
                      stop_at_documents=cfg.data.eod_mask_loss)
     else:
         model_class, extra = GPTModel, {}
-        mtp = mtp_block_spec(config, platform, keys_as_te, vp_stage=vp_stage, moe=mtp_is_moe(cfg.model))
+        mtp = specs[1] if specs else mtp_block_spec(config, platform, keys_as_te, vp_stage=vp_stage,
+                                                    moe=mtp_is_moe(cfg.model))
         if chunk or (cfg.mtp.num_layers and (cfg.mtp.targets != "tokens" or cfg.mtp.freeze_base
                                              or cfg.data.eod_mask_loss or cfg.parallel.context > 1)):
             from megatron_mtp.models.mtp_objective import MTPObjectiveGPTModel

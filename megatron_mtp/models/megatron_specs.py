@@ -28,7 +28,7 @@ KeysAsTe = Mapping[str, str]
 """A family's local -> TE sharded-key prefixes of its attention block, relative to the layer."""
 
 
-def _swap_local_modules(spec, keys_as_te: KeysAsTe):
+def swap_local_modules(spec, keys_as_te: KeysAsTe):
     """Return a copy of a spec tree with megatron's local norm/attention replaced by ours."""
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.spec_utils import ModuleSpec
@@ -93,7 +93,7 @@ def decoder_block_spec(config, platform: Platform, keys_as_te: KeysAsTe, vp_stag
         config, use_transformer_engine=platform.use_te, normalization="RMSNorm",
         vp_stage=vp_stage, pp_rank=pp_rank,
     )
-    return spec if platform.use_te else _swap_local_modules(spec, keys_as_te)
+    return spec if platform.use_te else swap_local_modules(spec, keys_as_te)
 
 
 def _layer_spec_of_kind(config, platform: Platform, moe: bool):
@@ -134,11 +134,11 @@ def mtp_block_spec(config, platform: Platform, keys_as_te: KeysAsTe, vp_stage=No
     )
     if spec is None or platform.use_te:
         return spec
-    return _swap_local_modules(spec, keys_as_te)
+    return swap_local_modules(spec, keys_as_te)
 
 
 def parallel_head_layer_spec(config, platform: Platform, keys_as_te: KeysAsTe, moe: bool = True):
     """The layer spec of a parallel MTP head (models/deepseek_v3/parallel_heads.py): of the kind
     mtp_block_spec builds each sequential MTP layer."""
     layer = _layer_spec_of_kind(config, platform, moe)
-    return layer if platform.use_te else _swap_local_modules(layer, keys_as_te)
+    return layer if platform.use_te else swap_local_modules(layer, keys_as_te)

@@ -55,6 +55,9 @@ class Rule:
     fuse: Fuse = "concat"
     """How several HF names make the one mcore tensor (dim 0): "concat" in equal parts, "qkv"
     interleaved per key/value group (``Param.qkv``)."""
+    stacked: bool = False
+    """Routed experts in one HF tensor with a leading expert axis (Gemma 4's ``experts.gate_up_proj``),
+    not one HF tensor per expert."""
 
     def numel(self, model: ModelConfig) -> int:
         return math.prod(self.shape(model))
@@ -77,9 +80,11 @@ class Param:
     """An MTP copy of the main embedding/head: written on export, not read back on import."""
     qkv: Optional[tuple[int, int, int]] = None
     """(key/value groups, query heads per group, head dim) of a fused q/k/v projection."""
+    stacked: bool = False
+    """With ``num_experts``: the HF tensor holds every expert along its first axis, as the mcore one does."""
 
     def hf_names(self) -> list[str]:
-        if not self.num_experts:
+        if not self.num_experts or self.stacked:
             return list(self.hf)
         return [name.format(e=e) for e in range(self.num_experts) for name in self.hf]
 
@@ -290,8 +295,9 @@ class Table:
         group = {"attention": self.attention, "dense_mlp": DENSE_MLP, "moe_mlp": MOE_MLP}[block]
         return [r for r in self.layer_rules(model, block == "moe_mlp", spec) if r in group]
 
-    def rule_for_key(self, key: str) -> Rule:
-        """The rule of a global megatron-core key (any layer, MTP module or head); KeyError if none."""
+    def rule_for_key(self, key: str, model: Optional[ModelConfig] = None) -> Rule:
+        """The rule of a global megatron-core key (any layer, MTP module or head); KeyError if none. A
+        family whose layers differ by index reads ``model`` to tell which layer the key names."""
         for rule in (*self.attention, *DENSE_MLP, *MOE_MLP, *MTP_OWN):
             if key.endswith("." + rule.mcore):
                 return rule
@@ -307,6 +313,7 @@ class Table:
                 num_experts=model.num_experts if rule.experts else 0,
                 keep_fp32=rule.keep_fp32,
                 qkv=self.qkv(model) if rule.fuse == "qkv" and self.qkv is not None else None,
+                stacked=rule.stacked,
             )
 
     def parallel_head_params(self, model: ModelConfig, num_heads: int, spec: Optional[Spec] = None) -> list[Param]:

@@ -64,6 +64,11 @@ _EXPERT_FC1, _EXPERT_FC2 = "mlp.experts.experts.linear_fc1.weight", "mlp.experts
 
 def _layer(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: bool) -> list[Param]:
     family = get_family(cfg.model.family)
+    registration = getattr(family.table, "registration", None)
+    if registration is not None:  # a family whose layers megatron-core's GPT specs do not build
+        local = range(cfg.model.num_experts // sizes.ep)
+        return [_param(cfg, sizes, prefix, rule, te, name)
+                for rule, name in registration(cfg.model, prefix, moe, te, local)]
     rules = {r.mcore: r for r in family.layer_rules(cfg.model, moe, "te" if te else "local") if r.role != "buffer"}
     one = lambda name: [_param(cfg, sizes, prefix, rules[name], te)] if name in rules else []  # noqa: E731
     out = [p for name in family.attention_order[te] for p in one(name)]

@@ -174,6 +174,12 @@ def _output_loss_chunk(cfg, fused_ce: Optional[str]) -> Optional[int]:
     if k.output_loss_chunk < 1:
         raise UserError(f"kernels.output_loss_chunk is {k.output_loss_chunk}; give the tokens per chunk of the "
                         "chunked output loss, at least 1")
+    softcap = getattr(cfg.model, "final_logit_softcapping", None)  # the chunks compute z = h Wᵀ uncapped
+    if softcap is not None and k.chunked_output_loss is True:
+        raise UserError("kernels.chunked_output_loss=true does not soft-cap logits, which "
+                        f"model.final_logit_softcapping={softcap} asks for; set it to auto or false")
+    if softcap is not None:
+        return None
     if k.chunked_output_loss == "auto":
         tokens = cfg.training.seq_length * cfg.training.micro_batch_size
         return k.output_loss_chunk if fused_ce is None and tokens > k.output_loss_chunk else None

@@ -9,7 +9,9 @@
   megatron-core's DotProductAttention and transformers' repeat_kv). With context parallelism
   (parallel.context, megatron-core's local attention has none) each rank gathers every rank's keys and
   values into the whole sequence and masks causally by global positions (models/context_parallel.py
-  says which chunks a rank holds); Transformer Engine passes them around a ring instead.
+  says which chunks a rank holds); Transformer Engine passes them around a ring instead. With
+  megatron-core's ``window_size`` (left, 0) in its config a query sees only the ``left`` keys before
+  it and itself (sliding-window attention, as TE's DotProductAttention reads the same field).
 Both take megatron-core's constructor arguments, so specs can swap them for TE modules.
 """
 
@@ -66,9 +68,15 @@ class CoreAttention(MegatronModule):
         k_channels = k_channels or config.kv_channels
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(k_channels)
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+        window = getattr(config, "window_size", None)
+        self.window = None if window is None or window[0] < 0 else int(window[0])
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **_):
+        if self.window is not None:
+            if self.config.context_parallel_size > 1:
+                raise NotImplementedError("sliding-window attention with context parallelism")
+            return self._windowed(query, key, value, attention_mask)
         cp_mask = None
         if self.config.context_parallel_size > 1:
             from megatron.core import parallel_state
@@ -94,6 +102,23 @@ class CoreAttention(MegatronModule):
             out = torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, is_causal=q.shape[2] > 1, dropout_p=self.dropout if self.training else 0.0,
                 scale=self.softmax_scale)
+        s, b = out.shape[2], out.shape[0]
+        return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+    def _windowed(self, query, key, value, attention_mask):
+        """Causal attention where query i sees keys i - window .. i (and, with ``attention_mask``, only
+        those it leaves unmasked)."""
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        if k.shape[1] != q.shape[1]:
+            repeat = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        pos_q = torch.arange(q.shape[2], device=q.device)[:, None]
+        pos_k = torch.arange(k.shape[2], device=q.device)[None, :]
+        mask = (pos_q >= pos_k) & (pos_q - pos_k <= self.window)
+        if attention_mask is not None:
+            mask = mask & ~attention_mask
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, scale=self.softmax_scale)
         s, b = out.shape[2], out.shape[0]
         return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 

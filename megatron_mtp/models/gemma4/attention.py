@@ -1,0 +1,128 @@
+"""Gemma 4's attention as a megatron-core module (its spec: models/gemma4/specs.py).
+
+Design note. megatron-core's SelfAttention sizes every layer from one TransformerConfig and fuses q, k
+and v into one projection; a Gemma 4 model has two kinds of layers with different head widths and
+key/value heads, and its full-attention layers have no value projection at all (the key projection's
+output is the value). So this module is built per layer from its kind's numbers (spec params), with its
+own projections (megatron-core's column/row-parallel linears, or Transformer Engine's):
+  q = q_norm(W_q x), k = k_norm(W_k x), v = v_norm(W_v x or W_k x)  (per head; v_norm has no weight)
+  q, k = RoPE(q), RoPE(k);   out = post_norm(W_o · softmax(q kᵀ · 1.0 + mask) v)
+The attention scale is 1.0 (the q/k norms set the logits' size). RoPE is the rotate-half form over the
+whole head with frequencies θ^(-2i/d) for the first ``share`` of the d/2 pairs and 0 (no rotation) for
+the rest: transformers' "default" RoPE when share = 1, its "proportional" one otherwise. Positions count
+from 0 in each sequence. The sliding window reaches the core attention through its config's
+``window_size`` (left, 0), which megatron-core's local and TE attentions both read. The post-attention
+norm (a sandwich norm) is applied here, so the layer's bias-dropout-add adds the normed output.
+With sequence parallelism each projection gathers the sequence itself (three gathers where a fused
+projection needs one; the fused form would interleave q, k and v per group in one tensor).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+
+from megatron_mtp.rms_norm import rms_norm
+
+
+@dataclass
+class Gemma4AttentionSubmodules:
+    linear_q: Any
+    linear_k: Any
+    linear_v: Any
+    linear_proj: Any
+    core_attention: Any
+    q_layernorm: Any
+    k_layernorm: Any
+    post_layernorm: Any
+
+
+def rope_inv_freq(head_dim: int, base: float, share: float) -> torch.Tensor:
+    """The d/2 frequencies: θ^(-2i/d) for the first int(share·d/2), 0 for the others (fp32)."""
+    rotated = int(share * head_dim // 2)
+    freq = 1.0 / (base ** (torch.arange(0, 2 * rotated, 2, dtype=torch.float32) / head_dim))
+    return torch.cat([freq, torch.zeros(head_dim // 2 - rotated)])
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [len(positions), d] for rotate-half RoPE, computed in fp32 and cast to ``dtype``."""
+    freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class Gemma4Attention(MegatronModule):
+    """One Gemma 4 attention block over [s, b, h] (module note)."""
+
+    def __init__(self, config, submodules: Gemma4AttentionSubmodules, layer_number: int, *, head_dim: int,
+                 query_groups: int, shares_kv: bool, rope_base: float, rope_share: float,
+                 window: Optional[int], attn_mask_type=AttnMaskType.causal, pg_collection=None, **_):
+        super().__init__(config=config)
+        from megatron.core.process_groups_config import ProcessGroupCollection
+
+        pg_collection = pg_collection or ProcessGroupCollection.use_mpu_process_groups()
+        tp = pg_collection.tp.size()
+        self.layer_number = layer_number
+        self.head_dim = head_dim
+        self.heads = config.num_attention_heads // tp
+        self.groups = query_groups // tp
+        self.eps = config.layernorm_epsilon
+        linear = dict(config=config, init_method=config.init_method, gather_output=False, bias=False,
+                      skip_bias_add=False, is_expert=False, tp_group=pg_collection.tp)
+        h = config.hidden_size
+        self.linear_q = submodules.linear_q(h, config.num_attention_heads * head_dim, tp_comm_buffer_name="q",
+                                            **linear)
+        self.linear_k = submodules.linear_k(h, query_groups * head_dim, tp_comm_buffer_name="k", **linear)
+        self.linear_v = None if shares_kv else submodules.linear_v(h, query_groups * head_dim,
+                                                                   tp_comm_buffer_name="v", **linear)
+        norm = dict(config=config, hidden_size=head_dim, eps=self.eps)
+        self.q_layernorm = submodules.q_layernorm(**norm)
+        self.k_layernorm = submodules.k_layernorm(**norm)
+        layer_config = copy.copy(config)  # the core attention reads this kind's widths and window
+        layer_config.kv_channels, layer_config.num_query_groups = head_dim, query_groups
+        layer_config.window_size = None if window is None else (window - 1, 0)
+        self.core_attention = submodules.core_attention(
+            config=layer_config, layer_number=layer_number, attn_mask_type=attn_mask_type, attention_type="self",
+            softmax_scale=1.0, pg_collection=pg_collection)
+        self.linear_proj = submodules.linear_proj(
+            config.num_attention_heads * head_dim, h, config=config, init_method=config.output_layer_init_method,
+            bias=False, input_is_parallel=True, skip_bias_add=True, is_expert=False, tp_comm_buffer_name="proj",
+            tp_group=pg_collection.tp)
+        self.post_layernorm = submodules.post_layernorm(config=config, hidden_size=h, eps=self.eps)
+        self.register_buffer("inv_freq", rope_inv_freq(head_dim, rope_base, rope_share), persistent=False)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, **_):
+        q, _ = self.linear_q(hidden_states)
+        k_raw, _ = self.linear_k(hidden_states)
+        s, b = q.shape[:2]
+        q = q.view(s, b, self.heads, self.head_dim)
+        k_raw = k_raw.view(s, b, self.groups, self.head_dim)
+        v = k_raw if self.linear_v is None else self.linear_v(hidden_states)[0].view(s, b, self.groups, self.head_dim)
+        q, k = self.q_layernorm(q), self.k_layernorm(k_raw)
+        v = rms_norm(v, torch.ones((), device=v.device), self.eps)
+        cos, sin = rope_cos_sin(self.inv_freq, torch.arange(s, device=q.device), q.dtype)
+        cos, sin = cos[:, None, None, :], sin[:, None, None, :]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        out = self.core_attention(q, k, v, attention_mask, attn_mask_type=AttnMaskType.causal)
+        out, bias = self.linear_proj(out)
+        return self.post_layernorm(out), bias
+
+
+def scale_of_embedding(hidden_size: int) -> float:
+    """Gemma's embedding multiplier, sqrt(hidden)."""
+    return math.sqrt(hidden_size)

@@ -1,0 +1,167 @@
+"""Gemma 4's own model fields (``model.family=gemma4`` builds this class) and their checks.
+
+A Gemma 4 text model interleaves two kinds of layers (``layer_kinds``): sliding-window attention with
+``head_dim``-wide heads and ``num_query_groups`` key/value heads under RoPE base ``rope_theta``, and full
+attention with ``global_head_dim``-wide heads and ``global_query_groups`` key/value heads, whose keys are
+also its values (``attention_k_eq_v``), under "proportional" RoPE (``global_partial_rotary_factor`` of the
+frequencies, base ``global_rope_theta``). Every layer runs a dense GELU-tanh MLP and, with
+``num_experts`` > 0, an MoE block beside it (softmax top-k renormalised, a learned per-expert scale, a
+router that reads the un-normalised residual); their sum is what the layer adds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
+
+from megatron_mtp.config.model import ModelConfig
+from megatron_mtp.config.moe_layers import MoeLayers
+from megatron_mtp.errors import UserError
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+LayerKind = Literal["sliding_attention", "full_attention"]
+FULL_EVERY = 6
+"""Without ``layer_types``, every sixth layer is full attention (5 sliding : 1 full), and the last one."""
+
+
+@dataclass
+class Gemma4ModelConfig(ModelConfig):
+    # Gemma 4's routing and sharing as the shared fields' defaults
+    tie_embeddings: bool = True
+    """Share the input embedding with the output head (Gemma 4: true)."""
+    first_k_dense: int = 0
+    """Gemma 4 runs its MoE block beside the dense MLP in every layer: 0."""
+    num_shared_experts: int = 0
+    """Gemma 4 has none (its dense MLP runs beside the experts instead)."""
+    router_num_groups: Optional[int] = None
+    """Gemma 4: no expert groups."""
+    router_group_topk: Optional[int] = None
+    """Gemma 4: no expert groups."""
+    router_score_function: Literal["sigmoid", "softmax"] = "softmax"
+    """Gemma 4: softmax over every expert, then the top k, renormalised over them."""
+    router_topk_scaling_factor: float = 1.0
+    """Gemma 4 scales each chosen expert by its learned per-expert scale instead: 1.0."""
+    router_enable_expert_bias: bool = False
+    """Gemma 4's router has no expert bias."""
+    aux_loss_coeff: float = 1.0e-3
+    """Balance loss weight (the Gemma 4 release names none; 0 disables it)."""
+    aux_loss_type: Literal["seq_aux_loss", "aux_loss", "global_aux_loss"] = "aux_loss"
+    """Over which tokens the balance loss counts (megatron-core's moe_router_load_balancing_type)."""
+
+    head_dim: int = 256
+    """Head width of the sliding-window layers (HF head_dim)."""
+    num_query_groups: int = 8
+    """Key/value heads of the sliding-window layers (HF num_key_value_heads)."""
+    global_head_dim: int = 512
+    """Head width of the full-attention layers (HF global_head_dim)."""
+    global_query_groups: Optional[int] = 2
+    """Key/value heads of the full-attention layers (HF num_global_key_value_heads); null: num_query_groups."""
+    attention_k_eq_v: bool = True
+    """The full-attention layers have no value projection: the key projection's output is also the value
+    (before the key norm and RoPE; HF attention_k_eq_v)."""
+    sliding_window: int = 1024
+    """Tokens a sliding-window layer attends to, itself included (HF sliding_window)."""
+    layer_types: Optional[list[str]] = None
+    """Each decoder layer's attention, sliding_attention or full_attention (HF layer_types); the last layer
+    must be full. null: every sixth layer and the last are full, the others sliding (Gemma 4's 5:1)."""
+    global_rope_theta: float = 1.0e6
+    """RoPE base of the full-attention layers (model.rope_theta is the sliding layers')."""
+    global_partial_rotary_factor: float = 0.25
+    """Share of the full-attention heads' frequencies that rotate ("proportional" RoPE: the frequencies
+    keep the whole head's spacing, the rest are zero)."""
+    final_logit_softcapping: Optional[float] = 30.0
+    """Logits become c·tanh(z / c) (HF final_logit_softcapping); null: none."""
+
+    def layer_kinds(self) -> list[str]:
+        """The attention of each decoder layer (``layer_types``, or the 5:1 default)."""
+        if self.layer_types is not None:
+            return list(self.layer_types)
+        kinds = [FULL if (i + 1) % FULL_EVERY == 0 else SLIDING for i in range(self.num_layers)]
+        if kinds:
+            kinds[-1] = FULL
+        return kinds
+
+    def moe_layer_rule(self) -> MoeLayers:
+        """Every layer (and the MTP layer) carries the MoE block when num_experts > 0."""
+        return MoeLayers(self.num_layers, self.num_experts, 0)
+
+    def check(self, cfg: Any) -> None:
+        check(cfg)
+
+
+def kind_head_dim(m: Gemma4ModelConfig, kind: str) -> int:
+    return m.global_head_dim if kind == FULL else m.head_dim
+
+
+def kind_groups(m: Gemma4ModelConfig, kind: str) -> int:
+    if kind == FULL and m.global_query_groups is not None:
+        return m.global_query_groups
+    return m.num_query_groups
+
+
+def kind_shares_kv(m: Gemma4ModelConfig, kind: str) -> bool:
+    """The layer's keys are its values (no value projection)."""
+    return kind == FULL and m.attention_k_eq_v
+
+
+def kind_rope(m: Gemma4ModelConfig, kind: str) -> tuple[float, float]:
+    """(base, share of the frequencies that rotate) of the layer kind's RoPE."""
+    return (m.global_rope_theta, m.global_partial_rotary_factor) if kind == FULL else (m.rope_theta, 1.0)
+
+
+MTP_KIND = FULL
+"""An MTP layer on a Gemma 4 trunk is built as the model's last layer is: full attention."""
+
+
+def check(cfg) -> None:
+    """One sentence for the first Gemma 4 field the model or the layout cannot take."""
+    m, tp = cfg.model, cfg.parallel.tensor
+    kinds = m.layer_kinds()
+    if m.layer_types is not None:
+        wrong = [k for k in kinds if k not in (SLIDING, FULL)]
+        if wrong:
+            raise UserError(f"model.layer_types holds {wrong[0]!r}; each entry must be {SLIDING} or {FULL}")
+        if len(kinds) != m.num_layers:
+            raise UserError(f"model.layer_types lists {len(kinds)} layers but model.num_layers is {m.num_layers}; "
+                            "give one entry per decoder layer")
+        if kinds and kinds[-1] != FULL:
+            raise UserError(f"model.layer_types ends with {kinds[-1]}; Gemma 4's last layer is {FULL}, set it so")
+    for name in ("head_dim", "global_head_dim", "num_query_groups", "sliding_window"):
+        if getattr(m, name) < 1:
+            raise UserError(f"model.{name} is {getattr(m, name)}; set a positive number")
+    for kind in sorted(set(kinds) | {FULL}):
+        groups, field = kind_groups(m, kind), ("global_query_groups" if kind == FULL and m.global_query_groups
+                                                is not None else "num_query_groups")
+        if groups < 1 or m.num_attention_heads % groups:
+            raise UserError(f"model.{field}={groups} must be positive and divide "
+                            f"model.num_attention_heads={m.num_attention_heads}")
+        if groups % tp:
+            raise UserError(f"model.{field}={groups} is not divisible by parallel.tensor={tp}; every "
+                            "tensor-parallel rank must hold whole key/value heads")
+        if kind_head_dim(m, kind) % 2:
+            raise UserError(f"the {kind} layers' head width {kind_head_dim(m, kind)} is odd; RoPE needs an even one")
+    if not 0.0 < m.global_partial_rotary_factor <= 1.0:
+        raise UserError(f"model.global_partial_rotary_factor is {m.global_partial_rotary_factor}; it must be in (0, 1]")
+    if m.final_logit_softcapping is not None and m.final_logit_softcapping <= 0:
+        raise UserError(f"model.final_logit_softcapping is {m.final_logit_softcapping}; give a positive cap or null")
+    if m.num_experts:
+        fixed = (("first_k_dense", 0, "its MoE block runs in every layer"),
+                 ("num_shared_experts", 0, "its dense MLP runs beside the experts instead"),
+                 ("router_score_function", "softmax", "its router is a softmax over every expert"),
+                 ("router_norm_topk_prob", True, "it renormalises the chosen experts' weights"),
+                 ("router_num_groups", None, "it has no expert groups"),
+                 ("router_topk_scaling_factor", 1.0, "its learned per-expert scale does that"),
+                 ("router_enable_expert_bias", False, "its router has no expert bias"))
+        for name, value, why in fixed:
+            if getattr(m, name) != value:
+                raise UserError(f"model.{name} is {getattr(m, name)!r}, but a Gemma 4 model needs {value!r} "
+                                f"({why}); remove it from the config")
+    if cfg.parallel.context > 1:
+        raise UserError("parallel.context > 1 is not built for model.family=gemma4 yet (its sliding-window "
+                        "attention computes its own positions); train it with parallel.context=1")
+    if cfg.data.reset_position_ids:
+        raise UserError("data.reset_position_ids is not built for model.family=gemma4 (its attention numbers "
+                        "positions from the start of each sequence); set it to false")
+    if cfg.mtp.num_layers and cfg.mtp.style != "sequential":
+        raise UserError(f"mtp.style={cfg.mtp.style} is not built for model.family=gemma4 yet; use "
+                        "mtp.style=sequential")

@@ -1,0 +1,99 @@
+"""Analytic parameter counts and training FLOPs of a Gemma 4 model, summed layer by layer over its kinds
+(models/gemma4/hf_mapping.py): the full-attention layers have their own head widths and key/value heads,
+and every layer holds the dense MLP and, with experts, the MoE block beside it. Sliding-window layers
+score at most ``sliding_window`` keys per query."""
+
+from __future__ import annotations
+
+from megatron_mtp.config import Config
+from megatron_mtp.models.family import AttentionShape
+from megatron_mtp.models.gemma4.hf_mapping import DENSE, MOE, rules_of_kind
+from megatron_mtp.models.gemma4.model_config import (
+    FULL,
+    MTP_KIND,
+    SLIDING,
+    kind_groups,
+    kind_head_dim,
+    kind_shares_kv,
+)
+from megatron_mtp.models.sizes import LayerSizes, mtp_own_size
+
+
+def _total(m, rules, *, experts: bool = False) -> int:
+    return sum(r.numel(m) for r in rules if r.experts == experts and r.role != "buffer")
+
+
+def _kind_sizes(cfg: Config, kind: str) -> LayerSizes:
+    m = cfg.model
+    moe = m.num_experts > 0
+    rules = rules_of_kind(m, kind, moe)
+    attention = [r for r in rules if r not in DENSE and r not in MOE]
+    expert = _total(m, [r for r in MOE if moe], experts=True)
+    around = _total(m, [r for r in MOE if moe])
+    return LayerSizes(attention=_total(m, attention), dense_mlp=_total(m, DENSE),
+                      moe_total=around + m.num_experts * expert, moe_active=around + m.router_topk * expert,
+                      norms=0, expert=expert, around_experts=around)
+
+
+def layer_sizes(cfg: Config) -> LayerSizes:
+    """One sliding-window layer's blocks (the most common kind; parameter_counts sums every kind)."""
+    return _kind_sizes(cfg, SLIDING)
+
+
+def _layer_params(cfg: Config, kind: str, active: bool) -> int:
+    s = _kind_sizes(cfg, kind)
+    return s.attention + s.dense_mlp + (s.moe_active if active else s.moe_total)
+
+
+def parameter_counts(cfg: Config, padded_vocab: int) -> dict[str, int]:
+    """{'main', 'main_active', 'mtp_unique'}: embeddings tied unless model.tie_embeddings is false."""
+    m = cfg.model
+    embed = padded_vocab * m.hidden_size
+    head = 0 if m.tie_embeddings else embed
+    kinds = m.layer_kinds()
+    main = sum(_layer_params(cfg, k, False) for k in kinds) + embed + head + m.hidden_size
+    active = sum(_layer_params(cfg, k, True) for k in kinds) + embed + head + m.hidden_size
+    mtp = cfg.mtp.modules * (_layer_params(cfg, MTP_KIND, False) + mtp_own_size(cfg))
+    return {"main": main, "main_active": active, "mtp_unique": mtp}
+
+
+def _scored_keys(cfg: Config, kind: str) -> float:
+    """Keys a query scores on average over a causal sequence (a sliding layer: at most its window)."""
+    seq = cfg.training.seq_length
+    if kind == SLIDING and cfg.model.sliding_window < seq:
+        w = cfg.model.sliding_window
+        return (w * (w + 1) / 2 + (seq - w) * w) / seq
+    return (seq + 1) / 2
+
+
+def training_flops_per_token(cfg: Config, padded_vocab: int, mtp_layers: int) -> float:
+    """Forward+backward FLOPs per token (3 × forward): the matmuls of each layer's active parameters and
+    its attention scores and values over the keys it sees."""
+    m = cfg.model
+
+    def layer(kind: str) -> float:
+        width = 2 * m.num_attention_heads * kind_head_dim(m, kind)
+        return 2 * _layer_params(cfg, kind, True) + 2 * width * _scored_keys(cfg, kind)
+
+    head = 2 * padded_vocab * m.hidden_size
+    forward = sum(layer(k) for k in m.layer_kinds()) + head
+    forward += mtp_layers * (layer(MTP_KIND) + 2 * 2 * m.hidden_size * m.hidden_size + head)
+    return 3.0 * forward
+
+
+def kv_cache_elements_per_token(cfg: Config) -> int:
+    """What a full-attention layer caches per token (keys only where keys are values)."""
+    m = cfg.model
+    return (1 if kind_shares_kv(m, FULL) else 2) * kind_groups(m, FULL) * kind_head_dim(m, FULL)
+
+
+def decode_attention_flops(cfg: Config, context: int) -> float:
+    """One decoded token's scores and values over ``context`` cached tokens in a full-attention layer."""
+    m = cfg.model
+    return 2 * m.num_attention_heads * 2 * kind_head_dim(m, FULL) * context
+
+
+def attention_shape(m) -> AttentionShape:
+    """The sliding-window layers' widths (the common kind)."""
+    d = kind_head_dim(m, SLIDING)
+    return AttentionShape(qk_dim=d, v_dim=d, rope_dim=d, kv_heads=kind_groups(m, SLIDING), qk_norm=True)
