@@ -154,6 +154,14 @@ class ModelConfig:
     RECOMPUTE_MODULES: ClassVar[tuple[str, ...]] = ()
     """``recompute.modules`` names only some attentions have (config/performance.py) that the family has."""
 
+    DENSE_MLP_BESIDE_MOE: ClassVar[bool] = False
+    """An MoE layer also runs the dense MLP (of ffn_hidden_size) beside its experts (Gemma 4)."""
+
+    def attention_input_gathers(self, layer: Optional[int]) -> int:
+        """Column-parallel projections that gather the attention's sequence-parallel input in decoder layer
+        ``layer`` (None: an MTP layer): one fused projection unless a family splits it (``plan``'s traffic)."""
+        return 1
+
     def moe_layer_rule(self) -> MoeLayers:
         """Which decoder layers are MoE (config/moe_layers.py): every layer after the first
         ``first_k_dense``; a family with another rule overrides this."""

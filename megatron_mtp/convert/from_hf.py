@@ -54,9 +54,17 @@ class _Sources:
     """HF tensor names -> (directory, name there), over a main dir and an optional MTP dir (whose MTP
     tensors replace any the main dir holds inline: a new draft paired with an unchanged release)."""
 
-    def __init__(self, main: HFDir, mtp: Optional[HFDir], num_layers: int) -> None:
+    def __init__(self, main: HFDir, mtp: Optional[HFDir], num_layers: int, rename=None) -> None:
         self.dirs = {"main": main}
-        self.where: dict[str, tuple[str, str]] = {n: ("main", n) for n in main.names()}
+        self.where: dict[str, tuple[str, str]] = {}
+        self.left_out: list[str] = []
+        """Tensors of the main directory the family's ``import_names`` leaves out (a multimodal model's towers)."""
+        for n in main.names():
+            ours = rename(n) if rename is not None else n
+            if ours is None:
+                self.left_out.append(n)
+            else:
+                self.where[ours] = ("main", n)
         self.replaced: set[int] = set()
         """MTP modules (0-based) the main directory holds inline and the MTP directory replaces."""
         if mtp is not None:
@@ -196,7 +204,12 @@ def import_from_hf(
     cfg = _written_config(f"from_hf_{hf_dir.name}", model_cfg, MTPConfig(num_layers=depth, style=style if depth
                                                                           else "sequential"), overrides, vocab)
     model_cfg = cfg.model
-    src = _Sources(main, mtp, model_cfg.num_layers)
+    rename = family.import_names(main.config) if family.import_names is not None else None
+    src = _Sources(main, mtp, model_cfg.num_layers, rename)
+    if src.left_out:
+        towers = sorted({".".join(n.split(".")[:2]) for n in src.left_out})
+        print(f"note: '{main.path}' is a multimodal {family.title} checkpoint; its text model is imported and "
+              f"{len(src.left_out)} tensors of {', '.join(towers)} are left out", file=sys.stderr, flush=True)
     if src.replaced and with_mtp:
         layers = ", ".join(f"model.layers.{model_cfg.num_layers + d}" for d in sorted(src.replaced))
         print(f"note: '{main.path}' holds MTP weights inline ({layers}); the MTP directory '{mtp.path}' replaces "

@@ -136,6 +136,9 @@ class Family:
     "gqa"); a family with a new kind adds its class there."""
     serving: ServingFacts = ServingFacts()
     """What vLLM, SGLang and transformers do with its exports."""
+    import_names: Optional[Callable[[Mapping[str, Any]], Optional[Callable[[str], Optional[str]]]]] = None
+    """config.json -> how the importer renames a file's tensors to the text model's names (None: a tensor it
+    leaves out, as a multimodal checkpoint's towers), or None where the names are the text model's already."""
 
     def param_table(self, model: ModelConfig, mtp_depth: int, spec=None, mtp_copies: bool = True,
                     style: str = "sequential"):
@@ -195,6 +198,7 @@ def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], 
         hf_view=hf_config_json.parse_hf_config,
         attention=attention,
         serving=serving,
+        import_names=getattr(hf_config, "import_names", None),
     )
 
 

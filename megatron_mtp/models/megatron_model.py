@@ -43,7 +43,7 @@ def build_gpt_model(cfg: Config, config, platform: Platform, vocab_size: int, pr
             extra = dict(targets=cfg.mtp.targets, self_weight=cfg.mtp.self_weight,
                          self_temperature=cfg.mtp.self_temperature, freeze_base=cfg.mtp.freeze_base,
                          output_chunk=chunk, stop_at_documents=cfg.data.eod_mask_loss)
-    return model_class(
+    model = model_class(
         config=config,
         transformer_layer_spec=block,
         vocab_size=vocab_size,
@@ -59,3 +59,10 @@ def build_gpt_model(cfg: Config, config, platform: Platform, vocab_size: int, pr
         vp_stage=vp_stage,
         **extra,
     )
+    if (cfg.model.tie_embeddings and post_process and not pre_process and getattr(model, "mtp_process", False)
+            and getattr(model.output_layer, "weight", None) is not None):
+        # megatron-core allocates the last stage's output weight, then reads the tied weight from the MTP
+        # stage's embedding copy and checkpoints that copy alone: the allocated one would be an orphan parameter
+        # (no gradient, and a key its tied checkpointing asserts away)
+        model.output_layer.weight = None
+    return model

@@ -27,6 +27,7 @@ routers); the base layers' tp collectives are still counted with their backward 
 from __future__ import annotations
 
 from collections import Counter
+from typing import Optional
 
 from megatron_mtp.config.root import Config
 from megatron_mtp.models.tensor_table import is_moe_layer, mtp_is_moe
@@ -41,13 +42,14 @@ def _column(width: float, tokens: int) -> tuple[float, float]:
     return 2 * tokens * width, tokens * width
 
 
-def _attention_tp(cfg: Config, d: Dims, te: bool) -> tuple[float, float]:
-    """(all-gather, reduce-scatter) elements of one attention block, forward and backward."""
+def _attention_tp(cfg: Config, d: Dims, te: bool, layer: Optional[int] = None) -> tuple[float, float]:
+    """(all-gather, reduce-scatter) elements of one attention block (of decoder layer ``layer``; None: an MTP
+    layer), forward and backward."""
     t = d.tokens
     h, q, kv, r = d.hidden, d.q_lora, d.kv_lora, d.rope_dim
     parts = []
-    if d.kv_heads is not None:  # grouped-query: one column-parallel linear_qkv
-        parts.append(_column(h, t))
+    if d.kv_heads is not None:  # grouped-query: one column-parallel linear_qkv (or the family's own projections)
+        parts += [_column(h, t)] * cfg.model.attention_input_gathers(layer)
     elif te:  # duplicated down-projections; the up-projections gather the compressed latents
         parts += [_column(q or h, t), _column(kv, t), (t * r, t * r)]  # + k_pos_emb gather and its backward
     else:  # column-parallel down-projections: their outputs are gathered, then re-split by sequence
@@ -84,17 +86,17 @@ def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
     tp, ep, etp = sizes.tp > 1, sizes.ep > 1, sizes.etp > 1
     frozen = cfg.mtp.freeze_base  # the base runs forward only
     for s in mine:
-        layers = ([(is_moe_layer(cfg.model, i), frozen) for i in s.layers]
-                  + [(mtp_is_moe(cfg.model), False)] * s.mtp_layers)
+        layers = ([(i, is_moe_layer(cfg.model, i), frozen) for i in s.layers]
+                  + [(None, mtp_is_moe(cfg.model), False)] * s.mtp_layers)
         per_micro: Counter = Counter()
-        for moe, forward_only in layers:
+        for index, moe, forward_only in layers:
             passes = 1 if forward_only else 2
             if sizes.cp > 1:  # keys and values around the CP ring: CP - 1 hops forward, again with their
                 # gradients backward (the ring attention of Transformer Engine)
                 per_micro["cp"] += (1 + 2 * (passes - 1)) * (sizes.cp - 1) * t * _kv_width(d) * a
             if tp:
-                per_micro["tp"] += sum(_attention_tp(cfg, d, te)) * a
-                if not moe or m.num_shared_experts:
+                per_micro["tp"] += sum(_attention_tp(cfg, d, te, index)) * a
+                if not moe or m.num_shared_experts or m.DENSE_MLP_BESIDE_MOE:
                     per_micro["tp"] += _mlp_tp(d) * a
             if moe:
                 routed = d.local * d.topk * d.imbalance

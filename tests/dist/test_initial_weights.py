@@ -82,6 +82,7 @@ def test_initial_weights_keep_megatron_core_distributions(single):
 # or expert bias.
 GQA_CONFIGS = {"glm": ROOT / "configs" / "glm4_moe_tiny_cpu.yaml",
                "qwen3": ROOT / "configs" / "qwen3_moe_tiny_cpu.yaml"}
+BUILT = {**GQA_CONFIGS, "gemma4": ROOT / "configs" / "gemma4_tiny_cpu.yaml"}
 GQA_LAYOUTS = {"tp2_etp1_ep2": LAYOUTS["tp2_etp1_ep2"], "pp2_vpp2": LAYOUTS["pp2_vpp2"]}
 
 
@@ -92,7 +93,7 @@ def gqa_single(tmp_path_factory, script):
 
     def single(family: str) -> dict:
         if family not in done:
-            done[family] = built_at(GQA_CONFIGS[family], (1, ()), tmp_path_factory.mktemp("init") / family, script)
+            done[family] = built_at(BUILT[family], (1, ()), tmp_path_factory.mktemp("init") / family, script)
         return done[family]
 
     return single
@@ -107,3 +108,18 @@ def test_gqa_family_initial_weights_are_the_same_at_every_layout(gqa_single, fam
     assert ("linear_qkv.bias" in keys) == (family == "glm")
     assert ("shared_experts.linear_fc1.weight" in {".".join(k.split(".")[-3:]) for k, _ in got}) == (family == "glm")
     assert_same_model(got, gqa_single(family), name)
+
+
+# Gemma 4's own modules: per-kind q/k/v projections split over TP by heads, the value projection only on the
+# sliding layers, the router's learned scales, the stacked experts, the layer_scalar buffer.
+GEMMA = ROOT / "configs" / "gemma4_tiny_cpu.yaml"
+
+
+@pytest.mark.parametrize("name", list(GQA_LAYOUTS))
+def test_gemma4_initial_weights_are_the_same_at_every_layout(gqa_single, name, tmp_path, script):
+    got = built_at(GEMMA, GQA_LAYOUTS[name], tmp_path, script)
+    keys = {key for key, _ in got}
+    assert "decoder.layers.0.self_attention.linear_v.weight" in keys
+    assert "decoder.layers.1.self_attention.linear_v.weight" not in keys  # a full layer: keys are values
+    assert "decoder.layers.3.mlp.moe.router.per_expert_scale" in keys
+    assert_same_model(got, gqa_single("gemma4"), name)

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "tiny_cpu.yaml")
 GLM = str(ROOT / "configs" / "glm4_moe_tiny_cpu.yaml")
 QWEN3 = str(ROOT / "configs" / "qwen3_moe_tiny_cpu.yaml")
+GEMMA = str(ROOT / "configs" / "gemma4_tiny_cpu.yaml")
 BASE = ["model.vocab_size=1000", "model.num_layers=2", "training.seq_length=64", "training.micro_batch_size=2",
         "training.global_batch_size=8"]
 LAYOUTS = {
@@ -52,6 +53,12 @@ LAYOUTS = {
     "glm_tp2_ep2": (2, ["parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1"], GLM),
     # Qwen3-MoE: the same attention without its bias, routed experts without shared ones or expert bias
     "qwen3_tp2_ep2": (2, ["parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1"], QWEN3),
+    # Gemma 4's own layer modules: per-kind attention, the dense MLP beside the MoE block, the router's scales;
+    # tied embeddings with the MTP stage's copy on the last pipeline rank
+    "gemma4_tp2_ep2": (2, ["parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1",
+                           "model.layer_types=null"], GEMMA),
+    "gemma4_pp2_vpp2": (2, ["parallel.pipeline=2", "model.num_layers=4", "parallel.pipeline_layout=Et|t|t|tmL"],
+                        GEMMA),
     # MTP-only training: parameters for all, gradients/optimizer/activations of the MTP path alone (pipeline
     # rank 0 of pp2 trains nothing)
     "frozen_base": (1, ["mtp.freeze_base=true", "checkpoint.load=/a/model", "training.precision=bf16"]),

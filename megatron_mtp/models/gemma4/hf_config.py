@@ -162,3 +162,22 @@ def carry_source_fields(written: Mapping[str, Any], source: Optional[Mapping[str
     if source is not None and text_config(source, "")[1]:
         source = None
     return _carry(written, source, tokenizer_ids, from_hf_config, NOT_CARRIED)
+
+
+TEXT_PREFIX = "model.language_model."
+"""Where a multimodal Gemma 4 checkpoint (Gemma4ForConditionalGeneration) keeps the text model's tensors."""
+
+
+def import_names(raw: Mapping[str, Any]):
+    """How a multimodal checkpoint's tensor names become the text model's: ``model.language_model.X`` ->
+    ``model.X``, ``lm_head.*`` kept, everything else (the vision and audio towers and their embedders) left
+    out (None). None for a text checkpoint, whose names are the text model's already."""
+    if not text_config(raw, "config.json")[1]:
+        return None
+
+    def rename(name: str) -> Optional[str]:
+        if name.startswith(TEXT_PREFIX):
+            return "model." + name[len(TEXT_PREFIX):]
+        return name if name.startswith("lm_head.") else None
+
+    return rename

@@ -12,7 +12,7 @@ router that reads the un-normalised residual); their sum is what the layer adds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Optional
 
 from megatron_mtp.config.model import ModelConfig
 from megatron_mtp.config.moe_layers import MoeLayers
@@ -80,6 +80,13 @@ class Gemma4ModelConfig(ModelConfig):
         if kinds:
             kinds[-1] = FULL
         return kinds
+
+    DENSE_MLP_BESIDE_MOE: ClassVar[bool] = True
+
+    def attention_input_gathers(self, layer: Optional[int]) -> int:
+        """q, k and v are separate projections; a layer whose keys are its values has no v."""
+        kind = MTP_KIND if layer is None else self.layer_kinds()[layer]
+        return 2 if kind_shares_kv(self, kind) else 3
 
     def moe_layer_rule(self) -> MoeLayers:
         """Every layer (and the MTP layer) carries the MoE block when num_experts > 0."""

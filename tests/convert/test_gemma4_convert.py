@@ -1,0 +1,120 @@
+"""Gemma 4 (model.family gemma4) end to end, checked against transformers 5.25's Gemma4ForCausalLM: our
+export loads there with our logits (fp32, 1e-4; sliding windows shorter than the sequence, keys reused as
+values, the MoE block beside the dense MLP, soft-capped logits), a model transformers built imports with
+its logits and exports back to its own tensors, the same model wrapped as the multimodal
+Gemma4ForConditionalGeneration imports to the same checkpoint (its vision tower left out with a note), and
+what the format cannot hold is one sentence."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from megatron_mtp.convert.from_hf import import_from_hf
+from megatron_mtp.convert.to_hf import export_to_hf
+from megatron_mtp.errors import UserError
+from tests.convert.conftest import megatron_forward
+from tests.convert.helpers import hf_tensors, megatron_cli
+
+transformers = pytest.importorskip("transformers")
+
+OVERRIDES = ["training.seq_length=32", "training.micro_batch_size=2", "training.global_batch_size=2",
+             "logging.eval_interval=0", "logging.tensorboard=false", "checkpoint.save_interval=0",
+             "model.sliding_window=5"]
+TEXT = dict(vocab_size=4096, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+            attention_k_eq_v=True, sliding_window=5, final_logit_softcapping=30.0, enable_moe_block=True,
+            num_experts=4, top_k_experts=2, moe_intermediate_size=32, hidden_size_per_layer_input=0,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                                "rope_theta": 1000000.0}})
+
+
+@pytest.fixture(scope="module")
+def gemma_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("gemma_run") / "run"
+    megatron_cli("train", "configs/gemma4_tiny_cpu.yaml", "--run-dir", str(run_dir), "--max-steps", "3", *OVERRIDES)
+    return run_dir
+
+
+def _load(path):
+    model, info = transformers.Gemma4ForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    return model.eval(), info
+
+
+def test_export_loads_in_transformers_with_our_logits(gemma_run, tokens, tmp_path):
+    ours = megatron_forward(gemma_run, tokens, tmp_path / "out.pt")
+    export = export_to_hf(gemma_run, tmp_path / "export", mtp="separate", dtype="fp32")
+    model, info = _load(export / "main")
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    cfg = json.loads((export / "main" / "config.json").read_text())
+    assert cfg["architectures"] == ["Gemma4ForCausalLM"] and cfg["model_type"] == "gemma4_text"
+    assert (cfg["head_dim"], cfg["global_head_dim"], cfg["num_global_key_value_heads"]) == (32, 64, 2)
+    assert cfg["attention_k_eq_v"] is True and cfg["sliding_window"] == 5 and cfg["enable_moe_block"] is True
+    names = set(json.loads((export / "main" / "model.safetensors.index.json").read_text())["weight_map"])
+    assert "model.layers.1.self_attn.v_proj.weight" not in names and "model.layers.0.self_attn.v_proj.weight" in names
+    assert "model.layers.0.experts.gate_up_proj" in names and "lm_head.weight" not in names  # stacked, tied
+    with torch.no_grad():
+        logits = model(torch.load(tokens)).logits
+    assert logits.shape == ours["logits"].shape
+    assert (logits - ours["logits"]).abs().max().item() < 1e-4
+    assert logits.abs().max().item() < 30.0  # soft-capped
+    mtp = set(json.loads((export / "mtp" / "model.safetensors.index.json").read_text())["weight_map"])
+    assert {"model.layers.4.eh_proj.weight", "model.layers.4.self_attn.q_proj.weight"} <= mtp
+
+
+def _random_transformers_model(seed: int = 0):
+    torch.manual_seed(seed)
+    model = transformers.Gemma4ForCausalLM(transformers.Gemma4TextConfig(**TEXT)).eval()
+    with torch.no_grad():  # weights transformers initialises to constants get values of their own
+        for name, param in model.named_parameters():
+            if "norm" in name or "scale" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+        for layer in model.model.layers:
+            layer.layer_scalar.fill_(0.9)
+    return model
+
+
+def test_transformers_built_model_imports_with_its_logits(tokens, tmp_path, capfd):
+    model = _random_transformers_model()
+    with torch.no_grad():
+        reference = model(torch.load(tokens)).logits
+    model.save_pretrained(tmp_path / "hf")
+    ckpt = import_from_hf(tmp_path / "hf", tmp_path / "ckpt")
+    ours = megatron_forward(ckpt, tokens, tmp_path / "out.pt")
+    assert (ours["logits"] - reference).abs().max().item() < 1e-4
+    a, b = hf_tensors(export_to_hf(ckpt, tmp_path / "back", mtp="none", dtype="fp32")), hf_tensors(tmp_path / "hf")
+    assert a.keys() == b.keys() - {"lm_head.weight"} and all(torch.equal(a[k], b[k].float()) for k in a)
+    # the same text model inside the multimodal class a user downloads: the towers are left out with a note
+    mm = transformers.Gemma4ForConditionalGeneration(transformers.Gemma4Config(
+        text_config=TEXT, vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=2, head_dim=16)))
+    mm.model.language_model.load_state_dict(model.model.state_dict())
+    mm.save_pretrained(tmp_path / "mm")
+    capfd.readouterr()
+    ckpt_mm = import_from_hf(tmp_path / "mm", tmp_path / "ckpt_mm")
+    assert "is a multimodal Gemma 4 checkpoint; its text model is imported" in capfd.readouterr().err
+    c = hf_tensors(export_to_hf(ckpt_mm, tmp_path / "back_mm", mtp="none", dtype="fp32"))
+    assert c.keys() == a.keys() and all(torch.equal(c[k], a[k]) for k in a)
+
+
+def test_what_the_format_cannot_hold_is_one_sentence():
+    from megatron_mtp.models.family import get_family
+
+    family = get_family("gemma4")
+    base = {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", **TEXT}
+    model, _, _ = family.from_hf_config(base)
+    assert (model.global_head_dim, model.global_query_groups, model.layer_kinds()[1]) == (32, 1, "full_attention")
+    for change, sentence in (({"hidden_size_per_layer_input": 256}, "per-layer embeddings"),
+                             ({"num_kv_shared_layers": 2}, "key/value sharing inside the model"),
+                             ({"use_bidirectional_attention": "all"}, "only causal attention"),
+                             ({"hidden_activation": "silu"}, "only GELU-tanh"),
+                             ({"rope_parameters": {"sliding_attention": {"rope_type": "yarn"}}}, "is not Gemma 4's"),
+                             ({"layer_types": ["global"] * 4}, "layer_types must list"),
+                             ({"altup_coef": 1}, "field 'altup_coef' is not understood")):
+        with pytest.raises(UserError, match=sentence):
+            family.from_hf_config({**base, **change}, "config.json")
