@@ -19,6 +19,7 @@ from tests.convert.conftest import megatron_forward
 from tests.convert.helpers import hf_tensors, megatron_cli
 
 transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.mcore
 
 OVERRIDES = ["training.seq_length=32", "training.micro_batch_size=2", "training.global_batch_size=2",
              "logging.eval_interval=0", "logging.tensorboard=false", "checkpoint.save_interval=0",

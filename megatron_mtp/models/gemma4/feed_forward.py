@@ -51,8 +51,9 @@ class Gemma4Router(TopKRouter):
 class Gemma4MoE(MoELayer):
     """MoELayer whose experts read pre_feedforward_layernorm_2(x) while the router reads x."""
 
-    def __init__(self, config, submodules, layer_number=None, pg_collection=None, norm=None):
-        super().__init__(config=config, submodules=submodules, layer_number=layer_number, pg_collection=pg_collection)
+    def __init__(self, config, submodules, layer_number=None, pg_collection=None, norm=None, **extra):
+        super().__init__(config=config, submodules=submodules, layer_number=layer_number, pg_collection=pg_collection,
+                         **extra)
         self.pre_feedforward_layernorm_2 = norm(config=config, hidden_size=config.hidden_size,
                                                 eps=config.layernorm_epsilon)
 
@@ -73,7 +74,7 @@ class Gemma4FeedForwardSubmodules:
 class Gemma4FeedForward(MegatronModule):
     """The dense MLP and the MoE block of one Gemma 4 layer (module note); returns (out, None)."""
 
-    def __init__(self, config, submodules: Gemma4FeedForwardSubmodules, pg_collection=None, **_):
+    def __init__(self, config, submodules: Gemma4FeedForwardSubmodules, pg_collection=None, is_mtp_layer=None, **_):
         super().__init__(config=config)
         from megatron.core.process_groups_config import ProcessGroupCollection
         from megatron.core.transformer.mlp import MLP
@@ -85,7 +86,10 @@ class Gemma4FeedForward(MegatronModule):
         self.moe = None
         if submodules.moe is not None:
             self.post_feedforward_layernorm_1 = submodules.norm(**norm)
-            self.moe = Gemma4MoE(config, submodules.moe, pg_collection=pg_collection, norm=submodules.norm)
+            # megatron-core 0.19 tells an MTP layer's MoE apart (its balance loss is tracked on its own); 0.16 has no
+            # such argument
+            extra = {} if is_mtp_layer is None else {"is_mtp_layer": is_mtp_layer}
+            self.moe = Gemma4MoE(config, submodules.moe, pg_collection=pg_collection, norm=submodules.norm, **extra)
             self.post_feedforward_layernorm_2 = submodules.norm(**norm)
         self.post_feedforward_layernorm = submodules.norm(**norm)
 

@@ -67,7 +67,7 @@ MOE = (
          lambda m: (m.hidden_size, m.moe_ffn_hidden_size), experts=True, stacked=True),
     Rule("mlp.post_feedforward_layernorm_2.weight", ("post_feedforward_layernorm_2.weight",), hidden, "none", "norm"),
 )
-_LAYER = re.compile(r"(?:decoder\.layers\.(\d+)|mtp\.layers\.\d+\.transformer_layer)\.")
+_LAYER = re.compile(r"(?:decoder\.layers\.(\d+)|mtp\.layers\.\d+\.(?:transformer_layer|mtp_model_layer))\.")
 
 
 def kind_of_prefix(model, prefix: str) -> str:

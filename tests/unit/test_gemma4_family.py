@@ -1,0 +1,81 @@
+"""The Gemma 4 family's config side: the shipped 26B-A4B config is the release's text model (parameter
+counts equal to what transformers counts for it, and to the model card's 25.2B total and 3.8B active),
+its layer kinds are transformers', and its own checks are one sentence each."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from megatron_mtp.config import load_config
+from megatron_mtp.config.validate import validate
+from megatron_mtp.errors import UserError
+from megatron_mtp.models.family import get_family
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "configs" / "gemma4_tiny_cpu.yaml")
+BIG = str(ROOT / "configs" / "gemma4_26b_a4b.yaml")
+RELEASE_26B = {  # google/gemma-4-26B-A4B's text_config, the fields that shape the model
+    "model_type": "gemma4_text", "vocab_size": 262144, "hidden_size": 2816, "intermediate_size": 2112,
+    "num_hidden_layers": 30, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+    "global_head_dim": 512, "num_global_key_value_heads": 2, "attention_k_eq_v": True, "sliding_window": 1024,
+    "final_logit_softcapping": 30.0, "enable_moe_block": True, "num_experts": 128, "top_k_experts": 8,
+    "moe_intermediate_size": 704, "hidden_size_per_layer_input": 0, "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh",
+}
+TRAINING_ONLY = ("make_vocab_size_divisible_by", "aux_loss_type", "aux_loss_coeff", "init_method_std",
+                 "router_bias_update_rate", "layer_types")
+
+
+def test_shipped_config_is_the_release_and_counts_as_transformers_does():
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    cfg = load_config(BIG)
+    theirs, mtp, vocab = get_family("gemma4").from_hf_config(dict(RELEASE_26B))
+    differ = [f.name for f in dataclasses.fields(cfg.model)
+              if f.name not in TRAINING_ONLY and getattr(cfg.model, f.name) != getattr(theirs, f.name)]
+    assert differ == [], [(k, getattr(cfg.model, k), getattr(theirs, k)) for k in differ]
+    assert cfg.model.layer_kinds() == theirs.layer_kinds() and cfg.model.layer_kinds().count("full_attention") == 5
+    with torch.device("meta"):
+        model = transformers.Gemma4ForCausalLM(transformers.Gemma4TextConfig(**RELEASE_26B))
+    total = sum(p.numel() for p in model.parameters())
+    per_expert = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n) // 128  # all layers
+    counts = get_family("gemma4").parameter_counts(dataclasses.replace(cfg, mtp=dataclasses.replace(
+        cfg.mtp, num_layers=0)), vocab)
+    assert counts["main"] == total  # 25,233,141,760: the model card's 25.2B
+    assert counts["main_active"] == total - 120 * per_expert  # 3.82B: the card's 3.8B
+    assert round(total / 1e9, 1) == 25.2 and round(counts["main_active"] / 1e9, 1) == 3.8
+
+
+def test_layer_kinds_are_transformers():
+    transformers = pytest.importorskip("transformers")
+    for layers in (1, 4, 6, 7, 12, 30):
+        cfg = load_config(TINY, [f"model.num_layers={layers}", "model.layer_types=null"])
+        assert cfg.model.layer_kinds() == transformers.Gemma4TextConfig(num_hidden_layers=layers).layer_types
+
+
+@pytest.mark.parametrize(("overrides", "sentence"), [
+    (["model.layer_types=[sliding_attention,full_attention]"], "lists 2 layers but model.num_layers is 4"),
+    (["model.layer_types=[full_attention,full_attention,full_attention,sliding_attention]"],
+     "ends with sliding_attention; Gemma 4's last layer is full_attention"),
+    (["model.layer_types=[global,full_attention,full_attention,full_attention]"], "holds 'global'"),
+    (["model.global_query_groups=3"], "model.global_query_groups=3 must be positive and divide"),
+    (["parallel.tensor=4", "parallel.world_size=4"], "query_groups=2 is not divisible by parallel.tensor=4"),
+    (["model.num_shared_experts=1"], "model.num_shared_experts is 1, but a Gemma 4 model needs 0"),
+    (["model.router_score_function=sigmoid"], "needs 'softmax'"),
+    (["model.global_partial_rotary_factor=0"], "must be in (0, 1]"),
+    (["parallel.context=2", "parallel.world_size=2"], "parallel.context > 1 is not built for model.family=gemma4"),
+    (["mtp.style=parallel"], "mtp.style=parallel is not built for model.family=gemma4"),
+    (["kernels.chunked_output_loss=true"], "does not soft-cap logits"),
+])
+def test_gemma4_checks_are_one_sentence(overrides, sentence):
+    from megatron_mtp.platform import Platform
+    from megatron_mtp.platform.features import resolve_features
+
+    with pytest.raises(UserError, match=sentence.replace("(", r"\(").replace(")", r"\)")):
+        cfg = load_config(TINY, overrides)
+        validate(cfg)
+        resolve_features(cfg, Platform(device="cpu", backend="gloo", use_te=False))
