@@ -74,7 +74,8 @@ def default_model_config() -> "ModelConfig":
 
 def _owners(key: str) -> list[tuple[str, type]]:
     """(family, class) of every family whose model config has a field ``key``."""
-    return [(name, c) for name, c in model_config_classes().items() if key in {f.name for f in dataclasses.fields(c)}]
+    return [(name, c) for name, c in sorted(model_config_classes().items())
+            if key in {f.name for f in dataclasses.fields(c)}]
 
 
 @dataclass

@@ -66,6 +66,11 @@ class AttentionShape:
     """MLA's compressed key/value latent width (0: not MLA)."""
     qk_norm: bool = False
     """A norm on each query and key head (saved for the backward)."""
+    sandwich: bool = False
+    """A sandwich-norm layer (plan/activations.py ``sandwich_layer``): separate q/k/v projections, per-head q/k/v
+    norms, norms after attention and the feed-forward block, a dense MLP beside the MoE block (Gemma 4)."""
+    shares_kv: bool = False
+    """The keys are the values (no value projection; Gemma 4's full-attention layers)."""
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,9 @@ class Family:
     "gqa"); a family with a new kind adds its class there."""
     serving: ServingFacts = ServingFacts()
     """What vLLM, SGLang and transformers do with its exports."""
+    layer_attention_shape: Optional[Callable[[ModelConfig, Optional[int]], AttentionShape]] = None
+    """(m, decoder layer index, None for an MTP layer) -> that layer's attention widths, for a family whose layers
+    differ (``attention_shape`` is then its common kind's); None: every layer is ``attention_shape``."""
     import_names: Optional[Callable[[Mapping[str, Any]], Optional[Callable[[str], Optional[str]]]]] = None
     """config.json -> how the importer renames a file's tensors to the text model's names (None: a tensor it
     leaves out, as a multimodal checkpoint's towers), or None where the names are the text model's already."""
@@ -199,6 +207,7 @@ def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], 
         attention=attention,
         serving=serving,
         import_names=getattr(hf_config, "import_names", None),
+        layer_attention_shape=getattr(size, "layer_attention_shape", None),
     )
 
 

@@ -109,6 +109,14 @@ class Dims:
     """Grouped-query attention (family glm4_moe): key/value heads on this rank; None: MLA."""
     qk_norm: bool = False
     """Grouped-query attention: per-head q/k RMSNorms."""
+    sandwich: bool = False
+    """A sandwich-norm layer (``sandwich_layer``): separate q/k/v projections with per-head q/k/v norms and the
+    layer's own RoPE, norms after attention and after the feed-forward block, a dense GELU-GLU MLP beside
+    the MoE block."""
+    shares_kv: bool = False
+    """Sandwich layers: the keys are the values (no value projection)."""
+    softcap: bool = False
+    """The logits are soft-capped, c·tanh(z / c): tanh keeps its output for the backward."""
 
     @property
     def tokens(self) -> int:
@@ -130,8 +138,7 @@ def dims_of(cfg: Config, padded_vocab: int, imbalance: float = 1.0, seq: int | N
     m, p = cfg.model, cfg.parallel
     tp, etp = p.tensor, p.expert_tensor or p.tensor
     a = get_family(m.family).attention_shape(m)
-    attention = dict(qk_dim=a.qk_dim, v_dim=a.v_dim, rope_dim=a.rope_dim, q_lora=a.q_lora, kv_lora=a.kv_lora,
-                     kv_heads=None if a.kv_heads is None else a.kv_heads // tp, qk_norm=a.qk_norm)
+    attention = _attention_dims(a, tp)
     # context parallelism: a rank holds 1/CP of each sequence (2 chunks); its activations scale with that
     return Dims(seq=(seq or cfg.training.seq_length) // cfg.parallel.context,
                 batch=batch or cfg.training.micro_batch_size,
@@ -139,7 +146,20 @@ def dims_of(cfg: Config, padded_vocab: int, imbalance: float = 1.0, seq: int | N
                 ffn=m.ffn_hidden_size // tp, expert_ffn=m.moe_ffn_hidden_size // etp,
                 shared_ffn=m.num_shared_experts * m.moe_ffn_hidden_size // tp, experts=m.num_experts,
                 topk=m.router_topk, groups=m.router_num_groups or 1, vocab=padded_vocab // tp, tp=tp, etp=etp,
-                act_bytes=4 if cfg.training.precision == "fp32" else 2, imbalance=imbalance)
+                act_bytes=4 if cfg.training.precision == "fp32" else 2, imbalance=imbalance,
+                softcap=getattr(m, "final_logit_softcapping", None) is not None)
+
+
+def _attention_dims(a, tp: int) -> dict:
+    return dict(qk_dim=a.qk_dim, v_dim=a.v_dim, rope_dim=a.rope_dim, q_lora=a.q_lora, kv_lora=a.kv_lora,
+                kv_heads=None if a.kv_heads is None else a.kv_heads // tp, qk_norm=a.qk_norm, sandwich=a.sandwich,
+                shares_kv=a.shares_kv)
+
+
+def layer_dims(cfg: Config, d: Dims, layer: Optional[int]) -> Dims:
+    """``d`` with decoder layer ``layer``'s attention (None: an MTP layer's), for a family whose layers differ."""
+    shape = get_family(cfg.model.family).layer_attention_shape
+    return d if shape is None else replace(d, **_attention_dims(shape(cfg.model, layer), cfg.parallel.tensor))
 
 
 @dataclass
@@ -309,8 +329,71 @@ def moe_mlp(d: Dims, k: Kernels, modules: frozenset, grouped_gemm: bool) -> Save
     return out
 
 
+def _glu(out: Saved, name: str, tokens: float, width: int, d: Dims, weighted: bool) -> None:
+    """fc1 -> GELU(gate) · up (-> × routing probability) -> fc2 on ``tokens`` rows, megatron-core's unfused GLU:
+    fc1's output (GELU reads the gate half of it, the product the up half), GELU's output, with ``weighted``
+    the product and the probabilities, then fc2's input."""
+    a = d.act_bytes
+    out.add(f"{name}.fc1_output", 2 * width * tokens * a)
+    out.add(f"{name}.gelu_output", width * tokens * a)
+    if weighted:
+        out.add(f"{name}.product", width * tokens * a)
+        out.add(f"{name}.probs", tokens * FP32)
+    out.add(f"{name}.fc2_input", width * tokens * a)
+
+
+def sandwich_layer(d: Dims, k: Kernels, moe: bool) -> Saved:
+    """One sandwich-norm decoder layer (``Dims.sandwich``; models/gemma4/ builds it), without recompute. Norms
+    keep their input, their rstd and their normalized value; a norm without a weight (v's, the router's)
+    keeps only its input and rstd, and an input another op keeps counts once. Checked against real ranks
+    (tests/dist/test_plan_exact.py, gemma4 layouts)."""
+    out, n, t, a = Saved(), d.local, d.tokens, d.act_bytes
+    heads, groups, dim = d.heads, d.kv_heads or d.heads, d.qk_dim
+    _norm(out, "input_norm", d.hidden, n, d, k)
+    out.add("input_norm.output", d.hidden * n * a)  # the q, k (and v) projections' input
+    _norm(out, "q_norm", dim, t * heads, d, k)
+    _norm(out, "k_norm", dim, t * groups, d, k)
+    if not d.shares_kv:  # v's own projection output; where keys are values, v's norm reads k's input
+        out.add("v_norm.input", t * groups * dim * a)
+    out.add("v_norm.rstd", t * groups * FP32)
+    out.add("rope.tables", 2 * d.seq * dim * a)  # cos and sin of this layer's RoPE
+    scale = FP32 / a
+    if k.attention == "flash":
+        out.add("qkv.q", t * heads * dim * a)
+        out.add("qkv.k", t * groups * dim * a)
+        out.add("qkv.v", t * groups * dim * a)
+        out.add("attn.lse", t * heads * FP32)
+    else:  # math SDPA in fp32 over the key/value heads repeated to the query heads
+        out.add("attn.q_scaled", t * heads * dim * a * scale)
+        out.add("attn.k_copy", t * heads * dim * a * scale)
+        out.add("attn.v_copy", t * heads * dim * a * scale)
+        out.add("attn.probs", d.batch * heads * d.seq * d.seq * FP32)
+    out.add("attn.output", t * heads * dim * a)
+    _norm(out, "post_attention_norm", d.hidden, n, d, k)
+    _norm(out, "pre_mlp_norm", d.hidden, n, d, k)
+    out.add("pre_mlp_norm.output", d.hidden * n * a)
+    _glu(out, "mlp", t, d.ffn, d, weighted=False)
+    if moe:
+        _norm(out, "post_mlp_norm_1", d.hidden, n, d, k)
+        out.add("router.rstd", n * FP32)  # its norm reads the block's input, kept by pre_mlp_norm
+        out.add("router.normalized", d.hidden * n * a)
+        out.add("router.input", d.hidden * n * a)
+        out.add("router", n * (9 * d.experts + 20 * d.topk + 16 * d.groups + 16))
+        out.add("router.probs", n * d.experts * FP32)  # before the per-expert scale
+        out.add("dispatch.map", n * (5 * d.experts + 8 * d.topk))
+        out.add("experts_norm.rstd", n * FP32)
+        out.add("experts_norm.normalized", d.hidden * n * a)
+        out.add("experts.input", d.routed * d.hidden * a)
+        _glu(out, "experts", d.routed, d.expert_ffn, d, weighted=True)
+        _norm(out, "post_mlp_norm_2", d.hidden, n, d, k)
+    _norm(out, "post_mlp_norm", d.hidden, n, d, k)
+    return out
+
+
 def decoder_layer(d: Dims, k: Kernels, modules: frozenset, moe: bool, grouped_gemm: bool) -> Saved:
     """One decoder layer without full recompute."""
+    if d.sandwich:
+        return sandwich_layer(d, k, moe)
     out = attention(d, k, modules)
     mlp = moe_mlp(d, k, modules, grouped_gemm) if moe else dense_mlp(d, k, modules)
     out.items.update(mlp.items)
@@ -390,6 +473,8 @@ def output_and_loss(d: Dims, k: Kernels, mtp_layers: int, main: bool = True, sof
         out.add("output_layer.input", (calls - int(trunk_saved)) * d.hidden * d.local * d.act_bytes)
     logits = d.act_bytes if k.cross_entropy else FP32  # fused: the logits gradient; unfused: fp32 softmax
     out.add("cross_entropy.logits", calls * d.tokens * d.vocab * logits)
+    if d.softcap:
+        out.add("softcap.tanh", calls * d.tokens * d.vocab * d.act_bytes)
     out.add("cross_entropy.targets", calls * d.tokens * 9)
     out.add("loss", calls * d.tokens * FP32)
     return out

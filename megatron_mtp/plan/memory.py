@@ -212,7 +212,7 @@ def chunk_activations(cfg: Config, stage: pipeline_layout.Stage, d: act.Dims, k:
             if r.method == "block" or j % r.num_layers == 0:
                 merge(f"{kind}_layers.", act.full_recompute_layer(d))
             continue
-        merge(f"{kind}_layers.", act.decoder_layer(d, k, mods, moe, grouped_gemm))
+        merge(f"{kind}_layers.", act.decoder_layer(act.layer_dims(cfg, d, layer), k, mods, moe, grouped_gemm))
     full_mtp = r.granularity == "full" and r.method == "uniform"
     head_by_head = cfg.mtp.head_by_head_backward and not sequential_mtp(cfg)
     for _ in range(stage.mtp_layers):
@@ -223,7 +223,7 @@ def chunk_activations(cfg: Config, stage: pipeline_layout.Stage, d: act.Dims, k:
             continue
         merge("mtp.", act.mtp_wrapper(d, k, full_mtp))
         if not full_mtp:
-            merge("mtp.", act.decoder_layer(d, k, mods, mtp_is_moe(cfg.model), grouped_gemm))
+            merge("mtp.", act.decoder_layer(act.layer_dims(cfg, d, None), k, mods, mtp_is_moe(cfg.model), grouped_gemm))
     if head_by_head and stage.mtp_layers:
         merge("mtp_heads.", act.head_by_head_held(d, head_grad_bytes))
     if has_final_norm(cfg, stage, stage.loss) and not frozen:

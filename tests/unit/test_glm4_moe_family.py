@@ -43,11 +43,13 @@ def test_gqa_fields_are_refused_for_mla():
 
     validate(load_config(None))
     both = "glm4_moe or model.family=qwen3_moe"  # Qwen3-MoE's grouped-query fields have GLM's names
-    for field, owners in (("model.num_query_groups=2", both), ("model.head_dim=64", both),
+    all3 = "gemma4 or model.family=" + both  # Gemma 4's sliding layers' widths too (owners by name)
+    for field, owners in (("model.num_query_groups=2", all3), ("model.head_dim=64", all3),
                           ("model.qk_layernorm=true", both), ("model.add_qkv_bias=true", "glm4_moe"),
                           ("model.rotary_percent=0.5", "glm4_moe")):
+        first = owners.split(" ")[0]
         with pytest.raises(UserError, match=f"^{field.split('=')[0]} is a field of model.family={owners}, not of "
-                                            "model.family=deepseek_v3; remove it or set model.family=glm4_moe$"):
+                                            f"model.family=deepseek_v3; remove it or set model.family={first}$"):
             validate(load_config(None, [field]))
 
 

@@ -93,7 +93,17 @@ def decode_attention_flops(cfg: Config, context: int) -> float:
     return 2 * m.num_attention_heads * 2 * kind_head_dim(m, FULL) * context
 
 
+def _kind_shape(m, kind: str) -> AttentionShape:
+    d = kind_head_dim(m, kind)
+    return AttentionShape(qk_dim=d, v_dim=d, rope_dim=d, kv_heads=kind_groups(m, kind), qk_norm=True, sandwich=True,
+                          shares_kv=kind_shares_kv(m, kind))
+
+
 def attention_shape(m) -> AttentionShape:
-    """The sliding-window layers' widths (the common kind)."""
-    d = kind_head_dim(m, SLIDING)
-    return AttentionShape(qk_dim=d, v_dim=d, rope_dim=d, kv_heads=kind_groups(m, SLIDING), qk_norm=True)
+    """The sliding-window layers' widths (the common kind; ``layer_attention_shape`` gives each layer's)."""
+    return _kind_shape(m, SLIDING)
+
+
+def layer_attention_shape(m, layer) -> AttentionShape:
+    """Decoder layer ``layer``'s attention widths (None: an MTP layer, built as the last layer is)."""
+    return _kind_shape(m, MTP_KIND if layer is None else m.layer_kinds()[layer])
