@@ -5,6 +5,10 @@ the MTP module around it) is shared and reads the family's config.json view thro
 fields of ``models.hf_common.HFView``. A family whose attention is one of these needs nothing here; a
 new kind adds its class beside mla.py and gqa.py and one entry below.
 
+A family whose whole decoder layer differs (Gemma 4: sandwich norms, a dense MLP beside the experts,
+per-layer attention kinds with their own RoPE) names a layer class in ``LAYERS`` instead; it takes
+(config view, layer index) and owns its attention, its cache layout and its rotary tables.
+
 The attention class owns its cache layout (``cache_dims``: the named buffers kv_cache.KVCache holds per
 position; ``DecoderLayer.new_cache`` builds the cache from it) and its rotary table (``rotary``).
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from megatron_mtp.errors import UserError
+from megatron_mtp.inference.gemma4 import Gemma4DecoderLayer
 from megatron_mtp.inference.gqa import GQAttention
 from megatron_mtp.inference.layers import DecoderLayer, Rotary
 from megatron_mtp.inference.mla import MLAttention
@@ -22,6 +27,8 @@ from megatron_mtp.models.hf_common import HFView
 
 ATTENTIONS: dict[str, type] = {"mla": MLAttention, "gqa": GQAttention}
 """Attention kind -> the decoder's class (each takes the family's config.json view)."""
+LAYERS: dict[str, type] = {"gemma4": Gemma4DecoderLayer}
+"""Attention kind -> a whole decoder-layer class of its own (module note)."""
 
 
 def family_for(raw: Mapping[str, Any], where: Any) -> Family:
@@ -34,6 +41,15 @@ def family_for(raw: Mapping[str, Any], where: Any) -> Family:
     return family
 
 
+def _kind(config: HFView) -> str:
+    return family_of_hf_config({"model_type": config.model_type}).attention
+
+
+def layer_class(config: HFView) -> type | None:
+    """The family's own decoder-layer class (``LAYERS``), or None where the shared DecoderLayer serves."""
+    return LAYERS.get(_kind(config))
+
+
 def attention_class(config: HFView) -> type:
     """The attention class of the family whose view ``config`` is (by its ``model_type``)."""
     family = family_of_hf_config({"model_type": config.model_type})
@@ -43,10 +59,13 @@ def attention_class(config: HFView) -> type:
     return ATTENTIONS[family.attention]
 
 
-def decoder_layer(config: HFView, layer_index: int) -> DecoderLayer:
-    return DecoderLayer(config, layer_index, attention_class(config))
+def decoder_layer(config: HFView, layer_index: int):
+    own = layer_class(config)
+    return own(config, layer_index) if own is not None else DecoderLayer(config, layer_index, attention_class(config))
 
 
-def rotary(config: HFView) -> Rotary:
-    return attention_class(config).rotary(config)
+def rotary(config: HFView) -> Rotary | None:
+    """The rotary table the model computes once per forward for every layer; None where each layer kind
+    applies its own (``LAYERS``)."""
+    return None if layer_class(config) is not None else attention_class(config).rotary(config)
 

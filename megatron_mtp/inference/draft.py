@@ -31,7 +31,7 @@ from typing import Literal, Protocol
 import torch
 
 from megatron_mtp.inference.kv_cache import Rows
-from megatron_mtp.inference.mtp_module import MTPModule
+from megatron_mtp.inference.mtp_module import MTPParts
 
 #: Picks a draft token from draft logits; returns (token, q) where q is the distribution the
 #: token was drawn from (None for greedy/argmax drafting).
@@ -84,7 +84,7 @@ class HiddenBuffer:
 class MTPDrafter:
     """Drafts K tokens with D exported MTP modules (depth mode first, then chaining the last)."""
 
-    def __init__(self, modules: list[MTPModule], chain_hidden: Literal["post_norm", "pre_norm"] = "post_norm") -> None:
+    def __init__(self, modules: list[MTPParts], chain_hidden: Literal["post_norm", "pre_norm"] = "post_norm") -> None:
         if not modules:
             raise ValueError("MTPDrafter needs at least one MTP module")
         self.modules = modules

@@ -24,7 +24,7 @@ from megatron_mtp.hf_dir.fp8 import is_block_fp8
 from megatron_mtp.hf_dir.safetensors_io import HFDir
 from megatron_mtp.inference.attention import family_for
 from megatron_mtp.inference.layers import HFConfig
-from megatron_mtp.inference.mtp_module import MTPModule
+from megatron_mtp.inference.mtp_module import MTPParts, mtp_module
 from megatron_mtp.inference.target import TargetModel
 from megatron_mtp.models.family import family_of_hf_config, supported_text
 
@@ -146,7 +146,7 @@ def decodable_config(raw: dict, where: Path) -> HFConfig:
                         "supported; "
                         "the decoder routes with sigmoid scores (DeepSeek-V3's noaux_tc) or softmax top-k without "
                         "expert groups (Qwen3-MoE's).")
-    if config.hidden_act != "silu":
+    if getattr(config, "hidden_act", "silu") != "silu":  # a family with its own layer checks its activation there
         raise UserError(f"{where}: only hidden_act 'silu' is supported.")
     if config.n_routed_experts and not 1 <= config.topk_group <= config.n_group:
         raise UserError(f"{where}: n_group ({config.n_group}) and topk_group ({config.topk_group}) must satisfy "
@@ -182,7 +182,7 @@ def mtp_renamer(config: HFConfig) -> Callable[[str], Optional[str]]:
 
 def load_mtp_modules(
     dirs: ExportDirs, target: TargetModel, main_weights: HFDir, dtype: torch.dtype
-) -> list[MTPModule]:
+) -> list[MTPParts]:
     """The MTP modules of an export, in depth order; [] when the export has none."""
     config = target.config
     rename = mtp_renamer(config)
@@ -207,7 +207,7 @@ def load_mtp_modules(
                 break
             depth += 1
         mtp_config = config
-    modules: list[MTPModule] = []
+    modules: list[MTPParts] = []
     for i, prefix in enumerate(mtp_prefixes(config, depth)):
         if rename(prefix + "eh_proj.weight") not in weights:
             raise UserError(
@@ -215,7 +215,7 @@ def load_mtp_modules(
                 "part."
             )
         with torch.device("meta"):
-            module = MTPModule(
+            module = mtp_module(
                 mtp_config,
                 config.num_hidden_layers + i,
                 own_embedding=rename(prefix + "embed_tokens.weight") in weights,

@@ -6,6 +6,9 @@ then one decoder layer (its own KV cache, rotary position t), then ``shared_head
 head. megatron-core hands the NEXT depth the output after ``shared_head.norm``
 (``_postprocess`` applies ``final_layernorm`` before the block stacks the hidden states), so
 :meth:`MTPModule.forward` returns both the normed and the pre-norm output.
+The decoder layer is the family's (attention.py ``decoder_layer``): ``MTPModule(config, ...)`` builds an
+instance of the MTP parts over that layer's class, so a family with its own layer (Gemma 4) gets an MTP
+module with its layer, its embedding multiplier and its soft-capped logits, as training computes them.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from megatron_mtp.inference.attention import attention_class, rotary
+from megatron_mtp.inference.attention import attention_class, layer_class, rotary
 from megatron_mtp.inference.kv_cache import KVCache, Rows
 from megatron_mtp.inference.layers import DecoderLayer, HFConfig, RMSNorm
+from megatron_mtp.inference.target import embed, softcap
 
 
 class SharedHead(nn.Module):
@@ -27,17 +31,10 @@ class SharedHead(nn.Module):
         self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False) if with_head else None
 
 
-class MTPModule(DecoderLayer):
-    """Decoder layer plus the MTP projections; ``embed``/``head`` fall back to the main model's."""
+class MTPParts:
+    """The MTP module's own parts and steps, mixed into the family's decoder-layer class."""
 
-    def __init__(
-        self,
-        config: HFConfig,
-        layer_index: int,
-        own_embedding: bool,
-        own_head: bool,
-    ) -> None:
-        super().__init__(config, layer_index, attention_class(config))
+    def _init_mtp(self, config: HFConfig, own_embedding: bool, own_head: bool) -> None:
         self.config = config
         self.enorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.hnorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -74,14 +71,46 @@ class MTPModule(DecoderLayer):
         last logits [B,V])."""
         if self.cache is None:
             self.reset_cache()
-        embed = self.embed_tokens if self.embed_tokens is not None else self._fallback_embed
+        table = self.embed_tokens if self.embed_tokens is not None else self._fallback_embed
         head = self.shared_head.head if self.shared_head.head is not None else self._fallback_head
-        assert embed is not None and head is not None
-        e = self.enorm(embed(torch.tensor(token_ids, dtype=torch.long)))
+        assert table is not None and head is not None
+        e = self.enorm(embed(table, torch.tensor(token_ids, dtype=torch.long), self.config))
         h = self.hnorm(hidden_in.to(e.dtype))
         x = self.eh_proj(torch.cat([e, h], dim=-1))
-        cos_sin = self.rotary.cos_sin(rows.token_positions, x.dtype)
-        pre = DecoderLayer.forward(self, x, cos_sin, self.cache, rows)
+        cos_sin = self.rotary.cos_sin(rows.token_positions, x.dtype) if self.rotary is not None else None
+        pre = self.layer_forward(x, cos_sin, self.cache, rows)
         post = self.shared_head.norm(pre)
-        logits = head(post[rows.last_index]).float()
+        logits = softcap(head(post[rows.last_index]).float(), self.config)
         return post, pre, logits
+
+
+class MTPModule(MTPParts, DecoderLayer):
+    """Decoder layer plus the MTP projections; ``embed``/``head`` fall back to the main model's."""
+
+    def __init__(self, config: HFConfig, layer_index: int, own_embedding: bool, own_head: bool) -> None:
+        DecoderLayer.__init__(self, config, layer_index, attention_class(config))
+        self._init_mtp(config, own_embedding, own_head)
+
+    layer_forward = DecoderLayer.forward
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _over(layer: type) -> type:
+    """The MTP module class over a family's own decoder-layer class (built once)."""
+    if layer not in _CLASSES:
+        def __init__(self, config: HFConfig, layer_index: int, own_embedding: bool, own_head: bool) -> None:
+            layer.__init__(self, config, layer_index)
+            self._init_mtp(config, own_embedding, own_head)
+
+        _CLASSES[layer] = type(f"{layer.__name__}MTP", (MTPParts, layer),
+                               {"__init__": __init__, "layer_forward": layer.forward})
+    return _CLASSES[layer]
+
+
+def mtp_module(config: HFConfig, layer_index: int, own_embedding: bool, own_head: bool) -> MTPParts:
+    """MTP module ``layer_index - num_hidden_layers`` of the family whose view ``config`` is (module note)."""
+    own = layer_class(config)
+    cls = MTPModule if own is None else _over(own)
+    return cls(config, layer_index, own_embedding=own_embedding, own_head=own_head)

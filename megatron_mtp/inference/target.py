@@ -1,7 +1,9 @@
 """The target (main) model: embedding, decoder layers with rollback-able KV caches, final norm, LM head.
 
 ``forward`` returns both the logits and the hidden state AFTER the final norm (``model.norm``):
-that is ``h_0``, the input megatron-core's MTP depth 1 was trained on.
+that is ``h_0``, the input megatron-core's MTP depth 1 was trained on. A family whose view gives an
+``embedding_multiplier`` scales the embedding by it (in the embedding's dtype, as transformers does), and one
+with ``final_logit_softcapping`` c returns c·tanh(logits / c) (Gemma 4).
 """
 
 from __future__ import annotations
@@ -64,10 +66,23 @@ class TargetModel(nn.Module):
         each row's last [B, V] with ``last_only``) and the hidden states [N, h], packed in row order."""
         rows = Rows(slots, [self.caches[0].lengths[s] for s in slots], [len(r) for r in token_rows])
         ids = torch.tensor([t for row in token_rows for t in row], dtype=torch.long)
-        x = self.model.embed_tokens(ids)
-        cos_sin = self.rotary.cos_sin(rows.token_positions, x.dtype)
+        x = embed(self.model.embed_tokens, ids, self.config)
+        cos_sin = self.rotary.cos_sin(rows.token_positions, x.dtype) if self.rotary is not None else None
         for layer, cache in zip(self.model.layers, self.caches):
             x = layer(x, cos_sin, cache, rows)
         hidden = self.model.norm(x)
         logits = self.lm_head(hidden[rows.last_index] if last_only else hidden)
-        return logits.float(), hidden
+        return softcap(logits.float(), self.config), hidden
+
+
+def embed(table: nn.Embedding, ids: torch.Tensor, config: HFConfig) -> torch.Tensor:
+    """The embedding of ``ids``, times the family's ``embedding_multiplier`` (cast to its dtype) where it has one."""
+    x = table(ids)
+    scale = getattr(config, "embedding_multiplier", None)
+    return x if scale is None else x * torch.tensor(scale, dtype=x.dtype)
+
+
+def softcap(logits: torch.Tensor, config: HFConfig) -> torch.Tensor:
+    """c·tanh(logits / c) for a family with ``final_logit_softcapping`` c; the logits otherwise."""
+    cap = getattr(config, "final_logit_softcapping", None)
+    return logits if cap is None else cap * torch.tanh(logits / cap)

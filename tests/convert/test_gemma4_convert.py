@@ -1,9 +1,10 @@
 """Gemma 4 (model.family gemma4) end to end, checked against transformers 5.25's Gemma4ForCausalLM: our
 export loads there with our logits (fp32, 1e-4; sliding windows shorter than the sequence, keys reused as
-values, the MoE block beside the dense MLP, soft-capped logits), a model transformers built imports with
-its logits and exports back to its own tensors, the same model wrapped as the multimodal
-Gemma4ForConditionalGeneration imports to the same checkpoint (its vision tower left out with a note), and
-what the format cannot hold is one sentence."""
+values, the MoE block beside the dense MLP, soft-capped logits), `generate` decodes it with transformers'
+logits and drafts with its MTP module as training computes it (speculative and batched greedy equal plain
+greedy), a model transformers built imports with its logits and exports back to its own tensors, the same
+model wrapped as the multimodal Gemma4ForConditionalGeneration imports to the same checkpoint (its vision
+tower left out with a note), and what the format cannot hold is one sentence."""
 
 from __future__ import annotations
 
@@ -41,15 +42,24 @@ def gemma_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def gemma_logits(gemma_run, tokens, tmp_path_factory):
+    return megatron_forward(gemma_run, tokens, tmp_path_factory.mktemp("gemma_logits") / "out.pt")
+
+
+@pytest.fixture(scope="module")
+def gemma_export(gemma_run, tmp_path_factory):
+    return export_to_hf(gemma_run, tmp_path_factory.mktemp("gemma_export") / "fp32", mtp="separate", dtype="fp32")
+
+
 def _load(path):
     model, info = transformers.Gemma4ForCausalLM.from_pretrained(
         path, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
     return model.eval(), info
 
 
-def test_export_loads_in_transformers_with_our_logits(gemma_run, tokens, tmp_path):
-    ours = megatron_forward(gemma_run, tokens, tmp_path / "out.pt")
-    export = export_to_hf(gemma_run, tmp_path / "export", mtp="separate", dtype="fp32")
+def test_export_loads_in_transformers_with_our_logits(gemma_export, gemma_logits, tokens):
+    ours, export = gemma_logits, gemma_export
     model, info = _load(export / "main")
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     cfg = json.loads((export / "main" / "config.json").read_text())
@@ -66,6 +76,47 @@ def test_export_loads_in_transformers_with_our_logits(gemma_run, tokens, tmp_pat
     assert logits.abs().max().item() < 30.0  # soft-capped
     mtp = set(json.loads((export / "mtp" / "model.safetensors.index.json").read_text())["weight_map"])
     assert {"model.layers.4.eh_proj.weight", "model.layers.4.self_attn.q_proj.weight"} <= mtp
+
+
+def test_generate_decodes_as_transformers_and_drafts_as_training(gemma_export, gemma_logits, tokens):
+    from megatron_mtp.inference.generate import load_generator
+
+    gen = load_generator(gemma_export)
+    model, _ = _load(gemma_export / "main")
+    ids = list(range(5, 60, 3))  # 19 tokens: windows of 5 slide
+    with torch.no_grad():
+        reference = model(torch.tensor([ids])).logits[0]
+    gen.target.reset_cache()  # incremental: prefill, a step, a rejected chunk rolled back, the rest
+    parts = [gen.target.forward(ids[:7])[0], gen.target.forward(ids[7:8])[0]]
+    gen.target.forward([3, 4, 5])
+    gen.target.truncate_cache(8)
+    parts += [gen.target.forward(ids[8:12])[0], gen.target.forward(ids[12:])[0]]
+    assert (torch.cat(parts) - reference).abs().max().item() < 1e-4
+    # the MTP module: megatron-core's depth-1 logits at every position but the last
+    batch = torch.load(tokens)
+    gen.target.reset_cache()
+    _, hidden = gen.target.forward(batch[0].tolist())
+    (module,) = gen.drafter.modules
+    module.reset_cache()  # one position at a time, through its own cache
+    rows = [module.step(hidden[t:t + 1], [int(batch[0, t + 1])], t)[2] for t in range(batch.shape[1] - 1)]
+    assert (torch.stack(rows) - gemma_logits["mtp_logits"][0][0, :-1]).abs().max().item() < 1e-4
+
+
+def test_speculative_and_batched_greedy_equal_plain(gemma_export):
+    from megatron_mtp.inference.generate import load_generator
+
+    gen = load_generator(gemma_export)
+    prompt = "def add(a, b):\n    return"
+    plain = gen.generate(prompt, max_new_tokens=24, ignore_eos=True)
+    for k in (1, 3):
+        spec = gen.generate(prompt, max_new_tokens=24, ignore_eos=True, speculative_k=k)
+        assert spec.tokens == plain.tokens and len(spec.stats.acceptance_per_position) == k
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(2, 4000, (n,), generator=g).tolist() for n in (1, 4, 9, 17)]
+    alone = [gen.generate(p, max_new_tokens=8, ignore_eos=True).tokens for p in prompts]
+    for k in (0, 2):
+        batch = gen.generate_batch(prompts, batch_size=3, max_new_tokens=8, speculative_k=k, ignore_eos=True)
+        assert [r.tokens for r in batch.results] == alone, k
 
 
 def _random_transformers_model(seed: int = 0):

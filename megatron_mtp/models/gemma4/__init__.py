@@ -11,6 +11,8 @@ from megatron_mtp.models.family import ServingFacts, family_of_modules, register
 from megatron_mtp.models.gemma4 import hf_config, hf_config_json, hf_mapping, size
 from megatron_mtp.models.gemma4.model_config import Gemma4ModelConfig
 
+_NO_MTP = "{engine} has no DeepSeek-style MTP draft model for Gemma4ForCausalLM"
+
 FAMILY = register(family_of_modules(
     name="gemma4",
     title="Gemma 4",
@@ -23,5 +25,16 @@ FAMILY = register(family_of_modules(
     hf_config=hf_config,
     hf_config_json=hf_config_json,
     attention="gemma4",
-    serving=ServingFacts(),
+    serving=ServingFacts(
+        engine_facts={
+            # The engines serve Gemma 4's own drafter (the assistant model), not a DeepSeek-style MTP module: none of
+            # them loads ours, so an export for them is the main model alone (layer names past num_hidden_layers would
+            # be refused by their loaders); their Gemma 4 loaders tie lm_head to the embedding, as every release is
+            "vllm": dict(no_draft=_NO_MTP.format(engine="vLLM"), skips_mtp_in_main=False, loads_tied_head=True),
+            "sglang": dict(no_draft=_NO_MTP.format(engine="SGLang"), skips_mtp_in_main=False, loads_tied_head=True),
+            "transformers": dict(no_draft=_NO_MTP.format(engine="transformers")),
+        },
+        notes=("Gemma 4's MTP modules (DeepSeek-style, trained here) are drafted by `megatron-mtp generate` alone; "
+               "the engines draft Gemma 4 with its assistant model.",),
+    ),
 ))

@@ -28,6 +28,7 @@ import torch
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 
+from megatron_mtp.models.gemma4.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from megatron_mtp.rms_norm import rms_norm
 
 
@@ -41,29 +42,6 @@ class Gemma4AttentionSubmodules:
     q_layernorm: Any
     k_layernorm: Any
     post_layernorm: Any
-
-
-def rope_inv_freq(head_dim: int, base: float, share: float) -> torch.Tensor:
-    """The d/2 frequencies: θ^(-2i/d) for the first int(share·d/2), 0 for the others (fp32)."""
-    rotated = int(share * head_dim // 2)
-    freq = 1.0 / (base ** (torch.arange(0, 2 * rotated, 2, dtype=torch.float32) / head_dim))
-    return torch.cat([freq, torch.zeros(head_dim // 2 - rotated)])
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + rotate_half(x) * sin
-
-
-def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [len(positions), d] for rotate-half RoPE, computed in fp32 and cast to ``dtype``."""
-    freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 class Gemma4Attention(MegatronModule):

@@ -89,6 +89,11 @@ class Gemma4HFConfig:
     scoring_func = "softmax"
 
     @property
+    def embedding_multiplier(self) -> float:
+        """The embedding is scaled by sqrt(hidden)."""
+        return float(self.hidden_size) ** 0.5
+
+    @property
     def global_kv_heads(self) -> int:
         """Key/value heads of the full-attention layers."""
         if self.attention_k_eq_v and self.num_global_key_value_heads is not None:
