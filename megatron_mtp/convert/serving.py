@@ -225,8 +225,9 @@ def problems(engine: str, export: Export) -> list[Problem]:
             "model")
     if facts.no_draft is not None:
         add("no-draft", f"{facts.no_draft}, so it serves the main model of this export without the MTP draft; "
-            "draft with megatron-mtp generate --speculative K" + (" or SGLang (--for sglang)" if engine != "sglang"
-                                                                    else ""))
+            "draft with megatron-mtp generate --speculative K" + (
+                " or SGLang (--for sglang)" if engine != "sglang" and facts_for("sglang", e.family).no_draft is None
+                else ""))
         return found
     if not e.moe:
         add("dense-draft", f"{name} builds every MTP module as a MoE layer and this model is dense, so its MTP "

@@ -70,6 +70,7 @@ class Load:
 
 
 QWEN3 = "qwen3_moe"
+GEMMA4 = "gemma4_text"
 
 
 def decoder_layer(c: dict, moe: bool, bias: Optional[bool] = None) -> set[str]:
@@ -105,8 +106,27 @@ def decoder_layer(c: dict, moe: bool, bias: Optional[bool] = None) -> set[str]:
     return names
 
 
+def gemma4_layer(c: dict, kind: str) -> set[str]:
+    """Gemma4TextDecoderLayer's parameters: no v_proj where a full layer's keys are its values; the MoE block's
+    router and stacked experts with enable_moe_block."""
+    names = {f"{n}.weight" for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                                     "post_feedforward_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+                                     "self_attn.o_proj", "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj",
+                                     "mlp.up_proj", "mlp.down_proj")} | {"layer_scalar"}
+    if not (kind == "full_attention" and c["attention_k_eq_v"]):
+        names.add("self_attn.v_proj.weight")
+    if c["enable_moe_block"]:
+        names |= {"router.proj.weight", "router.scale", "router.per_expert_scale", "experts.gate_up_proj",
+                  "experts.down_proj", "post_feedforward_layernorm_1.weight", "post_feedforward_layernorm_2.weight",
+                  "pre_feedforward_layernorm_2.weight"}
+    return names
+
+
 def main_model(c: dict, is_moe, head: bool) -> set[str]:
     names = {"model.embed_tokens.weight", "model.norm.weight"} | ({"lm_head.weight"} if head else set())
+    if c["model_type"] == GEMMA4:
+        return names | {f"model.layers.{i}.{n}" for i, kind in enumerate(c["layer_types"])
+                        for n in gemma4_layer(c, kind)}
     for i in range(c["num_hidden_layers"]):
         names |= {f"model.layers.{i}.{n}" for n in decoder_layer(c, is_moe(c, i))}
     return names
@@ -122,6 +142,8 @@ def sparse(c: dict, i: int) -> bool:
     Qwen3-MoE: where (i + 1) % decoder_sparse_step == 0, outside mlp_only_layers."""
     if c["model_type"] == QWEN3:
         return c["num_experts"] > 0 and (i + 1) % c["decoder_sparse_step"] == 0 and i not in c["mlp_only_layers"]
+    if c["model_type"] == GEMMA4:
+        return c["enable_moe_block"]
     return c["n_routed_experts"] is not None and i >= c["first_k_dense_replace"] and i % c.get("moe_layer_freq", 1) == 0
 
 
@@ -131,6 +153,9 @@ def vllm_target(c: dict, names: set[str]) -> Load:
     L, D = c["num_hidden_layers"], c["num_nextn_predict_layers"]
     if c["model_type"] == QWEN3 and any(not n.startswith(("model.", "lm_head.")) for n in names):
         return Load(error="AutoWeightsLoader: Qwen3MoeForCausalLM has no module 'mtp'")  # it skips nothing
+    if c["model_type"] == GEMMA4:  # its loader skips nothing and ties lm_head to the embedding
+        want = main_model(c, sparse, head=not c["tie_word_embeddings"])
+        return Load(missing=want - names, unknown=names - want)
     read = {n for n in names if not (layer_index(n) is not None and L <= layer_index(n) < L + D)}
     want = main_model(c, sparse, head=True)
     return Load(missing=want - read, unknown=read - want)
@@ -140,8 +165,8 @@ def vllm_draft(target: dict, draft: dict, names: set[str], k: int) -> Load:
     """The draft's layers come from the TARGET's config (L, D); its blocks from the draft's config.
     Only names of layers L..L+D-1 are read (and a top-level embedding); enorm/hnorm/eh_proj/shared_head
     keep their names, embed_tokens becomes the one draft embedding, the rest goes under mtp_block."""
-    if target["model_type"] == QWEN3:
-        return Load(error="no MTP model type for qwen3_moe")
+    if target["model_type"] in (QWEN3, GEMMA4):
+        return Load(error=f"no MTP model type for {target['model_type']}")
     n_predict = draft["num_nextn_predict_layers"]
     if n_predict == 0 or (k > n_predict and k % n_predict):
         return Load(error=f"num_speculative_tokens {k} with n_predict {n_predict}")
@@ -174,6 +199,8 @@ def sglang_target(c: dict, names: set[str]) -> Load:
     parameter was loaded (so a missing one is silently uninitialised)."""
     L = c["num_hidden_layers"]
     read = {n for n in names if layer_index(n) is None or layer_index(n) < L}
+    if c["model_type"] == GEMMA4:  # its Gemma 4 loader refuses a name it has no parameter for
+        read = set(names)
     if c["model_type"] == QWEN3:  # its loader passes over every name holding "mtp"
         read = {n for n in read if "mtp" not in n}
     want = main_model(c, sparse, head=not c["tie_word_embeddings"])
@@ -186,6 +213,8 @@ def sglang_draft(c: dict, names: set[str]) -> Load:
     copies skipped, the MTP norms/eh_proj to model.*, the rest to model.decoder.*; always a MoE block."""
     if c["model_type"] == QWEN3:
         return sglang_qwen3_draft(c, names)
+    if c["model_type"] == GEMMA4:
+        return Load(error="no NextN model for Gemma 4")
     if c.get("num_nextn_predict_layers") != 1:
         return Load(error=f"num_nextn_predict_layers {c.get('num_nextn_predict_layers')}: only 1 is supported")
     layer = 0 if c["num_hidden_layers"] == 1 else c["num_hidden_layers"]
@@ -226,7 +255,7 @@ def sglang_qwen3_draft(c: dict, names: set[str]) -> Load:
 
 def known_mtp_patterns(c: dict) -> list[str]:
     """transformers 5.24's _keys_to_ignore_on_load_unexpected: DeepSeek-V3's layer 61, GLM-4.5's 92 and 46."""
-    if c["model_type"] == QWEN3:
+    if c["model_type"] in (QWEN3, GEMMA4):
         return []
     return [r"model\.layers\.92.*", r"model\.layers\.46.*"] if c["model_type"] == "glm4_moe" else [
         r"model\.layers\.61.*"]
@@ -246,8 +275,8 @@ def transformers_mtp(c: dict, patterns: list[str], names: set[str]) -> Load:
     """MtpModel: num_mtp_layers modules, read from config.name_or_path; the weights are the names matching
     the ignore patterns whose first number is >= num_hidden_layers; layer L+d becomes module d; always
     MoE; embed_tokens and shared_head.head copies are ignored; anything missing is a RuntimeError."""
-    if c["model_type"] == QWEN3:
-        return Load(error="Qwen3MoeForCausalLM has no MTP layer")
+    if c["model_type"] in (QWEN3, GEMMA4):
+        return Load(error=f"{c['architectures'][0]} has no MTP layer")
     L, D = c["num_hidden_layers"], c["num_nextn_predict_layers"]
     kept = [p for p in patterns if int(re.search(r"\.(\d+)", p).group(1)) >= L]
     if D == 0 or not kept:
@@ -293,7 +322,7 @@ def sglang_served(e: serving.Export, files: dict[Path, tuple[dict, set]]) -> tup
     draft_config, draft_names = files[Path(opts.get("--speculative-draft-model-path", target_dir))]
     arch = draft_config["architectures"][0]  # SGLang maps the target's name to its NextN class
     assert arch in ("DeepseekV3ForCausalLM", "DeepseekV3ForCausalLMNextN", "Glm4MoeForCausalLM",
-                    "Glm4MoeForCausalLMNextN", "Qwen3MoeForCausalLM")
+                    "Glm4MoeForCausalLMNextN", "Qwen3MoeForCausalLM", "Gemma4ForCausalLM", "Gemma4ForCausalLMNextN")
     return loads, sglang_draft(draft_config, draft_names)
 
 
