@@ -25,7 +25,7 @@ from torch import nn
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.inference.layers import RMSNorm
+from megatron_mtp.inference.layers import GatedMLP, RMSNorm
 from megatron_mtp.models.gemma4.hf_config_json import FULL, Gemma4HFConfig
 from megatron_mtp.models.gemma4.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from megatron_mtp.rms_norm import rms_norm
@@ -97,19 +97,6 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-class GeluMLP(nn.Module):
-    """``mlp.gate_proj/up_proj/down_proj`` with GELU-tanh."""
-
-    def __init__(self, hidden: int, inner: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, inner, bias=False)
-        self.up_proj = nn.Linear(hidden, inner, bias=False)
-        self.down_proj = nn.Linear(inner, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(gelu_tanh(self.gate_proj(x)) * self.up_proj(x))
-
-
 class Router(nn.Module):
     """``router.proj`` over rmsnorm(x) · scale · H^-1/2; softmax, top k renormalised, × per_expert_scale."""
 
@@ -174,7 +161,7 @@ class Gemma4DecoderLayer(nn.Module):
                             "decoder runs GELU-tanh MLPs only.")
         h, eps = config.hidden_size, config.rms_norm_eps
         self.self_attn = Gemma4Attention(config, layer_index)
-        self.mlp = GeluMLP(h, config.intermediate_size)
+        self.mlp = GatedMLP(h, config.intermediate_size, act=gelu_tanh)
         self.input_layernorm = RMSNorm(h, eps)
         self.post_attention_layernorm = RMSNorm(h, eps)
         self.pre_feedforward_layernorm = RMSNorm(h, eps)

@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Optional
 
-from megatron_mtp.config.model import ModelConfig
 from megatron_mtp.config.moe_layers import MoeLayers
 from megatron_mtp.errors import UserError
+from megatron_mtp.models.softmax_routing import SoftmaxRouting
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 LayerKind = Literal["sliding_attention", "full_attention"]
@@ -25,28 +25,11 @@ FULL_EVERY = 6
 
 
 @dataclass
-class Gemma4ModelConfig(ModelConfig):
-    # Gemma 4's routing and sharing as the shared fields' defaults
+class Gemma4ModelConfig(SoftmaxRouting):
     tie_embeddings: bool = True
     """Share the input embedding with the output head (Gemma 4: true)."""
-    first_k_dense: int = 0
-    """Gemma 4 runs its MoE block beside the dense MLP in every layer: 0."""
-    num_shared_experts: int = 0
-    """Gemma 4 has none (its dense MLP runs beside the experts instead)."""
-    router_num_groups: Optional[int] = None
-    """Gemma 4: no expert groups."""
-    router_group_topk: Optional[int] = None
-    """Gemma 4: no expert groups."""
-    router_score_function: Literal["sigmoid", "softmax"] = "softmax"
-    """Gemma 4: softmax over every expert, then the top k, renormalised over them."""
-    router_topk_scaling_factor: float = 1.0
-    """Gemma 4 scales each chosen expert by its learned per-expert scale instead: 1.0."""
-    router_enable_expert_bias: bool = False
-    """Gemma 4's router has no expert bias."""
-    aux_loss_coeff: float = 1.0e-3
-    """Balance loss weight (the Gemma 4 release names none; 0 disables it)."""
-    aux_loss_type: Literal["seq_aux_loss", "aux_loss", "global_aux_loss"] = "aux_loss"
-    """Over which tokens the balance loss counts (megatron-core's moe_router_load_balancing_type)."""
+    # the routing: the softmax-routed families' defaults (models/softmax_routing.py); no shared experts, its
+    # dense MLP runs beside the experts instead, and its learned per-expert scale replaces a scaling factor
 
     head_dim: int = 256
     """Head width of the sliding-window layers (HF head_dim)."""

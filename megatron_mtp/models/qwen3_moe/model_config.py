@@ -13,40 +13,23 @@ read them as they read GLM's fields.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Optional
+from typing import Any, ClassVar, Optional
 
 from megatron_mtp.config.moe_layers import MoeLayers
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.gqa.model_fields import GroupedQueryModelConfig
 from megatron_mtp.models.gqa.model_fields import check as check_grouped_query
+from megatron_mtp.models.softmax_routing import SoftmaxRouting
 
 
 @dataclass
-class Qwen3MoeModelConfig(GroupedQueryModelConfig):
+class Qwen3MoeModelConfig(SoftmaxRouting, GroupedQueryModelConfig):  # the routing defaults win (the later base)
     rotary_percent: ClassVar[float] = 1.0
     """Qwen3 rotates every dimension of each head (rotate-half style)."""
     add_qkv_bias: ClassVar[bool] = False
     """Qwen3-MoE has no attention bias."""
 
-    # Qwen3-MoE's routing as the shared fields' defaults (every other family's defaults are DeepSeek-V3's)
-    first_k_dense: int = 0
-    """The first k decoder layers use a dense MLP (Qwen3-MoE: 0; see mlp_only_layers)."""
-    num_shared_experts: int = 0
-    """Shared experts per MoE layer (Qwen3-MoE has none)."""
-    router_num_groups: Optional[int] = None
-    """Expert groups for group-limited routing (Qwen3-MoE: null, no grouping)."""
-    router_group_topk: Optional[int] = None
-    """Groups each token may route into (Qwen3-MoE: null)."""
-    router_score_function: Literal["sigmoid", "softmax"] = "softmax"
-    """Router score function (Qwen3-MoE: softmax over all experts, then the top k)."""
-    router_topk_scaling_factor: float = 1.0
-    """Scale of the combined top-k weights (Qwen3-MoE: none, 1.0)."""
-    router_enable_expert_bias: bool = False
-    """Aux-loss-free expert bias (Qwen3-MoE: none; it balances with the auxiliary loss)."""
-    aux_loss_coeff: float = 1.0e-3
-    """Balance loss weight (Qwen3-MoE's router_aux_loss_coef 0.001)."""
-    aux_loss_type: Literal["seq_aux_loss", "aux_loss", "global_aux_loss"] = "aux_loss"
-    """Over which tokens the balance loss counts (Qwen3-MoE: the micro-batch, as transformers computes it)."""
+    # Qwen3-MoE's routing: the softmax-routed families' defaults (models/softmax_routing.py)
 
     head_dim: Optional[int] = None
     """Width of each query/key/value head (HF head_dim; Qwen3-MoE's is 128 whatever the hidden size).
