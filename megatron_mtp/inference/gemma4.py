@@ -25,7 +25,7 @@ from torch import nn
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.inference.layers import GatedMLP, RMSNorm
+from megatron_mtp.inference.layers import GatedMLP, RMSNorm, tokens_by_expert
 from megatron_mtp.models.gemma4.hf_config_json import FULL, Gemma4HFConfig
 from megatron_mtp.models.gemma4.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from megatron_mtp.rms_norm import rms_norm
@@ -133,12 +133,7 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         rows = idx.tolist()
-        groups: dict[int, tuple[list[int], list[int]]] = {}
-        for token, row in enumerate(rows):
-            for slot, expert in enumerate(row):
-                tokens, slots = groups.setdefault(expert, ([], []))
-                tokens.append(token)
-                slots.append(slot)
+        groups = tokens_by_expert(rows)
         if self.expert_recorder is not None:
             self.expert_recorder(len(rows), len(groups))
         out = torch.zeros_like(x)

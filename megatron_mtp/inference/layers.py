@@ -149,6 +149,18 @@ class Router(nn.Module):
         return idx, scores.gather(1, idx)
 
 
+def tokens_by_expert(rows: list[list[int]]) -> dict[int, tuple[list[int], list[int]]]:
+    """expert -> (tokens, top-k slots) routed to it, from each token's chosen experts: grouped on the host
+    (cheaper than unique/where at decoding sizes); callers run the experts in ascending order, as transformers."""
+    groups: dict[int, tuple[list[int], list[int]]] = {}
+    for token, row in enumerate(rows):
+        for slot, expert in enumerate(row):
+            tokens, slots = groups.setdefault(expert, ([], []))
+            tokens.append(token)
+            slots.append(slot)
+    return groups
+
+
 class StackedExperts(nn.Module):
     """Routed expert weights stacked on a leading expert axis (transformers 5 names:
     ``experts.gate_up_proj`` [E, 2I, H] = [gate; up] per expert, ``experts.down_proj`` [E, H, I]);
@@ -207,14 +219,7 @@ class MoE(nn.Module):
         return routed if self.shared_experts is None else routed + self.shared_experts(x)
 
     def _experts_hit(self, flat: torch.Tensor, rows: list[list[int]], weights: torch.Tensor) -> torch.Tensor:
-        # Group (token, slot) pairs by expert on the host (cheaper than unique/where at these sizes);
-        # experts run in ascending order as in transformers.
-        groups: dict[int, tuple[list[int], list[int]]] = {}
-        for token, row in enumerate(rows):
-            for slot, expert in enumerate(row):
-                tokens, slots = groups.setdefault(expert, ([], []))
-                tokens.append(token)
-                slots.append(slot)
+        groups = tokens_by_expert(rows)
         out = torch.zeros_like(flat)
         inner = self.experts.inner
         for expert in sorted(groups):
