@@ -324,6 +324,10 @@ def export_to_hf(
                         "checkpoint has parallel MTP heads; export with --mtp separate (OUT/mtp holds the heads)")
     mtp, mtp_layout, dtype = serving.choose_layout(serve_for, "separate" if only else mtp, mtp_layout, dtype,
                                                    has_mtp, cfg.model.num_layers, cfg.model.family)
+    refusal = get_family(cfg.model.family).serving.no_fp8_export
+    if dtype == "fp8" and refusal is not None:
+        raise UserError(f"--dtype fp8 is not written for {get_family(cfg.model.family).title}: {refusal}; export with "
+                        "--dtype bf16 or fp32")
     if mtp_layout == "nextn" and mtp != "separate":
         raise UserError("--mtp-layout nextn only applies to --mtp separate or only")
     if mtp != "none" and not has_mtp:

@@ -87,6 +87,8 @@ class ServingFacts:
     """MLA's cached width per token of a run config (vLLM's MLA kernels take one size); None: not MLA."""
     notes: tuple[str, ...] = ()
     """Sentences SERVING.md adds for this family."""
+    no_fp8_export: Optional[str] = None
+    """Why ``--dtype fp8`` is refused (the release format has no FP8 weights); None: DeepSeek's FP8 blocks serve."""
 
 
 @dataclass(frozen=True)

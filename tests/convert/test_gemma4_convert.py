@@ -78,6 +78,27 @@ def test_export_loads_in_transformers_with_our_logits(gemma_export, gemma_logits
     assert {"model.layers.4.eh_proj.weight", "model.layers.4.self_attn.q_proj.weight"} <= mtp
 
 
+def test_eval_loss_equals_transformers_loss_and_fp8_is_refused(gemma_run, gemma_export, tmp_path):
+    import torch.nn.functional as F
+    from tokenizers import Tokenizer
+
+    text = "".join(f"def f{i}(x):\n    return x * {i} + {i % 7}\n\n" for i in range(30))
+    (tmp_path / "text.py").write_text(text)
+    proc = megatron_cli("eval", str(gemma_run), "--text-file", str(tmp_path / "text.py"), "--json")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    ids = Tokenizer.from_file(str(gemma_export / "main" / "tokenizer.json")).encode(text).ids
+    n = len(ids) // 32  # training.seq_length
+    windows = torch.tensor(ids[: n * 32]).view(n, 32)
+    model, _ = _load(gemma_export / "main")
+    with torch.no_grad():
+        logits = model(windows).logits
+    loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
+    assert result["tokens"] == n * 31 and abs(result["lm_loss"] - loss.item()) < 1e-4
+    with pytest.raises(UserError, match="--dtype fp8 is not written for Gemma 4: its release format has no FP8"):
+        export_to_hf(gemma_run, tmp_path / "fp8", dtype="fp8")
+    assert not (tmp_path / "fp8").exists()
+
+
 def test_generate_decodes_as_transformers_and_drafts_as_training(gemma_export, gemma_logits, tokens):
     from megatron_mtp.inference.generate import load_generator
 

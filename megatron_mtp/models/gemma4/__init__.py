@@ -34,6 +34,7 @@ FAMILY = register(family_of_modules(
             "sglang": dict(no_draft=_NO_MTP.format(engine="SGLang"), skips_mtp_in_main=False, loads_tied_head=True),
             "transformers": dict(no_draft=_NO_MTP.format(engine="transformers")),
         },
+        no_fp8_export="its release format has no FP8 weights (Google ships bf16; the engines quantise at load)",
         notes=("Gemma 4's MTP modules (DeepSeek-style, trained here) are drafted by `megatron-mtp generate` alone; "
                "the engines draft Gemma 4 with its assistant model.",),
     ),
