@@ -26,7 +26,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import nn
 
-from megatron_mtp.platform.context_chunks import chunk_order
+from megatron_mtp.platform.context_chunks import chunk_order, local_positions
 from megatron_mtp.rms_norm import rms_norm
 
 
@@ -73,9 +73,7 @@ class CoreAttention(MegatronModule):
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None, **_):
-        if self.window is not None:
-            if self.config.context_parallel_size > 1:
-                raise NotImplementedError("sliding-window attention with context parallelism")
+        if self.window is not None and self.config.context_parallel_size == 1:
             return self._windowed(query, key, value, attention_mask)
         cp_mask = None
         if self.config.context_parallel_size > 1:
@@ -83,7 +81,7 @@ class CoreAttention(MegatronModule):
 
             group = parallel_state.get_context_parallel_group()
             key, value = (_WholeSequence.apply(t, group) for t in (key, value))
-            cp_mask = _causal_by_position(query.shape[0], key.shape[0], group, query.device)
+            cp_mask = _causal_by_position(query.shape[0], key.shape[0], group, query.device, self.window)
         # [s, b, h, d] -> [b, h, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
         if k.shape[1] != q.shape[1]:  # grouped-query: key/value head g serves query heads g*r .. g*r+r-1
@@ -149,10 +147,13 @@ class _WholeSequence(torch.autograd.Function):
         return torch.cat([chunks[a], chunks[b]], dim=0), None
 
 
-def _causal_by_position(local: int, whole: int, group, device) -> torch.Tensor:
-    """[local, whole] bool, True where a local query may attend a key: key position <= query position."""
+def _causal_by_position(local: int, whole: int, group, device, window: Optional[int] = None) -> torch.Tensor:
+    """[local, whole] bool, True where a local query may attend a key: key position <= query position (and,
+    with a sliding ``window``, query position - key position <= window)."""
     cp, rank = torch.distributed.get_world_size(group), torch.distributed.get_rank(group)
-    chunk = local // 2
-    a, b = chunk_order(rank, cp)
-    positions = torch.cat([torch.arange(a * chunk, (a + 1) * chunk), torch.arange(b * chunk, (b + 1) * chunk)])
-    return (torch.arange(whole)[None, :] <= positions[:, None]).to(device)
+    positions = torch.tensor(local_positions(local, rank, cp))[:, None]
+    keys = torch.arange(whole)[None, :]
+    visible = keys <= positions
+    if window is not None:
+        visible = visible & (positions - keys <= window)
+    return visible.to(device)

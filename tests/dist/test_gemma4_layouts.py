@@ -1,5 +1,6 @@
-"""Gemma 4 trains like one process at TP2×EP2 (sequence parallel, experts folded over the tensor ranks) and
-at PP2×VPP2 (one layer per virtual stage, both layer kinds on each pipeline rank, MTP on the last), and a
+"""Gemma 4 trains like one process at TP2×EP2 (sequence parallel, experts folded over the tensor ranks), at
+PP2×VPP2 (one layer per virtual stage, both layer kinds on each pipeline rank, MTP on the last) and at CP2×EP2
+(sliding windows across the context-parallel chunks), and a
 run resumes at another layout as if uninterrupted (EP2 over data-parallel ranks -> TP2×EP2).
 
 Its layers are the family's own megatron-core modules (models/gemma4/): per-kind attention projections
@@ -27,6 +28,9 @@ LAYOUTS = {
     "tp2_ep2": (2, ("parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1")),
     # both layer kinds on each pipeline rank, one layer per virtual stage
     "pp2_vpp2": (2, ("parallel.pipeline=2", "parallel.virtual_pipeline=2")),
+    # each sequence over 2 ranks in chunks of 16 (the windows of 16 reach into the other rank's chunks; RoPE at
+    # the chunks' own positions), experts over the same ranks
+    "cp2_ep2": (2, ("parallel.context=2", "parallel.expert=2")),
 }
 STEPS = 3
 

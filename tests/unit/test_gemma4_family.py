@@ -67,7 +67,7 @@ def test_layer_kinds_are_transformers():
     (["model.num_shared_experts=1"], "model.num_shared_experts is 1, but a Gemma 4 model needs 0"),
     (["model.router_score_function=sigmoid"], "needs 'softmax'"),
     (["model.global_partial_rotary_factor=0"], "must be in (0, 1]"),
-    (["parallel.context=2", "parallel.world_size=2"], "parallel.context > 1 is not built for model.family=gemma4"),
+    (["data.reset_position_ids=true"], "data.reset_position_ids is not built for model.family=gemma4"),
     (["mtp.style=parallel"], "mtp.style=parallel is not built for model.family=gemma4"),
     (["kernels.chunked_output_loss=true"], "does not soft-cap logits"),
 ])

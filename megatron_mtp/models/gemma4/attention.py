@@ -10,7 +10,8 @@ own projections (megatron-core's column/row-parallel linears, or Transformer Eng
 The attention scale is 1.0 (the q/k norms set the logits' size). RoPE is the rotate-half form over the
 whole head with frequencies θ^(-2i/d) for the first ``share`` of the d/2 pairs and 0 (no rotation) for
 the rest: transformers' "default" RoPE when share = 1, its "proportional" one otherwise. Positions count
-from 0 in each sequence. The sliding window reaches the core attention through its config's
+from 0 in each sequence (with context parallelism: the positions of the two chunks a rank holds). The
+sliding window reaches the core attention through its config's
 ``window_size`` (left, 0), which megatron-core's local and TE attentions both read. The post-attention
 norm (a sandwich norm) is applied here, so the layer's bias-dropout-add adds the normed output.
 With sequence parallelism each projection gathers the sequence itself (three gathers where a fused
@@ -84,6 +85,19 @@ class Gemma4Attention(MegatronModule):
         self.post_layernorm = submodules.post_layernorm(config=config, hidden_size=h, eps=self.eps)
         self.register_buffer("inv_freq", rope_inv_freq(head_dim, rope_base, rope_share), persistent=False)
 
+    def _positions(self, s: int, device) -> torch.Tensor:
+        """The positions of this rank's ``s`` tokens of each sequence: 0..s-1, or with context parallelism the
+        two chunks the rank holds (platform/context_chunks.py)."""
+        cp = self.config.context_parallel_size
+        if cp == 1:
+            return torch.arange(s, device=device)
+        from megatron.core import parallel_state
+
+        from megatron_mtp.platform.context_chunks import local_positions
+
+        rank = parallel_state.get_context_parallel_rank()
+        return torch.tensor(local_positions(s, rank, cp), device=device)
+
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, **_):
         q, _ = self.linear_q(hidden_states)
         k_raw, _ = self.linear_k(hidden_states)
@@ -93,7 +107,7 @@ class Gemma4Attention(MegatronModule):
         v = k_raw if self.linear_v is None else self.linear_v(hidden_states)[0].view(s, b, self.groups, self.head_dim)
         q, k = self.q_layernorm(q), self.k_layernorm(k_raw)
         v = rms_norm(v, torch.ones((), device=v.device), self.eps)
-        cos, sin = rope_cos_sin(self.inv_freq, torch.arange(s, device=q.device), q.dtype)
+        cos, sin = rope_cos_sin(self.inv_freq, self._positions(s, q.device), q.dtype)
         cos, sin = cos[:, None, None, :], sin[:, None, None, :]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = self.core_attention(q, k, v, attention_mask, attn_mask_type=AttnMaskType.causal)

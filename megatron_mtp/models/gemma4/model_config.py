@@ -146,9 +146,6 @@ def check(cfg) -> None:
             if getattr(m, name) != value:
                 raise UserError(f"model.{name} is {getattr(m, name)!r}, but a Gemma 4 model needs {value!r} "
                                 f"({why}); remove it from the config")
-    if cfg.parallel.context > 1:
-        raise UserError("parallel.context > 1 is not built for model.family=gemma4 yet (its sliding-window "
-                        "attention computes its own positions); train it with parallel.context=1")
     if cfg.data.reset_position_ids:
         raise UserError("data.reset_position_ids is not built for model.family=gemma4 (its attention numbers "
                         "positions from the start of each sequence); set it to false")
