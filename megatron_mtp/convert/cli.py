@@ -41,6 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="draft tokens per step in the MTP serving commands (default: vLLM the MTP depth, "
                        "SGLang 3)")
     to_hf.add_argument("--max-shard-size", type=float, default=4.0, help="safetensors shard size in GiB (default 4)")
+    to_hf.add_argument("--multimodal-from", metavar="DIR",
+                       help="the multimodal checkpoint the model was imported from (Gemma 4's "
+                       "Gemma4ForConditionalGeneration): the main directory is that model again, its towers copied "
+                       "unchanged and the trained text model in its place")
     to_hf.set_defaults(func=run_to_hf)
 
     from_hf = sub.add_parser("from-hf", help=f"Hugging Face directory of {supported_text()} (and DeepSeek-V2) "
@@ -75,7 +79,8 @@ def run_to_hf(args: argparse.Namespace) -> int:
 
     out = export_to_hf(args.checkpoint, args.out, mtp=args.mtp, mtp_layout=args.mtp_layout, dtype=args.dtype,
                        max_shard_bytes=int(args.max_shard_size * (1 << 30)), serve_for=args.serve_for,
-                       speculative=args.speculative, warn=lambda text: print(f"warning: {text}", file=sys.stderr))
+                       speculative=args.speculative, warn=lambda text: print(f"warning: {text}", file=sys.stderr),
+                       multimodal_from=args.multimodal_from)
     print(f"wrote {out}\n")
     if args.mtp == "only":
         print(f"MTP weights alone: pair them with the base model by `megatron-mtp convert from-hf BASE OUT2 "

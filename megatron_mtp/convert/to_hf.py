@@ -30,6 +30,7 @@ because it depends only on global tensors.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
@@ -287,6 +288,7 @@ def export_to_hf(
     serve_for: Optional[str] = None,
     speculative: Optional[int] = None,
     warn: Optional[Callable[[str], None]] = None,
+    multimodal_from: Optional[str | Path] = None,
 ) -> Path:
     """Convert a megatron-mtp checkpoint (run dir or step dir) to HF format under ``out_dir``.
 
@@ -365,6 +367,14 @@ def export_to_hf(
     vocab = reader.entry(EMBEDDING).shape[0]
     tokenizer_ids = special_token_ids(step / TOKENIZER_DIR)
     configs = hf_configs(cfg, vocab, mtp, mtp_layout, dtype, tokenizer_ids, source_config(step))
+    towers, rename = None, {}
+    if multimodal_from is not None and not only:  # the text model back among its towers (convert/multimodal.py)
+        from megatron_mtp.convert.multimodal import open_towers
+
+        towers = open_towers(get_family(cfg.model.family), multimodal_from, configs["main"], mtp)
+        rename = {t.name: towers.rename(t.name) for t in plans["main"]}
+        plans["main"] = [dataclasses.replace(t, name=rename[t.name]) for t in plans["main"]] + towers.planned()
+        configs["main"] = towers.wrap_config(towers.source.config, configs["main"])
     gen = generation_config(tokenizer_ids, {k: configs["main"].get(k) for k in TOKEN_ID_KEYS},
                             source_generation_config(step))
     if only:
@@ -385,15 +395,20 @@ def export_to_hf(
                         for (dest, name, _), (offset, nbytes) in zip(piece.outputs, ranges):
                             if scan and not bytes_are_finite(fh, offset, nbytes, reader.entry(piece.param.mcore).dtype):
                                 refuse_nonfinite(piece.param.mcore, f"checkpoint '{step}'")
-                            writers[dest].copy_from(name, fh, offset, nbytes)
+                            writers[dest].copy_from(rename.get(name, name) if dest == "main" else name, fh, offset,
+                                                    nbytes)
                             bar.advance(nbytes)
                         continue
                     tensor = reader.read(piece.param.mcore, piece.rows)
                     if not tensor_is_finite(tensor):
                         refuse_nonfinite(piece.param.mcore, f"checkpoint '{step}'")
                     for dest, name, part in _tensors_of(piece, tensor, torch_dtype, fp8):
-                        writers[dest].write(name, part)
+                        writers[dest].write(rename.get(name, name) if dest == "main" else name, part)
                         bar.advance(part.numel() * part.element_size())
+                for name in towers.names if towers is not None else ():  # unchanged, after the text model
+                    tensor = towers.source.raw(name)
+                    writers["main"].write(name, tensor)
+                    bar.advance(tensor.numel() * tensor.element_size())
             for writer in writers.values():
                 writer.finish()
         finally:
@@ -407,5 +422,7 @@ def export_to_hf(
             print(f"warning: checkpoint '{step}' has no tokenizer/ directory; the export has no tokenizer files")
         if gen is not None:
             (dirs["main"] / GENERATION_CONFIG).write_text(json.dumps(gen, indent=2) + "\n")
+        if towers is not None:
+            towers.copy_files(dirs["main"])
         (tmp / serving.SERVING_FILE).write_text(serving.serving_text(export, found))
     return out_dir

@@ -143,6 +143,10 @@ class Family:
     "gqa"); a family with a new kind adds its class there."""
     serving: ServingFacts = ServingFacts()
     """What vLLM, SGLang and transformers do with its exports."""
+    export_names: Optional[Callable[[str], str]] = None
+    """A text-model tensor name -> its name in the family's multimodal checkpoint (``to-hf --multimodal-from``)."""
+    multimodal_config: Optional[Callable[[Mapping[str, Any], Mapping[str, Any]], dict]] = None
+    """(the multimodal config.json, the text model's) -> the multimodal config.json with this text model."""
     layer_attention_shape: Optional[Callable[[ModelConfig, Optional[int]], AttentionShape]] = None
     """(m, decoder layer index, None for an MTP layer) -> that layer's attention widths, for a family whose layers
     differ (``attention_shape`` is then its common kind's); None: every layer is ``attention_shape``."""
@@ -209,6 +213,8 @@ def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], 
         attention=attention,
         serving=serving,
         import_names=getattr(hf_config, "import_names", None),
+        export_names=getattr(hf_config, "export_names", None),
+        multimodal_config=getattr(hf_config, "multimodal_config", None),
         layer_attention_shape=getattr(size, "layer_attention_shape", None),
     )
 

@@ -173,6 +173,16 @@ def test_transformers_built_model_imports_with_its_logits(tokens, tmp_path, capf
     assert "is a multimodal Gemma 4 checkpoint; its text model is imported" in capfd.readouterr().err
     c = hf_tensors(export_to_hf(ckpt_mm, tmp_path / "back_mm", mtp="none", dtype="fp32"))
     assert c.keys() == a.keys() and all(torch.equal(c[k], a[k]) for k in a)
+    # and back among its towers: the multimodal model again, bitwise, with the same text logits
+    again = export_to_hf(ckpt_mm, tmp_path / "mm_again", mtp="none", dtype="fp32", multimodal_from=tmp_path / "mm")
+    d, e = hf_tensors(again), hf_tensors(tmp_path / "mm")
+    assert d.keys() == e.keys() and all(torch.equal(d[k], e[k]) for k in e)
+    loaded = transformers.Gemma4ForConditionalGeneration.from_pretrained(again, dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert (loaded(torch.load(tokens)).logits - reference).abs().max().item() < 1e-4
+    with pytest.raises(UserError, match="holds a text model .* not a multimodal one"):
+        export_to_hf(ckpt_mm, tmp_path / "text_src", mtp="none", multimodal_from=tmp_path / "hf")
+    assert not (tmp_path / "text_src").exists()
 
 
 def test_what_the_format_cannot_hold_is_one_sentence():

@@ -181,3 +181,17 @@ def import_names(raw: Mapping[str, Any]):
         return name if name.startswith("lm_head.") else None
 
     return rename
+
+
+def export_names(name: str) -> str:
+    """A text-model tensor name -> its name in Gemma4ForConditionalGeneration (``import_names`` reversed)."""
+    return TEXT_PREFIX + name[len("model."):] if name.startswith("model.") else name
+
+
+def multimodal_config(source: Mapping[str, Any], text: Mapping[str, Any]) -> dict[str, Any]:
+    """The multimodal config.json ``source`` with the text model ``text`` (a Gemma4ForCausalLM config.json) as its
+    text_config; everything else (the towers' configs, the special token ids of images and audio) as it was."""
+    inner = {k: v for k, v in text.items() if k not in ("architectures", "torch_dtype", "num_nextn_predict_layers")}
+    out = dict(source, text_config=inner)
+    out["architectures"] = list(source.get("architectures") or ["Gemma4ForConditionalGeneration"])
+    return out
