@@ -140,6 +140,20 @@ def test_speculative_and_batched_greedy_equal_plain(gemma_export):
         assert [r.tokens for r in batch.results] == alone, k
 
 
+def test_dense_gemma4_the_31b_shape_exports_with_transformers_logits(tokens, tmp_path):
+    """Without experts (the dense 31B's shape: every layer its dense MLP alone) the same modules train and export."""
+    run = tmp_path / "dense"
+    megatron_cli("train", "configs/gemma4_tiny_cpu.yaml", "--run-dir", str(run), "--max-steps", "2", *OVERRIDES,
+                 "model.num_experts=0", "mtp.num_layers=0")
+    ours = megatron_forward(run, tokens, tmp_path / "out.pt")
+    export = export_to_hf(run, tmp_path / "export", mtp="none", dtype="fp32")
+    assert json.loads((export / "config.json").read_text())["enable_moe_block"] is False
+    model, info = _load(export)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    with torch.no_grad():
+        assert (model(torch.load(tokens)).logits - ours["logits"]).abs().max().item() < 1e-4
+
+
 def _random_transformers_model(seed: int = 0):
     torch.manual_seed(seed)
     model = transformers.Gemma4ForCausalLM(transformers.Gemma4TextConfig(**TEXT)).eval()

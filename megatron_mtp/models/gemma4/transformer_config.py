@@ -29,5 +29,8 @@ def build_transformer_config(cfg: Config, platform: Platform, mtp_loss_scale: fl
     m = cfg.model
     kwargs = dict(common_kwargs(cfg, platform, features, mtp_loss_scale),
                   num_query_groups=m.num_query_groups, kv_channels=m.head_dim, qk_layernorm=True,
-                  activation_func=functools.partial(gelu_tanh), bias_activation_fusion=False)
+                  activation_func=functools.partial(gelu_tanh), bias_activation_fusion=False,
+                  # the layers differ by kind, so a checkpoint keys each by its number (megatron-core would stack a
+                  # model without MoE layers along one axis)
+                  hetereogenous_dist_checkpoint=True)
     return TransformerConfig(**kwargs)
