@@ -125,10 +125,12 @@ class Family:
     """(cfg, padded_vocab) -> {'main', 'mtp_unique', 'main_active', ...}."""
     training_flops_per_token: Callable[[Any, int, int], float]
     """(cfg, padded_vocab, mtp_layers) -> forward+backward FLOPs per token."""
-    kv_cache_elements_per_token: Callable[[Any], int]
-    """cfg -> what one layer caches per decoded token."""
+    kv_cache_elements_per_token: Callable[..., int]
+    """(cfg, context=None) -> what one layer caches per decoded token (averaged over the layers; a family with
+    sliding-window layers counts what they keep of ``context`` tokens, default training.seq_length)."""
     decode_attention_flops: Callable[[Any, int], float]
-    """(cfg, context) -> one decoded token's attention FLOPs over ``context`` cached tokens, one layer."""
+    """(cfg, context) -> one decoded token's attention FLOPs over ``context`` cached tokens, one layer (averaged over
+    the layers where they differ)."""
     # the Hugging Face format
     to_hf_config: Callable[..., dict[str, Any]]
     """(model, mtp, *, vocab_size, num_nextn_predict_layers, ...) -> config.json (models/<name>/hf_config.py)."""

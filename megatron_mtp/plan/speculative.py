@@ -82,7 +82,7 @@ def main_forward_bytes(cfg: Config, padded_vocab: int, batch: int, tokens: int, 
     dense = (m.num_layers * (s.attention + s.norms) + dense_layers * s.dense_mlp + moe * s.around_experts
              + m.hidden_size + padded_vocab * m.hidden_size)  # final norm, output head
     touched = distinct_experts(m.num_experts, m.router_topk, tokens) if experts_touched is None else experts_touched
-    kv = batch * serve.context * m.num_layers * family.kv_cache_elements_per_token(cfg) * serve.kv_bytes
+    kv = batch * serve.context * m.num_layers * family.kv_cache_elements_per_token(cfg, serve.context) * serve.kv_bytes
     # per token: 2 FLOPs per dense weight and per weight of its top-k experts, and attention over the cache
     flops = tokens * (2 * dense + 2 * moe * m.router_topk * s.expert + m.num_layers * _attention_flops(cfg, serve))
     return ForwardBytes(dense=dense * serve.weight_bytes / serve.tp,
@@ -98,7 +98,7 @@ def draft_step_bytes(cfg: Config, padded_vocab: int, batch: int, serve: ServeLay
     mlp = s.around_experts if moe else s.dense_mlp
     dense = s.attention + s.norms + mlp + mtp_own_size(cfg) + padded_vocab * m.hidden_size
     touched = distinct_experts(m.num_experts, m.router_topk, batch) if moe else 0.0
-    kv = batch * serve.context * family.kv_cache_elements_per_token(cfg) * serve.kv_bytes
+    kv = batch * serve.context * family.kv_cache_elements_per_token(cfg, serve.context) * serve.kv_bytes
     flops = batch * (2 * dense + (2 * m.router_topk * s.expert if moe else 0) + _attention_flops(cfg, serve))
     return ForwardBytes(dense=dense * serve.weight_bytes / serve.tp,
                         experts=touched * s.expert * serve.weight_bytes / serve.ep, kv=kv / serve.tp,

@@ -79,3 +79,14 @@ def test_gemma4_checks_are_one_sentence(overrides, sentence):
         cfg = load_config(TINY, overrides)
         validate(cfg)
         resolve_features(cfg, Platform(device="cpu", backend="gloo", use_te=False))
+
+
+def test_decode_cost_counts_what_sliding_layers_keep():
+    """plan --speculative's KV reads and attention FLOPs per token: the 26B-A4B's 25 sliding layers keep 1,024
+    tokens (8 key and 8 value heads of 256), its 5 full layers every token (2 heads of 512, keys that are values)."""
+    family, cfg = get_family("gemma4"), load_config(BIG)
+    assert family.kv_cache_elements_per_token(cfg, 1024) == (25 * 4096 + 5 * 1024) / 30
+    assert family.kv_cache_elements_per_token(cfg, 65536) == round((25 * 4096 / 64 + 5 * 1024) / 30)
+    short, long = (family.decode_attention_flops(cfg, c) for c in (1024, 65536))
+    assert short == (25 * 4 * 16 * 256 * 1024 + 5 * 4 * 16 * 512 * 1024) / 30
+    assert long == (25 * 4 * 16 * 256 * 1024 + 5 * 4 * 16 * 512 * 65536) / 30

@@ -3,6 +3,8 @@ MLA tensor table)."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from megatron_mtp.config import Config
 from megatron_mtp.models import sizes
 from megatron_mtp.models.deepseek_v3.hf_mapping import TABLE
@@ -31,7 +33,7 @@ def training_flops_per_token(cfg: Config, padded_vocab: int, mtp_layers: int) ->
     return sizes.training_flops_per_token(cfg, padded_vocab, mtp_layers, TABLE, attention_score_width(cfg))
 
 
-def kv_cache_elements_per_token(cfg: Config) -> int:
+def kv_cache_elements_per_token(cfg: Config, context: Optional[int] = None) -> int:
     """What one layer caches per token when decoding: MLA's compressed latent and the shared rotary
     key (the absorbed form vLLM and SGLang serve DeepSeek-V3 with)."""
     return cfg.model.kv_lora_rank + cfg.model.qk_pos_emb_head_dim

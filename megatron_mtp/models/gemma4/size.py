@@ -5,11 +5,12 @@ score at most ``sliding_window`` keys per query."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from megatron_mtp.config import Config
 from megatron_mtp.models.family import AttentionShape
 from megatron_mtp.models.gemma4.hf_mapping import DENSE, MOE, rules_of_kind
 from megatron_mtp.models.gemma4.model_config import (
-    FULL,
     MTP_KIND,
     SLIDING,
     kind_groups,
@@ -24,13 +25,16 @@ def _total(m, rules, *, experts: bool = False) -> int:
 
 
 def _kind_sizes(cfg: Config, kind: str) -> LayerSizes:
+    """One layer of ``kind``; with experts, what every token reads whatever the routing (``around_experts``) holds
+    the dense MLP beside them, so the generic consumers (plan --speculative) count it in an MoE layer."""
     m = cfg.model
     moe = m.num_experts > 0
     rules = rules_of_kind(m, kind, moe)
     attention = [r for r in rules if r not in DENSE and r not in MOE]
     expert = _total(m, [r for r in MOE if moe], experts=True)
-    around = _total(m, [r for r in MOE if moe])
-    return LayerSizes(attention=_total(m, attention), dense_mlp=_total(m, DENSE),
+    dense = _total(m, DENSE)
+    around = _total(m, [r for r in MOE if moe]) + dense
+    return LayerSizes(attention=_total(m, attention), dense_mlp=dense,
                       moe_total=around + m.num_experts * expert, moe_active=around + m.router_topk * expert,
                       norms=0, expert=expert, around_experts=around)
 
@@ -42,7 +46,9 @@ def layer_sizes(cfg: Config) -> LayerSizes:
 
 def _layer_params(cfg: Config, kind: str, active: bool) -> int:
     s = _kind_sizes(cfg, kind)
-    return s.attention + s.dense_mlp + (s.moe_active if active else s.moe_total)
+    if not cfg.model.num_experts:
+        return s.attention + s.dense_mlp
+    return s.attention + (s.moe_active if active else s.moe_total)
 
 
 def parameter_counts(cfg: Config, padded_vocab: int) -> dict[str, int]:
@@ -81,16 +87,31 @@ def training_flops_per_token(cfg: Config, padded_vocab: int, mtp_layers: int) ->
     return 3.0 * forward
 
 
-def kv_cache_elements_per_token(cfg: Config) -> int:
-    """What a full-attention layer caches per token (keys only where keys are values)."""
-    m = cfg.model
-    return (1 if kind_shares_kv(m, FULL) else 2) * kind_groups(m, FULL) * kind_head_dim(m, FULL)
+def _kind_kv(m, kind: str) -> int:
+    """Elements one layer of ``kind`` caches per token it keeps (keys only where keys are values)."""
+    return (1 if kind_shares_kv(m, kind) else 2) * kind_groups(m, kind) * kind_head_dim(m, kind)
+
+
+def _kept(cfg: Config, kind: str, context: int) -> float:
+    """The share of ``context`` cached tokens a layer of ``kind`` keeps (a sliding layer: its window)."""
+    return min(1.0, cfg.model.sliding_window / context) if kind == SLIDING else 1.0
+
+
+def kv_cache_elements_per_token(cfg: Config, context: Optional[int] = None) -> int:
+    """What a layer caches per token of ``context`` (default training.seq_length), averaged over the layers: a
+    sliding layer keeps only its window, a full layer whose keys are its values keeps keys alone."""
+    m, context = cfg.model, context or cfg.training.seq_length
+    kinds = m.layer_kinds()
+    return round(sum(_kind_kv(m, k) * _kept(cfg, k, context) for k in kinds) / len(kinds))
 
 
 def decode_attention_flops(cfg: Config, context: int) -> float:
-    """One decoded token's scores and values over ``context`` cached tokens in a full-attention layer."""
+    """One decoded token's scores and values over ``context`` cached tokens, averaged over the layers (a sliding
+    layer scores at most its window)."""
     m = cfg.model
-    return 2 * m.num_attention_heads * 2 * kind_head_dim(m, FULL) * context
+    kinds = m.layer_kinds()
+    return sum(2 * m.num_attention_heads * 2 * kind_head_dim(m, k) * context * _kept(cfg, k, context)
+               for k in kinds) / len(kinds)
 
 
 def _kind_shape(m, kind: str) -> AttentionShape:

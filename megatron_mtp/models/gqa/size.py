@@ -3,6 +3,8 @@ over the grouped-query tensor table; a family's own MTP names do not change the 
 
 from __future__ import annotations
 
+from typing import Optional
+
 from megatron_mtp.config import Config
 from megatron_mtp.models import sizes
 from megatron_mtp.models.family import AttentionShape
@@ -28,7 +30,7 @@ def training_flops_per_token(cfg: Config, padded_vocab: int, mtp_layers: int) ->
     return sizes.training_flops_per_token(cfg, padded_vocab, mtp_layers, TABLE, width)
 
 
-def kv_cache_elements_per_token(cfg: Config) -> int:
+def kv_cache_elements_per_token(cfg: Config, context: Optional[int] = None) -> int:
     """What one layer caches per token when decoding: a key and a value per key/value group."""
     return 2 * query_groups(cfg.model) * head_dim(cfg.model)
 
