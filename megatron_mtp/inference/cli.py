@@ -43,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="random seed for sampling (default 0; prompt i of --prompts-file draws with SEED + i)")
     parser.add_argument("--speculative", type=int, default=0, metavar="K",
                         help="draft K tokens per step with the MTP module(s) (0 = plain decoding)")
+    parser.add_argument("--assistant", metavar="DIR",
+                        help="draft with this Gemma 4 assistant model (a Gemma4AssistantForCausalLM directory) instead "
+                        "of the MTP modules; it reads the target's keys and values (with --speculative K)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the EOS token")
     parser.add_argument("--dtype", type=dtype_arg(("fp32", "bf16", "fp16")), default="fp32", metavar="fp32|bf16|fp16",
@@ -113,7 +116,7 @@ def run_generate(args: argparse.Namespace) -> int:
     prompt = _read_prompt(args)
     from megatron_mtp.inference.generate import load_generator
 
-    generator = load_generator(args.model, dtype=args.dtype)
+    generator = load_generator(args.model, dtype=args.dtype, assistant=args.assistant)
     printer = _Printer(args.json, several=False) if args.stream else None
     result = generator.generate(prompt, args.max_new_tokens, options=options, on_text=printer)
     if printer is None:  # streamed: already printed
@@ -130,7 +133,7 @@ def _run_batch(args: argparse.Namespace, options: DecodeOptions) -> int:
     prompts = read_prompts_file(Path(args.prompts_file), args.max_new_tokens)
     from megatron_mtp.inference.generate import load_generator
 
-    generator = load_generator(args.model, dtype=args.dtype)
+    generator = load_generator(args.model, dtype=args.dtype, assistant=args.assistant)
     several = len(prompts) > 1
     printer = _Printer(args.json, several) if args.stream else None
     batch = generator.generate_batch([p.prompt for p in prompts], [p.max_new_tokens for p in prompts],

@@ -109,8 +109,11 @@ def load_generator(
     model_dir: str | Path,
     dtype: str | torch.dtype = "float32",
     chain_hidden: Literal["post_norm", "pre_norm"] = "post_norm",
+    assistant: str | Path | None = None,
 ) -> Generator:
-    """Load an exported HF directory (main/ + mtp/, inline, or plain) or a megatron checkpoint/run dir."""
+    """Load an exported HF directory (main/ + mtp/, inline, or plain) or a megatron checkpoint/run dir;
+    ``assistant``: a Gemma 4 assistant directory that drafts instead of the MTP modules
+    (inference/gemma4_assistant.py)."""
     from megatron_mtp.inference.checkpoint_source import hf_dir_for
     from megatron_mtp.inference.model_dir import find_export_dirs, load_mtp_modules, load_target, parse_dtype
     from megatron_mtp.inference.parallel_draft import load_parallel_heads
@@ -131,4 +134,8 @@ def load_generator(
                 f"{dirs.tokenizer_file} is not a readable tokenizer ({exc}); re-export the model."
             ) from exc
     drafter = parallel if parallel is not None else MTPDrafter(modules, chain_hidden=chain_hidden) if modules else None
+    if assistant is not None:
+        from megatron_mtp.inference.gemma4_assistant import AssistantDrafter, load_assistant
+
+        drafter = AssistantDrafter(load_assistant(assistant, target, torch_dtype), target)
     return Generator(target, drafter, tokenizer, dirs.root)

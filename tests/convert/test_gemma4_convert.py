@@ -154,6 +154,68 @@ def test_dense_gemma4_the_31b_shape_exports_with_transformers_logits(tokens, tmp
         assert (model(torch.load(tokens)).logits - ours["logits"]).abs().max().item() < 1e-4
 
 
+def _transformers_assistant(target_dir, out):
+    """A random transformers-built Gemma4AssistantForCausalLM for the target in ``target_dir`` (its head widths
+    and window per layer kind, a width of its own), saved to ``out``."""
+    text = json.loads((target_dir / "config.json").read_text())
+    for key in ("architectures", "torch_dtype", "num_nextn_predict_layers", "bos_token_id", "eos_token_id"):
+        text.pop(key, None)
+    text.update(num_hidden_layers=2, hidden_size=48, intermediate_size=64, num_attention_heads=2,
+                layer_types=["sliding_attention", "full_attention"], enable_moe_block=False, num_experts=None,
+                top_k_experts=None, moe_intermediate_size=None, num_kv_shared_layers=2, vocab_size_per_layer_input=0)
+    torch.manual_seed(5)
+    backbone = json.loads((target_dir / "config.json").read_text())["hidden_size"]
+    model = transformers.Gemma4AssistantForCausalLM(transformers.Gemma4AssistantConfig(
+        text_config=text, backbone_hidden_size=backbone)).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn_like(param) * 0.1)
+    model.generation_config.num_assistant_tokens = 3
+    model.save_pretrained(out)
+    return model
+
+
+def test_assistant_drafts_as_transformers_and_decodes_losslessly(gemma_export, tmp_path):
+    from megatron_mtp.inference.generate import load_generator
+    from megatron_mtp.inference.target import embed
+
+    reference = _transformers_assistant(gemma_export / "main", tmp_path / "assistant")
+    gen = load_generator(gemma_export, assistant=tmp_path / "assistant")
+    target, _ = _load(gemma_export / "main")
+    ids = list(range(5, 45, 2))  # 20 tokens: the sliding layers' windows (5) are shorter
+    n = len(ids)
+    with torch.no_grad():  # transformers' drafting: the target's last hidden state and stored keys/values
+        out = target(torch.tensor([ids[:-1]]), output_hidden_states=True, return_shared_kv_states=True)
+        hidden, token, want = out.hidden_states[-1][:, -1:], torch.tensor([[ids[-1]]]), []
+        for _ in range(3):
+            step = reference(inputs_embeds=torch.cat([target.model.embed_tokens(token), hidden], -1),
+                             position_ids=torch.tensor([[n - 1]]), shared_kv_states=out.shared_kv_states)
+            want.append(step.logits[0, -1])
+            token, hidden = step.logits.argmax(-1), step.last_hidden_state
+    drafter = gen.drafter
+    gen.target.reset_cache()
+    drafter.reset()
+    drafter.observe_rows([0], [gen.target.forward(ids[:-1])[1]], [0])
+    kv, hidden, token = drafter._kv(0, n - 1), drafter._hidden[0].read(n - 2, n - 1), ids[-1]
+    for j in range(3):
+        logits, hidden = drafter.assistant.step(embed(gen.target.model.embed_tokens, torch.tensor([token]),
+                                                      gen.target.config), hidden, n - 1, kv)
+        assert (logits - want[j]).abs().max().item() < 1e-4, j
+        token = int(logits.argmax())
+    # decoding with it is lossless, and is transformers' assisted greedy decoding
+    prompt = ids[:9]
+    plain = gen.generate(prompt, max_new_tokens=16, ignore_eos=True)
+    spec = gen.generate(prompt, max_new_tokens=16, ignore_eos=True, speculative_k=3)
+    assert spec.tokens == plain.tokens and spec.stats.rounds > 0
+    with torch.no_grad():
+        assisted = target.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
+                                   assistant_model=reference)
+    assert assisted[0, len(prompt):].tolist() == spec.tokens
+    with pytest.raises(UserError, match="is not a Gemma 4 assistant"):
+        load_generator(gemma_export, assistant=gemma_export / "main")
+
+
 def _random_transformers_model(seed: int = 0):
     torch.manual_seed(seed)
     model = transformers.Gemma4ForCausalLM(transformers.Gemma4TextConfig(**TEXT)).eval()
