@@ -50,10 +50,7 @@ def fp8_linears() -> tuple[str, ...]:
     out: set[str] = set()
     for family in families():
         for rule in (*family.table.attention, *DENSE_MLP, *MOE_MLP):
-            parts = rule.mcore.rsplit(".", 2)[-2:]
-            if len(parts) < 2:  # a layer's own buffer (layer_scalar), no module's weight
-                continue
-            module, leaf = parts
+            module, leaf = rule.mcore.rsplit(".", 2)[-2:]
             if module.startswith("linear_") and leaf == "weight" and rule.role == "weight":
                 out.update(h.rsplit("{e}.", 1)[-1] for h in rule.hf)
     return tuple(sorted(out))

@@ -140,7 +140,7 @@ def _shape_of(param: Param, src: _Sources) -> tuple[int, ...]:
                             "do not imply (config/weights mismatch)")
     else:
         rows = shapes[0]
-    return (param.num_experts, *rows) if param.num_experts and not param.stacked else tuple(rows)
+    return (param.num_experts, *rows) if param.per_expert else tuple(rows)
 
 
 def _assemble(param: Param, src: _Sources, dtype: torch.dtype, expert: Optional[int]) -> torch.Tensor:
@@ -252,7 +252,7 @@ def import_from_hf(
             with Progress(total, f"from-hf {hf_dir.name}") as bar:
                 for p in params:
                     shape = shapes[p.mcore]
-                    if p.num_experts and not p.stacked:
+                    if p.per_expert:
                         writer.declare(p.mcore, shape, torch.float32 if p.keep_fp32 else torch_dtype)
                         for e in range(p.num_experts):
                             chunk = _assemble(p, src, torch_dtype, e)

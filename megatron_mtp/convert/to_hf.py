@@ -130,7 +130,7 @@ def plan_pieces(
                 return nextn_name(name, num_layers)
             return name
 
-        if p.num_experts and not p.stacked:
+        if p.per_expert:
             inner = shape[1:]
             for e in range(p.num_experts):
                 names = [rename(n.format(e=e)) for n in p.hf]
@@ -326,16 +326,15 @@ def export_to_hf(
                         "checkpoint has parallel MTP heads; export with --mtp separate (OUT/mtp holds the heads)")
     mtp, mtp_layout, dtype = serving.choose_layout(serve_for, "separate" if only else mtp, mtp_layout, dtype,
                                                    has_mtp, cfg.model.num_layers, cfg.model.family)
-    refusal = get_family(cfg.model.family).serving.no_fp8_export
-    if dtype == "fp8" and refusal is not None:
-        raise UserError(f"--dtype fp8 is not written for {get_family(cfg.model.family).title}: {refusal}; export with "
-                        "--dtype bf16 or fp32")
+    family = get_family(cfg.model.family)
+    if dtype == "fp8" and family.serving.no_fp8_export is not None:
+        raise UserError(f"--dtype fp8 is not written for {family.title}: {family.serving.no_fp8_export}; export "
+                        "with --dtype bf16 or fp32")
     if mtp_layout == "nextn" and mtp != "separate":
         raise UserError("--mtp-layout nextn only applies to --mtp separate or only")
     if mtp != "none" and not has_mtp:
         raise UserError(f"checkpoint '{step}' has no MTP layers; export it with --mtp none" +
                         ("" if not only else " (--mtp only writes MTP layers alone)"))
-    family = get_family(cfg.model.family)
     if mtp_layout == "nextn" and family.table.mtp_names is not release_mtp_name:
         raise UserError(f"--mtp-layout nextn renames the release's MTP layers for SGLang's DeepSeek-V3 draft, and "
                         f"{family.title} names its MTP module its own way (SGLang reads it as written); export with "
@@ -371,7 +370,7 @@ def export_to_hf(
     if multimodal_from is not None and not only:  # the text model back among its towers (convert/multimodal.py)
         from megatron_mtp.convert.multimodal import open_towers
 
-        towers = open_towers(get_family(cfg.model.family), multimodal_from, configs["main"], mtp)
+        towers = open_towers(family, multimodal_from, configs["main"], mtp)
         rename = {t.name: towers.rename(t.name) for t in plans["main"]}
         plans["main"] = [dataclasses.replace(t, name=rename[t.name]) for t in plans["main"]] + towers.planned()
         configs["main"] = towers.wrap_config(towers.source.config, configs["main"])

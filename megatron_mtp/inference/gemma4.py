@@ -25,7 +25,7 @@ from torch import nn
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.inference.layers import GatedMLP, RMSNorm, tokens_by_expert
+from megatron_mtp.inference.layers import GatedMLP, RMSNorm, StackedExperts
 from megatron_mtp.models.gemma4.hf_config_json import FULL, Gemma4HFConfig
 from megatron_mtp.models.gemma4.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from megatron_mtp.rms_norm import rms_norm
@@ -116,15 +116,12 @@ class Router(nn.Module):
         return idx, weights * self.per_expert_scale[idx]
 
 
-class Experts(nn.Module):
+class Experts(StackedExperts):
     """``experts.gate_up_proj`` [E, 2I, H] and ``experts.down_proj`` [E, H, I], GELU-tanh, over the experts hit."""
 
     def __init__(self, config: Gemma4HFConfig) -> None:
-        super().__init__()
-        e, h, i = config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
-        self.inner, self.num_experts, self.top_k = i, e, config.num_experts_per_tok
-        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
-        self.down_proj = nn.Parameter(torch.empty(e, h, i))
+        super().__init__(config.n_routed_experts, config.hidden_size, config.moe_intermediate_size)
+        self.num_experts, self.top_k = config.n_routed_experts, config.num_experts_per_tok
         self.expert_recorder = None  # called with (tokens, distinct experts) per forward (expert_counts.py)
 
     def expert_params(self) -> int:
@@ -133,29 +130,23 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         rows = idx.tolist()
-        groups = tokens_by_expert(rows)
         if self.expert_recorder is not None:
-            self.expert_recorder(len(rows), len(groups))
-        out = torch.zeros_like(x)
-        for expert in sorted(groups):
-            tokens, slots = groups[expert]
-            gate, up = F.linear(x[tokens], self.gate_up_proj[expert]).split(self.inner, dim=-1)
-            y = F.linear(gelu_tanh(gate) * up, self.down_proj[expert]) * weights[tokens, slots, None].to(x.dtype)
-            out.index_add_(0, torch.tensor(tokens), y.to(out.dtype))
-        return out
+            self.expert_recorder(len(rows), len({expert for row in rows for expert in row}))
+        return self.run_hit(x, rows, weights, act=gelu_tanh)
 
 
 class Gemma4DecoderLayer(nn.Module):
     """One Gemma 4 decoder layer (module note); ``forward(x, cos_sin, cache, rows)`` as the other families' layers
-    (``cos_sin`` is unused: each kind applies its own RoPE)."""
+    (``cos_sin`` is unused: each kind applies its own RoPE). ``attention`` builds its attention (the assistant's
+    layers: query-only, inference/gemma4_assistant.py); ``sandwich`` is the layer around any attention."""
 
-    def __init__(self, config: Gemma4HFConfig, layer_index: int) -> None:
+    def __init__(self, config: Gemma4HFConfig, layer_index: int, attention: type[nn.Module] | None = None) -> None:
         super().__init__()
         if config.hidden_activation != "gelu_pytorch_tanh":
             raise UserError(f"hidden_activation {config.hidden_activation!r} is not Gemma 4's gelu_pytorch_tanh; the "
                             "decoder runs GELU-tanh MLPs only.")
         h, eps = config.hidden_size, config.rms_norm_eps
-        self.self_attn = Gemma4Attention(config, layer_index)
+        self.self_attn = (attention or Gemma4Attention)(config, layer_index)
         self.mlp = GatedMLP(h, config.intermediate_size, act=gelu_tanh)
         self.input_layernorm = RMSNorm(h, eps)
         self.post_attention_layernorm = RMSNorm(h, eps)
@@ -171,7 +162,11 @@ class Gemma4DecoderLayer(nn.Module):
         self.register_buffer("layer_scalar", torch.ones(1))
 
     def forward(self, x: torch.Tensor, cos_sin, cache: KVCache | None, rows: Rows) -> torch.Tensor:
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cache, rows))
+        return self.sandwich(x, lambda normed: self.self_attn(normed, cache, rows))
+
+    def sandwich(self, x: torch.Tensor, attend) -> torch.Tensor:
+        """The layer over ``x`` with ``attend`` (normed input -> attention output) as its attention."""
+        x = x + self.post_attention_layernorm(attend(self.input_layernorm(x)))
         y = self.mlp(self.pre_feedforward_layernorm(x))
         if self.moe:
             idx, weights = self.router(x)

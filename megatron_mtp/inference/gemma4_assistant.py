@@ -30,8 +30,8 @@ from torch import nn
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.draft import HiddenBuffer, PickFn
-from megatron_mtp.inference.gemma4 import gelu_tanh, layer_kind
-from megatron_mtp.inference.layers import GatedMLP, RMSNorm
+from megatron_mtp.inference.gemma4 import Gemma4DecoderLayer, layer_kind
+from megatron_mtp.inference.layers import RMSNorm
 from megatron_mtp.models.gemma4.hf_config_json import FULL, SLIDING, Gemma4HFConfig, parse_hf_config
 from megatron_mtp.models.gemma4.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
@@ -96,24 +96,15 @@ class QueryOnlyAttention(nn.Module):
         return self.o_proj(out[0].transpose(0, 1).reshape(1, -1))
 
 
-class AssistantLayer(nn.Module):
-    """A Gemma 4 decoder layer (sandwich norms, GELU-tanh MLP, ``layer_scalar``) with query-only attention."""
+class AssistantLayer(Gemma4DecoderLayer):
+    """A Gemma 4 decoder layer (sandwich norms, GELU-tanh MLP, ``layer_scalar``, no experts) with query-only
+    attention."""
 
     def __init__(self, config: Gemma4HFConfig, layer_index: int) -> None:
-        super().__init__()
-        h, eps = config.hidden_size, config.rms_norm_eps
-        self.self_attn = QueryOnlyAttention(config, layer_index)
-        self.mlp = GatedMLP(h, config.intermediate_size, act=gelu_tanh)
-        self.input_layernorm = RMSNorm(h, eps)
-        self.post_attention_layernorm = RMSNorm(h, eps)
-        self.pre_feedforward_layernorm = RMSNorm(h, eps)
-        self.post_feedforward_layernorm = RMSNorm(h, eps)
-        self.register_buffer("layer_scalar", torch.ones(1))
+        super().__init__(config, layer_index, attention=QueryOnlyAttention)
 
     def forward(self, x: torch.Tensor, position: int, kv) -> torch.Tensor:
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), position, kv))
-        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
-        return x * self.layer_scalar.to(x.dtype)
+        return self.sandwich(x, lambda normed: self.self_attn(normed, position, kv))
 
 
 class _Stack(nn.Module):

@@ -172,6 +172,18 @@ class StackedExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inner, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inner))
 
+    def run_hit(self, flat: torch.Tensor, rows: list[list[int]], weights: torch.Tensor, act=F.silu) -> torch.Tensor:
+        """The experts hit by ``rows`` (each token's chosen experts), one at a time in ascending order as in
+        transformers, each output times the token's routing weight ``weights`` [tokens, k]."""
+        groups = tokens_by_expert(rows)
+        out = torch.zeros_like(flat)
+        for expert in sorted(groups):
+            tokens, slots = groups[expert]
+            gate, up = F.linear(flat[tokens], self.gate_up_proj[expert]).split(self.inner, dim=-1)
+            y = F.linear(act(gate) * up, self.down_proj[expert]) * weights[tokens, slots, None]
+            out.index_add_(0, torch.tensor(tokens), y.to(out.dtype))
+        return out
+
 
 class MoE(nn.Module):
     """Routed experts plus always-on shared experts (where the model has them).
@@ -214,21 +226,9 @@ class MoE(nn.Module):
         if len(hit) >= self.DENSE_EXPERT_FRACTION * self.num_experts:
             routed = self._all_experts(flat, idx, weights)
         else:
-            routed = self._experts_hit(flat, rows, weights)
+            routed = self.experts.run_hit(flat, rows, weights)
         routed = routed.view(shape)
         return routed if self.shared_experts is None else routed + self.shared_experts(x)
-
-    def _experts_hit(self, flat: torch.Tensor, rows: list[list[int]], weights: torch.Tensor) -> torch.Tensor:
-        groups = tokens_by_expert(rows)
-        out = torch.zeros_like(flat)
-        inner = self.experts.inner
-        for expert in sorted(groups):
-            tokens, slots = groups[expert]
-            xs = flat[tokens]
-            gate, up = F.linear(xs, self.experts.gate_up_proj[expert]).split(inner, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.experts.down_proj[expert]) * weights[tokens, slots, None]
-            out.index_add_(0, torch.tensor(tokens), y.to(out.dtype))
-        return out
 
     def _all_experts(self, flat: torch.Tensor, idx: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         gate, up = torch.matmul(flat, self.experts.gate_up_proj.transpose(1, 2)).split(self.experts.inner, dim=-1)

@@ -83,8 +83,13 @@ class Param:
     stacked: bool = False
     """With ``num_experts``: the HF tensor holds every expert along its first axis, as the mcore one does."""
 
+    @property
+    def per_expert(self) -> bool:
+        """Routed experts written as one HF tensor per expert (``{e}`` in the names), not stacked."""
+        return bool(self.num_experts) and not self.stacked
+
     def hf_names(self) -> list[str]:
-        if not self.num_experts or self.stacked:
+        if not self.per_expert:
             return list(self.hf)
         return [name.format(e=e) for e in range(self.num_experts) for name in self.hf]
 

@@ -41,12 +41,13 @@ def _attention(kind: str) -> tuple[Rule, ...]:
         Rule("self_attention.linear_proj.weight", ("self_attn.o_proj.weight",),
              lambda m: (m.hidden_size, m.num_attention_heads * d(m))),
         Rule("self_attention.post_layernorm.weight", ("post_attention_layernorm.weight",), hidden, "none", "norm"),
-        Rule("layer_scalar", ("layer_scalar",), lambda m: (1,), "none", "buffer"),
     ]
     return tuple(rules)
 
 
 ATTENTION = {kind: _attention(kind) for kind in ("sliding_attention", "full_attention")}
+LAYER = (Rule("layer_scalar", ("layer_scalar",), lambda m: (1,), "none", "buffer"),)
+"""The layer's own output multiplier (no module's: not an attention or MLP tensor)."""
 DENSE = (
     Rule("mlp.pre_feedforward_layernorm.weight", ("pre_feedforward_layernorm.weight",), hidden, "none", "block_norm"),
     Rule("mlp.mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
@@ -54,6 +55,7 @@ DENSE = (
     Rule("mlp.mlp.linear_fc2.weight", ("mlp.down_proj.weight",), lambda m: (m.hidden_size, m.ffn_hidden_size)),
     Rule("mlp.post_feedforward_layernorm.weight", ("post_feedforward_layernorm.weight",), hidden, "none", "norm"),
 )
+_EXPERTS_FC1, _EXPERTS_FC2 = "mlp.moe.experts.experts.linear_fc1.weight", "mlp.moe.experts.experts.linear_fc2.weight"
 MOE = (
     Rule("mlp.post_feedforward_layernorm_1.weight", ("post_feedforward_layernorm_1.weight",), hidden, "none", "norm"),
     Rule("mlp.moe.pre_feedforward_layernorm_2.weight", ("pre_feedforward_layernorm_2.weight",), hidden, "none",
@@ -61,9 +63,9 @@ MOE = (
     Rule("mlp.moe.router.weight", ("router.proj.weight",), lambda m: (m.num_experts, m.hidden_size), "none"),
     Rule("mlp.moe.router.scale", ("router.scale",), hidden, "none", "norm"),
     Rule("mlp.moe.router.per_expert_scale", ("router.per_expert_scale",), lambda m: (m.num_experts,), "none", "norm"),
-    Rule("mlp.moe.experts.experts.linear_fc1.weight", ("experts.gate_up_proj",),
+    Rule(_EXPERTS_FC1, ("experts.gate_up_proj",),
          lambda m: (2 * m.moe_ffn_hidden_size, m.hidden_size), experts=True, stacked=True),
-    Rule("mlp.moe.experts.experts.linear_fc2.weight", ("experts.down_proj",),
+    Rule(_EXPERTS_FC2, ("experts.down_proj",),
          lambda m: (m.hidden_size, m.moe_ffn_hidden_size), experts=True, stacked=True),
     Rule("mlp.post_feedforward_layernorm_2.weight", ("post_feedforward_layernorm_2.weight",), hidden, "none", "norm"),
 )
@@ -83,7 +85,7 @@ def rules_of_kind(model, kind: str, moe: bool) -> list[Rule]:
     tensors with ``moe``."""
     no_v = kind_shares_kv(model, kind)
     out = [r for r in ATTENTION[kind] if not (no_v and r.mcore == "self_attention.linear_v.weight")]
-    return out + list(DENSE) + (list(MOE) if moe else [])
+    return out + list(LAYER) + list(DENSE) + (list(MOE) if moe else [])
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ class Gemma4Table(Table):
 
     def rule_for_key(self, key: str, model=None) -> Rule:
         if _LAYER.match(key) is None or model is None:  # the final norm, an MTP module's own tensors
-            candidates = (*MTP_OWN, *ATTENTION[SLIDING], *DENSE, *MOE)
+            candidates = (*MTP_OWN, *ATTENTION[SLIDING], *LAYER, *DENSE, *MOE)
         else:
             candidates = rules_of_kind(model, kind_of_prefix(model, key), True)
         for rule in candidates:
@@ -118,7 +120,7 @@ class Gemma4Table(Table):
         order += ["mlp.pre_feedforward_layernorm.weight", "mlp.mlp.linear_fc1.weight", "mlp.mlp.linear_fc2.weight"]
         out = [(rules[name], name) for name in order]
         if moe:
-            fc1, fc2 = rules[MOE[5].mcore], rules[MOE[6].mcore]
+            fc1, fc2 = rules[_EXPERTS_FC1], rules[_EXPERTS_FC2]
             out += [(rules[n], n) for n in ("mlp.post_feedforward_layernorm_1.weight", "mlp.moe.router.weight",
                                             "mlp.moe.router.scale", "mlp.moe.router.per_expert_scale")]
             if te:

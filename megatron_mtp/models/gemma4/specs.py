@@ -12,6 +12,8 @@ checkpoint names serve the local and the Transformer Engine modules: no norm is 
 
 from __future__ import annotations
 
+import functools
+
 from megatron_mtp.config import Config
 from megatron_mtp.models.gemma4.model_config import (
     MTP_KIND,
@@ -24,7 +26,9 @@ from megatron_mtp.models.gemma4.model_config import (
 from megatron_mtp.platform import Platform
 
 
-def _layer_class():
+@functools.cache
+def gemma4_layer_class():
+    """The one Gemma4Layer class (defined when megatron-core is first needed)."""
     import torch
     from megatron.core.transformer.transformer_layer import TransformerLayer
 
@@ -40,16 +44,6 @@ def _layer_class():
             return output * self.layer_scalar.to(output.dtype), context
 
     return Gemma4Layer
-
-
-_LAYER = []
-
-
-def gemma4_layer_class():
-    """The one Gemma4Layer class (built when megatron-core is first needed)."""
-    if not _LAYER:
-        _LAYER.append(_layer_class())
-    return _LAYER[0]
 
 
 def _modules(platform: Platform):
