@@ -17,6 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Mapping, Optional
 
+from megatron_mtp.config.assistant import AssistantShape
 from megatron_mtp.config.base import to_dict
 from megatron_mtp.config.moe_layers import MoeLayers
 from megatron_mtp.errors import UserError
@@ -210,12 +211,16 @@ class ModelConfig:
 @dataclass
 class MTPConfig:
     num_layers: int = 1
-    """MTP depth D: D modules (style sequential) or D heads (style parallel) predicting tokens
-    t+2 .. t+1+D (0 disables MTP)."""
-    style: Literal["sequential", "parallel"] = "sequential"
+    """MTP depth D: D modules (style sequential), D heads (style parallel) or D recurrent draft steps of
+    one assistant (style assistant) predicting tokens t+2 .. t+1+D (0 disables MTP)."""
+    style: Literal["sequential", "parallel", "assistant"] = "sequential"
     """sequential: DeepSeek-V3's chained modules (depth k also reads the embedding of token t+k);
     parallel: Gloeckle et al.'s independent heads, one decoder layer each on the trunk's last hidden
-    state, sharing the output layer (models/deepseek_v3/parallel_heads.py)."""
+    state, sharing the output layer (models/deepseek_v3/parallel_heads.py); assistant: a separate small
+    model of its own width (mtp.assistant) reading the frozen target's stored keys and values and last
+    hidden state, applied D times (Gemma 4; models/gemma4/assistant/)."""
+    assistant: AssistantShape = field(default_factory=AssistantShape)
+    """The assistant's shape (mtp.style assistant)."""
     repeated_layer: bool = False
     """One MTP module applied mtp.num_layers times (megatron-core 0.19's mtp_use_repeated_layer; refused on
     0.16): depth k reads depth k-1's output and the embedding of token t+k exactly as D modules would, but

@@ -110,6 +110,7 @@ def _context_parallel(cfg: Config) -> None:
     unsupported = [
         (d.reset_attention_mask, "data.reset_attention_mask (attention within documents)"),
         (mtp.num_layers and mtp.style == "parallel", "mtp.style=parallel"),
+        (mtp.num_layers and mtp.style == "assistant", "mtp.style=assistant"),
         (mtp.num_layers and mtp.freeze_base, "mtp.freeze_base"),
         (mtp.num_layers and d.eod_mask_loss, "data.eod_mask_loss with MTP layers (their masks run along the "
                                              "whole sequence)"),
@@ -267,9 +268,9 @@ def _mtp_style(cfg: Config) -> None:
     if mtp.head_by_head_backward and mtp.style != "parallel":
         raise UserError("mtp.head_by_head_backward needs mtp.style=parallel (sequential modules chain their "
                         "hidden states, so their losses cannot be back-propagated one at a time)")
-    if mtp.targets != "tokens" and (mtp.num_layers == 0 or mtp.style != "sequential"):
-        raise UserError(f"mtp.targets={mtp.targets} needs sequential MTP modules (mtp.num_layers > 0, "
-                        "mtp.style=sequential); set mtp.targets=tokens")
+    if mtp.targets != "tokens" and (mtp.num_layers == 0 or mtp.style == "parallel"):
+        raise UserError(f"mtp.targets={mtp.targets} needs sequential MTP modules or an assistant (mtp.num_layers > 0, "
+                        "mtp.style=sequential or assistant); set mtp.targets=tokens")
     if mtp.targets != "tokens" and cfg.parallel.moe_a2a_overlap:
         raise UserError(f"mtp.targets={mtp.targets} needs parallel.moe_a2a_overlap=false (megatron-core's overlapped "
                         "schedule computes the MTP losses in its own nodes, to the data tokens only)")
@@ -277,16 +278,40 @@ def _mtp_style(cfg: Config) -> None:
         raise UserError(f"mtp.self_weight ({mtp.self_weight}) must be within 0..1 and mtp.self_temperature "
                         f"({mtp.self_temperature}) above 0")
     if mtp.freeze_base:
-        why = ("mtp.num_layers > 0" if mtp.num_layers == 0 else "mtp.style=sequential" if mtp.style != "sequential"
+        why = ("mtp.num_layers > 0" if mtp.num_layers == 0
+               else "mtp.style=sequential or assistant" if mtp.style == "parallel"
                else "a model to start from (checkpoint.load)" if not cfg.checkpoint.load
                else "parallel.moe_a2a_overlap=false (no base backward to overlap)" if cfg.parallel.moe_a2a_overlap
                else None)
         if why:
             raise UserError(f"mtp.freeze_base trains only the MTP modules of an existing model and needs {why}; "
                             "set it or drop mtp.freeze_base")
+    if mtp.style == "assistant" and mtp.num_layers:
+        _assistant(cfg)
     if mtp.style == "parallel" and mtp.num_layers and cfg.parallel.moe_a2a_overlap:
         raise UserError("parallel.moe_a2a_overlap needs mtp.style=sequential (megatron-core's overlapped "
                         "schedule plan builds only the sequential MTP block)")
+
+
+def _assistant(cfg: Config) -> None:
+    """What a separate drafter (mtp.style assistant, config/assistant.py) needs of any family; the family
+    checks the rest (models/gemma4/assistant/)."""
+    mtp, a = cfg.mtp, cfg.mtp.assistant
+    if not mtp.freeze_base:
+        raise UserError("mtp.style=assistant trains a drafter beside a frozen target and needs "
+                        "mtp.freeze_base=true (and the target in checkpoint.load); set it")
+    for name in ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size"):
+        if getattr(a, name) < 1:
+            raise UserError(f"mtp.assistant.{name} is {getattr(a, name)}; set a positive number")
+    if a.layer_types is not None and len(a.layer_types) != a.num_layers:
+        raise UserError(f"mtp.assistant.layer_types lists {len(a.layer_types)} layers but mtp.assistant.num_layers "
+                        f"is {a.num_layers}; give one entry per assistant layer")
+    if a.step_weights is not None and (len(a.step_weights) != mtp.num_layers or min(a.step_weights) < 0):
+        raise UserError(f"mtp.assistant.step_weights {a.step_weights} must hold mtp.num_layers={mtp.num_layers} "
+                        "weights of at least 0, one per draft step")
+    if a.num_attention_heads % cfg.parallel.tensor:
+        raise UserError(f"mtp.assistant.num_attention_heads={a.num_attention_heads} is not divisible by "
+                        f"parallel.tensor={cfg.parallel.tensor}; every tensor-parallel rank must hold whole heads")
 
 
 def _recompute(cfg: Config, sizes: ParallelSizes) -> None:

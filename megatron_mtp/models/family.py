@@ -152,6 +152,9 @@ class Family:
     layer_attention_shape: Optional[Callable[[ModelConfig, Optional[int]], AttentionShape]] = None
     """(m, decoder layer index, None for an MTP layer) -> that layer's attention widths, for a family whose layers
     differ (``attention_shape`` is then its common kind's); None: every layer is ``attention_shape``."""
+    assistant_tensors: Optional[Callable[[Any, int], list]] = None
+    """(cfg, padded vocab) -> the tensors of the family's separate drafter (mtp.style assistant) in registration
+    order (models/gemma4/assistant/hf.py), or None where the family has none."""
     import_names: Optional[Callable[[Mapping[str, Any]], Optional[Callable[[str], Optional[str]]]]] = None
     """config.json -> how the importer renames a file's tensors to the text model's names (None: a tensor it
     leaves out, as a multimodal checkpoint's towers), or None where the names are the text model's already."""
@@ -218,6 +221,7 @@ def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], 
         export_names=getattr(hf_config, "export_names", None),
         multimodal_config=getattr(hf_config, "multimodal_config", None),
         layer_attention_shape=getattr(size, "layer_attention_shape", None),
+        assistant_tensors=getattr(hf_mapping, "assistant_tensors", None),
     )
 
 

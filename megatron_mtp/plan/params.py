@@ -129,9 +129,19 @@ def chunk_params(cfg: Config, sizes: ParallelSizes, stage: Stage, padded_vocab: 
             out += own[:-1] + _layer(cfg, sizes, f"{p}{MTP_LAYER_ATTR}.", mtp_is_moe(cfg.model), te) + own[-1:]
     if last and not (m.tie_embeddings and with_embedding):  # tied: the embedding's weight
         out.append(Param("output_layer.weight", vocab_rows * h, shared_embedding=m.tie_embeddings and sizes.pp > 1))
-    if not sequential:  # the heads are registered after GPTModel's own modules
+    if cfg.mtp.style == "assistant" and stage.mtp_layers:  # registered after GPTModel's own modules
+        out += assistant_params(cfg, sizes, padded_vocab)
+    elif not sequential:  # the heads are registered after GPTModel's own modules
         out += parallel_head_params(cfg, sizes, stage.mtp_layers, te)
     return out
+
+
+def assistant_params(cfg: Config, sizes: ParallelSizes, padded_vocab: int) -> list[Param]:
+    """Parameters of a separate drafter (mtp.style assistant): its family's table of them."""
+    family = get_family(cfg.model.family)
+    tensors = family.assistant_tensors(cfg, padded_vocab)
+    return [Param(t.mcore, math.prod(t.shape) // (sizes.tp if t.tp else 1),
+                  linear=".linear_" in t.mcore and t.mcore.endswith(".weight")) for t in tensors if not t.buffer]
 
 
 def parallel_head_params(cfg: Config, sizes: ParallelSizes, heads: int, te: bool) -> list[Param]:
@@ -268,4 +278,4 @@ def ddp_bucket_size(cfg: Config, sizes: ParallelSizes, pp_rank: int, vp_stage: i
 def trains(cfg: Config, param: Param) -> bool:
     """Whether a parameter takes gradients: all of them, or with mtp.freeze_base the MTP modules' alone
     (models/mtp_objective.py)."""
-    return not cfg.mtp.freeze_base or param.name.startswith("mtp.")
+    return not cfg.mtp.freeze_base or param.name.startswith(("mtp.", "mtp_assistant."))

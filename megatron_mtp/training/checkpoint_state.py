@@ -188,8 +188,9 @@ def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: b
 
 def _new_mtp_modules(ckpt: Path, cfg, components: Components, sd: dict) -> tuple[set[str], list[dict]]:
     """Sequential MTP modules this run has and the checkpoint lacks (a weights-only load of a model
-    trained or imported with fewer). Their entries leave the state dict to load, so they keep their
-    initial weights; with mtp.init=copy_last_layer each module's transformer-layer entries come back as
+    trained or imported with fewer), or the whole assistant (mtp.style assistant) beside a target saved
+    without one. Their entries leave the state dict to load, so they keep their initial weights; with
+    mtp.init=copy_last_layer each module's transformer-layer entries come back as
     a state dict of its own whose keys name the checkpoint's last decoder layer (same keys below the
     layer prefix; each read in a load of its own, since one load can't read a tensor twice on a rank).
     Returns (their module prefixes, those state dicts)."""
@@ -198,9 +199,12 @@ def _new_mtp_modules(ckpt: Path, cfg, components: Components, sd: dict) -> tuple
     from megatron_mtp.checkpoint.info import read_config
 
     saved = read_config(ckpt)
-    if cfg.mtp.style != "sequential" or saved.mtp.style != "sequential" or cfg.mtp.modules <= saved.mtp.modules:
+    if cfg.mtp.style == "assistant" and cfg.mtp.num_layers and saved.mtp.style != "assistant":
+        order = ["mtp_assistant."]  # an assistant drawn anew beside a target saved without one
+    elif cfg.mtp.style != "sequential" or saved.mtp.style != "sequential" or cfg.mtp.modules <= saved.mtp.modules:
         return set(), []
-    order = [f"mtp.layers.{d}." for d in range(saved.mtp.modules, cfg.mtp.modules)]
+    else:
+        order = [f"mtp.layers.{d}." for d in range(saved.mtp.modules, cfg.mtp.modules)]
     last = f"decoder.layers.{cfg.model.num_layers - 1}."
     copies: list[dict] = [{} for _ in order]
     for key in _model_keys(components):

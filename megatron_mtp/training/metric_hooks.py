@@ -18,9 +18,9 @@ def attach_metrics(model_chunks: list, cfg, ranks) -> tuple[MTPMetrics | None, E
     if ranks.is_last_stage and cfg.mtp.num_layers > 0:
         cp_group = parallel_state.get_context_parallel_group() if ranks.cp > 1 else None
         metrics = MTPMetrics(cfg.mtp.num_layers, parallel_state.get_tensor_model_parallel_group(), cp_group)
-        if getattr(last, "output_chunk", None):  # no logits are made: the chunked loss reports its argmaxes
-            last.prediction_observer = metrics
-        else:
+        # the chunked loss reports its argmaxes, an assistant its steps' logits (models/gemma4/assistant/model.py)
+        last.prediction_observer = metrics
+        if not getattr(last, "output_chunk", None):  # else no logits reach the output layer
             last.output_layer.register_forward_hook(metrics.output_hook)
     total_layers = cfg.model.num_layers + cfg.mtp.num_layers
     m = cfg.model

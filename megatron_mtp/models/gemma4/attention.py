@@ -84,6 +84,8 @@ class Gemma4Attention(MegatronModule):
             tp_group=pg_collection.tp)
         self.post_layernorm = submodules.post_layernorm(config=config, hidden_size=h, eps=self.eps)
         self.register_buffer("inv_freq", rope_inv_freq(head_dim, rope_base, rope_share), persistent=False)
+        self.store_kv = False  # the layer an assistant reads keeps its last forward's keys/values (assistant/)
+        self.stored_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
     def _positions(self, s: int, device) -> torch.Tensor:
         """The positions of this rank's ``s`` tokens of each sequence: 0..s-1, or with context parallelism the
@@ -110,6 +112,8 @@ class Gemma4Attention(MegatronModule):
         cos, sin = rope_cos_sin(self.inv_freq, self._positions(s, q.device), q.dtype)
         cos, sin = cos[:, None, None, :], sin[:, None, None, :]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.store_kv:
+            self.stored_kv = (k, v)
         out = self.core_attention(q, k, v, attention_mask, attn_mask_type=AttnMaskType.causal)
         out, bias = self.linear_proj(out)
         return self.post_layernorm(out), bias

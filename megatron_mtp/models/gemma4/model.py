@@ -45,9 +45,19 @@ def build_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_pr
     from megatron_mtp.platform.features import resolve_features
 
     features = resolve_features(cfg, platform)
-    specs = (block_spec(cfg, config, platform, features, vp_stage), mtp_spec(cfg, config, platform, features, vp_stage))
+    heads = None
+    if cfg.mtp.num_layers and cfg.mtp.style == "assistant":  # a drafter of its own on the frozen target
+        from megatron_mtp.models.gemma4.assistant.model import AssistantGPTModel
+
+        heads = (AssistantGPTModel, dict(run_config=cfg, platform=platform, step_weights=cfg.mtp.assistant.step_weights,
+                                         targets=cfg.mtp.targets, self_weight=cfg.mtp.self_weight,
+                                         self_temperature=cfg.mtp.self_temperature))
+        specs = (block_spec(cfg, config, platform, features, vp_stage), None)
+    else:
+        specs = (block_spec(cfg, config, platform, features, vp_stage),
+                 mtp_spec(cfg, config, platform, features, vp_stage))
     model = build_gpt_model(cfg, config, platform, vocab_size, pre_process, post_process, vp_stage, keys_as_te={},
-                            position_embedding_type="none", specs=specs)
+                            position_embedding_type="none", specs=specs, heads=heads)
     if getattr(model, "embedding", None) is not None:
         _extend(model.embedding, _ScaledEmbedding, embedding_scale=math.sqrt(cfg.model.hidden_size))
     if post_process and cfg.model.final_logit_softcapping is not None:

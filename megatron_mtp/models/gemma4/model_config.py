@@ -65,6 +65,7 @@ class Gemma4ModelConfig(SoftmaxRouting):
         return kinds
 
     DENSE_MLP_BESIDE_MOE: ClassVar[bool] = True
+    MTP_STYLES: ClassVar[tuple[str, ...]] = ("sequential", "assistant")
 
     def attention_input_gathers(self, layer: Optional[int]) -> int:
         """q, k and v are separate projections; a layer whose keys are its values has no v."""
@@ -149,6 +150,7 @@ def check(cfg) -> None:
     if cfg.data.reset_position_ids:
         raise UserError("data.reset_position_ids is not built for model.family=gemma4 (its attention numbers "
                         "positions from the start of each sequence); set it to false")
-    if cfg.mtp.num_layers and cfg.mtp.style != "sequential":
-        raise UserError(f"mtp.style={cfg.mtp.style} is not built for model.family=gemma4 yet; use "
-                        "mtp.style=sequential")
+    if cfg.mtp.num_layers and cfg.mtp.style == "assistant":
+        from megatron_mtp.models.gemma4.assistant.shape import check_assistant
+
+        check_assistant(cfg)

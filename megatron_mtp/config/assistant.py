@@ -1,0 +1,31 @@
+"""The shape of a separate drafter model (``mtp.style: assistant``; Gemma 4's assistant,
+models/gemma4/assistant/): its own width and layers, reading the target's stored keys and values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class AssistantShape:
+    hidden_size: int = 256
+    """The assistant's own width (the 26B-A4B release's assistant: 1,024 beside the target's 2,816)."""
+    num_layers: int = 4
+    """Its decoder layers, each with query-only attention over the target's keys and values."""
+    num_attention_heads: int = 4
+    """Its query heads per layer; their widths are those of the target's layers of the same kind."""
+    ffn_hidden_size: int = 1024
+    """Width of its dense GELU-tanh MLP (HF intermediate_size)."""
+    layer_types: Optional[list[str]] = None
+    """Each layer's attention, sliding_attention or full_attention: which of the target's stored layers it
+    reads (the last of that kind). null: every layer sliding but the last, which is full."""
+    step_weights: Optional[list[float]] = None
+    """Weight of each draft step's loss (mtp.num_layers entries): the objective is
+    lm + (λ/K)·Σ_k w_k·loss_k. null: 1 each."""
+
+    def kinds(self) -> list[str]:
+        """The attention kind of each assistant layer."""
+        if self.layer_types is not None:
+            return list(self.layer_types)
+        return ["sliding_attention"] * (self.num_layers - 1) + ["full_attention"] * min(self.num_layers, 1)

@@ -1,0 +1,102 @@
+"""The GPTModel of a Gemma 4 run that trains an assistant on its frozen target (mtp.style assistant).
+
+Design note. The target is megatron-core's GPTModel of the family's own layers, frozen as mtp.freeze_base
+freezes a base (models/mtp_objective.py, whose forward, per-depth terms and self-distillation targets
+this class inherits): the whole forward runs under no_grad, so the target saves no activations and takes
+no gradient, and the trainer back-propagates the kept objective itself (training/forward_step.py). The
+target's last layer of each kind keeps its keys and values of the forward (``store_kv``), and on the
+stage with the loss the assistant block runs its K steps on the target's final hidden states, detached,
+with grad enabled (models/gemma4/assistant/block.py). The assistant's steps are observed for the
+acceptance metric before the target's output layer makes the main logits (training/metrics.py's order),
+and step k's term is (λ/K)·w_k·loss_k, its loss the data token's cross entropy, the target's own
+distribution at t + k (mtp.targets self), or their mix. The assistant needs no copy of the word
+embedding: the step embeddings are looked up in the tied output weight this stage holds (vocabulary-
+parallel, as the embedding is).
+"""
+
+from __future__ import annotations
+
+import torch
+from megatron.core import parallel_state
+
+from megatron_mtp.models.gemma4.assistant.block import AssistantBlock
+from megatron_mtp.models.gemma4.assistant.shape import stored_layers
+from megatron_mtp.models.mtp_objective import MTPObjectiveGPTModel
+
+PREFIX = "mtp_assistant."
+"""Checkpoint key prefix of the assistant."""
+
+
+class AssistantGPTModel(MTPObjectiveGPTModel):
+    """A frozen Gemma 4 target with an assistant block on its last stage (module note)."""
+
+    def __init__(self, *args, run_config, platform, step_weights=None, head_norm_spec=None, **kwargs):
+        super().__init__(*args, freeze_base=True, **kwargs)
+        assert self.output_chunk is None, "Gemma 4's soft-capped logits are never chunked"
+        self.step_weights = step_weights
+        self.embedding_scale = run_config.model.hidden_size ** 0.5
+        if not self.post_process:
+            return
+        self.mtp_assistant = AssistantBlock(run_config, self.config, platform, self.vocab_size)
+        wanted = set(stored_layers(run_config.model).values())
+        self._stored = {}
+        kinds = run_config.model.layer_kinds()
+        for layer in self.decoder.layers:
+            index = layer.layer_number - 1
+            if index in wanted:
+                layer.self_attention.store_kv = True
+                self._stored[kinds[index]] = layer.self_attention
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """The target's scaled embeddings [s(/TP), b, H] of ``ids`` [b, s], from this stage's tied weight."""
+        from megatron.core.tensor_parallel.mappings import (
+            reduce_from_tensor_model_parallel_region,
+            reduce_scatter_to_sequence_parallel_region,
+        )
+
+        weight = self.shared_embedding_or_output_weight()
+        rows = weight.shape[0]
+        first = parallel_state.get_tensor_model_parallel_rank() * rows
+        local = ids.t() - first
+        outside = (local < 0) | (local >= rows)
+        out = torch.nn.functional.embedding(local.masked_fill(outside, 0), weight)
+        out = out.masked_fill(outside[..., None], 0.0)
+        if parallel_state.get_tensor_model_parallel_world_size() > 1:
+            out = (reduce_scatter_to_sequence_parallel_region(out) if self.config.sequence_parallel
+                   else reduce_from_tensor_model_parallel_region(out))
+        return out * torch.tensor(self.embedding_scale, dtype=out.dtype, device=out.device)
+
+    def _postprocess(self, hidden_states, input_ids, position_ids, labels, rotary_pos_emb, rotary_pos_cos,
+                     rotary_pos_sin, mtp_in_postprocess=None, loss_mask=None, **kw):
+        if not self.post_process or labels is None:  # a stage without the loss, or plain logits
+            for attention in getattr(self, "_stored", {}).values():
+                attention.stored_kv = None
+            return super()._postprocess(hidden_states, input_ids, position_ids, labels, rotary_pos_emb,
+                                        rotary_pos_cos, rotary_pos_sin, mtp_in_postprocess=mtp_in_postprocess,
+                                        loss_mask=loss_mask, **kw)
+        depth, packed = self.config.mtp_num_layers, kw.get("packed_seq_params")
+        stored = {kind: attention.stored_kv for kind, attention in self._stored.items()}
+        for attention in self._stored.values():
+            attention.stored_kv = None
+        ids, embeddings = input_ids, []
+        for _ in range(depth):  # step k reads token t + k (teacher forced)
+            ids, _ = self._roll(ids, -1, packed)
+            embeddings.append(self._embed(ids))
+        grad = self.training and self._grad_outside
+        with torch.set_grad_enabled(grad or torch.is_grad_enabled()):
+            outputs = self.mtp_assistant(hidden_states.detach(), embeddings, stored)
+            step_logits = [self.mtp_assistant.logits(x) for x in outputs]
+        observer = self.prediction_observer
+        if observer is not None:  # as if each step's logits came out of the output layer (training/metrics.py)
+            for logits in step_logits:
+                observer.output_hook(self.mtp_assistant, (), logits)
+        output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
+        main_logits, _ = self.output_layer(hidden_states, weight=output_weight,
+                                           runtime_gather_output=kw.get("runtime_gather_output"))
+        with torch.set_grad_enabled(grad or torch.is_grad_enabled()):
+            terms = self._depth_terms(step_logits, self._whole_depth_loss(main_logits, packed), labels, loss_mask,
+                                      packed)
+            if self.step_weights is not None:
+                terms = [w * term for w, term in zip(self.step_weights, terms)]
+            self.mtp_objective = sum(t.sum() for t in terms) if grad else None
+        return self.compute_language_model_loss(labels, main_logits).detach()
