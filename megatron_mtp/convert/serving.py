@@ -131,6 +131,8 @@ class Export:
     parallel_heads: bool = False
     """The MTP part is parallel heads (mtp.style parallel, models/deepseek_v3/hf_heads_config.py), which no
     engine loads."""
+    assistant: bool = False
+    """The MTP part is a separate drafter model (mtp.style assistant: Gemma 4's assistant in mtp/)."""
 
     @property
     def draft_tokens(self) -> int:
@@ -216,6 +218,8 @@ def problems(engine: str, export: Export) -> list[Problem]:
             "head to the embedding, so the export has none", "model")
     if e.depth == 0:
         return found
+    if e.assistant:  # every engine here drafts Gemma 4 with its assistant (convert/assistant_dir.py)
+        return found
     if e.parallel_heads:
         add("parallel-heads", parallel_heads_sentence(name))
         return found
@@ -269,9 +273,11 @@ def vllm_argv(e: Export, draft: bool) -> list[str]:
     if not draft:
         return argv
     spec: dict = {"method": "mtp"}
-    if e.layout == "separate":
+    if e.layout == "separate" and not e.assistant:
         # the draft's depth comes from the target's config.json, which says 0 in main/
         argv += ["--hf-overrides", json.dumps({"num_nextn_predict_layers": e.depth})]
+        spec["model"] = str(e.mtp_dir)
+    if e.assistant:  # vLLM's Gemma 4 MTP proposer reads the assistant's own config.json
         spec["model"] = str(e.mtp_dir)
     spec["num_speculative_tokens"] = e.draft_tokens
     return argv + ["--speculative-config", json.dumps(spec)]
@@ -279,6 +285,8 @@ def vllm_argv(e: Export, draft: bool) -> list[str]:
 
 def sglang_steps(e: Export) -> int:
     """NEXTN steps: --speculative, else the depth a repeated module was trained for, else SGLang's default."""
+    if e.assistant:  # the steps it was trained for
+        return e.speculative or e.depth
     return e.speculative or (e.repeats if e.repeats > 1 else SGLANG_DEFAULT_STEPS)
 
 
@@ -333,6 +341,17 @@ def transformers_code(e: Export) -> str:
     ])
 
 
+def transformers_assistant_code(e: Export) -> str:
+    """What follows ``transformers_code`` to generate with an assistant drafter (Gemma 4)."""
+    return "\n".join([
+        "from transformers import Gemma4AssistantForCausalLM",
+        "",
+        f"assistant = Gemma4AssistantForCausalLM.from_pretrained({json.dumps(str(e.mtp_dir))})",
+        "out = model.generate(ids, max_new_tokens=32, do_sample=False, assistant_model=assistant)",
+        "print(tokenizer.decode(out[0]))",
+    ])
+
+
 def transformers_mtp_code(e: Export) -> str:
     """What follows ``transformers_code`` to generate with the MTP draft."""
     lines = []
@@ -366,6 +385,9 @@ def _block(text: str, lang: str = "bash") -> list[str]:
 
 
 def _draft_words(e: Export) -> str:
+    if e.assistant:
+        return (f"an assistant drafter in mtp/ (Gemma4AssistantForCausalLM, trained for {e.depth} draft "
+                f"step{'s' if e.depth > 1 else ''}; the target is unchanged in main/)")
     if e.parallel_heads:
         return (f"{e.depth} parallel MTP head" + ("s" if e.depth > 1 else "") + " in mtp/ (no engine below loads "
                 f"them; `megatron-mtp generate {e.out} --speculative K` drafts K <= {e.depth} tokens with them)")
@@ -381,7 +403,7 @@ def _section_vllm(e: Export, blocked: list[Problem]) -> list[str]:
         where = "read from mtp/" if e.layout == "separate" else "read from the same directory"
         out += [f"With the MTP draft ({k} draft token{'s' if k > 1 else ''} per step, {where}):", "",
                 *_block(render_vllm(e, True))]
-        if e.layout == "separate":
+        if e.layout == "separate" and not e.assistant:
             out += ["vLLM builds the draft from the target's config.json, and main/config.json says "
                     "`num_nextn_predict_layers: 0` (main/ holds no MTP layer), hence `--hf-overrides`.", ""]
     out.append("Add `--tensor-parallel-size N` to spread the model over N GPUs.")
@@ -396,7 +418,8 @@ def _section_sglang(e: Export, blocked: list[Problem]) -> list[str]:
     if e.depth and not any(p.blocks == "draft" for p in blocked):
         steps = sglang_steps(e)
         where = "read from mtp/" if e.layout in ("separate", "nextn") else "read from the same directory"
-        out += [f"With the MTP draft (NEXTN: the MTP module applied {steps} times per step, {where}):", "",
+        how = ("the assistant, FROZEN_KV_MTP" if e.assistant else "NEXTN: the MTP module")
+        out += [f"With the MTP draft ({how} applied {steps} times per step, {where}):", "",
                 *_block(render_sglang(e, True))]
     if e.dtype == "fp32":
         out.append("`--dtype bfloat16`: with `--dtype auto` SGLang would run an fp32 export in float16.")
@@ -413,7 +436,10 @@ def _section_transformers(e: Export, blocked: list[Problem]) -> list[str]:
     elif e.layout == "inline" and not e.transformers_finds_mtp:
         out += [f"transformers reports the MTP layers (`model.layers.{e.num_layers}.*`...) as unexpected keys "
                 f"when it loads the main model: it skips only the literal layer {known}. The model is complete.", ""]
-    if e.depth and not any(p.blocks == "draft" for p in blocked):
+    if e.depth and e.assistant:
+        out += ["With the assistant drafting (transformers' assisted decoding, one sequence at a time):", "",
+                *_block(transformers_assistant_code(e), "python")]
+    elif e.depth and not any(p.blocks == "draft" for p in blocked):
         out += ["With the MTP draft, continue with the lines below. `generate(..., use_mtp=True)` is assisted "
                 f"decoding with the model's own MTP layers: one draft token per MTP module ({e.depth} per step "
                 "here), one sequence at a time, greedy or sampling, and the MTP weights are read from disk again on "
@@ -438,7 +464,7 @@ def serving_text(e: Export, found: list[Problem]) -> str:
         "layout.",
         "",
     ]
-    lines += [*get_family(e.family).serving.notes, ""] if e.depth else []
+    lines += [*get_family(e.family).serving.notes, ""] if e.depth and not e.assistant else []
     if found:
         lines += ["What does not work:", ""]
         lines += [f"- {p.sentence}." for p in found]

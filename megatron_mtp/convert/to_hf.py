@@ -44,7 +44,7 @@ from megatron_mtp.checkpoint.info import read_config
 from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, resolve_checkpoint
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.config import Config
-from megatron_mtp.convert import fp8_export, serving
+from megatron_mtp.convert import assistant_dir, fp8_export, serving
 from megatron_mtp.convert.hf_source import GENERATION_CONFIG, generation_config, source_config, source_generation_config
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.shapes import check_shape, expected_shape
@@ -80,8 +80,7 @@ class Piece:
 
 def select_params(reader: TorchDistReader, cfg: Config, step: Path) -> list[Param]:
     """The table rows present in the checkpoint; every model tensor must be claimed by one."""
-    param_table = get_family(cfg.model.family).param_table
-    table = [p for p in param_table(cfg.model, cfg.mtp.modules, style=cfg.mtp.style) if p.mcore in reader]
+    table = [p for p in _table(cfg, reader.entry(EMBEDDING).shape[0]) if p.mcore in reader]
     claimed = {p.mcore for p in table}
     for key in reader.keys():
         if key.startswith(MODEL_KEY_PREFIXES) and key not in claimed:
@@ -90,7 +89,7 @@ def select_params(reader: TorchDistReader, cfg: Config, step: Path) -> list[Para
                 "(config/weights mismatch); the export would drop it"
             )
     produced = {name for p in table for name in p.hf_names()}
-    for param in param_table(cfg.model, cfg.mtp.modules, spec="local", style=cfg.mtp.style):
+    for param in _table(cfg, reader.entry(EMBEDDING).shape[0], spec="local"):
         for name in param.hf_names():
             if name not in produced:
                 raise UserError(
@@ -100,10 +99,25 @@ def select_params(reader: TorchDistReader, cfg: Config, step: Path) -> list[Para
     return table
 
 
+def _table(cfg: Config, vocab: int, spec=None) -> list[Param]:
+    """Every tensor of the checkpoint's model: the family's table, and a separate drafter's rows
+    (mtp.style assistant: convert/assistant_dir.py), in checkpoint order."""
+    family, assistant = get_family(cfg.model.family), assistant_dir.assistant_params(cfg, vocab)
+    depth = 0 if assistant else cfg.mtp.modules
+    style = "sequential" if assistant else cfg.mtp.style
+    return family.param_table(cfg.model, depth, spec=spec, style=style) + assistant
+
+
 def _check_shapes(reader: TorchDistReader, params: list[Param], cfg: Config, step: Path) -> None:
     vocab = reader.entry(EMBEDDING).shape[0]
+    drafter = assistant_dir.shapes(cfg, vocab) if cfg.mtp.style == "assistant" and cfg.mtp.num_layers else {}
     for p in params:
-        check_shape(p.mcore, reader.entry(p.mcore).shape, cfg.model, vocab, f"checkpoint '{step}'")
+        got = reader.entry(p.mcore).shape
+        if p.mcore in drafter and tuple(got) != drafter[p.mcore]:
+            raise UserError(f"checkpoint '{step}': {p.mcore} is {tuple(got)}, and its config.yaml's mtp.assistant "
+                            f"says {drafter[p.mcore]} (config/weights mismatch)")
+        if p.mcore not in drafter:
+            check_shape(p.mcore, got, cfg.model, vocab, f"checkpoint '{step}'")
 
 
 def _destination(param: Param, mode: MtpMode) -> Optional[str]:
@@ -126,6 +140,8 @@ def plan_pieces(
         shape = shape_of(p.mcore)
 
         def rename(name: str, dest: str = dest) -> Optional[str]:
+            if name.startswith(assistant_dir.IN_DIR):  # a separate drafter's own directory
+                return assistant_dir.dir_name(name)
             if dest == "mtp" and mtp_layout == "nextn":
                 return nextn_name(name, num_layers)
             return name
@@ -158,9 +174,10 @@ def plan_export(cfg: Config, vocab: int, mode: MtpMode, mtp_layout: MtpLayout = 
                 dtype: str = "bf16") -> dict[str, list[PlannedTensor]]:
     """The tensors ("main"/"mtp" part -> planned tensors) an export of a checkpoint with this config
     writes, from the config alone (the export of a real checkpoint plans the same from its metadata)."""
-    params = get_family(cfg.model.family).param_table(cfg.model, cfg.mtp.modules, spec="te", style=cfg.mtp.style)
-    pieces = plan_pieces(params, lambda key: expected_shape(key, cfg.model, vocab), cfg.model.num_layers, mode,
-                         mtp_layout)
+    params = _table(cfg, vocab, spec="te")
+    drafter = assistant_dir.shapes(cfg, vocab) if cfg.mtp.style == "assistant" and cfg.mtp.num_layers else {}
+    pieces = plan_pieces(params, lambda key: drafter.get(key) or expected_shape(key, cfg.model, vocab),
+                         cfg.model.num_layers, mode, mtp_layout)
     return _plans(pieces, DTYPES[dtype], dtype == "fp8")
 
 
@@ -225,7 +242,8 @@ def hf_configs(
     """config.json of each part. main/ of the separate layouts says ``num_nextn_predict_layers: 0``:
     it holds no MTP layer, and an engine told otherwise would look for its draft there (SGLang
     silently loads nothing); SGLang's NextN directory is its one-module form (``num_hidden_layers: 1``)."""
-    depth = cfg.mtp.modules if mode != "none" else 0
+    assistant = cfg.mtp.style == "assistant"  # a model of its own: the target's config says no MTP layer
+    depth = cfg.mtp.modules if mode != "none" and not assistant else 0
     family = get_family(cfg.model.family)
     full = family.to_hf_config(cfg.model, cfg.mtp, vocab_size=vocab, num_nextn_predict_layers=depth,
                         torch_dtype="float32" if dtype == "fp32" else "bfloat16",
@@ -236,6 +254,9 @@ def hf_configs(
         full = fp8_export.with_quantization(full)
     if mode in ("none", "inline"):
         return {"main": full}
+    if assistant:
+        torch_dtype = "float32" if dtype == "fp32" else "bfloat16"
+        return {"main": full, "mtp": assistant_dir.configs(cfg, vocab, torch_dtype, None)[0]}
     if cfg.mtp.style == "parallel":  # the heads' own format (models/deepseek_v3/hf_heads_config.py)
         from megatron_mtp.models.deepseek_v3.hf_heads_config import heads_config
 
@@ -256,6 +277,7 @@ def serving_export(cfg: Config, out: Path, mode: MtpMode, mtp_layout: MtpLayout,
         depth=cfg.mtp.modules if mode != "none" else 0, repeats=cfg.mtp.num_layers if cfg.mtp.repeated_layer else 1,
         hidden_size=m.hidden_size, moe=m.num_experts > 0,
         tied=m.tie_embeddings, speculative=speculative, parallel_heads=cfg.mtp.style == "parallel",
+        assistant=cfg.mtp.style == "assistant",
         family=cfg.model.family, architecture=family.architecture,
         mla_head_size=family.serving.mla_head_size(cfg) if family.serving.mla_head_size else None,
     )
@@ -320,6 +342,9 @@ def export_to_hf(
         from megatron_mtp.convert.heads_layout import refuse_layout
 
         refuse_layout(serve_for, mtp or "separate", mtp_layout or "hf")
+    assistant = has_mtp and cfg.mtp.style == "assistant"
+    if assistant:  # its own model directory (convert/assistant_dir.py)
+        mtp = assistant_dir.check_layout(mtp, mtp_layout, serve_for)
     only = mtp == "only"  # the MTP directory of the separate layout, written as OUT itself
     if only and cfg.mtp.style == "parallel":
         raise UserError("--mtp only writes the Hugging Face directory of sequential MTP modules, and this "
@@ -415,6 +440,9 @@ def export_to_hf(
                 writer.abort()
         for dest, config in configs.items():
             (dirs[dest] / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        if assistant and "mtp" in dirs:  # how many tokens it drafts
+            drafts = assistant_dir.configs(cfg, vocab, "", speculative)[1]
+            (dirs["mtp"] / GENERATION_CONFIG).write_text(json.dumps(drafts, indent=2) + "\n")
         if only:  # the base release keeps its tokenizer and serving files
             return out_dir
         if not copy_tokenizer(step / TOKENIZER_DIR, dirs["main"]):

@@ -171,9 +171,9 @@ OUTPUT_LAYER = "output_layer.weight"
 
 # Megatron-core keys under these prefixes are model weights; anything else (optimizer state,
 # RNG, ``_extra_state`` objects) is never read by the converter.
-MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.", "mtp.", "mtp_heads.")
-MTP_KEY_PREFIXES = ("mtp.", "mtp_heads.")
-"""Keys of the sequential MTP block and of the parallel heads."""
+MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.", "mtp.", "mtp_heads.", "mtp_assistant.")
+MTP_KEY_PREFIXES = ("mtp.", "mtp_heads.", "mtp_assistant.")
+"""Keys of the sequential MTP block, of the parallel heads and of a separate drafter (Gemma 4's assistant)."""
 
 
 def moe_layers(model: ModelConfig) -> MoeLayers:

@@ -18,10 +18,12 @@ def attach_metrics(model_chunks: list, cfg, ranks) -> tuple[MTPMetrics | None, E
     if ranks.is_last_stage and cfg.mtp.num_layers > 0:
         cp_group = parallel_state.get_context_parallel_group() if ranks.cp > 1 else None
         metrics = MTPMetrics(cfg.mtp.num_layers, parallel_state.get_tensor_model_parallel_group(), cp_group)
-        # the chunked loss reports its argmaxes, an assistant its steps' logits (models/gemma4/assistant/model.py)
-        last.prediction_observer = metrics
-        if not getattr(last, "output_chunk", None):  # else no logits reach the output layer
+        if getattr(last, "output_chunk", None):  # no logits are made: the chunked loss reports its argmaxes
+            last.prediction_observer = metrics
+        else:
             last.output_layer.register_forward_hook(metrics.output_hook)
+        if getattr(last, "mtp_assistant", None) is not None:  # a drafter's steps, before the main logits
+            last.mtp_assistant.output_layer.register_forward_hook(metrics.output_hook)
     total_layers = cfg.model.num_layers + cfg.mtp.num_layers
     m = cfg.model
     load = ExpertLoad(total_layers, m.num_experts, m.router_topk, m.moe_pad_to_capacity, m.router_enable_expert_bias)

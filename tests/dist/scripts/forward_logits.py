@@ -26,12 +26,14 @@ def forward_logits(session, tokens: torch.Tensor) -> Optional[dict]:
     model = session.components.model
     gpt = unwrap(model[-1])  # the chunk with the output layer
     captured: list[torch.Tensor] = []
-    handle = None
+    handles = []
     if session.ranks.is_last_stage:
         def hook(module, inputs, output):
             logits = output[0] if isinstance(output, tuple) else output
             captured.append(gather_from_tensor_model_parallel_region(logits.detach().clone()).float())
-        handle = gpt.output_layer.register_forward_hook(hook)
+        handles = [gpt.output_layer.register_forward_hook(hook)]
+        if getattr(gpt, "mtp_assistant", None) is not None:  # an assistant's steps come first (mtp.style assistant)
+            handles.append(gpt.mtp_assistant.output_layer.register_forward_hook(hook))
     b, s = tokens.shape
     tokens = tokens.to(session.platform.device)
     batch = {
@@ -51,7 +53,7 @@ def forward_logits(session, tokens: torch.Tensor) -> Optional[dict]:
                 num_microbatches=1, seq_length=s, micro_batch_size=b, forward_only=True,
             )
     finally:
-        if handle is not None:
+        for handle in handles:
             handle.remove()
         for chunk in model:
             chunk.train()

@@ -6,8 +6,9 @@ this class inherits): the whole forward runs under no_grad, so the target saves 
 no gradient, and the trainer back-propagates the kept objective itself (training/forward_step.py). The
 target's last layer of each kind keeps its keys and values of the forward (``store_kv``), and on the
 stage with the loss the assistant block runs its K steps on the target's final hidden states, detached,
-with grad enabled (models/gemma4/assistant/block.py). The assistant's steps are observed for the
-acceptance metric before the target's output layer makes the main logits (training/metrics.py's order),
+with grad enabled (models/gemma4/assistant/block.py). The assistant's output table makes its steps' logits
+before the target's output layer makes the main logits: the order of calls training/metrics.py's hooks
+on both layers read (depths, then the main model),
 and step k's term is (λ/K)·w_k·loss_k, its loss the data token's cross entropy, the target's own
 distribution at t + k (mtp.targets self), or their mix. The assistant needs no copy of the word
 embedding: the step embeddings are looked up in the tied output weight this stage holds (vocabulary-
@@ -86,10 +87,6 @@ class AssistantGPTModel(MTPObjectiveGPTModel):
         with torch.set_grad_enabled(grad or torch.is_grad_enabled()):
             outputs = self.mtp_assistant(hidden_states.detach(), embeddings, stored)
             step_logits = [self.mtp_assistant.logits(x) for x in outputs]
-        observer = self.prediction_observer
-        if observer is not None:  # as if each step's logits came out of the output layer (training/metrics.py)
-            for logits in step_logits:
-                observer.output_hook(self.mtp_assistant, (), logits)
         output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
         main_logits, _ = self.output_layer(hidden_states, weight=output_weight,
                                            runtime_gather_output=kw.get("runtime_gather_output"))

@@ -1,0 +1,69 @@
+"""A separate drafter's Hugging Face directory (mtp.style assistant): Gemma 4's ``gemma4_assistant`` beside
+an unchanged target, both ways.
+
+Design note. The converters stream tensors through one table of ``Param`` rows; the assistant's rows
+(the family's ``assistant_tensors``, models/gemma4/assistant/hf.py) are part "mtp" and name their HF
+tensors ``assistant/<name>``: the prefix keeps them apart from the target's tensors of the same name (both
+have ``model.layers.0...``, ``model.embed_tokens.weight``) while the table is one list, and it is dropped
+where a tensor is written into the assistant directory (``to-hf``: OUT/mtp, or OUT with ``--mtp only``)
+and added where one is read from it (``from-hf --mtp-dir``). Its config.json is transformers'
+Gemma4AssistantConfig; its generation_config.json says how many tokens it drafts
+(``num_assistant_tokens``: mtp.num_layers, the steps it was trained for, or ``--speculative``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from megatron_mtp.errors import UserError
+from megatron_mtp.models.family import get_family
+from megatron_mtp.models.tensor_table import Param
+
+IN_DIR = "assistant/"
+"""Table names of tensors that live in the assistant's own directory."""
+MODEL_TYPE = "gemma4_assistant"
+
+
+def is_assistant_config(config: dict[str, Any]) -> bool:
+    """A config.json of a separate drafter (its model_type)."""
+    return config.get("model_type") == MODEL_TYPE
+
+
+def assistant_params(cfg, vocab: int) -> list[Param]:
+    """The assistant's table rows (module note); [] for a run without one."""
+    if cfg.mtp.style != "assistant" or not cfg.mtp.num_layers:
+        return []
+    tensors = get_family(cfg.model.family).assistant_tensors
+    if tensors is None:
+        raise UserError(f"mtp.style=assistant is not built for model.family={cfg.model.family}")
+    return [Param(t.mcore, tuple(IN_DIR + h for h in t.hf), "mtp") for t in tensors(cfg, vocab)]
+
+
+def shapes(cfg, vocab: int) -> dict[str, tuple[int, ...]]:
+    """megatron-core key -> global shape of every assistant tensor."""
+    return {t.mcore: t.shape for t in get_family(cfg.model.family).assistant_tensors(cfg, vocab)}
+
+
+def dir_name(name: str) -> str:
+    """A table name -> the tensor's name inside the assistant directory."""
+    return name[len(IN_DIR):] if name.startswith(IN_DIR) else name
+
+
+def check_layout(mtp: Optional[str], mtp_layout: Optional[str], serve_for: Optional[str]) -> str:
+    """The --mtp of an export with an assistant: separate (the engines' layout) unless told none or only; the
+    layouts that would put it among the target's tensors are one sentence."""
+    if mtp == "inline" or mtp_layout == "nextn":
+        what = "--mtp inline" if mtp == "inline" else "--mtp-layout nextn"
+        raise UserError(f"{what} puts MTP layers among the target's, and this checkpoint's drafter is a model of its "
+                        "own (mtp.style assistant) that the engines load from its own directory; export with --mtp "
+                        "separate (OUT/mtp) or --mtp only")
+    return mtp or "separate"
+
+
+def configs(cfg, vocab: int, torch_dtype: str, speculative: Optional[int]) -> tuple[dict, dict]:
+    """(config.json, generation_config.json) of the assistant directory."""
+    from megatron_mtp.models.gemma4.assistant.hf import assistant_hf_config
+
+    return (assistant_hf_config(cfg, vocab, torch_dtype),
+            {"num_assistant_tokens": int(speculative or cfg.mtp.num_layers),
+             "num_assistant_tokens_schedule": "constant"})
