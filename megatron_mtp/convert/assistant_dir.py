@@ -21,7 +21,10 @@ from megatron_mtp.models.tensor_table import Param
 
 IN_DIR = "assistant/"
 """Table names of tensors that live in the assistant's own directory."""
+RELEASE_DRAFT_TOKENS = 6
+"""num_assistant_tokens of the released assistants' generation_config.json."""
 MODEL_TYPE = "gemma4_assistant"
+"""config.json's model_type of a Gemma 4 assistant (models/gemma4/assistant/hf_config.py)."""
 
 
 def is_assistant_config(config: dict[str, Any]) -> bool:
@@ -60,9 +63,29 @@ def check_layout(mtp: Optional[str], mtp_layout: Optional[str], serve_for: Optio
     return mtp or "separate"
 
 
+def draft_tokens(path) -> int:
+    """Tokens an assistant directory drafts per round: its generation_config.json's num_assistant_tokens, else
+    the releases' 6 (what the imported run trains its steps for: mtp.num_layers)."""
+    import json
+    from pathlib import Path
+
+    try:
+        value = json.loads((Path(path) / "generation_config.json").read_text()).get("num_assistant_tokens")
+    except (OSError, ValueError, AttributeError):
+        value = None
+    return int(value) if isinstance(value, int) and value > 0 else RELEASE_DRAFT_TOKENS
+
+
+def shape_from_hf(raw: dict[str, Any], target, vocab: int, where: str):
+    """The ``mtp.assistant`` shape of an assistant's config.json drafting for ``target`` (its family's reader)."""
+    from megatron_mtp.models.gemma4.assistant.hf_config import shape_from_hf as read
+
+    return read(raw, target, vocab, where)
+
+
 def configs(cfg, vocab: int, torch_dtype: str, speculative: Optional[int]) -> tuple[dict, dict]:
     """(config.json, generation_config.json) of the assistant directory."""
-    from megatron_mtp.models.gemma4.assistant.hf import assistant_hf_config
+    from megatron_mtp.models.gemma4.assistant.hf_config import assistant_hf_config
 
     return (assistant_hf_config(cfg, vocab, torch_dtype),
             {"num_assistant_tokens": int(speculative or cfg.mtp.num_layers),

@@ -34,6 +34,7 @@ from megatron_mtp.config.base import apply_override
 from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.config.root import config_from_dict
 from megatron_mtp.config.validate import check_family
+from megatron_mtp.convert import assistant_dir
 from megatron_mtp.convert.hf_source import record_source
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.shapes import check_shape
@@ -54,7 +55,8 @@ class _Sources:
     """HF tensor names -> (directory, name there), over a main dir and an optional MTP dir (whose MTP
     tensors replace any the main dir holds inline: a new draft paired with an unchanged release)."""
 
-    def __init__(self, main: HFDir, mtp: Optional[HFDir], num_layers: int, rename=None) -> None:
+    def __init__(self, main: HFDir, mtp: Optional[HFDir], num_layers: int, rename=None, assistant: bool = False
+                 ) -> None:
         self.dirs = {"main": main}
         self.where: dict[str, tuple[str, str]] = {}
         self.left_out: list[str] = []
@@ -67,7 +69,10 @@ class _Sources:
                 self.where[ours] = ("main", n)
         self.replaced: set[int] = set()
         """MTP modules (0-based) the main directory holds inline and the MTP directory replaces."""
-        if mtp is not None:
+        if mtp is not None and assistant:  # a separate drafter's own tensors (convert/assistant_dir.py)
+            self.dirs["mtp"] = mtp
+            self.where.update({assistant_dir.IN_DIR + name: ("mtp", name) for name in mtp.names()})
+        elif mtp is not None:
             self.dirs["mtp"] = mtp
             nextn = any(str(a).endswith("NextN") for a in mtp.config.get("architectures") or [])
             for name in mtp.names():
@@ -97,7 +102,9 @@ def _open_inputs(hf_dir: Path, mtp_dir: Optional[Path]) -> tuple[HFDir, Optional
             mtp_dir = hf_dir / "mtp"
         hf_dir = hf_dir / "main"
     main, mtp = HFDir(hf_dir), HFDir(mtp_dir) if mtp_dir is not None else None
-    if mtp is not None:  # a draft of another model would only show up as missing or left-over tensors
+    # a draft of another model would only show up as missing or left-over tensors (an assistant's shape is checked
+    # against the model where it is read: convert/assistant_dir.py)
+    if mtp is not None and not assistant_dir.is_assistant_config(mtp.config):
         keys = ("hidden_size", "vocab_size") + (() if is_heads_config(mtp.config) else ("model_type",))
         for key in keys:
             if key in mtp.config and mtp.config.get(key) != main.config.get(key):
@@ -107,6 +114,8 @@ def _open_inputs(hf_dir: Path, mtp_dir: Optional[Path]) -> tuple[HFDir, Optional
 
 
 def _mtp_depth(main: HFDir, mtp: Optional[HFDir], with_mtp: bool) -> int:
+    if mtp is not None and assistant_dir.is_assistant_config(mtp.config):  # the tokens it drafts per round
+        return assistant_dir.draft_tokens(mtp.path) if with_mtp else 0
     declared = mtp_depth(main.config, str(main.path / "config.json"))
     if mtp is not None and is_heads_config(mtp.config):  # parallel MTP heads (models/deepseek_v3/hf_heads_config.py)
         main_view = parse_hf_config(main.config, str(main.path / "config.json"))
@@ -198,14 +207,19 @@ def import_from_hf(
     model_cfg, _, vocab = family.from_hf_config(main.config, str(main.path / "config.json"))
     param_table = family.param_table
     depth = _mtp_depth(main, mtp, with_mtp)
-    style = "parallel" if mtp is not None and is_heads_config(mtp.config) else "sequential"
-    if style == "parallel" and not with_mtp:
+    assistant = mtp is not None and assistant_dir.is_assistant_config(mtp.config)
+    style = ("parallel" if mtp is not None and is_heads_config(mtp.config) else "assistant" if assistant
+             else "sequential")
+    if style != "sequential" and not with_mtp:
         mtp = None  # its tensors are not model.layers.* names that --no-mtp would recognise
-    cfg = _written_config(f"from_hf_{hf_dir.name}", model_cfg, MTPConfig(num_layers=depth, style=style if depth
-                                                                          else "sequential"), overrides, vocab)
+    mtp_cfg = MTPConfig(num_layers=depth, style=style if depth else "sequential")
+    if style == "assistant" and depth:  # its shape; it trains on the frozen target (mtp.freeze_base)
+        where = str(mtp.path / "config.json")
+        mtp_cfg.assistant, mtp_cfg.freeze_base = assistant_dir.shape_from_hf(mtp.config, model_cfg, vocab, where), True
+    cfg = _written_config(f"from_hf_{hf_dir.name}", model_cfg, mtp_cfg, overrides, vocab)
     model_cfg = cfg.model
     rename = family.import_names(main.config) if family.import_names is not None else None
-    src = _Sources(main, mtp, model_cfg.num_layers, rename)
+    src = _Sources(main, mtp, model_cfg.num_layers, rename, assistant=style == "assistant")
     if src.left_out:
         towers = sorted({".".join(n.split(".")[:2]) for n in src.left_out})
         print(f"note: '{main.path}' is a multimodal {family.title} checkpoint; its text model is imported and "
@@ -215,7 +229,9 @@ def import_from_hf(
         print(f"note: '{main.path}' holds MTP weights inline ({layers}); the MTP directory '{mtp.path}' replaces "
               "them", file=sys.stderr, flush=True)
     # the trainer writes TE spellings on every platform
-    params = param_table(model_cfg, depth, spec="te", mtp_copies=False, style=style)
+    drafter = assistant_dir.assistant_params(cfg, vocab)
+    params = param_table(model_cfg, 0 if drafter else depth, spec="te", mtp_copies=False,
+                         style="sequential" if drafter else style) + drafter
     for p in params:
         for name in p.hf_names():
             if name not in src:
@@ -225,7 +241,7 @@ def import_from_hf(
                     "(config/weights mismatch or an incomplete download)"
                 )
     used = {n for p in params for n in p.hf_names()}
-    mtp_copies = {n for p in param_table(model_cfg, depth) if p.copy for n in p.hf_names()}
+    mtp_copies = {n for p in param_table(model_cfg, 0 if drafter else depth) if p.copy for n in p.hf_names()}
     for name in src.where:
         if name in used or name in mtp_copies:
             continue
@@ -241,8 +257,13 @@ def import_from_hf(
         )
     torch_dtype = DTYPES[dtype]
     shapes = {p.mcore: _shape_of(p, src) for p in params}
+    drafter_shapes = assistant_dir.shapes(cfg, vocab) if drafter else {}
     for key, shape in shapes.items():
-        check_shape(key, shape, model_cfg, vocab, f"'{hf_dir}'")
+        if key in drafter_shapes and tuple(shape) != drafter_shapes[key]:
+            raise UserError(f"'{mtp.path}': the tensor of {key} is {tuple(shape)}, and its config.json says "
+                            f"{drafter_shapes[key]} (config/weights mismatch)")
+        if key not in drafter_shapes:
+            check_shape(key, shape, model_cfg, vocab, f"'{hf_dir}'")
     total = sum(math.prod(s) for s in shapes.values()) * torch_dtype.itemsize
     out_dir = Path(out_dir)
     tokenizer_bytes = sum(tree_bytes(main.path / n) for n in TOKENIZER_FILES)

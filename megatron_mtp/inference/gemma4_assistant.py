@@ -20,9 +20,8 @@ rollback only shortens the target hidden states kept per slot. Rows of a batch d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -32,34 +31,9 @@ from megatron_mtp.errors import UserError
 from megatron_mtp.inference.draft import HiddenBuffer, PickFn
 from megatron_mtp.inference.gemma4 import Gemma4DecoderLayer, layer_kind
 from megatron_mtp.inference.layers import RMSNorm
-from megatron_mtp.models.gemma4.hf_config_json import FULL, SLIDING, Gemma4HFConfig, parse_hf_config
+from megatron_mtp.models.gemma4.assistant.hf_config import AssistantConfig
+from megatron_mtp.models.gemma4.hf_config_json import FULL, SLIDING, Gemma4HFConfig
 from megatron_mtp.models.gemma4.rope import apply_rope, rope_cos_sin, rope_inv_freq
-
-MODEL_TYPE = "gemma4_assistant"
-
-
-@dataclass(frozen=True)
-class AssistantConfig:
-    """An assistant's config.json: its text stack (a Gemma 4 text view) and the assistant's own fields."""
-
-    text: Gemma4HFConfig
-    backbone_hidden_size: int
-    use_ordered_embeddings: bool = False
-    num_centroids: int = 2048
-    centroid_intermediate_top_k: int = 32
-
-    @staticmethod
-    def read(raw: dict[str, Any], where: str) -> "AssistantConfig":
-        if raw.get("model_type") != MODEL_TYPE or not isinstance(raw.get("text_config"), dict):
-            raise UserError(f"{where}: model_type {raw.get('model_type')!r} is not a Gemma 4 assistant "
-                            f"({MODEL_TYPE} with a text_config); pass the assistant's directory")
-        text = parse_hf_config(dict(raw["text_config"], model_type="gemma4_text"), where)
-        if text.n_routed_experts or text.hidden_size_per_layer_input:
-            raise UserError(f"{where}: an assistant with experts or per-layer embeddings is not a Gemma 4 assistant")
-        return AssistantConfig(text=text, backbone_hidden_size=int(raw.get("backbone_hidden_size", 1536)),
-                               use_ordered_embeddings=bool(raw.get("use_ordered_embeddings", False)),
-                               num_centroids=int(raw.get("num_centroids", 2048)),
-                               centroid_intermediate_top_k=int(raw.get("centroid_intermediate_top_k", 32)))
 
 
 class QueryOnlyAttention(nn.Module):

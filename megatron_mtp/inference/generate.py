@@ -6,6 +6,7 @@ one prompt is a batch of one. Its options are checked once, by options.py.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
@@ -105,6 +106,18 @@ class Generator:
         return result
 
 
+def _is_assistant_dir(path: Path) -> bool:
+    """mtp/ of an export holds a separate drafter (mtp.style assistant: convert/assistant_dir.py)."""
+    import json
+
+    from megatron_mtp.models.gemma4.assistant.hf_config import MODEL_TYPE
+
+    try:
+        return json.loads((path / "config.json").read_text()).get("model_type") == MODEL_TYPE
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def load_generator(
     model_dir: str | Path,
     dtype: str | torch.dtype = "float32",
@@ -120,6 +133,9 @@ def load_generator(
 
     torch_dtype = parse_dtype(dtype)
     dirs = find_export_dirs(hf_dir_for(Path(model_dir)))
+    if dirs.mtp_dir is not None and _is_assistant_dir(dirs.mtp_dir):  # an export of a trained assistant
+        assistant = assistant if assistant is not None else dirs.mtp_dir
+        dirs = dataclasses.replace(dirs, mtp_dir=None)
     target, main_weights = load_target(dirs, torch_dtype)
     parallel = load_parallel_heads(dirs, target, torch_dtype)  # mtp/ holding parallel heads (parallel_draft.py)
     modules = [] if parallel is not None else load_mtp_modules(dirs, target, main_weights, torch_dtype)

@@ -255,7 +255,9 @@ def extra_state_keys(param: Param) -> list[str]:
     """
     module, _, leaf = param.mcore.rpartition(".")
     name = module.rsplit(".", 1)[-1]
-    if param.copy or leaf != "weight" or not (name.startswith("linear_") or name == "eh_proj"):
+    linear = name.startswith("linear_") or name in ("eh_proj", "pre_projection", "post_projection") \
+        or module == "mtp_assistant.output_layer"  # a separate drafter's projections and output table
+    if param.copy or leaf != "weight" or not linear:
         return []
     if param.num_experts:
         return [f"{module}._extra_state/shard_{e}_{param.num_experts}" for e in range(param.num_experts)]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Optional
 
+from megatron_mtp.config import pipeline_layout
 from megatron_mtp.config.moe_layers import MoeLayers
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.softmax_routing import SoftmaxRouting
@@ -151,6 +152,34 @@ def check(cfg) -> None:
         raise UserError("data.reset_position_ids is not built for model.family=gemma4 (its attention numbers "
                         "positions from the start of each sequence); set it to false")
     if cfg.mtp.num_layers and cfg.mtp.style == "assistant":
-        from megatron_mtp.models.gemma4.assistant.shape import check_assistant
-
         check_assistant(cfg)
+
+
+def stored_layers(model: Gemma4ModelConfig) -> dict[str, int]:
+    """kind -> the target's decoder layer whose keys/values an assistant layer of that kind reads (the last one)."""
+    kinds = model.layer_kinds()
+    return {kind: max(i for i, k in enumerate(kinds) if k == kind) for kind in (SLIDING, FULL) if kind in kinds}
+
+
+def check_assistant(cfg) -> None:
+    """One sentence for the first thing a Gemma 4 run with an assistant (models/gemma4/assistant/) cannot take:
+    each of its layers reads the target's last layer of its kind, which must exist and sit on the pipeline stage
+    with the loss, where the assistant runs."""
+    a, m, p = cfg.mtp.assistant, cfg.model, cfg.parallel
+    kinds, stored = a.kinds(), stored_layers(m)
+    for kind in kinds:
+        if kind not in (SLIDING, FULL):
+            raise UserError(f"mtp.assistant.layer_types holds {kind!r}; each entry must be {SLIDING} or {FULL}")
+        if kind not in stored:
+            raise UserError(f"the assistant has {kind} layers, which read the target's last {kind} layer, and the "
+                            f"target (model.layer_types) has none; use the target's kinds in mtp.assistant.layer_types")
+        if a.num_attention_heads % kind_groups(m, kind):
+            raise UserError(f"mtp.assistant.num_attention_heads={a.num_attention_heads} must be a multiple of the "
+                            f"target's {kind} key/value heads ({kind_groups(m, kind)}), whose keys it reads")
+    last = pipeline_layout.stages(m.num_layers, cfg.mtp.num_layers, p.pipeline, p.virtual_pipeline,
+                                  p.pipeline_layout)[-1]
+    away = sorted(i for kind, i in stored.items() if kind in kinds and i not in last.layers)
+    if away:
+        raise UserError(f"the assistant reads the keys and values of decoder layer {away[0]}, which the pipeline "
+                        f"places away from the last stage (it holds layers {list(last.layers)}); put the target's "
+                        "last layer of each kind on the last stage with parallel.pipeline_layout")

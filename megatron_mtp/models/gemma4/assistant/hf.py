@@ -1,5 +1,5 @@
 """THE tensor table of the assistant: megatron-core keys (``mtp_assistant.*``, models/gemma4/assistant/
-block.py) <-> transformers' ``Gemma4AssistantForCausalLM`` names, and its config.json both ways.
+block.py) <-> transformers' ``Gemma4AssistantForCausalLM`` names (its config.json: hf_config.py).
 
 Every assistant tensor is one HF tensor, but the MLP's fc1 (gate rows, then up rows) and the output table,
 which transformers ties to ``model.embed_tokens`` (its ``lm_head`` is not written). Tensors split over
@@ -10,10 +10,7 @@ the row-parallel o/fc2 (as megatron-core checkpoints them, globally whole, the s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
 
-from megatron_mtp.config.assistant import AssistantShape
-from megatron_mtp.errors import UserError
 from megatron_mtp.models.gemma4.assistant.shape import assistant_model
 from megatron_mtp.models.gemma4.model_config import kind_head_dim
 
@@ -62,53 +59,3 @@ def assistant_tensors(cfg, vocab: int) -> list[AssistantTensor]:
         AssistantTensor(PREFIX + "post_projection.weight", ("post_projection.weight",), (backbone, h), True),
         AssistantTensor(PREFIX + "output_layer.weight", ("model.embed_tokens.weight",), (vocab, h), True),
     ]
-
-
-def assistant_hf_config(cfg, vocab: int, torch_dtype: str) -> dict[str, Any]:
-    """config.json of the assistant directory, as transformers' Gemma4AssistantConfig writes it."""
-    from megatron_mtp.config.model import MTPConfig
-    from megatron_mtp.models.gemma4.hf_config import to_hf_config
-
-    text = to_hf_config(assistant_model(cfg), MTPConfig(num_layers=0), vocab_size=vocab, num_nextn_predict_layers=0,
-                        torch_dtype=torch_dtype).to_dict()
-    for key in ("architectures", "num_nextn_predict_layers", "torch_dtype", "bos_token_id", "eos_token_id",
-                "num_experts", "top_k_experts", "moe_intermediate_size"):
-        text.pop(key, None)
-    text.update(num_kv_shared_layers=cfg.mtp.assistant.num_layers, vocab_size_per_layer_input=0,
-                final_logit_softcapping=None, enable_moe_block=False, tie_word_embeddings=True)
-    return {"architectures": ["Gemma4AssistantForCausalLM"], "model_type": "gemma4_assistant",
-            "backbone_hidden_size": cfg.model.hidden_size, "use_ordered_embeddings": False,
-            "num_centroids": 2048, "centroid_intermediate_top_k": 32, "tie_word_embeddings": True,
-            "torch_dtype": torch_dtype, "text_config": text}
-
-
-def shape_from_hf(raw: dict[str, Any], target, vocab: int, where: str) -> AssistantShape:
-    """The ``mtp.assistant`` shape of a transformers assistant's config.json drafting for the target model
-    config ``target`` of ``vocab`` tokens; one sentence for an assistant this target or this trainer cannot
-    take."""
-    from megatron_mtp.inference.gemma4_assistant import AssistantConfig
-
-    parsed = AssistantConfig.read(raw, where)
-    text = parsed.text
-    if parsed.use_ordered_embeddings:
-        raise UserError(f"{where}: the assistant's output is centroid-masked (use_ordered_embeddings), which "
-                        "training does not learn yet; import an assistant with a full output table")
-    if parsed.backbone_hidden_size != target.hidden_size or text.vocab_size != vocab:
-        raise UserError(f"{where}: the assistant drafts for a model of hidden size {parsed.backbone_hidden_size} and "
-                        f"vocabulary {text.vocab_size}, and this target has {target.hidden_size} and {vocab}; pass "
-                        "the target's own assistant")
-    for kind in set(text.layer_types):
-        ours, theirs = (text.global_head_dim, text.head_dim)[kind != "full_attention"], kind_head_dim(target, kind)
-        if ours != theirs or kind not in target.layer_kinds():
-            raise UserError(f"{where}: the assistant's {kind} layers read head width {ours}, and the target's {kind} "
-                            f"layers store {theirs if kind in target.layer_kinds() else 'none'}; pass the target's "
-                            "own assistant")
-    return AssistantShape(hidden_size=text.hidden_size, num_layers=text.num_hidden_layers,
-                          num_attention_heads=text.num_attention_heads, ffn_hidden_size=text.intermediate_size,
-                          layer_types=list(text.layer_types))
-
-
-def num_assistant_tokens(generation_config: Optional[dict[str, Any]], default: int) -> int:
-    """Draft tokens per round an assistant's generation_config.json asks for."""
-    value = (generation_config or {}).get("num_assistant_tokens")
-    return int(value) if isinstance(value, int) and value > 0 else default

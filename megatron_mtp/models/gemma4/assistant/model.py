@@ -21,7 +21,7 @@ import torch
 from megatron.core import parallel_state
 
 from megatron_mtp.models.gemma4.assistant.block import AssistantBlock
-from megatron_mtp.models.gemma4.assistant.shape import stored_layers
+from megatron_mtp.models.gemma4.model_config import stored_layers
 from megatron_mtp.models.mtp_objective import MTPObjectiveGPTModel
 
 PREFIX = "mtp_assistant."
