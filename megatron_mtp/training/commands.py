@@ -91,6 +91,7 @@ def _eval_config(ckpt: Path, overrides: list[str]) -> Config:
     # evaluate at the layout of the processes launched now (default: one process)
     data["parallel"].update(tensor=1, pipeline=1, expert=1, world_size=None, pipeline_layout=None,
                             sequence_parallel=None)
+    data["checkpoint"]["load"] = str(ckpt)  # the model evaluated (a frozen-base config needs the one it loads)
     for o in overrides:
         apply_override(data, RootConfig, o)
     cfg = from_dict(RootConfig, data)

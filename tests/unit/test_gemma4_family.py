@@ -25,6 +25,7 @@ RELEASE_26B = {  # google/gemma-4-26B-A4B's text_config, the fields that shape t
     "moe_intermediate_size": 704, "hidden_size_per_layer_input": 0, "max_position_embeddings": 262144,
     "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh",
 }
+ASSISTANT = ["mtp.style=assistant", "mtp.freeze_base=true", "checkpoint.load=/a/target", "mtp.assistant.num_layers=2"]
 TRAINING_ONLY = ("make_vocab_size_divisible_by", "aux_loss_type", "aux_loss_coeff", "init_method_std",
                  "router_bias_update_rate", "layer_types")
 
@@ -70,6 +71,17 @@ def test_layer_kinds_are_transformers():
     (["data.reset_position_ids=true"], "data.reset_position_ids is not built for model.family=gemma4"),
     (["mtp.style=parallel"], "mtp.style=parallel is not built for model.family=gemma4"),
     (["kernels.chunked_output_loss=true"], "does not soft-cap logits"),
+    # a separate drafter (mtp.style assistant)
+    (["mtp.style=assistant"], "mtp.style=assistant trains a drafter beside a frozen target and needs "
+                              "mtp.freeze_base=true"),
+    ([*ASSISTANT, "mtp.assistant.layer_types=[sliding_attention]"], "lists 1 layers but mtp.assistant.num_layers"),
+    ([*ASSISTANT, "mtp.assistant.step_weights=[1.0,0.5]"], "must hold mtp.num_layers=1 weights"),
+    ([*ASSISTANT, "mtp.assistant.num_attention_heads=3"], "must be a multiple of the target's sliding_attention"),
+    ([*ASSISTANT, "model.layer_types=[full_attention,full_attention,full_attention,full_attention]"],
+     "the target (model.layer_types) has none"),
+    ([*ASSISTANT, "parallel.pipeline=2", "parallel.virtual_pipeline=2", "parallel.world_size=2"],
+     "reads the keys and values of decoder layer 2, which the pipeline places away from the last stage"),
+    ([*ASSISTANT, "parallel.context=2", "parallel.world_size=2"], "does not work with mtp.style=assistant"),
 ])
 def test_gemma4_checks_are_one_sentence(overrides, sentence):
     from megatron_mtp.platform import Platform
