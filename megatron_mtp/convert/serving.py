@@ -455,7 +455,9 @@ def serving_text(e: Export, found: list[Problem]) -> str:
     """OUT/SERVING.md: the commands that serve this export, per engine, and what does not work."""
     lines = [
         "# Serving this export", "",
-        f"Written by `megatron-mtp convert to-hf`. Layout: {_LAYOUT_WORDS[e.layout]}; {e.dtype}; "
+        f"Written by `megatron-mtp convert to-hf`. Layout: "
+        f"{'separate: main/ holds the target, mtp/ its assistant' if e.assistant else _LAYOUT_WORDS[e.layout]}; "
+        f"{e.dtype}; "
         f"{e.num_layers} main layer{'s' if e.num_layers > 1 else ''}"
         + (f", {_draft_words(e)}." if e.depth else "."),
         "",

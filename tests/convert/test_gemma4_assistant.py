@@ -120,20 +120,22 @@ def test_refreshed_assistant_accepts_more_exports_and_decodes_as_transformers(ta
 
     ckpt, _ = imported
     run = tmp_path / "refresh"
-    megatron_cli("train", "configs/gemma4_tiny_cpu.yaml", "--run-dir", str(run), "--max-steps", "12", *RUN,
+    megatron_cli("train", "configs/gemma4_tiny_cpu.yaml", "--run-dir", str(run), "--max-steps", "24", *RUN,
                  *ASSISTANT, f"checkpoint.load={ckpt}", "mtp.targets=self", "logging.log_interval=1",
-                 "checkpoint.save_interval=12", "optimizer.lr=3e-2", "schedule.decay_style=constant")
+                 "checkpoint.save_interval=24", "optimizer.lr=1e-2", "schedule.decay_style=constant")
     rows = [json.loads(line) for line in (run / "logs" / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "train/mtp_acceptance_1" in r]
-    # step 1 measures the imported assistant (the target mostly predicts the corpus' most frequent tokens, which
-    # the assistant learns to draft at every step within 6 steps at this rate)
-    accepted = [[r[f"train/mtp_acceptance_{k}"] for k in range(1, K + 1)] for r in rows]
-    assert min(min(a) for a in accepted[-3:]) > max(accepted[0]) + 0.3, accepted
+    accepted = [min(r[f"train/mtp_acceptance_{k}"] for k in range(1, K + 1)) for r in rows
+                if "train/mtp_acceptance_1" in r]
+    # step 1 measures the imported assistant. The target mostly predicts a few of the corpus' most frequent tokens,
+    # nearly tied, so the assistant's argmax moves between them step to step: the second half's mean is compared
+    # (0.81 on megatron-core 0.16, 0.75 on 0.19)
+    later = sum(accepted[12:]) / len(accepted[12:])
+    assert len(accepted) == 24 and later > accepted[0] + 0.3, accepted
     with TorchDistReader(ckpt) as src, TorchDistReader(_latest(run)) as out:
         weights = [k for k in src.keys() if k.startswith(("embedding.", "decoder."))]
         assert weights and all(torch.equal(src.read(k), out.read(k)) for k in weights)
 
-    export = export_to_hf(run, tmp_path / "hf", dtype="fp32")
+    export = export_to_hf(run, tmp_path / "hf", dtype="fp32", serve_for="vllm")  # separate, vLLM's rules
     assert json.loads((export / "mtp" / "generation_config.json").read_text())["num_assistant_tokens"] == K
     target_model, info = transformers.Gemma4ForCausalLM.from_pretrained(
         export / "main", dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
@@ -141,7 +143,11 @@ def test_refreshed_assistant_accepts_more_exports_and_decodes_as_transformers(ta
         export / "mtp", dtype=torch.float32, output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
     assert not any(ainfo[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
-    assert "assistant_model=assistant" in (export / "SERVING.md").read_text()
+    serving = (export / "SERVING.md").read_text()
+    mtp_dir = export.absolute() / "mtp"
+    assert f'{{"method": "mtp", "model": "{mtp_dir}", "num_speculative_tokens": {K}}}' in serving  # vLLM
+    assert f"--speculative-draft-model-path {mtp_dir}" in serving and "--hf-overrides" not in serving  # SGLang
+    assert f"--speculative-num-steps {K}" in serving and "assistant_model=assistant" in serving
 
     gen = load_generator(export)  # finds the assistant in mtp/
     prompt, new = list(range(5, 25)), 32
