@@ -152,6 +152,10 @@ class Family:
     layer_attention_shape: Optional[Callable[[ModelConfig, Optional[int]], AttentionShape]] = None
     """(m, decoder layer index, None for an MTP layer) -> that layer's attention widths, for a family whose layers
     differ (``attention_shape`` is then its common kind's); None: every layer is ``attention_shape``."""
+    assistant_model: Optional[Callable[[Any], ModelConfig]] = None
+    """cfg -> the model config of the family's separate drafter (its layers, widths and the target's key widths)."""
+    assistant_stored: Optional[Callable[[Any], Mapping[str, int]]] = None
+    """cfg -> the target layers whose keys/values the drafter reads (its attention kind -> decoder layer)."""
     assistant_tensors: Optional[Callable[[Any, int], list]] = None
     """(cfg, padded vocab) -> the tensors of the family's separate drafter (mtp.style assistant) in registration
     order (models/gemma4/assistant/hf.py), or None where the family has none."""
@@ -222,6 +226,8 @@ def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], 
         multimodal_config=getattr(hf_config, "multimodal_config", None),
         layer_attention_shape=getattr(size, "layer_attention_shape", None),
         assistant_tensors=getattr(hf_mapping, "assistant_tensors", None),
+        assistant_model=getattr(hf_mapping, "assistant_model", None),
+        assistant_stored=getattr(hf_mapping, "assistant_stored", None),
     )
 
 

@@ -104,9 +104,18 @@ def mtp_only_flops_per_token(family, cfg: Config, padded_vocab: int, mtp_layers:
     ``training_flops_per_token``): the main model's forward, then each sequential MTP module forward
     and backward, except the frozen output head's weight gradient (its backward takes only the input
     gradient: 2 × its forward in all). eh_proj's input gradient stays: enorm and hnorm, before it,
-    are trainable MTP parameters."""
-    full = family.training_flops_per_token(cfg, padded_vocab, mtp_layers) / 3.0
+    are trainable MTP parameters. An assistant (mtp.style assistant) instead: each of its K steps forward and
+    backward over all its weights (its output table included: it trains) and its attention over the stored keys."""
     base = family.training_flops_per_token(cfg, padded_vocab, 0) / 3.0
+    if cfg.mtp.style == "assistant":  # a separate drafter: its weights and its attention over the stored keys
+        import dataclasses
+        import math
+
+        weights = sum(math.prod(t.shape) for t in family.assistant_tensors(cfg, padded_vocab) if not t.buffer)
+        drafter = dataclasses.replace(cfg, model=family.assistant_model(cfg))
+        scores = drafter.model.num_layers * family.decode_attention_flops(drafter, cfg.training.seq_length // 2)
+        return base + 3.0 * mtp_layers * (2 * weights + scores)
+    full = family.training_flops_per_token(cfg, padded_vocab, mtp_layers) / 3.0
     head = 2 * padded_vocab * cfg.model.hidden_size
     mtp_forward = full - base  # per module: its layer, eh_proj and the head
     return base + 3.0 * mtp_forward - mtp_layers * head

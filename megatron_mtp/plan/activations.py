@@ -422,6 +422,33 @@ def mtp_wrapper(d: Dims, k: Kernels, full_recompute: bool) -> Saved:
     return out
 
 
+def assistant(cfg: Config, d: Dims, k: Kernels, steps: int) -> Saved:
+    """A separate drafter's K steps on the loss stage (mtp.style assistant, models/gemma4/assistant/): per step
+    its projections' inputs, its sandwich layers at its own width with query-only attention (no key/value
+    norms; the target's stored keys and values, counted once, are what the query attends to), its final norm
+    and its output table's input; the steps' logits are output_and_loss's. Checked against real ranks
+    (tests/dist/test_plan_exact.py, gemma4_assistant_tp2_ep2: 0.94 of measured)."""
+    family, out = get_family(cfg.model.family), Saved()
+    drafter = replace(cfg, model=family.assistant_model(cfg))
+    a, n = d.act_bytes, d.local
+    for _ in range(steps):
+        out.add("pre_projection.input", 2 * d.hidden * n * a)
+        for i in range(drafter.model.num_layers):
+            layer = layer_dims(drafter, dims_of(drafter, d.vocab * d.tp, seq=d.seq, batch=d.batch), i)
+            saved = sandwich_layer(layer, k, moe=False)
+            saved.drop("k_norm", "v_norm", "qkv.k", "qkv.v", "attn.k_copy", "attn.v_copy")
+            for name, nbytes in saved.items.items():
+                out.add(f"layers.{name}", nbytes)
+        _norm(out, "final_norm", drafter.model.hidden_size, n, d, k)
+        out.add("post_projection.input", drafter.model.hidden_size * n * a)
+        out.add("output_layer.input", drafter.model.hidden_size * d.tokens * a)
+    stored = {kind: i for kind, i in family.assistant_stored(cfg).items()}
+    for kind, index in stored.items():  # the target's keys and values the steps' attention keeps for backward
+        shape = layer_dims(cfg, d, index)
+        out.add(f"stored_kv.{kind}", (1 if shape.shares_kv else 2) * d.tokens * shape.kv_heads * shape.qk_dim * a)
+    return out
+
+
 def parallel_head(d: Dims, k: Kernels) -> Saved:
     """A parallel MTP head's own tensor around its transformer layer: its final norm (the layer's
     input is the trunk output, which the main output layer saves too)."""

@@ -21,15 +21,19 @@ Small bookkeeping reductions (loss averaging, token counts per expert) are not c
 With mtp.freeze_base the main model's layers run forward only: their ep/etp all-to-alls and gathers
 count once, pipeline activations go forward only, the frozen embedding is not tied by an all-reduce,
 and only MTP gradients are reduced (dp/edp from the MTP-only buffers, tp from the MTP norms and
-routers); the base layers' tp collectives are still counted with their backward (an upper bound).
+routers); the base layers' tp collectives count their forward alone (each input gathered, each output
+reduce-scattered once, the embedding's lookup once). A separate drafter (mtp.style assistant) counts its own
+steps (``_assistant_tp``).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import Optional
 
 from megatron_mtp.config.root import Config
+from megatron_mtp.models.family import get_family
 from megatron_mtp.models.tensor_table import is_moe_layer, mtp_is_moe
 from megatron_mtp.plan import memory
 from megatron_mtp.plan.activations import Dims, dims_of
@@ -73,6 +77,22 @@ def _kv_width(d: Dims) -> float:
     return heads * (d.qk_dim + d.v_dim)
 
 
+def _assistant_tp(cfg: Config, d: Dims) -> float:
+    """Bytes of a separate drafter's K steps (mtp.style assistant) on the loss stage, forward and backward: per
+    step the target-embedding lookup's reduce-scatter (frozen: no backward), pre_projection (a column-parallel
+    [2 h] input, its output gathered over TP and re-split by sequence), each layer's query projection, output
+    projection and MLP, post_projection into the next step, and its output table with the cross entropy's
+    reductions."""
+    family, t, a, h = get_family(cfg.model.family), d.tokens, d.act_bytes, d.hidden
+    width = family.assistant_model(cfg).hidden_size
+    drafter = replace(d, hidden=width)
+    steps = cfg.mtp.num_layers
+    per_step = (t * h + sum(_column(2 * h, t)) + 2 * t * width
+                + cfg.mtp.assistant.num_layers * (sum(_column(width, t)) + 2 * t * width + _mlp_tp(drafter))
+                + sum(_column(width, t)))
+    return (steps * per_step + (steps - 1) * (sum(_column(width, t)) + 2 * t * h)) * a + steps * 3 * t * 4
+
+
 def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
     """Bytes per group kind ('tp', 'cp', 'ep', 'etp', 'dp', 'edp', 'pp', 'embedding') for `pp_rank`."""
     sizes, tgt = plan.sizes, plan.target
@@ -85,16 +105,21 @@ def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
     out: Counter = Counter()
     tp, ep, etp = sizes.tp > 1, sizes.ep > 1, sizes.etp > 1
     frozen = cfg.mtp.freeze_base  # the base runs forward only
+    assistant = cfg.mtp.style == "assistant"
     for s in mine:
         layers = ([(i, is_moe_layer(cfg.model, i), frozen) for i in s.layers]
-                  + [(None, mtp_is_moe(cfg.model), False)] * s.mtp_layers)
+                  + [(None, mtp_is_moe(cfg.model), False)] * (0 if assistant else s.mtp_layers))
         per_micro: Counter = Counter()
         for index, moe, forward_only in layers:
             passes = 1 if forward_only else 2
             if sizes.cp > 1:  # keys and values around the CP ring: CP - 1 hops forward, again with their
                 # gradients backward (the ring attention of Transformer Engine)
                 per_micro["cp"] += (1 + 2 * (passes - 1)) * (sizes.cp - 1) * t * _kv_width(d) * a
-            if tp:
+            if tp and forward_only:  # each column-parallel input gathered once, each row-parallel output scattered
+                per_micro["tp"] += (cfg.model.attention_input_gathers(index) + 1) * t * h * a
+                if not moe or m.num_shared_experts or m.DENSE_MLP_BESIDE_MOE:
+                    per_micro["tp"] += 2 * t * h * a
+            elif tp:
                 per_micro["tp"] += sum(_attention_tp(cfg, d, te, index)) * a
                 if not moe or m.num_shared_experts or m.DENSE_MLP_BESIDE_MOE:
                     per_micro["tp"] += _mlp_tp(d) * a
@@ -107,10 +132,12 @@ def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
         if tp:
             modules = s.mtp_layers if sequential_mtp(cfg) else 0  # parallel heads: no lookup, no eh_proj
             lookups = (1 if s.embedding else 0) + modules
-            per_micro["tp"] += 2 * lookups * t * h * a  # embedding reduce-scatter and its backward gather
+            per_micro["tp"] += (1 if frozen else 2) * lookups * t * h * a  # reduce-scatter, and its backward gather
             # eh_proj: a column-parallel [2h] input, its output gathered over TP and re-split by sequence
             per_micro["tp"] += modules * (sum(_column(2 * h, t)) + 2 * t * h) * a
-            if s.loss:  # output layer per head, and the cross entropy's three fp32 reductions
+            if s.loss and assistant:  # the frozen target's output layer gathers its input once
+                per_micro["tp"] += t * h * a + 3 * t * 4 + (_assistant_tp(cfg, d) if s.mtp_layers else 0)
+            elif s.loss:  # output layer per head, and the cross entropy's three fp32 reductions
                 per_micro["tp"] += (1 + cfg.mtp.num_layers) * (sum(_column(h, t)) * a + 3 * t * 4)
         if sizes.pp > 1:
             boundary = d.local * h * a

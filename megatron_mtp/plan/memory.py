@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from megatron_mtp.config import pipeline_layout
@@ -215,7 +215,9 @@ def chunk_activations(cfg: Config, stage: pipeline_layout.Stage, d: act.Dims, k:
         merge(f"{kind}_layers.", act.decoder_layer(act.layer_dims(cfg, d, layer), k, mods, moe, grouped_gemm))
     full_mtp = r.granularity == "full" and r.method == "uniform"
     head_by_head = cfg.mtp.head_by_head_backward and not sequential_mtp(cfg)
-    for _ in range(stage.mtp_layers):
+    if cfg.mtp.style == "assistant" and stage.mtp_layers:  # a separate drafter, K steps
+        merge("mtp_assistant.", act.assistant(cfg, d, k, cfg.mtp.num_layers))
+    for _ in range(stage.mtp_layers if cfg.mtp.style != "assistant" else 0):
         if not sequential_mtp(cfg):  # parallel heads: never under full recompute (mods is empty then)
             if not head_by_head:
                 merge("mtp_heads.", act.parallel_head(d, k))
@@ -230,7 +232,8 @@ def chunk_activations(cfg: Config, stage: pipeline_layout.Stage, d: act.Dims, k:
         merge("", act.final_norm(d, k))
     if stage.loss:  # head by head: the heads' logits are freed in the forward
         heads = bool(stage.mtp_layers) and not sequential_mtp(cfg) and not head_by_head
-        merge("", act.output_and_loss(d, k, 0 if head_by_head else cfg.mtp.num_layers, main=not frozen,
+        logits = replace(d, softcap=False) if cfg.mtp.style == "assistant" else d  # its logits are not capped
+        merge("", act.output_and_loss(logits, k, 0 if head_by_head else cfg.mtp.num_layers, main=not frozen,
                                       soft=cfg.mtp.targets != "tokens",
                                       trunk_saved=heads and act.heads_share_trunk(d, k)))
     if not stage.embedding and k.norm == "torch" and d.act_bytes != act.FP32 and not frozen:
@@ -431,7 +434,12 @@ def assumptions(plan: Plan) -> list[str]:
                    if plan.target.platform.is_cpu else
                    "pipeline: a chunk's output is freed once sent (deallocate_pipeline_outputs); only its autograd "
                    "node waits for the backward")
-    if cfg.mtp.num_layers and not sequential_mtp(cfg):
+    if cfg.mtp.num_layers and cfg.mtp.style == "assistant":
+        a = cfg.mtp.assistant
+        out.append(f"MTP: an assistant ({a.num_layers} layers of width {a.hidden_size}, its own output table) drafting "
+                   f"{cfg.mtp.num_layers} steps on the loss stage over the frozen target's stored keys/values "
+                   "(plan/activations.py assistant)")
+    elif cfg.mtp.num_layers and not sequential_mtp(cfg):
         out.append(f"MTP: {cfg.mtp.num_layers} parallel heads on the loss stage, no embedding copy there" + (
             "; head by head: each head's graph freed in the forward, its parameter gradients (and the output "
             "layer's) held per micro-batch instead" if cfg.mtp.head_by_head_backward else ""))

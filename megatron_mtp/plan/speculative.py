@@ -8,7 +8,10 @@ E·(1−(1−k/E)^T) distinct experts per MoE layer (a measured count can replac
 commits one token per sequence per forward of B tokens. A speculative round runs K draft steps (the
 MTP module: one layer, eh_proj and the head, B tokens each) and one verify forward of B·(K+1) tokens,
 and commits 1 + a₁ + a₁a₂ + … + a₁…a_K tokens per sequence (a_i: acceptance at draft depth i). The
-speedup is tokens per second of speculative over plain decoding.
+speedup is tokens per second of speculative over plain decoding. An assistant (mtp.style assistant, Gemma 4)
+drafts instead: each step reads all its own weights (its output table, of its width, the bulk of them) and, in
+every one of its layers, the target's stored keys/values of that layer's kind for every sequence (a sliding
+layer's window of them); it reads no expert.
 
 A forward takes the longer of its memory time and its compute time at the GPU's dense peak (FP8
 peak for 1-byte weights), so large batches meet the compute roof. Assumptions, printed with the
@@ -20,6 +23,7 @@ TP ranks and the routed experts evenly over its EP ranks; weights at --weight-by
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from megatron_mtp.config import Config
@@ -105,6 +109,20 @@ def draft_step_bytes(cfg: Config, padded_vocab: int, batch: int, serve: ServeLay
                         flops=flops / max(serve.tp, serve.ep))
 
 
+def assistant_step_bytes(cfg: Config, padded_vocab: int, batch: int, serve: ServeLayout) -> ForwardBytes:
+    """Bytes one GPU reads in one draft step of a separate drafter (module note)."""
+    import dataclasses
+
+    family = get_family(cfg.model.family)
+    weights = sum(math.prod(t.shape) for t in family.assistant_tensors(cfg, padded_vocab) if not t.buffer)
+    drafter = dataclasses.replace(cfg, model=family.assistant_model(cfg))  # its layers, the target's key widths
+    layers = drafter.model.num_layers
+    kv = batch * serve.context * layers * family.kv_cache_elements_per_token(drafter, serve.context) * serve.kv_bytes
+    flops = batch * (2 * weights + layers * family.decode_attention_flops(drafter, serve.context))
+    return ForwardBytes(dense=weights * serve.weight_bytes / serve.tp, experts=0.0, kv=kv / serve.tp,
+                        flops=flops / serve.tp)
+
+
 def tokens_per_round(acceptance: list[float], drafts: int) -> float:
     """Committed tokens per sequence per round: 1 + a₁ + a₁a₂ + … (the last given rate repeats)."""
     total, chain = 1.0, 1.0
@@ -151,9 +169,9 @@ def check_serve_layout(cfg: Config, serve: ServeLayout) -> None:
 
 def predict(cfg: Config, padded_vocab: int, gpu: Gpu, acceptance: list[float], serve: ServeLayout,
             batches=BATCHES, drafts=DRAFTS) -> list[Prediction]:
-    if not cfg.mtp.num_layers or cfg.mtp.style != "sequential":
-        raise UserError("the speculative prediction needs a sequential MTP module (mtp.num_layers ≥ 1, "
-                        "mtp.style=sequential) to draft with")
+    if not cfg.mtp.num_layers or cfg.mtp.style == "parallel":
+        raise UserError("the speculative prediction needs a sequential MTP module or an assistant (mtp.num_layers ≥ "
+                        "1, mtp.style=sequential or assistant) to draft with")
     if not gpu.hbm_bytes_per_s:
         raise UserError(f"the memory bandwidth of '{gpu.name}' is unknown; use --gpu h100, h200 or b200")
     if not acceptance or any(not 0.0 <= a <= 1.0 for a in acceptance):
@@ -166,7 +184,8 @@ def predict(cfg: Config, padded_vocab: int, gpu: Gpu, acceptance: list[float], s
         plain = main_forward_bytes(cfg, padded_vocab, b, b, serve)
         for k in drafts:
             verify = main_forward_bytes(cfg, padded_vocab, b, b * (k + 1), serve)
-            draft = draft_step_bytes(cfg, padded_vocab, b, serve)
+            draft = (assistant_step_bytes if cfg.mtp.style == "assistant" else draft_step_bytes)(
+                cfg, padded_vocab, b, serve)
             out.append(Prediction(
                 batch=b, drafts=k, plain_ms=plain.seconds(gpu, fp8) * 1e3,
                 round_ms=(verify.seconds(gpu, fp8) + k * draft.seconds(gpu, fp8)) * 1e3,
@@ -180,7 +199,8 @@ def format_table(cfg: Config, gpu: Gpu, acceptance: list[float], serve: ServeLay
                  rows: list[Prediction]) -> str:
     m = cfg.model
     lines = [
-        f"speculative decoding with the MTP module on {gpu.name} ({gpu.hbm_bytes_per_s / 1e12:.2f} TB/s), "
+        f"speculative decoding with {'the assistant' if cfg.mtp.style == 'assistant' else 'the MTP module'} on "
+        f"{gpu.name} ({gpu.hbm_bytes_per_s / 1e12:.2f} TB/s), "
         f"serving layout TP{serve.tp} × EP{serve.ep}, weights {serve.weight_bytes:g} B/element, "
         f"{serve.context} cached tokens per sequence, acceptance {', '.join(f'{a:.2f}' for a in acceptance)}",
         "assumed: roofline forwards (bytes/bandwidth or FLOPs/peak), no launch or communication time, no expert "

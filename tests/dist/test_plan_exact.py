@@ -28,6 +28,8 @@ QWEN3 = str(ROOT / "configs" / "qwen3_moe_tiny_cpu.yaml")
 GEMMA = str(ROOT / "configs" / "gemma4_tiny_cpu.yaml")
 BASE = ["model.vocab_size=1000", "model.num_layers=2", "training.seq_length=64", "training.micro_batch_size=2",
         "training.global_batch_size=8"]
+ASSISTANT = ["mtp.style=assistant", "mtp.num_layers=2", "mtp.freeze_base=true", "checkpoint.load=/a/model",
+             "mtp.assistant.hidden_size=64", "mtp.assistant.num_layers=2", "mtp.assistant.ffn_hidden_size=128"]
 LAYOUTS = {
     "tp2": (2, ["parallel.tensor=2"]),
     "pp2": (2, ["parallel.pipeline=2"]),
@@ -64,8 +66,12 @@ LAYOUTS = {
     "frozen_base": (1, ["mtp.freeze_base=true", "checkpoint.load=/a/model", "training.precision=bf16"]),
     "pp2_ep2_frozen_base": (4, ["mtp.freeze_base=true", "checkpoint.load=/a/model", "parallel.pipeline=2",
                                 "parallel.expert=2"]),
+    # Gemma 4's assistant on the frozen target: its own state alone trains; its steps' saved activations and the
+    # target's stored keys/values they attend to
+    "gemma4_assistant_tp2_ep2": (2, ["parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1",
+                                     "model.layer_types=null", *ASSISTANT], GEMMA),
 }
-FROZEN = {"frozen_base", "pp2_ep2_frozen_base"}
+FROZEN = {"frozen_base", "pp2_ep2_frozen_base", "gemma4_assistant_tp2_ep2"}
 MODELED = ("tp", "ep", "etp", "dp", "edp", "pp", "embedding")
 
 

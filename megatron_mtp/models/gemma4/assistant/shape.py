@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from megatron_mtp.models.gemma4.model_config import Gemma4ModelConfig
+from megatron_mtp.models.gemma4.model_config import Gemma4ModelConfig, stored_layers
 
 
 def assistant_model(cfg) -> Gemma4ModelConfig:
@@ -21,3 +21,9 @@ def assistant_model(cfg) -> Gemma4ModelConfig:
     return dataclasses.replace(m, hidden_size=a.hidden_size, num_layers=a.num_layers, layer_types=a.kinds(),
                                num_attention_heads=a.num_attention_heads, ffn_hidden_size=a.ffn_hidden_size,
                                num_experts=0, moe_ffn_hidden_size=0)
+
+
+def assistant_stored(cfg) -> dict[str, int]:
+    """The target layers (kind -> decoder layer) whose keys/values the assistant's layers read."""
+    kinds = set(cfg.mtp.assistant.kinds())
+    return {kind: i for kind, i in stored_layers(cfg.model).items() if kind in kinds}
