@@ -253,6 +253,25 @@ def sglang_qwen3_draft(c: dict, names: set[str]) -> Load:
     return Load(missing=want - got)
 
 
+def assistant_draft(c: dict, names: set[str], target: dict) -> Load:
+    """Gemma 4's assistant (vLLM's Gemma4MTP, SGLang's FROZEN_KV_MTP, transformers' Gemma4AssistantForCausalLM,
+    each from the directory's own config.json): its text stack of query-only layers (no key/value projections:
+    every layer reads the target's), its final norm and tied table, the two projections from and to the
+    target's width; a layer kind the target lacks has nothing to read."""
+    if c.get("model_type") != "gemma4_assistant" or c.get("backbone_hidden_size") != target["hidden_size"]:
+        return Load(error="not an assistant of this target")
+    text = c["text_config"]
+    if not set(text["layer_types"]) <= set(target["layer_types"]):
+        return Load(error="the target stores no keys of a kind the assistant reads")
+    want = {"model.embed_tokens.weight", "model.norm.weight", "pre_projection.weight", "post_projection.weight"}
+    for i in range(text["num_hidden_layers"]):
+        want |= {f"model.layers.{i}.{n}" for n in (
+            "input_layernorm.weight", "post_attention_layernorm.weight", "pre_feedforward_layernorm.weight",
+            "post_feedforward_layernorm.weight", "layer_scalar", "self_attn.q_proj.weight", "self_attn.q_norm.weight",
+            "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")}
+    return Load(missing=want - names, unknown=names - want)
+
+
 def known_mtp_patterns(c: dict) -> list[str]:
     """transformers 5.24's _keys_to_ignore_on_load_unexpected: DeepSeek-V3's layer 61, GLM-4.5's 92 and 46."""
     if c["model_type"] in (QWEN3, GEMMA4):
@@ -308,6 +327,8 @@ def vllm_served(e: serving.Export, files: dict[Path, tuple[dict, set]]) -> tuple
     spec = json.loads(opts["--speculative-config"])
     assert spec["method"] == "mtp"
     draft_config, draft_names = files[Path(spec.get("model", target_dir))]
+    if e.assistant:
+        return loads, assistant_draft(draft_config, draft_names, target)
     return loads, vllm_draft(target, draft_config, draft_names, spec["num_speculative_tokens"])
 
 
@@ -320,6 +341,9 @@ def sglang_served(e: serving.Export, files: dict[Path, tuple[dict, set]]) -> tup
     assert opts["--speculative-algorithm"] == "NEXTN"
     assert int(opts["--speculative-num-draft-tokens"]) == int(opts["--speculative-num-steps"]) + 1
     draft_config, draft_names = files[Path(opts.get("--speculative-draft-model-path", target_dir))]
+    if e.assistant:  # promoted to FROZEN_KV_MTP by the draft's architecture
+        assert draft_config["architectures"] == ["Gemma4AssistantForCausalLM"]
+        return loads, assistant_draft(draft_config, draft_names, files[target_dir][0])
     arch = draft_config["architectures"][0]  # SGLang maps the target's name to its NextN class
     assert arch in ("DeepseekV3ForCausalLM", "DeepseekV3ForCausalLMNextN", "Glm4MoeForCausalLM",
                     "Glm4MoeForCausalLMNextN", "Qwen3MoeForCausalLM", "Gemma4ForCausalLM", "Gemma4ForCausalLMNextN")
@@ -333,6 +357,10 @@ def transformers_served(e: serving.Export, files: dict[Path, tuple[dict, set]]) 
     loads = transformers_target(config, names)
     if not e.depth:
         return loads, None
+    if e.assistant:
+        code = serving.transformers_assistant_code(e)
+        source = Path(json.loads(re.search(r"Gemma4AssistantForCausalLM\.from_pretrained\((\".*?\")\)", code).group(1)))
+        return loads, assistant_draft(*files[source], config)
     mtp = serving.transformers_mtp_code(e)
     config = dict(config)
     if m := re.search(r"model\.config\.num_mtp_layers = (\d+)", mtp):
@@ -361,6 +389,8 @@ def planned(case: tuple, layout: str) -> Optional[tuple[serving.Export, dict[Pat
     own_names = get_family(cfg.model.family).table.mtp_names is not release_mtp_name
     if naming == "nextn" and (cfg.mtp.modules > 1 or own_names):
         return None  # refused by to-hf
+    if cfg.mtp.style == "assistant" and mode == "inline":
+        return None  # refused by to-hf: a model of its own
     vocab = cfg.model.vocab_size or 4096
     plan = plan_export(cfg, vocab, mode, naming)
     configs = hf_configs(cfg, vocab, mode, naming, "bf16", NO_IDS)

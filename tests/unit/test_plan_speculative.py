@@ -15,6 +15,7 @@ from megatron_mtp.plan.gpus import parse_gpu
 from megatron_mtp.plan.memory import resolve_vocab
 from megatron_mtp.plan.speculative import (
     ServeLayout,
+    assistant_step_bytes,
     distinct_experts,
     draft_step_bytes,
     main_forward_bytes,
@@ -24,6 +25,10 @@ from megatron_mtp.plan.speculative import (
 
 ROOT = Path(__file__).resolve().parents[2]
 V3 = str(ROOT / "configs" / "deepseek_v3_671b.yaml")
+GEMMA_26B, GEMMA_31B = str(ROOT / "configs" / "gemma4_26b_a4b.yaml"), str(ROOT / "configs" / "gemma4_31b.yaml")
+ASSISTANT = ["mtp.style=assistant", "mtp.freeze_base=true", "checkpoint.load=/a/target", "mtp.num_layers=6",
+             "mtp.assistant.hidden_size=1024", "mtp.assistant.num_layers=4", "mtp.assistant.num_attention_heads=16",
+             "mtp.assistant.ffn_hidden_size=4096"]
 
 
 @pytest.mark.parametrize("experts,topk,tokens", [(256, 8, 1), (256, 8, 4), (256, 8, 16), (8, 2, 3), (64, 6, 40)])
@@ -67,11 +72,41 @@ def test_moe_verification_touches_more_experts_and_the_gain_returns_with_the_bat
     assert all(r.round_ms > r.plain_ms for r in rows.values())
 
 
+def test_an_assistant_step_reads_its_weights_and_the_stored_keys_of_its_kinds():
+    """Gemma 4's assistant (the 31B's shape of configs/gemma4_31b.yaml): all its weights (its 262,144 × 1,024 output
+    table the bulk), and per layer the target's stored keys/values of that layer's kind for every sequence (a
+    sliding layer: its window, keys and values; a full layer: keys alone, its values are its keys), no expert."""
+    cfg = load_config(GEMMA_31B, ["checkpoint.load=/a/target"])
+    vocab, context = resolve_vocab(cfg), 8192
+    step = assistant_step_bytes(cfg, vocab, batch=4, serve=ServeLayout(weight_bytes=2.0, context=context))
+    h = 1024
+    layer = lambda q: 4 * h + q * h * 2 + 2 * h * 4096 + 4096 * h + 256  # noqa: E731  norms, q, o, MLP, q norm
+    weights = (2 * 5376 * h + 3 * layer(16 * 256) + layer(16 * 512) + 256 + h + 5376 * h + vocab * h)
+    assert step.dense == pytest.approx(2 * weights, rel=1e-3) and step.experts == 0
+    sliding, full = 2 * 16 * 256 * 1024, 4 * 512 * context  # three sliding layers read the window, one full layer
+    assert step.kv == 4 * (3 * sliding + full) * 2
+
+
+def test_expert_loading_takes_the_assistants_gain_at_small_batches():
+    """The same assistant drafting for the 26B-A4B MoE target and for the dense 31B: verifying K + 1 tokens per
+    sequence loads experts plain decoding does not, so at batch 1 the MoE target's gain is a fraction of the dense
+    one's; by batch 64 every expert is loaded either way and the gains meet (the README's prediction)."""
+    gains = {}
+    for name, config in (("moe", GEMMA_26B), ("dense", GEMMA_31B)):
+        cfg = load_config(config, ASSISTANT)
+        rows = predict(cfg, resolve_vocab(cfg), parse_gpu("h100"), [0.8], ServeLayout(weight_bytes=2.0),
+                       batches=(1, 4, 16, 64), drafts=(6,))
+        gains[name] = {r.batch: r.speedup for r in rows}
+    assert gains["moe"][1] < 0.5 * gains["dense"][1] and gains["dense"][1] > 3.0
+    assert gains["moe"][1] < gains["moe"][16] < gains["moe"][64]
+    assert abs(gains["moe"][64] / gains["dense"][64] - 1) < 0.1
+
+
 @pytest.mark.parametrize("args,words", [
     (["--acceptance", "x"], "--acceptance 'x' must be rates"),
     (["--acceptance", "1.5"], "must be rates between 0 and 1"),
     (["--serve-tp", "0"], "--serve-tp is 0"),
-    (["mtp.num_layers=0"], "needs a sequential MTP module"),
+    (["mtp.num_layers=0"], "needs a sequential MTP module or an assistant"),
     (["--gpu", "96"], "bandwidth of '96 GiB GPU' is unknown"),
     (["--serve-ep", "100000"], "--serve-ep 100000 does not divide the model's 256 routed experts"),
 ])
