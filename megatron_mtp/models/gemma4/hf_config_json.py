@@ -140,12 +140,13 @@ def _global_overrides(raw: Mapping[str, Any], where: str, kinds: tuple[str, ...]
     """global_head_dim / num_global_key_value_heads, from those keys or from a saved per_layer_config."""
     out: dict[str, Any] = {}
     per_layer = raw.get("per_layer_config")
-    if isinstance(per_layer, Mapping) and per_layer:
+    if isinstance(per_layer, Mapping) and FULL in kinds:  # what transformers saved: a layer not in it (or a field
+        # not in its entry) takes the model's own head_dim / num_key_value_heads, as transformers builds it
         full = [per_layer.get(str(i), per_layer.get(i)) for i, k in enumerate(kinds) if k == FULL]
-        full = [f for f in full if isinstance(f, Mapping)]
-        if full:
-            out["global_head_dim"] = _value(full[0], "head_dim", int, None, where)
-            out["num_global_key_value_heads"] = _value(full[0], "num_key_value_heads", int, None, where)
+        entry = next((f for f in full if isinstance(f, Mapping)), {})
+        out["global_head_dim"] = _value(entry, "head_dim", int, None, where) or raw.get("head_dim")
+        out["num_global_key_value_heads"] = (_value(entry, "num_key_value_heads", int, None, where)
+                                             or raw.get("num_key_value_heads"))
     for key in ("global_head_dim", "num_global_key_value_heads"):
         if raw.get(key) is not None:
             out[key] = _value(raw, key, int, None, where)
