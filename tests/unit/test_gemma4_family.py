@@ -51,6 +51,45 @@ def test_shipped_config_is_the_release_and_counts_as_transformers_does():
     assert round(total / 1e9, 1) == 25.2 and round(counts["main_active"] / 1e9, 1) == 3.8
 
 
+RELEASE_31B = {  # google/gemma-4-31B's text_config, the fields that shape the model
+    "model_type": "gemma4_text", "vocab_size": 262144, "hidden_size": 5376, "intermediate_size": 21504,
+    "num_hidden_layers": 60, "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 256,
+    "global_head_dim": 512, "num_global_key_value_heads": 4, "attention_k_eq_v": True, "sliding_window": 1024,
+    "final_logit_softcapping": 30.0, "enable_moe_block": False, "hidden_size_per_layer_input": 0,
+    "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+    "hidden_activation": "gelu_pytorch_tanh",
+}
+
+
+def test_shipped_dense_config_is_the_31b_release_and_its_assistant_counts_as_transformers_does():
+    """configs/gemma4_31b.yaml: the dense 31B's text model (30.70B as transformers counts it, the card's 30.7B), and
+    the assistant it trains has the tensors transformers builds for its config.json (our export's)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from megatron_mtp.models.gemma4.assistant.hf_config import assistant_hf_config
+
+    cfg = load_config(str(ROOT / "configs" / "gemma4_31b.yaml"))
+    theirs, _, vocab = get_family("gemma4").from_hf_config(dict(RELEASE_31B))
+    differ = [f.name for f in dataclasses.fields(cfg.model)
+              if f.name not in TRAINING_ONLY and getattr(cfg.model, f.name) != getattr(theirs, f.name)]
+    assert differ == [], [(k, getattr(cfg.model, k), getattr(theirs, k)) for k in differ]
+    with torch.device("meta"):
+        model = transformers.Gemma4ForCausalLM(transformers.Gemma4TextConfig(**RELEASE_31B))
+        raw = assistant_hf_config(cfg, vocab, "bfloat16")
+        assistant = transformers.Gemma4AssistantForCausalLM(transformers.Gemma4AssistantConfig(
+            text_config=raw["text_config"], backbone_hidden_size=raw["backbone_hidden_size"]))
+    counts = get_family("gemma4").parameter_counts(dataclasses.replace(cfg, mtp=dataclasses.replace(
+        cfg.mtp, num_layers=0)), vocab)
+    assert counts["main"] == sum(p.numel() for p in model.parameters()) and round(counts["main"] / 1e9, 1) == 30.7
+    ours = {t.hf[0] if len(t.hf) == 1 else t.hf: t.shape for t in get_family("gemma4").assistant_tensors(cfg, vocab)}
+    state = {n: tuple(t.shape) for n, t in assistant.state_dict().items() if n != "lm_head.weight"}
+    fused = {k: v for k, v in ours.items() if isinstance(k, tuple)}  # fc1: gate and up, stacked
+    assert {k: v for k, v in ours.items() if isinstance(k, str)} == {k: v for k, v in state.items()
+                                                                      if k not in {n for f in fused for n in f}}
+    assert all(v == (sum(state[n][0] for n in k), *state[k[0]][1:]) for k, v in fused.items())
+
+
 def test_layer_kinds_are_transformers():
     transformers = pytest.importorskip("transformers")
     for layers in (1, 4, 6, 7, 12, 30):
