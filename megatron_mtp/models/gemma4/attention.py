@@ -72,18 +72,8 @@ class Gemma4Attention(MegatronModule):
         norm = dict(config=config, hidden_size=head_dim, eps=self.eps)
         self.q_layernorm = submodules.q_layernorm(**norm)
         self.k_layernorm = submodules.k_layernorm(**norm)
-        layer_config = copy.copy(config)  # the core attention reads this kind's widths and window
-        layer_config.kv_channels, layer_config.num_query_groups = head_dim, query_groups
-        layer_config.window_size = None if window is None else (window - 1, 0)
-        self.core_attention = submodules.core_attention(
-            config=layer_config, layer_number=layer_number, attn_mask_type=attn_mask_type, attention_type="self",
-            softmax_scale=1.0, pg_collection=pg_collection)
-        self.linear_proj = submodules.linear_proj(
-            config.num_attention_heads * head_dim, h, config=config, init_method=config.output_layer_init_method,
-            bias=False, input_is_parallel=True, skip_bias_add=True, is_expert=False, tp_comm_buffer_name="proj",
-            tp_group=pg_collection.tp)
-        self.post_layernorm = submodules.post_layernorm(config=config, hidden_size=h, eps=self.eps)
-        self.register_buffer("inv_freq", rope_inv_freq(head_dim, rope_base, rope_share), persistent=False)
+        attention_tail(self, submodules, layer_number, head_dim, query_groups, None if window is None else window - 1,
+                       (rope_base, rope_share), pg_collection)
         self.store_kv = False  # the layer an assistant reads keeps its last forward's keys/values (assistant/)
         self.stored_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
@@ -117,6 +107,27 @@ class Gemma4Attention(MegatronModule):
         out = self.core_attention(q, k, v, attention_mask, attn_mask_type=AttnMaskType.causal)
         out, bias = self.linear_proj(out)
         return self.post_layernorm(out), bias
+
+
+def attention_tail(module, submodules, layer_number: int, head_dim: int, query_groups: int, left: Optional[int],
+                   rope: tuple[float, float], pg_collection) -> None:
+    """Set on ``module`` what follows its projections: the core attention over the key/value heads of this kind
+    (``left`` keys before each query besides its own, None: every earlier one), the output projection, the
+    post-attention norm, and the RoPE frequencies (base, share) of the kind."""
+    config = module.config
+    layer_config = copy.copy(config)  # the core attention reads this kind's widths and window
+    layer_config.kv_channels, layer_config.num_query_groups = head_dim, query_groups
+    layer_config.window_size = None if left is None else (left, 0)
+    module.core_attention = submodules.core_attention(
+        config=layer_config, layer_number=layer_number, attn_mask_type=AttnMaskType.causal, attention_type="self",
+        softmax_scale=1.0, pg_collection=pg_collection)
+    module.linear_proj = submodules.linear_proj(
+        config.num_attention_heads * head_dim, config.hidden_size, config=config,
+        init_method=config.output_layer_init_method, bias=False, input_is_parallel=True, skip_bias_add=True,
+        is_expert=False, tp_comm_buffer_name="proj", tp_group=pg_collection.tp)
+    module.post_layernorm = submodules.post_layernorm(config=config, hidden_size=config.hidden_size,
+                                                      eps=config.layernorm_epsilon)
+    module.register_buffer("inv_freq", rope_inv_freq(head_dim, *rope), persistent=False)
 
 
 def scale_of_embedding(hidden_size: int) -> float:

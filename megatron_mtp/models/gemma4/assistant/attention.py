@@ -16,7 +16,6 @@ sequence parallelism the query projection gathers the sequence and the output pr
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -24,7 +23,8 @@ import torch
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 
-from megatron_mtp.models.gemma4.rope import apply_rope, rope_cos_sin, rope_inv_freq
+from megatron_mtp.models.gemma4.attention import attention_tail
+from megatron_mtp.models.gemma4.rope import apply_rope, rope_cos_sin
 
 
 @dataclass
@@ -54,18 +54,9 @@ class QueryOnlyAttention(MegatronModule):
             gather_output=False, bias=False, skip_bias_add=False, is_expert=False, tp_comm_buffer_name="q",
             tp_group=pg_collection.tp)
         self.q_layernorm = submodules.q_layernorm(config=config, hidden_size=head_dim, eps=config.layernorm_epsilon)
-        layer_config = copy.copy(config)  # the core attention reads the stored keys' widths and this window
-        layer_config.kv_channels, layer_config.num_query_groups = head_dim, query_groups
-        layer_config.window_size = None if window is None else (window, 0)
-        self.core_attention = submodules.core_attention(
-            config=layer_config, layer_number=layer_number, attn_mask_type=AttnMaskType.causal, attention_type="self",
-            softmax_scale=1.0, pg_collection=pg_collection)
-        self.linear_proj = submodules.linear_proj(
-            config.num_attention_heads * head_dim, h, config=config, init_method=config.output_layer_init_method,
-            bias=False, input_is_parallel=True, skip_bias_add=True, is_expert=False, tp_comm_buffer_name="proj",
-            tp_group=pg_collection.tp)
-        self.post_layernorm = submodules.post_layernorm(config=config, hidden_size=h, eps=config.layernorm_epsilon)
-        self.register_buffer("inv_freq", rope_inv_freq(head_dim, rope_base, rope_share), persistent=False)
+        # a sliding layer sees one stored key more than the target's own window (module note)
+        attention_tail(self, submodules, layer_number, head_dim, query_groups, window, (rope_base, rope_share),
+                       pg_collection)
         self.shared_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, **_):
