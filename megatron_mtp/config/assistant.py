@@ -20,6 +20,13 @@ class AssistantShape:
     layer_types: Optional[list[str]] = None
     """Each layer's attention, sliding_attention or full_attention: which of the target's stored layers it
     reads (the last of that kind). null: every layer sliding but the last, which is full."""
+    num_centroids: int = 0
+    """> 0: a centroid-masked output (transformers' use_ordered_embeddings): drafting scores this many clusters
+    of vocabulary / num_centroids tokens and takes its logits only over the tokens of the best centroid_top_k of
+    them; training adds the centroid cross entropy to each step's loss (models/gemma4/assistant/centroids.py).
+    0: the whole output table (the 26B-A4B and 31B releases)."""
+    centroid_top_k: int = 32
+    """With num_centroids: the clusters whose tokens a draft step scores (the releases: 32 of 2,048)."""
     step_weights: Optional[list[float]] = None
     """Weight of each draft step's loss (mtp.num_layers entries): the objective is
     lm + (λ/K)·Σ_k w_k·loss_k. null: 1 each."""

@@ -309,6 +309,12 @@ def _assistant(cfg: Config) -> None:
     if a.step_weights is not None and (len(a.step_weights) != mtp.num_layers or min(a.step_weights) < 0):
         raise UserError(f"mtp.assistant.step_weights {a.step_weights} must hold mtp.num_layers={mtp.num_layers} "
                         "weights of at least 0, one per draft step")
+    if a.num_centroids < 0 or (a.num_centroids and not 0 < a.centroid_top_k <= a.num_centroids):
+        raise UserError(f"mtp.assistant.num_centroids={a.num_centroids} and centroid_top_k={a.centroid_top_k}: give 0 "
+                        "centroids (the whole output table), or a positive count and a top-k of at most that many")
+    if a.num_centroids % cfg.parallel.tensor:
+        raise UserError(f"mtp.assistant.num_centroids={a.num_centroids} is not divisible by parallel.tensor="
+                        f"{cfg.parallel.tensor}; every tensor-parallel rank scores whole clusters")
     if a.num_attention_heads % cfg.parallel.tensor:
         raise UserError(f"mtp.assistant.num_attention_heads={a.num_attention_heads} is not divisible by "
                         f"parallel.tensor={cfg.parallel.tensor}; every tensor-parallel rank must hold whole heads")

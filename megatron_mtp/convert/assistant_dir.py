@@ -39,7 +39,7 @@ def assistant_params(cfg, vocab: int) -> list[Param]:
     tensors = get_family(cfg.model.family).assistant_tensors
     if tensors is None:
         raise UserError(f"mtp.style=assistant is not built for model.family={cfg.model.family}")
-    return [Param(t.mcore, tuple(IN_DIR + h for h in t.hf), "mtp") for t in tensors(cfg, vocab)]
+    return [Param(t.mcore, tuple(IN_DIR + h for h in t.hf), "mtp", integer=t.integer) for t in tensors(cfg, vocab)]
 
 
 def shapes(cfg, vocab: int) -> dict[str, tuple[int, ...]]:

@@ -158,7 +158,7 @@ def _assemble(param: Param, src: _Sources, dtype: torch.dtype, expert: Optional[
     for name, part in zip(names, parts):
         if not tensor_is_finite(part):
             refuse_nonfinite(name, "the Hugging Face model")
-    parts = [part.to(torch.float32 if param.keep_fp32 else dtype) for part in parts]
+    parts = [part.to(torch.int64 if param.integer else torch.float32 if param.keep_fp32 else dtype) for part in parts]
     tensor = param.join(parts)
     return tensor.unsqueeze(0) if expert is not None else tensor
 

@@ -189,7 +189,7 @@ def _split_outputs(dest: str, names: list[Optional[str]], shape: tuple[int, ...]
 
 
 def _out_dtype(param: Param, dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if param.keep_fp32 else dtype
+    return torch.int64 if param.integer else torch.float32 if param.keep_fp32 else dtype
 
 
 def _has_fp8(piece: Piece) -> bool:

@@ -82,6 +82,8 @@ class Param:
     """(key/value groups, query heads per group, head dim) of a fused q/k/v projection."""
     stacked: bool = False
     """With ``num_experts``: the HF tensor holds every expert along its first axis, as the mcore one does."""
+    integer: bool = False
+    """An integer buffer (an assistant's ``token_ordering``): written and read as int64, never cast."""
 
     @property
     def per_expert(self) -> bool:

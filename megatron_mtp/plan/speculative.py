@@ -11,7 +11,8 @@ and commits 1 + a₁ + a₁a₂ + … + a₁…a_K tokens per sequence (a_i: acc
 speedup is tokens per second of speculative over plain decoding. An assistant (mtp.style assistant, Gemma 4)
 drafts instead: each step reads all its own weights (its output table, of its width, the bulk of them) and, in
 every one of its layers, the target's stored keys/values of that layer's kind for every sequence (a sliding
-layer's window of them); it reads no expert.
+layer's window of them); it reads no expert, and with centroids (mtp.assistant.num_centroids) only the table
+rows of its top clusters' tokens (for one sequence: the union over a batch is not modelled).
 
 A forward takes the longer of its memory time and its compute time at the GPU's dense peak (FP8
 peak for 1-byte weights), so large batches meet the compute roof. Assumptions, printed with the
@@ -116,6 +117,9 @@ def assistant_step_bytes(cfg: Config, padded_vocab: int, batch: int, serve: Serv
     family = get_family(cfg.model.family)
     weights = sum(math.prod(t.shape) for t in family.assistant_tensors(cfg, padded_vocab) if not t.buffer)
     drafter = dataclasses.replace(cfg, model=family.assistant_model(cfg))  # its layers, the target's key widths
+    a = cfg.mtp.assistant
+    if a.num_centroids:  # a centroid-masked output reads the rows of its top clusters' tokens alone
+        weights -= (padded_vocab - a.centroid_top_k * (padded_vocab // a.num_centroids)) * a.hidden_size
     layers = drafter.model.num_layers
     kv = batch * serve.context * layers * family.kv_cache_elements_per_token(drafter, serve.context) * serve.kv_bytes
     flops = batch * (2 * weights + layers * family.decode_attention_flops(drafter, serve.context))

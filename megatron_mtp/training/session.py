@@ -27,7 +27,7 @@ from megatron_mtp.errors import UserError
 from megatron_mtp.platform import Platform, all_reduce_sum, megatron_core
 from megatron_mtp.platform import setup as setup_platform
 from megatron_mtp.training import checkpoint_state as ckpt_io
-from megatron_mtp.training.components import Components, TrainState, build_components
+from megatron_mtp.training.components import Components, TrainState, build_components, unwrap
 from megatron_mtp.training.distributed import Ranks, env_world, init_distributed
 from megatron_mtp.training.finite_weights import refuse_nonfinite_loaded_weights
 from megatron_mtp.training.run_dir_claim import claim_run_dir, forget_claim, run_dir_state
@@ -136,6 +136,10 @@ def _open_claimed(cfg: Config, run_dir: Path, platform: Platform, ranks: Ranks, 
         notes += [src.note] if src.note else []
     if loaded_from is not None:
         refuse_nonfinite_loaded_weights(components, loaded_from)
+    for chunk in components.model:  # what a model draws from the weights it loaded (a new assistant's clusters)
+        prepare = getattr(unwrap(chunk), "prepare_after_load", None)
+        if prepare is not None:
+            prepare()
 
     t = cfg.training
     train_samples = t.max_steps * t.global_batch_size

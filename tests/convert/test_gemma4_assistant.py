@@ -154,15 +154,63 @@ def test_refreshed_assistant_accepts_more_exports_and_decodes_as_transformers(ta
     plain = gen.generate(prompt, max_new_tokens=new, ignore_eos=True)
     spec = gen.generate(prompt, max_new_tokens=new, ignore_eos=True, speculative_k=K)
     assert spec.tokens == plain.tokens
-    calls = []
-    target_model.register_forward_hook(lambda *_: calls.append(1))
+    ours, theirs, assisted = _tokens_per_round(gen, target_model, assistant, prompt, new)
+    assert assisted == spec.tokens and abs(ours / theirs - 1) < 0.03 and ours > 1.2, (ours, theirs)
+
+
+def _tokens_per_round(gen, target_model, assistant, prompt, new):
+    """(our tokens per verification round, transformers', transformers' greedy tokens) with the assistant. A round
+    of transformers' is a target forward over the last token and the drafts; its forwards of one token (a step
+    with nothing left to draft, at the end) and the pre-fill commit one token each outside any round, as ours do."""
+    spec = gen.generate(prompt, max_new_tokens=new, ignore_eos=True, speculative_k=K)
+    widths = []
+    hook = target_model.register_forward_pre_hook(
+        lambda _, args, kwargs: widths.append((kwargs.get("input_ids") if args == () else args[0]).shape[1]),
+        with_kwargs=True)
     with torch.no_grad():
         assisted = target_model.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False,
                                          assistant_model=assistant.eval())
-    assert assisted[0, len(prompt):].tolist() == spec.tokens
-    # transformers: one target forward pre-fills, then one per round, each round's tokens the accepted drafts + 1
-    ours, theirs = new / spec.stats.rounds, new / (len(calls) - 1)
-    assert abs(ours / theirs - 1) < 0.03 and ours > 1.2, (ours, theirs)
+    hook.remove()
+    rounds = [w for w in widths[1:] if w > 1]
+    theirs = (new - 1 - (len(widths) - 1 - len(rounds))) / len(rounds)
+    return spec.stats.round_tokens / spec.stats.rounds, theirs, assisted[0, len(prompt):].tolist()
+
+
+def test_centroid_output_clusters_the_target_table_exports_and_decodes_as_transformers(target, tmp_path):
+    """mtp.assistant.num_centroids: a new assistant's clusters are the balanced k-means partition of the target's
+    embedding table (16 of 64 tokens here), trained beside the table; the export is transformers'
+    use_ordered_embeddings (its masked output drafts from the 4 best clusters), our greedy decoding equals
+    transformers' with it in tokens and tokens per round, and it imports back bitwise, clusters included."""
+    from megatron_mtp.inference.generate import load_generator
+    from megatron_mtp.models.gemma4.assistant.centroids import balanced_kmeans
+
+    ckpt = import_from_hf(target, tmp_path / "target_ckpt")
+    run = tmp_path / "run"
+    megatron_cli("train", "configs/gemma4_tiny_cpu.yaml", "--run-dir", str(run), "--max-steps", "6", *RUN,
+                 *ASSISTANT, "mtp.assistant.num_centroids=16", "mtp.assistant.centroid_top_k=4",
+                 f"checkpoint.load={ckpt}", "logging.log_interval=1", "checkpoint.save_interval=6")
+    with TorchDistReader(_latest(run)) as out, TorchDistReader(ckpt) as src:
+        ordering = out.read("mtp_assistant.token_ordering")
+        assert torch.equal(ordering, balanced_kmeans(src.read("embedding.word_embeddings.weight"), 16))
+    export = export_to_hf(run, tmp_path / "hf", dtype="fp32")
+    config = json.loads((export / "mtp" / "config.json").read_text())
+    assert (config["use_ordered_embeddings"], config["num_centroids"], config["centroid_intermediate_top_k"]) == (
+        True, 16, 4)
+    target_model = transformers.Gemma4ForCausalLM.from_pretrained(export / "main", dtype=torch.float32,
+                                                                  attn_implementation="eager").eval()
+    assistant, info = transformers.Gemma4AssistantForCausalLM.from_pretrained(
+        export / "mtp", dtype=torch.float32, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    assert torch.equal(assistant.masked_embedding.token_ordering, ordering)
+    gen = load_generator(export)
+    prompt, new = [17, 300, 41, 9, 12, 77, 500, 3, 8, 99], 32
+    ours, theirs, assisted = _tokens_per_round(gen, target_model, assistant, prompt, new)
+    assert assisted == gen.generate(prompt, max_new_tokens=new, ignore_eos=True).tokens
+    assert abs(ours / theirs - 1) < 0.03, (ours, theirs)
+    back = import_from_hf(export / "main", tmp_path / "back", mtp_dir=export / "mtp")
+    with TorchDistReader(_latest(run)) as out, TorchDistReader(back) as again:
+        keys = [k for k in out.keys() if k.startswith("mtp_assistant.")]
+        assert "mtp_assistant.centroids.weight" in keys and all(torch.equal(out.read(k), again.read(k)) for k in keys)
 
 
 def test_what_an_assistant_export_cannot_be_is_one_sentence(target, imported, tmp_path):

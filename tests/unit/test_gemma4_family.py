@@ -141,3 +141,24 @@ def test_decode_cost_counts_what_sliding_layers_keep():
     short, long = (family.decode_attention_flops(cfg, c) for c in (1024, 65536))
     assert short == (25 * 4 * 16 * 256 * 1024 + 5 * 4 * 16 * 512 * 1024) / 30
     assert long == (25 * 4 * 16 * 256 * 1024 + 5 * 4 * 16 * 512 * 65536) / 30
+
+
+def test_balanced_kmeans_partitions_the_table_into_equal_clusters_of_similar_rows():
+    """An assistant's centroid partition (models/gemma4/assistant/centroids.py): every token once, every cluster
+    the same size, the same partition from the same table, and rows of a cluster more alike than at random."""
+    import torch
+
+    from megatron_mtp.models.gemma4.assistant.centroids import balanced_kmeans, cluster_of
+
+    table = torch.randn(1024, 32, generator=torch.Generator().manual_seed(0))
+    ordering = balanced_kmeans(table, 16)
+    assert sorted(ordering.tolist()) == list(range(1024)) and torch.equal(ordering, balanced_kmeans(table, 16))
+    clusters = cluster_of(ordering, 64)
+    assert torch.bincount(clusters).tolist() == [64] * 16
+    assert torch.equal(clusters[ordering[64:128]], torch.ones(64, dtype=torch.long))  # run c of the ordering is c
+    rows = torch.nn.functional.normalize(table, dim=1)
+
+    def coherence(assign):
+        return sum((rows[assign == c] @ rows[assign == c].t()).mean().item() for c in range(16)) / 16
+
+    assert coherence(clusters) > 3 * coherence(torch.randperm(1024, generator=torch.Generator().manual_seed(1)) // 64)

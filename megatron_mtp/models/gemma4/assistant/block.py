@@ -102,11 +102,23 @@ class AssistantBlock(MegatronModule):
         self.final_layernorm = _modules(platform)[0](config=config, hidden_size=width, eps=config.layernorm_epsilon)
         self.post_projection = ColumnParallelLinear(width, backbone, **linear)
         self.output_layer = ColumnParallelLinear(width, vocab_size, **linear)
+        clusters = cfg.mtp.assistant.num_centroids
+        self.centroids = None
+        if clusters:  # the centroid-masked output (centroids.py)
+            if vocab_size % clusters:
+                from megatron_mtp.errors import UserError
+
+                raise UserError(f"mtp.assistant.num_centroids={clusters} does not divide the vocabulary of "
+                                f"{vocab_size} (padded) tokens; every cluster holds vocabulary / num_centroids of them")
+            self.centroids = ColumnParallelLinear(width, clusters, **linear)
+            self.register_buffer("token_ordering", torch.zeros(vocab_size, dtype=torch.long))
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata=None):
-        from megatron.core.transformer.utils import sharded_state_dict_default
+        from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint, sharded_state_dict_default
 
-        out = {}
+        own: dict = {}
+        self._save_to_state_dict(own, "", keep_vars=True)  # its own buffer (token_ordering), replicated
+        out = make_sharded_tensors_for_checkpoint(own, prefix, sharded_offsets=sharded_offsets)
         for name, module in self.named_children():
             if name == "layers":  # each layer shards itself (a plain ModuleList would be saved replicated)
                 for i, layer in enumerate(module):
@@ -150,3 +162,21 @@ class AssistantBlock(MegatronModule):
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """[s, b, V/TP] logits of a step's output over this rank's slice of the assistant's table."""
         return self.output_layer(x)[0]
+
+    def centroid_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """[s, b, C/TP] cluster scores of a step's output (this rank's slice of the clusters)."""
+        return self.centroids(x)[0]
+
+    def draw_partition(self, table: torch.Tensor) -> None:
+        """A new assistant's clusters, from the target's whole embedding table [V, H] (centroids.py); every rank
+        computes the same ones from the same table."""
+        from megatron_mtp.models.gemma4.assistant.centroids import balanced_kmeans
+
+        ordering = balanced_kmeans(table.detach().float().cpu(), self.centroids.weight.shape[0] * self.tp_size)
+        self.token_ordering.copy_(ordering.to(self.token_ordering.device))
+
+    @property
+    def tp_size(self) -> int:
+        from megatron.core import parallel_state
+
+        return parallel_state.get_tensor_model_parallel_world_size()

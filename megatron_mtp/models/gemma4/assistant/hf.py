@@ -26,7 +26,9 @@ class AssistantTensor:
     tp: bool = False
     """Split over the tensor-parallel ranks."""
     buffer: bool = False
-    """Not a parameter (``layer_scalar``)."""
+    """Not a parameter (``layer_scalar``, ``token_ordering``)."""
+    integer: bool = False
+    """Stored as int64 (``token_ordering``)."""
 
 
 def assistant_tensors(cfg, vocab: int) -> list[AssistantTensor]:
@@ -58,4 +60,8 @@ def assistant_tensors(cfg, vocab: int) -> list[AssistantTensor]:
         AssistantTensor(PREFIX + "final_layernorm.weight", ("model.norm.weight",), (h,)),
         AssistantTensor(PREFIX + "post_projection.weight", ("post_projection.weight",), (backbone, h), True),
         AssistantTensor(PREFIX + "output_layer.weight", ("model.embed_tokens.weight",), (vocab, h), True),
-    ]
+    ] + ([  # the centroid-masked output (models/gemma4/assistant/centroids.py)
+        AssistantTensor(PREFIX + "centroids.weight", ("masked_embedding.centroids.weight",), (clusters, h), True),
+        AssistantTensor(PREFIX + "token_ordering", ("masked_embedding.token_ordering",), (vocab,), buffer=True,
+                        integer=True),
+    ] if (clusters := cfg.mtp.assistant.num_centroids) else [])

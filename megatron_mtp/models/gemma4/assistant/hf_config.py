@@ -44,6 +44,7 @@ def assistant_hf_config(cfg, vocab: int, torch_dtype: str) -> dict[str, Any]:
     from megatron_mtp.config.model import MTPConfig
     from megatron_mtp.models.gemma4.hf_config import to_hf_config
 
+    a = cfg.mtp.assistant
     text = to_hf_config(assistant_model(cfg), MTPConfig(num_layers=0), vocab_size=vocab, num_nextn_predict_layers=0,
                         torch_dtype=torch_dtype).to_dict()
     for key in ("architectures", "num_nextn_predict_layers", "torch_dtype", "bos_token_id", "eos_token_id",
@@ -52,8 +53,9 @@ def assistant_hf_config(cfg, vocab: int, torch_dtype: str) -> dict[str, Any]:
     text.update(num_kv_shared_layers=cfg.mtp.assistant.num_layers, vocab_size_per_layer_input=0,
                 final_logit_softcapping=None, enable_moe_block=False, tie_word_embeddings=True)
     return {"architectures": ["Gemma4AssistantForCausalLM"], "model_type": "gemma4_assistant",
-            "backbone_hidden_size": cfg.model.hidden_size, "use_ordered_embeddings": False,
-            "num_centroids": 2048, "centroid_intermediate_top_k": 32, "tie_word_embeddings": True,
+            "backbone_hidden_size": cfg.model.hidden_size, "use_ordered_embeddings": bool(a.num_centroids),
+            "num_centroids": a.num_centroids or 2048, "centroid_intermediate_top_k": a.centroid_top_k,
+            "tie_word_embeddings": True,
             "torch_dtype": torch_dtype, "text_config": text}
 
 
@@ -63,9 +65,6 @@ def shape_from_hf(raw: dict[str, Any], target, vocab: int, where: str) -> Assist
     take."""
     parsed = AssistantConfig.read(raw, where)
     text = parsed.text
-    if parsed.use_ordered_embeddings:
-        raise UserError(f"{where}: the assistant's output is centroid-masked (use_ordered_embeddings), which "
-                        "training does not learn yet; import an assistant with a full output table")
     if parsed.backbone_hidden_size != target.hidden_size or text.vocab_size != vocab:
         raise UserError(f"{where}: the assistant drafts for a model of hidden size {parsed.backbone_hidden_size} and "
                         f"vocabulary {text.vocab_size}, and this target has {target.hidden_size} and {vocab}; pass "
@@ -76,6 +75,11 @@ def shape_from_hf(raw: dict[str, Any], target, vocab: int, where: str) -> Assist
             raise UserError(f"{where}: the assistant's {kind} layers read head width {ours}, and the target's {kind} "
                             f"layers store {theirs if kind in target.layer_kinds() else 'none'}; pass the target's "
                             "own assistant")
+    if parsed.use_ordered_embeddings and vocab % parsed.num_centroids:
+        raise UserError(f"{where}: num_centroids {parsed.num_centroids} does not divide the vocabulary of {vocab} "
+                        "tokens; a centroid-masked output needs clusters of equal size")
     return AssistantShape(hidden_size=text.hidden_size, num_layers=text.num_hidden_layers,
                           num_attention_heads=text.num_attention_heads, ffn_hidden_size=text.intermediate_size,
-                          layer_types=list(text.layer_types))
+                          layer_types=list(text.layer_types),
+                          num_centroids=parsed.num_centroids if parsed.use_ordered_embeddings else 0,
+                          centroid_top_k=parsed.centroid_intermediate_top_k)

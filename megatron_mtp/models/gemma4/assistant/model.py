@@ -90,10 +90,58 @@ class AssistantGPTModel(MTPObjectiveGPTModel):
         output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
         main_logits, _ = self.output_layer(hidden_states, weight=output_weight,
                                            runtime_gather_output=kw.get("runtime_gather_output"))
+        depth_loss = self._whole_depth_loss(main_logits, packed)
+        inputs: list = step_logits
+        if self.mtp_assistant.centroids is not None:  # each step also learns its target token's cluster
+            with torch.set_grad_enabled(grad or torch.is_grad_enabled()):
+                inputs = list(zip(step_logits, [self.mtp_assistant.centroid_logits(x) for x in outputs],
+                                  self._step_clusters(labels, main_logits, depth, packed)))
+            depth_loss = _with_centroid_loss(depth_loss)
         with torch.set_grad_enabled(grad or torch.is_grad_enabled()):
-            terms = self._depth_terms(step_logits, self._whole_depth_loss(main_logits, packed), labels, loss_mask,
-                                      packed)
+            terms = self._depth_terms(inputs, depth_loss, labels, loss_mask, packed)
             if self.step_weights is not None:
                 terms = [w * term for w, term in zip(self.step_weights, terms)]
             self.mtp_objective = sum(t.sum() for t in terms) if grad else None
         return self.compute_language_model_loss(labels, main_logits).detach()
+
+    def _step_clusters(self, labels, main_logits, depth: int, packed) -> list:
+        """[b, s] the cluster of each step's target token: the data token t+1+k, or (mtp.targets self) the
+        target model's own argmax at t+k (centroids.py)."""
+        from megatron_mtp.models.gemma4.assistant.centroids import cluster_of
+        from megatron_mtp.training.metrics import _vocab_parallel_argmax
+
+        hard = labels
+        if self.targets == "self":
+            hard = _vocab_parallel_argmax(main_logits.detach(), parallel_state.get_tensor_model_parallel_group()).t()
+        block = self.mtp_assistant
+        clusters = cluster_of(block.token_ordering, block.token_ordering.numel() // (
+            block.centroids.weight.shape[0] * block.tp_size))
+        out = []
+        for _ in range(depth):  # step k's target: labels (token t+1) or the argmax (at t) rolled by k
+            hard, _ = self._roll(hard, -1, packed)
+            out.append(clusters[hard])
+        return out
+
+    def prepare_after_load(self) -> None:
+        """A new assistant's centroid partition, from the target's embedding table once it is loaded (every
+        rank of the stage gathers the table's vocabulary shards and computes the same partition)."""
+        block = getattr(self, "mtp_assistant", None)
+        if block is None or block.centroids is None or bool(block.token_ordering.any()):
+            return  # none, or loaded with the assistant
+        from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+
+        weight = self.shared_embedding_or_output_weight().detach()
+        table = gather_from_tensor_model_parallel_region(weight.t().contiguous()).t()  # [V, H] whole
+        block.draw_partition(table)
+
+
+def _with_centroid_loss(depth_loss):
+    """A step's loss plus the vocabulary-parallel cross entropy of its centroid scores to its target cluster."""
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    def loss(step, shifted_labels):
+        logits, centroid_logits, clusters = step
+        return depth_loss(logits, shifted_labels) + vocab_parallel_cross_entropy(
+            centroid_logits.float(), clusters.t().contiguous()).t()
+
+    return loss
