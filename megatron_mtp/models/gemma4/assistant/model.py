@@ -21,11 +21,8 @@ import torch
 from megatron.core import parallel_state
 
 from megatron_mtp.models.gemma4.assistant.block import AssistantBlock
-from megatron_mtp.models.gemma4.model_config import stored_layers
+from megatron_mtp.models.gemma4.assistant.shape import assistant_stored
 from megatron_mtp.models.mtp_objective import MTPObjectiveGPTModel
-
-PREFIX = "mtp_assistant."
-"""Checkpoint key prefix of the assistant."""
 
 
 class AssistantGPTModel(MTPObjectiveGPTModel):
@@ -39,14 +36,13 @@ class AssistantGPTModel(MTPObjectiveGPTModel):
         if not self.post_process:
             return
         self.mtp_assistant = AssistantBlock(run_config, self.config, platform, self.vocab_size)
-        wanted = set(stored_layers(run_config.model).values())
+        wanted = {index: kind for kind, index in assistant_stored(run_config).items()}
         self._stored = {}
-        kinds = run_config.model.layer_kinds()
-        for layer in self.decoder.layers:
-            index = layer.layer_number - 1
-            if index in wanted:
+        for layer in self.decoder.layers:  # the target's layers whose keys/values the assistant reads
+            kind = wanted.get(layer.layer_number - 1)
+            if kind is not None:
                 layer.self_attention.store_kv = True
-                self._stored[kinds[index]] = layer.self_attention
+                self._stored[kind] = layer.self_attention
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The target's scaled embeddings [s(/TP), b, H] of ``ids`` [b, s], from this stage's tied weight."""
@@ -108,11 +104,14 @@ class AssistantGPTModel(MTPObjectiveGPTModel):
         """[b, s] the cluster of each step's target token: the data token t+1+k, or (mtp.targets self) the
         target model's own argmax at t+k (centroids.py)."""
         from megatron_mtp.models.gemma4.assistant.centroids import cluster_of
-        from megatron_mtp.training.metrics import _vocab_parallel_argmax
+        from megatron_mtp.models.soft_cross_entropy import vocab_parallel_argmax
 
         hard = labels
-        if self.targets == "self":
-            hard = _vocab_parallel_argmax(main_logits.detach(), parallel_state.get_tensor_model_parallel_group()).t()
+        if self.targets == "self":  # the target's argmax over its vocabulary shards [s, b] -> [b, s]
+            local_max, local_index = main_logits.detach().float().max(dim=-1)
+            first = parallel_state.get_tensor_model_parallel_rank() * main_logits.shape[-1]
+            hard = vocab_parallel_argmax(local_max, local_index + first,
+                                         parallel_state.get_tensor_model_parallel_group()).t()
         block = self.mtp_assistant
         clusters = cluster_of(block.token_ordering, block.token_ordering.numel() // (
             block.centroids.weight.shape[0] * block.tp_size))
