@@ -7,10 +7,10 @@ no gradient, and the trainer back-propagates the kept objective itself (training
 target's last layer of each kind keeps its keys and values of the forward (``store_kv``), and on the
 stage with the loss the assistant block runs its K steps on the target's final hidden states, detached,
 with grad enabled (models/gemma4/assistant/block.py). The assistant's output table makes its steps' logits
-before the target's output layer makes the main logits: the order of calls training/metrics.py's hooks
-on both layers read (depths, then the main model),
-and step k's term is (λ/K)·w_k·loss_k, its loss the data token's cross entropy, the target's own
-distribution at t + k (mtp.targets self), or their mix. The assistant needs no copy of the word
+before the target's output layer makes the main logits: the order of calls training/metrics.py's hooks on
+both layers read (depths, then the main model). Step k's term is (λ/K)·w_k·loss_k, its loss the data
+token's cross entropy, the target's own distribution at t + k (mtp.targets self), or their mix, plus with
+centroids the cross entropy of its cluster scores (centroids.py). The assistant needs no copy of the word
 embedding: the step embeddings are looked up in the tied output weight this stage holds (vocabulary-
 parallel, as the embedding is).
 """
@@ -29,6 +29,8 @@ class AssistantGPTModel(MTPObjectiveGPTModel):
     """A frozen Gemma 4 target with an assistant block on its last stage (module note)."""
 
     def __init__(self, *args, run_config, platform, step_weights=None, head_norm_spec=None, **kwargs):
+        # head_norm_spec: what build_gpt_model hands a model that replaces the MTP block; the assistant's norms
+        # come from its own layer specs
         super().__init__(*args, freeze_base=True, **kwargs)
         assert self.output_chunk is None, "Gemma 4's soft-capped logits are never chunked"
         self.step_weights = step_weights
