@@ -7,9 +7,10 @@ the target is saved exactly as loaded.
 Step 1 is compared with the one-process run: the losses of every draft step, and the gradient of every
 assistant tensor. The runs take a plain gradient step (Adam with an epsilon far above any gradient and the
 learning rate equal to it: w1 = w0 - g), so a checkpoint after step 1 holds each tensor's gradient against
-the initial weights (a run with lr 0 saves those). A gradient summed on the wrong ranks, or not at all, is off
-by a factor; reduction order moves it by 3e-4 at most (measured at TP2×EP2, where the measure itself is
-coarsest: norm weights of 1.0 moved by 1e-4). Later steps are not compared, for the reason
+the initial weights w0, which every layout draws from the tensor's global identity (models/initialization.py:
+norms 1, the rest its own generator's draw; the test draws them again). A gradient summed on the wrong ranks,
+or not at all, is off by a factor; reduction order moves it by 3e-4 at most (measured at TP2×EP2, where the
+measure itself is coarsest: norm weights of 1.0 moved by 1e-4). Later steps are not compared, for the reason
 test_gemma4_layouts.py gives. The resumed run's step 3 is compared with the uninterrupted run's: it comes from
 the same saved weights."""
 
@@ -20,6 +21,7 @@ import torch
 from scalars import values
 
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
+from tests.dist.conftest import ROOT
 
 pytestmark = [pytest.mark.dist, pytest.mark.mcore]
 
@@ -62,15 +64,12 @@ def _step(run, step: int) -> TorchDistReader:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, train, metrics, target):
-    """name -> the train rows of that layout's one step, saved ("single": one process, 3 steps saved at each;
-    "initial": one step at lr 0, which saves the initial weights)."""
+    """name -> the train rows of that layout's one step, saved ("single": one process, 3 steps saved at each)."""
     root, done = tmp_path_factory.mktemp("assistant_layouts"), {}
 
     def rows(name: str) -> list[dict]:
         if name not in done:
             nproc, overrides = LAYOUTS.get(name, (1, ()))
-            if name == "initial":
-                overrides = ("optimizer.lr=0", "optimizer.min_lr=0")
             _train(train, root / name, nproc, (*overrides, "checkpoint.save_interval=1", "checkpoint.keep_last=3"),
                    target, steps=STEPS if name == "single" else 1)
             done[name] = [r for r in metrics(root / name) if "train/lm_loss" in r]
@@ -86,15 +85,26 @@ def test_assistant_layout_matches_single_process_at_step_1(runs, name):
     for key in LOSSES:
         assert abs(values(got, key)[0] - values(want, key)[0]) < 1e-5, (name, key)
     assert values(want, f"train/mtp_acceptance_{K}")  # every draft step's acceptance is logged
-    runs("initial")
     root = runs.root
-    with _step(root / "initial", 1) as w0, _step(root / "single", 1) as one, _step(root / name, 1) as mine:
-        keys = [k for k in w0.keys() if k.startswith("mtp_assistant.") and not k.endswith("layer_scalar")]
+    with _step(root / "single", 1) as one, _step(root / name, 1) as mine:
+        keys = [k for k in one.keys() if k.startswith("mtp_assistant.") and not k.endswith("layer_scalar")]
         assert len(keys) == 22
         for key in keys:
-            want_grad, got_grad = w0.read(key) - one.read(key), w0.read(key) - mine.read(key)
+            w0 = _initial(key, tuple(one.entry(key).shape))
+            want_grad, got_grad = w0 - one.read(key), w0 - mine.read(key)
             assert want_grad.norm() > 0, key
             assert (got_grad - want_grad).norm() / want_grad.norm() < 1e-2, (name, key)
+
+
+def _initial(key: str, shape: tuple) -> torch.Tensor:
+    """An assistant tensor's initial weights at every layout: a norm's ones, or its own generator's draw."""
+    from megatron_mtp.config import load_config
+    from megatron_mtp.models.initialization import draw_full, parameter_std
+
+    if key.endswith("layernorm.weight"):
+        return torch.ones(shape)
+    cfg = load_config(str(ROOT / "configs" / "gemma4_tiny_cpu.yaml"))
+    return draw_full(cfg.training.seed, key, (), shape, parameter_std(key, cfg.model.init_method_std, 4))
 
 
 def test_assistant_resumes_at_another_layout_and_leaves_the_target_as_loaded(runs, tmp_path, train, metrics, target):
