@@ -43,7 +43,10 @@ def assistant_params(cfg, vocab: int) -> list[Param]:
 
 
 def shapes(cfg, vocab: int) -> dict[str, tuple[int, ...]]:
-    """megatron-core key -> global shape of every assistant tensor."""
+    """megatron-core key -> global shape of every assistant tensor ({} for a run without one; the shape checks'
+    ``drafter``, convert/shapes.py)."""
+    if cfg.mtp.style != "assistant" or not cfg.mtp.num_layers:
+        return {}
     return {t.mcore: t.shape for t in get_family(cfg.model.family).assistant_tensors(cfg, vocab)}
 
 

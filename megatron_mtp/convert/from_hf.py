@@ -257,13 +257,9 @@ def import_from_hf(
         )
     torch_dtype = DTYPES[dtype]
     shapes = {p.mcore: _shape_of(p, src) for p in params}
-    drafter_shapes = assistant_dir.shapes(cfg, vocab) if drafter else {}
+    drafter_shapes = assistant_dir.shapes(cfg, vocab)
     for key, shape in shapes.items():
-        if key in drafter_shapes and tuple(shape) != drafter_shapes[key]:
-            raise UserError(f"'{mtp.path}': the tensor of {key} is {tuple(shape)}, and its config.json says "
-                            f"{drafter_shapes[key]} (config/weights mismatch)")
-        if key not in drafter_shapes:
-            check_shape(key, shape, model_cfg, vocab, f"'{hf_dir}'")
+        check_shape(key, shape, model_cfg, vocab, f"'{hf_dir}'", drafter_shapes)
     total = sum(math.prod(s) for s in shapes.values()) * torch_dtype.itemsize
     out_dir = Path(out_dir)
     tokenizer_bytes = sum(tree_bytes(main.path / n) for n in TOKENIZER_FILES)

@@ -110,14 +110,9 @@ def _table(cfg: Config, vocab: int, spec=None) -> list[Param]:
 
 def _check_shapes(reader: TorchDistReader, params: list[Param], cfg: Config, step: Path) -> None:
     vocab = reader.entry(EMBEDDING).shape[0]
-    drafter = assistant_dir.shapes(cfg, vocab) if cfg.mtp.style == "assistant" and cfg.mtp.num_layers else {}
+    drafter = assistant_dir.shapes(cfg, vocab)
     for p in params:
-        got = reader.entry(p.mcore).shape
-        if p.mcore in drafter and tuple(got) != drafter[p.mcore]:
-            raise UserError(f"checkpoint '{step}': {p.mcore} is {tuple(got)}, and its config.yaml's mtp.assistant "
-                            f"says {drafter[p.mcore]} (config/weights mismatch)")
-        if p.mcore not in drafter:
-            check_shape(p.mcore, got, cfg.model, vocab, f"checkpoint '{step}'")
+        check_shape(p.mcore, reader.entry(p.mcore).shape, cfg.model, vocab, f"checkpoint '{step}'", drafter)
 
 
 def _destination(param: Param, mode: MtpMode) -> Optional[str]:
@@ -175,9 +170,9 @@ def plan_export(cfg: Config, vocab: int, mode: MtpMode, mtp_layout: MtpLayout = 
     """The tensors ("main"/"mtp" part -> planned tensors) an export of a checkpoint with this config
     writes, from the config alone (the export of a real checkpoint plans the same from its metadata)."""
     params = _table(cfg, vocab, spec="te")
-    drafter = assistant_dir.shapes(cfg, vocab) if cfg.mtp.style == "assistant" and cfg.mtp.num_layers else {}
-    pieces = plan_pieces(params, lambda key: drafter.get(key) or expected_shape(key, cfg.model, vocab),
-                         cfg.model.num_layers, mode, mtp_layout)
+    drafter = assistant_dir.shapes(cfg, vocab)
+    pieces = plan_pieces(params, lambda key: expected_shape(key, cfg.model, vocab, drafter), cfg.model.num_layers,
+                         mode, mtp_layout)
     return _plans(pieces, DTYPES[dtype], dtype == "fp8")
 
 
