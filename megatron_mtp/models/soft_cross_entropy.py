@@ -74,3 +74,13 @@ def vocab_parallel_soft_cross_entropy(student: torch.Tensor, teacher: torch.Tens
     """Per-token CE(softmax(teacher / T), softmax(student)) over the last dimension, which each rank of
     `group` holds a slice of (None: the whole vocabulary here). Only `student` gets a gradient."""
     return _SoftCrossEntropy.apply(student, teacher, float(temperature), group)
+
+
+def argmax_over_shards(logits: torch.Tensor, tp_group) -> torch.Tensor:
+    """The global argmax of logits whose last dimension is split over the tensor-parallel ranks
+    ([..., V/TP] -> [...]; the first vocabulary index wins ties)."""
+    local_max, local_idx = logits.float().max(dim=-1)
+    if tp_group is None or torch.distributed.get_world_size(tp_group) == 1:
+        return local_idx
+    return vocab_parallel_argmax(local_max, local_idx + torch.distributed.get_rank(tp_group) * logits.shape[-1],
+                                 tp_group)

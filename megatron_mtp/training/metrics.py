@@ -22,18 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from megatron_mtp.models.soft_cross_entropy import vocab_parallel_argmax
+from megatron_mtp.models.soft_cross_entropy import argmax_over_shards
 from megatron_mtp.platform import current as current_platform
 from megatron_mtp.training.sums import NamedSums
-
-
-def _vocab_parallel_argmax(logits: torch.Tensor, tp_group) -> torch.Tensor:
-    """Global argmax over a vocab dim split across TP ranks ([s, b, V/tp] -> [s, b])."""
-    local_max, local_idx = logits.float().max(dim=-1)
-    if tp_group is None or torch.distributed.get_world_size(tp_group) == 1:
-        return local_idx
-    return vocab_parallel_argmax(local_max, local_idx + torch.distributed.get_rank(tp_group) * logits.shape[-1],
-                                 tp_group)
 
 
 class MTPMetrics:
@@ -76,7 +67,7 @@ class MTPMetrics:
             return
         logits = output[0] if isinstance(output, tuple) else output  # [s, b, V/tp]
         with torch.no_grad():
-            pred = _vocab_parallel_argmax(logits, self.tp_group).t()  # [b, s]
+            pred = argmax_over_shards(logits, self.tp_group).t()  # [b, s]
             call, ce = len(self._preds), None
             if self.compute_ce and call < self.depth:
                 from megatron.core.tensor_parallel import vocab_parallel_cross_entropy

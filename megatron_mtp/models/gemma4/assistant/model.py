@@ -106,14 +106,11 @@ class AssistantGPTModel(MTPObjectiveGPTModel):
         """[b, s] the cluster of each step's target token: the data token t+1+k, or (mtp.targets self) the
         target model's own argmax at t+k (centroids.py)."""
         from megatron_mtp.models.gemma4.assistant.centroids import cluster_of
-        from megatron_mtp.models.soft_cross_entropy import vocab_parallel_argmax
+        from megatron_mtp.models.soft_cross_entropy import argmax_over_shards
 
         hard = labels
         if self.targets == "self":  # the target's argmax over its vocabulary shards [s, b] -> [b, s]
-            local_max, local_index = main_logits.detach().float().max(dim=-1)
-            first = parallel_state.get_tensor_model_parallel_rank() * main_logits.shape[-1]
-            hard = vocab_parallel_argmax(local_max, local_index + first,
-                                         parallel_state.get_tensor_model_parallel_group()).t()
+            hard = argmax_over_shards(main_logits.detach(), parallel_state.get_tensor_model_parallel_group()).t()
         block = self.mtp_assistant
         clusters = cluster_of(block.token_ordering, block.token_ordering.numel() // (
             block.centroids.weight.shape[0] * block.tp_size))
