@@ -32,7 +32,8 @@ from megatron_mtp.inference.draft import HiddenBuffer, PickFn
 from megatron_mtp.inference.gemma4 import Gemma4DecoderLayer, layer_kind
 from megatron_mtp.inference.layers import RMSNorm
 from megatron_mtp.models.gemma4.assistant.hf_config import AssistantConfig
-from megatron_mtp.models.gemma4.hf_config_json import FULL, SLIDING, Gemma4HFConfig
+from megatron_mtp.models.gemma4.hf_config_json import FULL, Gemma4HFConfig
+from megatron_mtp.models.gemma4.model_config import last_of_each_kind
 from megatron_mtp.models.gemma4.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 
@@ -162,8 +163,7 @@ def load_assistant(path: str | Path, target, dtype: torch.dtype) -> AssistantMod
 
 def stored_layers(target) -> dict[str, int]:
     """The target layer whose keys/values the assistant reads, per kind: the last of that kind."""
-    kinds = target.config.layer_types
-    return {kind: max(i for i, k in enumerate(kinds) if k == kind) for kind in (SLIDING, FULL) if kind in kinds}
+    return last_of_each_kind(target.config.layer_types)
 
 
 class AssistantDrafter:

@@ -157,7 +157,11 @@ def check(cfg) -> None:
 
 def stored_layers(model: Gemma4ModelConfig) -> dict[str, int]:
     """kind -> the target's decoder layer whose keys/values an assistant layer of that kind reads (the last one)."""
-    kinds = model.layer_kinds()
+    return last_of_each_kind(model.layer_kinds())
+
+
+def last_of_each_kind(kinds) -> dict[str, int]:
+    """kind -> the index of the last layer of that kind in ``kinds`` (a model config's, or a config.json's)."""
     return {kind: max(i for i, k in enumerate(kinds) if k == kind) for kind in (SLIDING, FULL) if kind in kinds}
 
 
