@@ -108,14 +108,20 @@ def mtp_only_flops_per_token(family, cfg: Config, padded_vocab: int, mtp_layers:
     backward over all its weights (its output table included: it trains) and its attention over the stored keys."""
     base = family.training_flops_per_token(cfg, padded_vocab, 0) / 3.0
     if cfg.mtp.style == "assistant":  # a separate drafter: its weights and its attention over the stored keys
-        import dataclasses
-        import math
-
-        weights = sum(math.prod(t.shape) for t in family.assistant_tensors(cfg, padded_vocab) if not t.buffer)
-        drafter = dataclasses.replace(cfg, model=family.assistant_model(cfg))
+        weights, drafter = assistant_weights(family, cfg, padded_vocab)
         scores = drafter.model.num_layers * family.decode_attention_flops(drafter, cfg.training.seq_length // 2)
         return base + 3.0 * mtp_layers * (2 * weights + scores)
     full = family.training_flops_per_token(cfg, padded_vocab, mtp_layers) / 3.0
     head = 2 * padded_vocab * cfg.model.hidden_size
     mtp_forward = full - base  # per module: its layer, eh_proj and the head
     return base + 3.0 * mtp_forward - mtp_layers * head
+
+
+def assistant_weights(family, cfg: Config, padded_vocab: int):
+    """(the parameters of a family's separate drafter, the run config with its model config: its layers and widths,
+    the target's key widths) for mtp.style assistant."""
+    import dataclasses
+    import math
+
+    weights = sum(math.prod(t.shape) for t in family.assistant_tensors(cfg, padded_vocab) if not t.buffer)
+    return weights, dataclasses.replace(cfg, model=family.assistant_model(cfg))

@@ -24,13 +24,12 @@ TP ranks and the routed experts evenly over its EP ranks; weights at --weight-by
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from megatron_mtp.config import Config
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.family import get_family
-from megatron_mtp.models.sizes import mtp_own_size
+from megatron_mtp.models.sizes import assistant_weights, mtp_own_size
 from megatron_mtp.models.tensor_table import moe_layer_count, mtp_is_moe
 from megatron_mtp.plan.gpus import Gpu
 
@@ -112,11 +111,8 @@ def draft_step_bytes(cfg: Config, padded_vocab: int, batch: int, serve: ServeLay
 
 def assistant_step_bytes(cfg: Config, padded_vocab: int, batch: int, serve: ServeLayout) -> ForwardBytes:
     """Bytes one GPU reads in one draft step of a separate drafter (module note)."""
-    import dataclasses
-
     family = get_family(cfg.model.family)
-    weights = sum(math.prod(t.shape) for t in family.assistant_tensors(cfg, padded_vocab) if not t.buffer)
-    drafter = dataclasses.replace(cfg, model=family.assistant_model(cfg))  # its layers, the target's key widths
+    weights, drafter = assistant_weights(family, cfg, padded_vocab)  # its layers, the target's key widths
     a = cfg.mtp.assistant
     if a.num_centroids:  # a centroid-masked output reads the rows of its top clusters' tokens alone
         weights -= (padded_vocab - a.centroid_top_k * (padded_vocab // a.num_centroids)) * a.hidden_size
