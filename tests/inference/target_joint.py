@@ -32,3 +32,12 @@ def joint_pvalue(counts: dict[tuple, int], joint: dict[tuple, float]) -> float:
     observed = [counts.get(c, 0) for c in cells]
     scale = sum(observed) / sum(joint.values())
     return float(chisquare(observed, [joint[c] * scale for c in cells]).pvalue)
+
+
+def first_tokens_counts(results, depth: int) -> dict[tuple, int]:
+    """How often each sequence of the first ``depth`` generated tokens occurs among ``results``."""
+    counts: dict[tuple, int] = {}
+    for result in results:
+        key = tuple(result.tokens[:depth])
+        counts[key] = counts.get(key, 0) + 1
+    return counts

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from target_joint import exact_joint, joint_pvalue
+from target_joint import exact_joint, first_tokens_counts, joint_pvalue
 
 from megatron_mtp.inference.sampling import SamplingParams
 
@@ -55,10 +55,7 @@ def test_batched_speculative_sampling_with_an_assistant_keeps_the_target_distrib
     joint = exact_joint(gen, PROMPT, SamplingParams(**PARAMS), depth=3)
     batch = gen.generate_batch([PROMPT] * SAMPLES, batch_size=16, max_new_tokens=4, speculative_k=2,
                                ignore_eos=True, **PARAMS)
-    counts = {}
-    for result in batch.results:
-        key = tuple(result.tokens[:3])
-        counts[key] = counts.get(key, 0) + 1
+    counts = first_tokens_counts(batch.results, 3)
     # both branches of the acceptance rule (0.13 of the drafts accepted, measured)
     assert 0.05 < batch.stats.acceptance_rate < 0.95 and batch.stats.verify_forwards >= SAMPLES // 16
     assert set(counts) <= set(joint), "emitted a sequence the target gives probability 0"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from infer_tiny_model import NoisyTargetDraft
-from target_joint import exact_joint, joint_pvalue
+from target_joint import exact_joint, first_tokens_counts, joint_pvalue
 
 from megatron_mtp.inference.sampling import SamplingParams
 
@@ -53,11 +53,7 @@ def _batched_counts(gen, prompt_ids, depth, k, **params):
     number of drafts, each sampling with its own generator; drafts from a noisy copy of the target."""
     batch = gen.generate_batch([prompt_ids] * SAMPLES, batch_size=16, max_new_tokens=depth + 1, speculative_k=k,
                                ignore_eos=True, drafter=NoisyTargetDraft(gen.target), **params)
-    counts = {}
-    for result in batch.results:
-        key = tuple(result.tokens[:depth])
-        counts[key] = counts.get(key, 0) + 1
-    return counts, batch.stats
+    return first_tokens_counts(batch.results, depth), batch.stats
 
 
 def test_batched_speculative_sampling_matches_target_distribution(gen_d1):

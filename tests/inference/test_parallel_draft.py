@@ -9,7 +9,7 @@ import pytest
 import torch
 from infer_tiny_model import make_tiny_export, tiny_config
 from safetensors.torch import load_file, save_file
-from target_joint import exact_joint, joint_pvalue
+from target_joint import exact_joint, first_tokens_counts, joint_pvalue
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.sampling import SamplingParams, probabilities
@@ -168,10 +168,7 @@ def test_batched_speculative_sampling_matches_target_distribution(gen_small_voca
     joint = exact_joint(gen, prompt_ids, SamplingParams(**PARAMS), depth=3)
     batch = gen.generate_batch([prompt_ids] * SAMPLES, batch_size=16, max_new_tokens=4, speculative_k=2,
                                ignore_eos=True, **PARAMS)
-    counts = {}
-    for result in batch.results:
-        key = tuple(result.tokens[:3])
-        counts[key] = counts.get(key, 0) + 1
+    counts = first_tokens_counts(batch.results, 3)
     assert 0.2 < batch.stats.acceptance_rate < 0.8 and batch.stats.verify_forwards >= SAMPLES // 16
     assert set(counts) <= set(joint), "emitted a sequence the target gives probability 0"
     pvalue = joint_pvalue(counts, joint)
