@@ -129,7 +129,21 @@ def _mtp_words(mtp) -> str:
         return "no MTP"
     if mtp.style == "parallel":
         return f"{mtp.num_layers} parallel MTP head{'s' if mtp.num_layers > 1 else ''}"
+    if mtp.style == "assistant":
+        return "an assistant"
     return f"{mtp.modules} sequential MTP module{'s' if mtp.modules > 1 else ''}"
+
+
+def mtp_parts(mtp) -> list[str]:
+    """The checkpoint-key prefixes of a run's MTP parts, one per module or head (one for an assistant): what a
+    weights-only load draws anew where the checkpoint lacks them, or leaves out where the run lacks them."""
+    if not mtp.num_layers:
+        return []
+    if mtp.style == "assistant":
+        return ["mtp_assistant."]
+    if mtp.style == "parallel":
+        return [f"mtp_heads.layers.{k}." for k in range(mtp.num_layers)]
+    return [f"mtp.layers.{d}." for d in range(mtp.modules)]
 
 
 def refuse_load_changes(saved: Config, now: Config, src: Path, load_optimizer: bool) -> list[str]:
@@ -142,23 +156,13 @@ def refuse_load_changes(saved: Config, now: Config, src: Path, load_optimizer: b
                         f"mean (a weights-only load may change only the MTP modules); keep the checkpoint's values "
                         f"(its config.yaml), or train this config from scratch without checkpoint.load")
     before, after = saved.mtp, now.mtp
-    heads = "parallel" in (before.style, after.style) and before.num_layers and after.num_layers
-    if heads and (before.style != after.style or before.num_layers != after.num_layers):
-        raise UserError(f"{where}: the checkpoint has {_mtp_words(before)} and this run {_mtp_words(after)}, and a "
-                        "load neither turns modules into heads nor initialises heads; keep the checkpoint's "
-                        f"mtp.style={before.style} and mtp.num_layers={before.num_layers}")
-    if after.style == "parallel" and after.num_layers and not before.num_layers:
-        raise UserError(f"{where}: the checkpoint has no MTP and this run {_mtp_words(after)}, which a load does "
-                        "not initialise; use sequential MTP modules (mtp.style=sequential, which mtp.init "
-                        "initialises) or train the heads from scratch")
-    sequential = after.style == "sequential" and before.style == "sequential"
-    if sequential and after.modules > before.modules and load_optimizer and not after.freeze_base:
-        raise UserError(f"{where}: this run adds MTP modules (the checkpoint has {_mtp_words(before)}, this run "
+    new = [p for p in mtp_parts(after) if p not in mtp_parts(before)]
+    if new and load_optimizer and not after.freeze_base:
+        raise UserError(f"{where}: this run adds MTP parts (the checkpoint has {_mtp_words(before)}, this run "
                         f"{_mtp_words(after)}) and checkpoint.load_optimizer=true would load an optimizer state "
                         "that has none for them; set checkpoint.load_optimizer=false")
-    notes = []
-    if sequential and after.modules < before.modules:
-        left = range(after.modules, before.modules)
-        notes.append(f"checkpoint.load: {src} has {_mtp_words(before)}; this run loads {_mtp_words(after)} and "
-                     f"leaves out {', '.join(f'mtp.layers.{d}' for d in left)}")
-    return notes
+    left = [p.rstrip(".") for p in mtp_parts(before) if p not in mtp_parts(after)]
+    if left:
+        return [f"checkpoint.load: {src} has {_mtp_words(before)}; this run loads {_mtp_words(after)} and "
+                f"leaves out {', '.join(left)}"]
+    return []

@@ -229,19 +229,19 @@ class MTPConfig:
     (``num_nextn_predict_layers: 1``) and SERVING.md asks for D draft tokens, which vLLM and SGLang draw
     by applying the one module again, as `generate --speculative D` does."""
     init: Literal["random", "copy_last_layer"] = "random"
-    """MTP modules a checkpoint.load (weights only) does not hold, e.g. of a model imported without
-    MTP: drawn at random like a new run's, or their transformer layer copied from the checkpoint's
+    """MTP modules or parallel heads a checkpoint.load (weights only) does not hold, e.g. of a model imported
+    without MTP: drawn at random like a new run's, or their transformer layer copied from the checkpoint's
     last decoder layer (their norms and eh_proj are new either way)."""
     freeze_base: bool = False
-    """Train only the MTP modules on a frozen main model (needs checkpoint.load and mtp.num_layers > 0,
-    style sequential): every other parameter, the shared embedding and output head included, gets no
-    gradient, no optimizer state and no place in the DDP buckets; the main model runs forward only
-    (no saved activations; pipeline stages without an MTP layer do no backward at all) and its weights,
-    router expert biases included, are saved exactly as loaded. Gradients are reduced once after the
-    last micro-batch (parallel.overlap_grad_reduce / overlap_param_gather do not apply: there is no
-    base backward to overlap with). A new run loads only the weights of checkpoint.load (its optimizer
-    state and progress belong to other parameters, whatever checkpoint.load_optimizer says); resuming the
-    run's own checkpoint restores everything. training/README.md, "Frozen base"."""
+    """Train only the MTP modules, heads or assistant on a frozen main model (needs checkpoint.load and mtp.num_layers
+    > 0; parallel heads without head_by_head_backward): every other parameter, the shared embedding and output head
+    included, gets no gradient, no optimizer state and no place in the DDP buckets; the main model runs forward only
+    (no saved activations; pipeline stages without an MTP layer do no backward at all) and its weights, router
+    expert biases included, are saved exactly as loaded. Gradients are reduced once after the last micro-batch
+    (parallel.overlap_grad_reduce / overlap_param_gather do not apply: there is no base backward to overlap with). A
+    new run loads only the weights of checkpoint.load (its optimizer state and progress belong to other parameters,
+    whatever checkpoint.load_optimizer says); resuming the run's own checkpoint restores everything.
+    training/README.md, "Frozen base"."""
     targets: Literal["tokens", "self", "mix"] = "tokens"
     """What MTP depth k at position i learns: tokens, the data token i+1+k (cross-entropy); self, the main
     model's own next-token distribution at position i+k from the same forward (detached,

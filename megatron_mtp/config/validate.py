@@ -279,7 +279,8 @@ def _mtp_style(cfg: Config) -> None:
                         f"({mtp.self_temperature}) above 0")
     if mtp.freeze_base:
         why = ("mtp.num_layers > 0" if mtp.num_layers == 0
-               else "mtp.style=sequential or assistant" if mtp.style == "parallel"
+               else "mtp.head_by_head_backward=false (the trainer back-propagates the heads itself)"
+               if mtp.head_by_head_backward
                else "a model to start from (checkpoint.load)" if not cfg.checkpoint.load
                else "parallel.moe_a2a_overlap=false (no base backward to overlap)" if cfg.parallel.moe_a2a_overlap
                else None)

@@ -12,12 +12,8 @@ order (D MTP output-layer calls, then the main one, which the acceptance hook re
   The logits are split over TP ranks, so the CE is vocabulary-parallel (models/soft_cross_entropy.py).
   (λ/D)·loss_k is attached to the returned per-token LM loss instead of the hidden states; its
   gradient is the same.
-- freeze_base: the whole forward runs under torch.no_grad() except the MTP block and its losses, whose
-  input hidden states are therefore detached: autograd records nothing of the main model (no saved
-  activations; routers of the main model neither count tokens for their bias update nor make aux
-  losses, both only happen with grad enabled), and the embedding/output head are frozen parameters.
-  The trainer then runs the schedule forward-only and back-propagates the MTP objective itself
-  (training/forward_step.py), so stages without an MTP layer do no backward at all.
+- freeze_base: the whole forward runs under torch.no_grad() except the MTP block and its losses
+  (models/frozen_base.py); the trainer back-propagates their objective itself.
 - document boundaries (data.eod_mask_loss): depth k's mask drops every target beyond an EOD, not
   only megatron-core's rolled one (models/document_masks.py).
 - context parallelism (parallel.context): each depth's mean is over the tokens of every CP rank, times
@@ -34,11 +30,12 @@ from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 
 from megatron_mtp.models.context_parallel import over_context
+from megatron_mtp.models.frozen_base import FrozenBase
 from megatron_mtp.models.output_losses import ChunkedOutputLosses
 from megatron_mtp.models.soft_cross_entropy import vocab_parallel_soft_cross_entropy
 
 
-class MTPObjectiveGPTModel(ChunkedOutputLosses, GPTModel):
+class MTPObjectiveGPTModel(FrozenBase, ChunkedOutputLosses, GPTModel):
     """GPTModel with mtp.targets, mtp.freeze_base and the chunked output loss (the module's design note)."""
 
     def __init__(self, *args, targets: str = "tokens", self_weight: float = 0.5, self_temperature: float = 1.0,
@@ -48,19 +45,8 @@ class MTPObjectiveGPTModel(ChunkedOutputLosses, GPTModel):
         self.output_chunk = output_chunk
         self.stop_at_documents = stop_at_documents  # data.eod_mask_loss (models/document_masks.py)
         self.targets, self.self_weight, self.self_temperature = targets, self_weight, self_temperature
-        self.freeze_base = freeze_base
-        self._grad_outside = False
-        self.mtp_objective = None  # freeze_base, training: this micro-batch's Σ_k (λ/D)·loss_k (for backward)
-        if freeze_base:
-            for name, param in self.named_parameters():
-                param.requires_grad_(name.startswith("mtp."))
-
-    def forward(self, *args, **kwargs):
-        if not self.freeze_base:
-            return super().forward(*args, **kwargs)
-        self._grad_outside = torch.is_grad_enabled()  # training (the MTP path takes gradients) or not
-        with torch.no_grad():
-            return super().forward(*args, **kwargs)
+        if freeze_base:  # mtp_objective: a training micro-batch's Σ_k (λ/D)·loss_k (for the trainer's backward)
+            self.freeze(("mtp.",))
 
     def _postprocess(self, hidden_states, input_ids, position_ids, labels, rotary_pos_emb, rotary_pos_cos,
                      rotary_pos_sin, mtp_in_postprocess=None, loss_mask=None, **kw):
@@ -74,7 +60,7 @@ class MTPObjectiveGPTModel(ChunkedOutputLosses, GPTModel):
         runtime_gather_output, packed_seq_params = kw.get("runtime_gather_output"), kw.get("packed_seq_params")
         block_kwargs = {name: kw[name] for name in ("padding_mask",) if name in kw}  # 0.19's MTP block takes it
         output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
-        grad_for_mtp = self.freeze_base and self.training and self._grad_outside
+        grad_for_mtp = self.grad_for_mtp
         with torch.set_grad_enabled(grad_for_mtp or torch.is_grad_enabled()):
             if mtp_in_postprocess:
                 stacked = self.mtp(

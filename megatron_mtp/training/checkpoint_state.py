@@ -187,24 +187,22 @@ def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: b
 
 
 def _new_mtp_modules(ckpt: Path, cfg, components: Components, sd: dict) -> tuple[set[str], list[dict]]:
-    """Sequential MTP modules this run has and the checkpoint lacks (a weights-only load of a model
-    trained or imported with fewer), or the whole assistant (mtp.style assistant) beside a target saved
-    without one. Their entries leave the state dict to load, so they keep their initial weights; with
-    mtp.init=copy_last_layer each module's transformer-layer entries come back as
-    a state dict of its own whose keys name the checkpoint's last decoder layer (same keys below the
-    layer prefix; each read in a load of its own, since one load can't read a tensor twice on a rank).
-    Returns (their module prefixes, those state dicts)."""
+    """MTP modules or parallel heads this run has and the checkpoint lacks (a weights-only load of a model
+    trained or imported with fewer, or with another MTP style), or the whole assistant (mtp.style assistant)
+    beside a target saved without one (checkpoint/resume_rules.mtp_parts). Their entries leave the state
+    dict to load, so they keep their initial weights; with mtp.init=copy_last_layer each module's or head's
+    transformer-layer entries come back as a state dict of its own whose keys name the checkpoint's last
+    decoder layer (same keys below the layer prefix; each read in a load of its own, since one load can't
+    read a tensor twice on a rank). Returns (their prefixes, those state dicts)."""
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
     from megatron_mtp.checkpoint.info import read_config
+    from megatron_mtp.checkpoint.resume_rules import mtp_parts
 
-    saved = read_config(ckpt)
-    if cfg.mtp.style == "assistant" and cfg.mtp.num_layers and saved.mtp.style != "assistant":
-        order = ["mtp_assistant."]  # an assistant drawn anew beside a target saved without one
-    elif cfg.mtp.style != "sequential" or saved.mtp.style != "sequential" or cfg.mtp.modules <= saved.mtp.modules:
+    saved = mtp_parts(read_config(ckpt).mtp)
+    order = [p for p in mtp_parts(cfg.mtp) if p not in saved]
+    if not order:
         return set(), []
-    else:
-        order = [f"mtp.layers.{d}." for d in range(saved.mtp.modules, cfg.mtp.modules)]
     last = f"decoder.layers.{cfg.model.num_layers - 1}."
     copies: list[dict] = [{} for _ in order]
     for key in _model_keys(components):

@@ -61,9 +61,10 @@ LAYOUTS = {
                            "model.layer_types=null"], GEMMA),
     "gemma4_pp2_vpp2": (2, ["parallel.pipeline=2", "model.num_layers=4", "parallel.pipeline_layout=Et|t|t|tmL"],
                         GEMMA),
-    # MTP-only training: parameters for all, gradients/optimizer/activations of the MTP path alone (pipeline
-    # rank 0 of pp2 trains nothing)
-    "frozen_base": (1, ["mtp.freeze_base=true", "checkpoint.load=/a/model", "training.precision=bf16"]),
+    # MTP-only training (two parallel heads; sequential modules): parameters for all, gradients/optimizer/
+    # activations of the MTP path alone (pipeline rank 0 of pp2 trains nothing)
+    "frozen_base_heads": (1, ["mtp.freeze_base=true", "checkpoint.load=/a/model", "training.precision=bf16",
+                              "mtp.style=parallel", "mtp.num_layers=2"]),
     "pp2_ep2_frozen_base": (4, ["mtp.freeze_base=true", "checkpoint.load=/a/model", "parallel.pipeline=2",
                                 "parallel.expert=2"]),
     # Gemma 4's assistant on the frozen target: its own state alone trains; its steps' saved activations and the
@@ -71,7 +72,7 @@ LAYOUTS = {
     "gemma4_assistant_tp2_ep2": (2, ["parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1",
                                      "model.layer_types=null", *ASSISTANT], GEMMA),
 }
-FROZEN = {"frozen_base", "pp2_ep2_frozen_base", "gemma4_assistant_tp2_ep2"}
+FROZEN = {"frozen_base_heads", "pp2_ep2_frozen_base", "gemma4_assistant_tp2_ep2"}
 MODELED = ("tp", "ep", "etp", "dp", "edp", "pp", "embedding")
 
 

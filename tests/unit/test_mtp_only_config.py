@@ -23,7 +23,7 @@ def _validate(*overrides):
 @pytest.mark.parametrize("overrides,needs", [
     ((), "checkpoint.load"),
     ((LOAD, "mtp.num_layers=0"), "mtp.num_layers > 0"),
-    ((LOAD, "mtp.style=parallel"), "mtp.style=sequential"),
+    ((LOAD, "mtp.style=parallel", "mtp.head_by_head_backward=true"), "mtp.head_by_head_backward=false"),
 ])
 def test_freeze_base_without_what_it_needs_is_one_sentence(overrides, needs):
     with pytest.raises(UserError) as info:
@@ -32,8 +32,9 @@ def test_freeze_base_without_what_it_needs_is_one_sentence(overrides, needs):
     assert text.startswith("mtp.freeze_base") and needs in text and text.count(". ") == 0
 
 
-def test_freeze_base_with_a_model_to_load_is_fine():
-    _validate("mtp.freeze_base=true", LOAD, "mtp.targets=self")
+@pytest.mark.parametrize("style", [("mtp.targets=self",), ("mtp.style=parallel",)])
+def test_freeze_base_with_a_model_to_load_is_fine(style):
+    _validate("mtp.freeze_base=true", LOAD, *style)
 
 
 @pytest.mark.parametrize("overrides,field", [
@@ -78,6 +79,11 @@ def _tiny(*overrides: str):
     (("mtp.num_layers=1",), ("mtp.num_layers=3", "mtp.repeated_layer=true"), []),  # its one module is module 0
     (("mtp.num_layers=3",), ("mtp.num_layers=3", "mtp.repeated_layer=true"), ["leaves out mtp.layers.1, mtp.layers.2"]),
     (("mtp.num_layers=2",), ("mtp.num_layers=1",), ["leaves out mtp.layers.1"]),
+    # another style: the checkpoint's modules are left out, the heads drawn anew (or copied: mtp.init)
+    (("mtp.num_layers=2",), ("mtp.style=parallel", "mtp.num_layers=3", "checkpoint.load_optimizer=false"),
+     ["has 2 sequential MTP modules; this run loads 3 parallel MTP heads and leaves out mtp.layers.0, mtp.layers.1"]),
+    (("mtp.style=parallel", "mtp.num_layers=1"), ("mtp.style=parallel", "mtp.num_layers=2", "mtp.freeze_base=true",
+                                                  "checkpoint.load=/some/run"), []),
     (("parallel.tensor=2",), ("parallel.tensor=1", "optimizer.lr=1e-5"), []),  # the same padded vocabulary
 ])
 def test_what_a_weights_only_load_may_change(saved, now, notes, tmp_path):
@@ -91,7 +97,8 @@ def test_what_a_weights_only_load_may_change(saved, now, notes, tmp_path):
     ((), ("model.make_vocab_size_divisible_by=1000",), "the padded vocabulary is 4096 in the checkpoint and 5000"),
     ((), ("model.vocab_size=8192",), "model.vocab_size is 4096 in the checkpoint and 8192 now"),
     ((), ("model.family=glm4_moe",), "model.family is 'deepseek_v3' in the checkpoint and 'glm4_moe' now"),
-    (("mtp.num_layers=2",), ("mtp.style=parallel", "mtp.num_layers=2"), "neither turns modules into heads"),
+    (("mtp.num_layers=2",), ("mtp.style=parallel", "mtp.num_layers=2"),
+     r"this run adds MTP parts \(the checkpoint has 2 sequential MTP modules, this run 2 parallel MTP heads\)"),
     (("mtp.num_layers=0",), ("mtp.num_layers=1",), "set checkpoint.load_optimizer=false"),
 ])
 def test_what_a_weights_only_load_may_not_change_is_one_sentence(saved, now, words, tmp_path):

@@ -24,7 +24,8 @@ def build_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_pr
 
         heads = (ParallelHeadsGPTModel, dict(head_layer_spec=parallel_head_layer_spec(config, platform, MLA_KEYS_AS_TE,
                                                                                   mtp_is_moe(cfg.model)),
-                                             head_by_head_backward=cfg.mtp.head_by_head_backward))
+                                             head_by_head_backward=cfg.mtp.head_by_head_backward,
+                                             freeze_base=cfg.mtp.freeze_base))
     return build_gpt_model(cfg, config, platform, vocab_size, pre_process, post_process, vp_stage,
                            keys_as_te=MLA_KEYS_AS_TE, heads=heads,
                            position_embedding_type="none")  # MLA applies its own (YaRN) rotary embedding

@@ -41,6 +41,12 @@ no copy of the word embedding: ``setup_embeddings_and_output_layer`` and
 ``shared_embedding_or_output_weight`` are overridden so that nothing is tied or all-reduced between
 the first and last stage unless the embedding is really tied to the output layer.
 
+On a frozen base (``mtp.freeze_base``, models/frozen_base.py) the trunk runs without gradients and the
+heads read its detached output; their terms are summed into ``mtp_objective``, which the trainer
+back-propagates, instead of being attached to the main hidden state. A checkpoint without these heads
+(none, or sequential modules) loads with the heads drawn anew, or with mtp.init=copy_last_layer each
+head's layer copied from the last decoder layer (training/checkpoint_state.py).
+
 Checkpoint keys: ``mtp_heads.layers.{k-1}.transformer_layer.*`` (a decoder layer's keys) and
 ``mtp_heads.layers.{k-1}.final_layernorm.weight``; global (the heads are never split over stages),
 so any layout loads any other.
@@ -69,6 +75,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.transformer.module import MegatronModule
 
 from megatron_mtp.errors import UserError
+from megatron_mtp.models.frozen_base import FrozenBase
 from megatron_mtp.models.output_losses import ChunkedOutputLosses
 
 PREFIX = "mtp_heads."
@@ -176,11 +183,12 @@ def _without_recompute(config):
     return heads
 
 
-class ParallelHeadsGPTModel(ChunkedOutputLosses, GPTModel):
+class ParallelHeadsGPTModel(FrozenBase, ChunkedOutputLosses, GPTModel):
     """megatron-core's GPTModel with n parallel heads on the last stage instead of the MTP block."""
 
     def __init__(self, *args, head_layer_spec, head_norm_spec, head_by_head_backward: bool = False,
-                 output_chunk: int | None = None, stop_at_documents: bool = False, **kwargs):
+                 output_chunk: int | None = None, stop_at_documents: bool = False, freeze_base: bool = False,
+                 **kwargs):
         from megatron.core.quantization.utils import get_quant_config_or_none
 
         super().__init__(*args, **kwargs)
@@ -199,6 +207,8 @@ class ParallelHeadsGPTModel(ChunkedOutputLosses, GPTModel):
             for name, module in self.mtp_heads.named_modules():  # what GPTModel.__init__ does for its modules
                 if hasattr(module, "finish_init"):
                     module.finish_init(get_quant_config_or_none(PREFIX + name, self.config.quant_recipe))
+        if freeze_base:  # only the heads train (models/frozen_base.py)
+            self.freeze((PREFIX,))
 
     # -- the word embedding is not needed on the last stage ------------------------------------------
     def setup_embeddings_and_output_layer(self) -> None:
@@ -232,8 +242,15 @@ class ParallelHeadsGPTModel(ChunkedOutputLosses, GPTModel):
             head_kwargs = dict(attention_mask=attention_mask, rotary_pos_emb=rotary_pos_emb,
                                rotary_pos_cos=rotary_pos_cos, rotary_pos_sin=rotary_pos_sin,
                                packed_seq_params=packed_seq_params, sequence_len_offset=sequence_len_offset)
-            hidden_states = self._head_losses(hidden_states, labels, loss_mask, output_weight, runtime_gather_output,
-                                              head_kwargs)
+            if self.freeze_base:
+                grad = self.grad_for_mtp
+                with torch.set_grad_enabled(grad):
+                    terms = self._head_losses(hidden_states.detach(), labels, loss_mask, output_weight,
+                                              runtime_gather_output, head_kwargs)
+                    self.mtp_objective = sum(t.sum() for t in terms) if grad else None
+            else:
+                hidden_states = self._head_losses(hidden_states, labels, loss_mask, output_weight,
+                                                  runtime_gather_output, head_kwargs)
         if labels is not None and self.output_chunk:
             return self.chunked_token_losses(self.output_input(hidden_states), labels, output_weight)
         logits, _ = self.output_layer(hidden_states, weight=output_weight, runtime_gather_output=runtime_gather_output)
@@ -242,14 +259,17 @@ class ParallelHeadsGPTModel(ChunkedOutputLosses, GPTModel):
         return self.compute_language_model_loss(labels, logits)
 
     def _head_losses(self, hidden_states, labels, loss_mask, output_weight, runtime_gather_output, head_kwargs):
-        """Run every head, record its CE, and attach (λ/n)·CE_k to ``hidden_states`` (returned)."""
+        """Run every head, record its CE, and attach (λ/n)·CE_k to ``hidden_states`` (returned); on a frozen
+        base, return the terms instead."""
         from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler, roll_tensor
 
         from megatron_mtp.platform.megatron_core import record_mtp_loss
 
         n = self.num_heads
         packed = head_kwargs["packed_seq_params"]
-        one_at_a_time = self.head_by_head_backward and self.training and torch.is_grad_enabled()
+        one_at_a_time = (self.head_by_head_backward and self.training and torch.is_grad_enabled()
+                         and not self.freeze_base)
+        terms = []
         trunk = hidden_states.detach().requires_grad_() if one_at_a_time else hidden_states
         from megatron_mtp.models.document_masks import next_depth_mask
 
@@ -280,6 +300,9 @@ class ParallelHeadsGPTModel(ChunkedOutputLosses, GPTModel):
                     torch.sum(loss) / num_tokens, k, n,
                     avg_group=parallel_state.get_data_parallel_group(with_context_parallel=True))
             term = scale * loss if self.config.calculate_per_token_loss else scale * loss / num_tokens
+            if self.freeze_base:
+                terms.append(term)
+                continue
             if not one_at_a_time:
                 hidden_states = MTPLossAutoScaler.apply(hidden_states, term)
                 continue
@@ -294,4 +317,4 @@ class ParallelHeadsGPTModel(ChunkedOutputLosses, GPTModel):
             used = [i for i, g in enumerate(param_grads) if g is not None]
             hidden_states = _DeferredHeadGrads.apply(hidden_states, trunk_grad, len(used),
                                                      *[params[i] for i in used], *[param_grads[i] for i in used])
-        return hidden_states
+        return terms if self.freeze_base else hidden_states

@@ -81,7 +81,7 @@ class AssistantGPTModel(MTPObjectiveGPTModel):
         for _ in range(depth):  # step k reads token t + k (teacher forced)
             ids, _ = self._roll(ids, -1, packed)
             embeddings.append(self._embed(ids))
-        grad = self.training and self._grad_outside
+        grad = self.grad_for_mtp
         with torch.set_grad_enabled(grad or torch.is_grad_enabled()):
             outputs = self.mtp_assistant(hidden_states.detach(), embeddings, stored)
             step_logits = [self.mtp_assistant.logits(x) for x in outputs]
