@@ -1,17 +1,18 @@
-"""Compare MTP designs drafting for one frozen target: DeepSeek's sequential modules and Gemma 4's assistant.
+"""Compare the three MTP designs drafting for one frozen target: DeepSeek's sequential modules, Gloeckle's
+parallel heads and Gemma 4's assistant.
 
     python tools/compare_drafters.py [--target-steps 300] [--steps 300] [--out runs/compare_drafters]
         [--eval-steps 16] [--new-tokens 64] [--threads 2] [--reuse]
 
 A tiny Gemma 4 target (configs/gemma4_tiny_cpu.yaml without MTP: 4 layers of width 128, sliding windows of
 32, 8 experts) trains once; then each drafter trains on it frozen (mtp.freeze_base), from the same seed, for
-the same steps of the same data, with the same objective (mtp.targets=mix):
+the same steps of the same data, with the same objective (mtp.targets=tokens, the data tokens ahead):
   - sequential D=3: three modules of the target's width (a transformer layer of the target's kind each,
-    eh_proj, norms), sharing the target's embedding and output head;
+    eh_proj, norms), sharing the target's embedding and output head, each layer copied from the target's last;
+  - parallel D=3: three heads on the target's final hidden state (a transformer layer of the MTP kind and a
+    norm each, copied alike), sharing the output head; each drafts one position, so K <= 3;
   - assistant K=6: one assistant of width 64 (2 query-only layers over the target's stored keys/values, its
     own 4,096 x 64 output table) applied 6 times.
-Parallel heads are not in the table: they train jointly with their trunk only (mtp.freeze_base takes
-sequential modules or an assistant), and Gemma 4 builds none.
 Per drafter:
   - held-out acceptance per draft step (``megatron-mtp eval RUN --json``: teacher-forced, the drafter's
     argmax against the target's, on the default corpus' validation split);
@@ -19,7 +20,7 @@ Per drafter:
     tools/bench/bench_speculative.py at K = 1..D: tokens per verification round, checked equal to plain
     greedy decoding;
   - draft cost per drafted token: the weights one draft step reads at batch 1 (its own tensors, the shared
-    output head for sequential modules, routed experts: the top-k), beside the target's per decoded token, as
+    output head for sequential modules and heads, routed experts: the top-k), beside the target's per decoded token, as
     `plan --speculative` counts them.
 Prints a markdown table and writes OUT/results.json.
 """
@@ -39,12 +40,13 @@ CONFIG = ROOT / "configs" / "gemma4_tiny_cpu.yaml"
 COMMON = ["logging.eval_interval=0", "checkpoint.save_interval=0", "logging.tensorboard=false"]
 DRAFTERS = {
     "sequential": ("sequential D=3", 3, ["mtp.style=sequential", "mtp.num_layers=3", "mtp.init=copy_last_layer"]),
+    "parallel": ("parallel D=3", 3, ["mtp.style=parallel", "mtp.num_layers=3", "mtp.init=copy_last_layer"]),
     "assistant": ("assistant K=6", 6, ["mtp.style=assistant", "mtp.num_layers=6", "mtp.assistant.hidden_size=64",
                                        "mtp.assistant.num_layers=2", "mtp.assistant.num_attention_heads=4",
                                        "mtp.assistant.ffn_hidden_size=128",
                                        "mtp.assistant.layer_types=[sliding_attention,full_attention]"]),
 }
-FROZEN = ["mtp.freeze_base=true", "mtp.targets=mix", "checkpoint.load_optimizer=false", "checkpoint.save_interval=0"]
+FROZEN = ["mtp.freeze_base=true", "mtp.targets=tokens", "checkpoint.load_optimizer=false", "checkpoint.save_interval=0"]
 
 
 def _cli(args: list[str], threads: int) -> subprocess.CompletedProcess:

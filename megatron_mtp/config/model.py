@@ -216,7 +216,7 @@ class MTPConfig:
     style: Literal["sequential", "parallel", "assistant"] = "sequential"
     """sequential: DeepSeek-V3's chained modules (depth k also reads the embedding of token t+k);
     parallel: Gloeckle et al.'s independent heads, one decoder layer each on the trunk's last hidden
-    state, sharing the output layer (models/deepseek_v3/parallel_heads.py); assistant: a separate small
+    state, sharing the output layer (models/parallel_heads.py); assistant: a separate small
     model of its own width (mtp.assistant) reading the frozen target's stored keys and values and last
     hidden state, applied D times (Gemma 4; models/gemma4/assistant/)."""
     assistant: AssistantShape = field(default_factory=AssistantShape)

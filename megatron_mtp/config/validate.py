@@ -260,7 +260,7 @@ def _mtp_and_numbers(cfg: Config) -> None:
 
 
 def _mtp_style(cfg: Config) -> None:
-    """Options that only one MTP style has (models/deepseek_v3/parallel_heads.py)."""
+    """Options that only one MTP style has (models/parallel_heads.py)."""
     mtp = cfg.mtp
     if mtp.repeated_layer and (mtp.num_layers == 0 or mtp.style != "sequential"):
         raise UserError("mtp.repeated_layer applies one sequential MTP module at every depth and needs "

@@ -3,7 +3,7 @@ The family is config.json's ``model_type`` (models/family.py ``family_of_hf_conf
 
 Inputs: one HF directory (main only, or the release layout with MTP layers inline), a separate
 export (``DIR/main`` + ``DIR/mtp``), or ``mtp_dir`` given explicitly (release or SGLang NextN
-naming, or parallel MTP heads: models/deepseek_v3/hf_heads_config.py, imported as mtp.style parallel);
+naming, or parallel MTP heads: models/parallel_heads_hf.py, imported as mtp.style parallel);
 weights in bf16/fp16/fp32 or DeepSeek's FP8 release format (dequantised per 128x128 block).
 
 Output ``OUT`` is one self-contained checkpoint directory: torch_dist files holding only model
@@ -41,10 +41,9 @@ from megatron_mtp.convert.shapes import check_shape
 from megatron_mtp.errors import UserError
 from megatron_mtp.hf_dir.safetensors_io import HFDir
 from megatron_mtp.hf_dir.tokenizer_files import TOKENIZER_FILES
-from megatron_mtp.models.deepseek_v3.hf_config_json import parse_hf_config
-from megatron_mtp.models.deepseek_v3.hf_heads_config import is_heads_config, read_heads_config
 from megatron_mtp.models.family import family_of_hf_config
 from megatron_mtp.models.hf_common import mtp_depth
+from megatron_mtp.models.parallel_heads_hf import is_heads_config, read_heads_config
 from megatron_mtp.models.tensor_table import Param, extra_state_keys, is_mtp_hf_name
 from megatron_mtp.output import staged_dir, tree_bytes
 
@@ -117,9 +116,8 @@ def _mtp_depth(main: HFDir, mtp: Optional[HFDir], with_mtp: bool) -> int:
     if mtp is not None and assistant_dir.is_assistant_config(mtp.config):  # the tokens it drafts per round
         return assistant_dir.draft_tokens(mtp.path) if with_mtp else 0
     declared = mtp_depth(main.config, str(main.path / "config.json"))
-    if mtp is not None and is_heads_config(mtp.config):  # parallel MTP heads (models/deepseek_v3/hf_heads_config.py)
-        main_view = parse_hf_config(main.config, str(main.path / "config.json"))
-        return read_heads_config(mtp.config, str(mtp.path / "config.json"), main_view).num_heads if with_mtp else 0
+    if mtp is not None and is_heads_config(mtp.config):  # parallel MTP heads (models/parallel_heads_hf.py)
+        return read_heads_config(mtp.config, str(mtp.path / "config.json"), main.config).num_heads if with_mtp else 0
     if mtp is not None:
         declared = mtp_depth(mtp.config, str(mtp.path / "config.json"))
         if declared == 0:

@@ -1,4 +1,4 @@
-"""The export layouts parallel MTP heads cannot take (their format: models/deepseek_v3/hf_heads_config.py)."""
+"""The export layouts parallel MTP heads cannot take (their format: models/parallel_heads_hf.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def refuse_layout(serve_for: Optional[str], mtp: str, mtp_layout: str) -> None:
     if serve_for is not None:
         raise UserError(serving.parallel_heads_sentence(serving.FACTS[serve_for].title))
     if mtp == "inline":
-        raise UserError("--mtp inline needs sequential MTP modules (the Hugging Face DeepSeek-V3 layers "
+        raise UserError("--mtp inline needs sequential MTP modules (the Hugging Face layers "
                         "num_hidden_layers+d), and this checkpoint has parallel MTP heads, which have no Hugging "
                         "Face format; export with --mtp separate (OUT/mtp holds the heads) or --mtp none")
     if mtp_layout == "nextn":

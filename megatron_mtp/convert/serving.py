@@ -129,7 +129,7 @@ class Export:
     architecture: str = "DeepseekV3ForCausalLM"
     """What config.json's architectures says."""
     parallel_heads: bool = False
-    """The MTP part is parallel heads (mtp.style parallel, models/deepseek_v3/hf_heads_config.py), which no
+    """The MTP part is parallel heads (mtp.style parallel, models/parallel_heads_hf.py), which no
     engine loads."""
     assistant: bool = False
     """The MTP part is a separate drafter model (mtp.style assistant: Gemma 4's assistant in mtp/)."""

@@ -13,7 +13,7 @@ Layouts (``mtp``):
             draft (e.g. from mtp.freeze_base training) to ship next to an unchanged base release;
             ``from-hf BASE OUT2 --mtp-dir OUT`` pairs them again.
 Parallel MTP heads (mtp.style parallel) have no HF format: separate only, OUT/mtp in their own format
-(models/deepseek_v3/hf_heads_config.py); inline, nextn and ``--for`` are refused in one sentence each.
+(models/parallel_heads_hf.py); inline, nextn and ``--for`` are refused in one sentence each.
 
 Serving: ``serve_for`` (``--for``) picks the layout an engine loads with the fewest flags and
 refuses, before anything is written, what it cannot load or run (convert/serving.py); without it
@@ -252,8 +252,8 @@ def hf_configs(
     if assistant:
         torch_dtype = "float32" if dtype == "fp32" else "bfloat16"
         return {"main": full, "mtp": assistant_dir.configs(cfg, vocab, torch_dtype, None)[0]}
-    if cfg.mtp.style == "parallel":  # the heads' own format (models/deepseek_v3/hf_heads_config.py)
-        from megatron_mtp.models.deepseek_v3.hf_heads_config import heads_config
+    if cfg.mtp.style == "parallel":  # the heads' own format (models/parallel_heads_hf.py)
+        from megatron_mtp.models.parallel_heads_hf import heads_config
 
         main = dict(full, num_nextn_predict_layers=0)
         return {"main": main, "mtp": heads_config(main, depth)}

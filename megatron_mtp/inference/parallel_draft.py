@@ -1,8 +1,8 @@
-"""Drafting with parallel MTP heads (``mtp.style: parallel``; export format: models/deepseek_v3/hf_heads_config.py).
+"""Drafting with parallel MTP heads (``mtp.style: parallel``; export format: models/parallel_heads_hf.py).
 
 Head k (1-based) is a decoder layer with its own KV cache over the TARGET's positions, fed the target's
 hidden state ``h_0(t)`` after ``model.norm``, then its own norm (``heads.{k-1}.norm``) and the target's
-``lm_head``; at position t it predicts token t+1+k (training: models/deepseek_v3/parallel_heads.py).
+``lm_head``; at position t it predicts token t+1+k (training: models/parallel_heads.py).
 
 One round (``seq[N-1]`` pending, ``h_0`` known for positions ``<= N-2``, see draft.py): draft d_j is head j at
 position ``N-2``, predicting ``seq[N-1+j]`` (the target itself predicts the pending ``seq[N-1]`` there).
@@ -25,25 +25,23 @@ from torch import nn
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.hf_dir.safetensors_io import HFDir
+from megatron_mtp.inference.attention import attention_class, layer_class, rotary
 from megatron_mtp.inference.draft import HiddenBuffer, PickFn
 from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.inference.layers import DecoderLayer, RMSNorm
-from megatron_mtp.inference.mla import MLAttention
+from megatron_mtp.inference.layers import DecoderLayer, HFConfig, RMSNorm
 from megatron_mtp.inference.model_dir import ExportDirs, _load_into, decodable_config
-from megatron_mtp.inference.target import TargetModel
-from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
-from megatron_mtp.models.deepseek_v3.hf_heads_config import is_heads_config, read_heads_config
-from megatron_mtp.models.deepseek_v3.hf_mapping import hf_head_prefix
+from megatron_mtp.inference.target import TargetModel, softcap
+from megatron_mtp.models.parallel_heads_hf import is_heads_config, read_heads_config
+from megatron_mtp.models.tensor_table import hf_head_prefix
 
 
-class ParallelHead(DecoderLayer):
-    """One head: decoder layer (HF names of ``model.layers.N``) plus ``norm``."""
+class HeadParts:
+    """A head's own parts and steps, mixed into the family's decoder-layer class (``parallel_head``)."""
 
-    def __init__(self, config: DeepseekV3HFConfig) -> None:
-        super().__init__(config, config.num_hidden_layers - 1, MLAttention)  # shaped like the main model's last layer
+    def _init_head(self, config: HFConfig) -> None:
         self.config = config
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = MLAttention.rotary(config)
+        self.rotary = rotary(config)  # None where each layer kind applies its own (Gemma 4)
         self.cache: KVCache | None = None
 
     def reset_cache(self, slots: int = 1) -> None:
@@ -59,14 +57,36 @@ class ParallelHead(DecoderLayer):
     def step_rows(self, rows: Rows, hidden_in: torch.Tensor) -> torch.Tensor:
         """Packed target hidden states [N, h] of ``rows``; the normed output [N, h]."""
         x = hidden_in.to(self.norm.weight.dtype)
-        cos_sin = self.rotary.cos_sin(rows.token_positions, x.dtype)
-        return self.norm(DecoderLayer.forward(self, x, cos_sin, self.cache, rows))
+        cos_sin = self.rotary.cos_sin(rows.token_positions, x.dtype) if self.rotary is not None else None
+        return self.norm(self.layer_forward(x, cos_sin, self.cache, rows))
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def parallel_head(config: HFConfig) -> HeadParts:
+    """One head of the family whose view ``config`` is: its decoder layer (HF names of ``model.layers.N``) shaped
+    as an MTP layer at index ``num_hidden_layers`` (training builds each head as the MTP layer: Gemma 4's is
+    full attention), plus ``norm``."""
+    own = layer_class(config)
+    layer = own or DecoderLayer
+    if layer not in _CLASSES:
+        def __init__(self, config: HFConfig) -> None:
+            if own is None:
+                DecoderLayer.__init__(self, config, config.num_hidden_layers, attention_class(config))
+            else:
+                own.__init__(self, config, config.num_hidden_layers)
+            self._init_head(config)
+
+        _CLASSES[layer] = type(f"{layer.__name__}Head", (HeadParts, layer),
+                               {"__init__": __init__, "layer_forward": layer.forward})
+    return _CLASSES[layer](config)
 
 
 class ParallelHeadsDrafter:
     """Drafts K <= n tokens per round with n parallel heads (the ``Drafter`` protocol of draft.py)."""
 
-    def __init__(self, heads: list[ParallelHead], lm_head: nn.Linear) -> None:
+    def __init__(self, heads: list[HeadParts], lm_head: nn.Linear) -> None:
         if not heads:
             raise ValueError("ParallelHeadsDrafter needs at least one head")
         self.heads = heads
@@ -114,7 +134,7 @@ class ParallelHeadsDrafter:
             ends = [len(seqs[i]) - 1 for i in live]  # through the anchor, the last position with a target hidden state
             hidden = torch.cat([self._hidden[slots[i]].read(start, end) for i, start, end in zip(live, starts, ends)])
             rows = Rows([slots[i] for i in live], starts, [e - s for s, e in zip(starts, ends)])
-            logits = self.lm_head(head.step_rows(rows, hidden)[rows.last_index]).float()
+            logits = softcap(self.lm_head(head.step_rows(rows, hidden)[rows.last_index]).float(), head.config)
             for r, i in enumerate(live):
                 token, dist = picks[i](logits[r])
                 drafts[i].append(token)
@@ -140,11 +160,8 @@ def load_parallel_heads(dirs: ExportDirs, target: TargetModel, dtype: torch.dtyp
     if not is_heads_config(weights.config):
         return None
     where = weights.path / "config.json"
-    heads_cfg = read_heads_config(weights.config, str(where), target.config)
-    config = decodable_config(dict(weights.config["main_config"]), where)
-    if not isinstance(config, DeepseekV3HFConfig):
-        raise UserError(f"{where}: parallel MTP heads are decoded for DeepSeek-V3 models only, not for "
-                        f"model_type {config.model_type!r}; export the MTP part as sequential modules.")
+    heads_cfg = read_heads_config(weights.config, str(where), HFDir(dirs.main_dir).config)
+    config = decodable_config(dict(heads_cfg.main_config), where)
     heads = []
     for i in range(heads_cfg.num_heads):
         prefix = hf_head_prefix(i)
@@ -152,7 +169,7 @@ def load_parallel_heads(dirs: ExportDirs, target: TargetModel, dtype: torch.dtyp
             raise UserError(f"{weights.path} lacks {prefix}norm.weight for parallel head {i + 1}; re-export the "
                             "MTP part.")
         with torch.device("meta"):
-            head = ParallelHead(config)
+            head = parallel_head(config)
         _load_into(head, weights, prefix, dtype, config.n_routed_experts)
         head.eval()
         heads.append(head)

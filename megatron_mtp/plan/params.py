@@ -91,7 +91,7 @@ def _layer(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: bool) 
 
 def sequential_mtp(cfg: Config) -> bool:
     """DeepSeek's sequential MTP modules (each with an embedding lookup and eh_proj), as opposed to
-    parallel heads (a transformer layer and a norm each, no embedding: models/deepseek_v3/parallel_heads.py)."""
+    parallel heads (a transformer layer and a norm each, no embedding: models/parallel_heads.py)."""
     return cfg.mtp.num_layers > 0 and cfg.mtp.style == "sequential"
 
 

@@ -131,3 +131,32 @@ def test_fp8_heads_import_back_and_export_the_same_bytes(heads_run, tmp_path):
     ckpt = import_from_hf(out, tmp_path / "ckpt")
     assert TorchDistReader(ckpt).entry("mtp_heads.layers.1.final_layernorm.weight").shape[0] > 0
     same_tree(export_to_hf(ckpt, tmp_path / "again", dtype="fp8"), out)
+
+
+def test_gemma4_heads_decode_as_training_and_import_back(tmp_path):
+    """Gemma 4 builds the same heads, each a layer of its MTP kind (full attention, the MoE block beside the
+    dense MLP, its layer scalar), read through the soft-capped output layer: the export decodes with
+    megatron-core's head logits, speculative greedy equals plain, and it imports back bitwise."""
+    from megatron_mtp.inference.generate import load_generator
+    from megatron_mtp.inference.target import softcap
+
+    run = tmp_path / "run"
+    megatron_cli("train", "configs/gemma4_tiny_cpu.yaml", "--run-dir", str(run), "--max-steps", "1",
+                 *TRAIN_OVERRIDES[1:], "model.sliding_window=5", "mtp.style=parallel", f"mtp.num_layers={HEADS}")
+    export = export_to_hf(run, tmp_path / "hf", dtype="fp32")
+    assert json.loads((export / "mtp" / "config.json").read_text())["architectures"] == ["Gemma4ParallelMTPHeads"]
+    tokens = torch.randint(0, 4000, (1, 12), generator=torch.Generator().manual_seed(3))
+    torch.save(tokens, tmp_path / "tokens.pt")
+    reference = megatron_forward(run, tmp_path / "tokens.pt", tmp_path / "out.pt")
+    gen = load_generator(export)
+    gen.target.reset_cache()
+    _, hidden = gen.target.forward(tokens[0].tolist())  # 12 tokens: windows of 5 slide
+    for k, head in enumerate(gen.drafter.heads):
+        head.reset_cache()
+        with torch.inference_mode():
+            ours = softcap(gen.drafter.lm_head(head.step(hidden, 0)).float(), head.config)
+        assert (ours - reference["mtp_logits"][k][0]).abs().max() < 1e-4, k
+    plain = gen.generate("def add(a, b):\n    return", max_new_tokens=16, ignore_eos=True)
+    spec = gen.generate("def add(a, b):\n    return", max_new_tokens=16, ignore_eos=True, speculative_k=HEADS)
+    assert spec.tokens == plain.tokens
+    same_tree(export_to_hf(import_from_hf(export, tmp_path / "ckpt"), tmp_path / "again", dtype="fp32"), export)

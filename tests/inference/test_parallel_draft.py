@@ -13,7 +13,7 @@ from target_joint import exact_joint, first_tokens_counts, joint_pvalue
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.sampling import SamplingParams, probabilities
-from megatron_mtp.models.deepseek_v3.hf_heads_config import heads_config
+from megatron_mtp.models.parallel_heads_hf import heads_config
 
 PROMPT = "def add(a, b):\n    return"
 HEADS = 3

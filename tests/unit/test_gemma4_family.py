@@ -108,7 +108,6 @@ def test_layer_kinds_are_transformers():
     (["model.router_score_function=sigmoid"], "needs 'softmax'"),
     (["model.global_partial_rotary_factor=0"], "must be in (0, 1]"),
     (["data.reset_position_ids=true"], "data.reset_position_ids is not built for model.family=gemma4"),
-    (["mtp.style=parallel"], "mtp.style=parallel is not built for model.family=gemma4"),
     (["kernels.chunked_output_loss=true"], "does not soft-cap logits"),
     # a separate drafter (mtp.style assistant)
     (["mtp.style=assistant"], "mtp.style=assistant trains a drafter beside a frozen target and needs "

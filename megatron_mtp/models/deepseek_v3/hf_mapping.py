@@ -9,8 +9,8 @@ one place; whether a layer is MoE is decided in models/tensor_table.py (``is_moe
 The table is built from the typed model config (``ModelConfig``) and the MTP depth. MTP module d
 (0-based) is HF layer ``num_hidden_layers + d``; the index always comes from the config.
 
-Parallel MTP heads (``mtp.style: parallel``, models/deepseek_v3/parallel_heads.py) have no Hugging Face
-format; they are exported to their own ``mtp/`` directory (models/deepseek_v3/hf_heads_config.py) as
+Parallel MTP heads (``mtp.style: parallel``, models/parallel_heads.py) have no Hugging Face
+format; they are exported to their own ``mtp/`` directory (models/parallel_heads_hf.py) as
 ``heads.{i}.`` + the decoder-layer names of ``model.layers.N.`` (``self_attn.*``, ``mlp.*``, the two
 layer norms) and ``heads.{i}.norm.weight`` (the head's final norm); they share the main ``lm_head``.
 """

@@ -20,7 +20,7 @@ def build_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_pr
     """GPTModel for the current pipeline stage; `config` is the MLATransformerConfig."""
     heads = None
     if cfg.mtp.style == "parallel" and cfg.mtp.num_layers:  # Gloeckle-style heads instead of the MTP block
-        from megatron_mtp.models.deepseek_v3.parallel_heads import ParallelHeadsGPTModel
+        from megatron_mtp.models.parallel_heads import ParallelHeadsGPTModel
 
         heads = (ParallelHeadsGPTModel, dict(head_layer_spec=parallel_head_layer_spec(config, platform, MLA_KEYS_AS_TE,
                                                                                   mtp_is_moe(cfg.model)),

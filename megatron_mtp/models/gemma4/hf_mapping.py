@@ -3,7 +3,7 @@ transformers' ``Gemma4ForCausalLM`` names, per layer kind.
 
 A Gemma 4 layer's tensors depend on its kind (sliding or full attention: head widths, key/value heads,
 and no value projection where keys are values), so the rules of layer i are those of
-``model.layer_kinds()[i]`` and an MTP layer's are those of its kind (``MTP_KIND``); ``rule_for_key``
+``model.layer_kinds()[i]`` and an MTP layer's or parallel head's are those of its kind (``MTP_KIND``); ``rule_for_key``
 reads the model to tell. The routed experts are one HF tensor per layer with a leading expert axis,
 as megatron-core's global checkpoint tensor is (``stacked``): ``experts.gate_up_proj`` [E, 2I, H] (gate
 rows, then up rows, as megatron-core's fc1) and ``experts.down_proj`` [E, H, I]. ``layer_scalar`` is a
@@ -71,7 +71,7 @@ MOE = (
          lambda m: (m.hidden_size, m.moe_ffn_hidden_size), experts=True, stacked=True),
     Rule("mlp.post_feedforward_layernorm_2.weight", ("post_feedforward_layernorm_2.weight",), hidden, "none", "norm"),
 )
-_LAYER = re.compile(r"(?:decoder\.layers\.(\d+)|mtp\.layers\.\d+\.(?:transformer_layer|mtp_model_layer))\.")
+_LAYER = re.compile(r"(?:decoder\.layers\.(\d+)|mtp(?:_heads)?\.layers\.\d+\.(?:transformer_layer|mtp_model_layer))\.")
 
 
 def kind_of_prefix(model, prefix: str) -> str:
@@ -136,9 +136,6 @@ class Gemma4Table(Table):
                                             "mlp.post_feedforward_layernorm_2.weight")]
         out.append((rules["mlp.post_feedforward_layernorm.weight"], "mlp.post_feedforward_layernorm.weight"))
         return out
-
-    def parallel_head_params(self, model, num_heads: int, spec=None) -> list[Param]:
-        raise NotImplementedError("Gemma 4 builds no parallel MTP heads")
 
 
 TABLE = Gemma4Table(attention=(*ATTENTION[SLIDING], *ATTENTION["full_attention"]), attention_for=lambda m, s: [])

@@ -12,7 +12,8 @@ import math
 import torch
 
 from megatron_mtp.config import Config
-from megatron_mtp.models.gemma4.specs import block_spec, mtp_spec
+from megatron_mtp.models.gemma4.model_config import MTP_KIND
+from megatron_mtp.models.gemma4.specs import block_spec, layer_spec, mtp_spec
 from megatron_mtp.models.megatron_model import build_gpt_model
 from megatron_mtp.platform import Platform
 
@@ -52,6 +53,13 @@ def build_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_pr
         heads = (AssistantGPTModel, dict(run_config=cfg, platform=platform, step_weights=cfg.mtp.assistant.step_weights,
                                          targets=cfg.mtp.targets, self_weight=cfg.mtp.self_weight,
                                          self_temperature=cfg.mtp.self_temperature))
+        specs = (block_spec(cfg, config, platform, features, vp_stage), None)
+    elif cfg.mtp.num_layers and cfg.mtp.style == "parallel":  # Gloeckle-style heads, each a layer of the MTP kind
+        from megatron_mtp.models.parallel_heads import ParallelHeadsGPTModel
+
+        heads = (ParallelHeadsGPTModel, dict(head_layer_spec=layer_spec(cfg, platform, MTP_KIND, features.grouped_gemm),
+                                             head_by_head_backward=cfg.mtp.head_by_head_backward,
+                                             freeze_base=cfg.mtp.freeze_base))
         specs = (block_spec(cfg, config, platform, features, vp_stage), None)
     else:
         specs = (block_spec(cfg, config, platform, features, vp_stage),

@@ -66,7 +66,7 @@ class Gemma4ModelConfig(SoftmaxRouting):
         return kinds
 
     DENSE_MLP_BESIDE_MOE: ClassVar[bool] = True
-    MTP_STYLES: ClassVar[tuple[str, ...]] = ("sequential", "assistant")
+    MTP_STYLES: ClassVar[tuple[str, ...]] = ("sequential", "parallel", "assistant")
 
     def attention_input_gathers(self, layer: Optional[int]) -> int:
         """q, k and v are separate projections; a layer whose keys are its values has no v."""
