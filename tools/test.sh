@@ -9,7 +9,9 @@
 #
 # The lanes run at the same time: the suite keeps about one of two cores busy on average (process
 # start-ups, rendezvous, the Slurm cluster's scheduling), so lane 2, and before it the 3.12
-# environment's download, fill the other. Each lane has its own worker pool, cache and free ports;
+# environment's download, fill the other. Lane 2 runs at the lowest CPU priority (nice 19): it takes
+# the cycles lane 1 leaves, and lane 1, the default suite whose time is budgeted, keeps both cores
+# whenever its multi-rank tests need them. Each lane has its own worker pool, cache and free ports;
 # lane 2's output is printed when it ends. The exit status is non-zero if any part failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +24,7 @@ trap 'rm -rf "$logs"' EXIT
   # gets to its DeepSpeed test first
   .venv/bin/python -c 'import torch; from deepspeed.ops.adam import DeepSpeedCPUAdam as A; A([torch.nn.Parameter(torch.zeros(1))])' \
     >"$logs/deepspeed" 2>&1 || echo "(DeepSpeed's CPUAdam was not built ahead: see its test)" >>"$logs/deepspeed"
+  renice -n 19 -p "$BASHPID" >/dev/null  # the rest of lane 2 at the lowest priority (header)
   tools/setup_env.sh python3.12 >"$logs/setup312" 2>&1 || { echo "setup of the Python 3.12 environment failed"; exit 3; }
   echo "== lane 2: $(.venv-py312/bin/python --version), megatron-core $(.venv-py312/bin/python -c 'from importlib.metadata import version; print(version("megatron-core"))')"
   .venv-py312/bin/python -m pytest -m "mcore and not slow" -q -p no:cacheprovider --ignore=tests/lines

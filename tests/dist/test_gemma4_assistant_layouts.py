@@ -70,7 +70,9 @@ def runs(tmp_path_factory, train, metrics, target):
     def rows(name: str) -> list[dict]:
         if name not in done:
             nproc, overrides = LAYOUTS.get(name, (1, ()))
-            _train(train, root / name, nproc, (*overrides, "checkpoint.save_interval=1", "checkpoint.keep_last=3"),
+            # reshardable: the resume test takes the one-process run's step 2 to TP2
+            _train(train, root / name, nproc, (*overrides, "checkpoint.save_interval=1", "checkpoint.keep_last=3",
+                                               "checkpoint.optimizer_format=reshardable"),
                    target, steps=STEPS if name == "single" else 1)
             done[name] = [r for r in metrics(root / name) if "train/lm_loss" in r]
         return done[name]
@@ -108,9 +110,15 @@ def _initial(key: str, shape: tuple) -> torch.Tensor:
 
 
 def test_assistant_resumes_at_another_layout_and_leaves_the_target_as_loaded(runs, tmp_path, train, metrics, target):
+    import shutil
+
     uninterrupted = runs("single")
-    run = tmp_path / "run"
-    _train(train, run, 1, ("checkpoint.save_interval=2", "checkpoint.optimizer_format=reshardable"), target, steps=2)
+    run = tmp_path / "run"  # the one-process run as it stood after step 2, resumed at TP2
+    shutil.copytree(runs.root / "single", run, ignore=shutil.ignore_patterns("step_0000003"))
+    (run / "checkpoints" / "latest").write_text("step_0000002")
+    with open(run / "logs" / "metrics.jsonl") as f:
+        kept = [line for line in f if '"step": 3' not in line]
+    (run / "logs" / "metrics.jsonl").write_text("".join(kept))
     second = _train(train, run, 2, ("parallel.tensor=2",), target)  # the optimizer state resharded to TP2
     assert "resumed from" in second.stdout
     rows = [r for r in metrics(run) if "train/lm_loss" in r]

@@ -142,14 +142,20 @@ class AssistantBlock(MegatronModule):
         """The final-normed output [s(/TP), b, width] of each of the ``len(embeddings)`` steps from the target's
         hidden states ``hidden`` and each step's token embeddings (module note); ``stored``: kind -> the
         target's (keys, values)."""
+        from contextlib import nullcontext
+
+        from megatron.core.fp8_utils import get_fp8_context
+
         for layer, kind in zip(self.layers, self.kinds):
             layer.self_attention.shared_kv = stored[kind]
         outputs = []
         try:
             for k, embedding in enumerate(embeddings):
                 x = self._project(self.pre_projection, torch.cat([embedding, hidden.to(embedding.dtype)], dim=-1))
-                for layer in self.layers:
-                    x, _ = layer(hidden_states=x, attention_mask=None)
+                # training.fp8: the layers' TE linears under megatron-core's FP8 recipe, as its MTP layers run
+                with get_fp8_context(self.config) if self.config.fp8 else nullcontext():
+                    for layer in self.layers:
+                        x, _ = layer(hidden_states=x, attention_mask=None)
                 x = self.final_layernorm(x)
                 outputs.append(x)
                 if k + 1 < len(embeddings):
