@@ -42,6 +42,20 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def run_as_of(src: Path, dst: Path, step: int) -> Path:
+    """A copy ``dst`` of the run directory ``src`` as it stood after its checkpoint of ``step``: later checkpoints
+    and log rows left out, ``latest`` naming that step. A resume of it continues from the run's own state, so a
+    test need not train those steps again."""
+    import shutil
+
+    names = {p.name for p in (src / "checkpoints").glob("step_*") if int(p.name.split("_")[1]) > step}
+    shutil.copytree(src, dst, ignore=lambda _, entries: [e for e in entries if e in names])
+    (dst / "checkpoints" / "latest").write_text(f"step_{step:07d}")
+    rows = [row for row in metrics(src) if row.get("step", 0) <= step]
+    (dst / "logs" / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return dst
+
+
 def probe_logits(ckpt: Path, tokens_file: Path, out: Path, nproc: int = 1, overrides: tuple = ()) -> dict:
     """Full logits of a checkpoint at a layout (scripts/forward_logits.py)."""
     import torch

@@ -21,7 +21,7 @@ import torch
 from scalars import values
 
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
-from tests.dist.conftest import ROOT
+from tests.dist.conftest import ROOT, run_as_of
 
 pytestmark = [pytest.mark.dist, pytest.mark.mcore]
 
@@ -110,15 +110,8 @@ def _initial(key: str, shape: tuple) -> torch.Tensor:
 
 
 def test_assistant_resumes_at_another_layout_and_leaves_the_target_as_loaded(runs, tmp_path, train, metrics, target):
-    import shutil
-
     uninterrupted = runs("single")
-    run = tmp_path / "run"  # the one-process run as it stood after step 2, resumed at TP2
-    shutil.copytree(runs.root / "single", run, ignore=shutil.ignore_patterns("step_0000003"))
-    (run / "checkpoints" / "latest").write_text("step_0000002")
-    with open(run / "logs" / "metrics.jsonl") as f:
-        kept = [line for line in f if '"step": 3' not in line]
-    (run / "logs" / "metrics.jsonl").write_text("".join(kept))
+    run = run_as_of(runs.root / "single", tmp_path / "run", 2)  # the one-process run after step 2, resumed at TP2
     second = _train(train, run, 2, ("parallel.tensor=2",), target)  # the optimizer state resharded to TP2
     assert "resumed from" in second.stdout
     rows = [r for r in metrics(run) if "train/lm_loss" in r]

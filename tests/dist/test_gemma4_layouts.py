@@ -18,6 +18,8 @@ from __future__ import annotations
 import pytest
 from scalars import values
 
+from tests.dist.conftest import run_as_of
+
 pytestmark = [pytest.mark.dist, pytest.mark.mcore]
 
 GEMMA = ("model.num_layers=4", "model.sliding_window=16")
@@ -33,6 +35,8 @@ LAYOUTS = {
     "cp2_ep2": (2, ("parallel.context=2", "parallel.expert=2")),
 }
 STEPS = 3
+SAVED = {"ep2": ("checkpoint.save_interval=2", "checkpoint.keep_last=2", "checkpoint.optimizer_format=reshardable")}
+"""The EP2 run keeps its step 2, which the resume test takes to TP2×EP2 (reshardable: by parameter name)."""
 
 
 def _train(train, run, nproc, overrides, steps=STEPS):
@@ -47,10 +51,11 @@ def runs(tmp_path_factory, train, metrics):
     def rows(name: str) -> list[dict]:
         if name not in done:
             nproc, overrides = LAYOUTS.get(name, (1, ()))
-            _train(train, root / name, nproc, overrides)
+            _train(train, root / name, nproc, (*overrides, *SAVED.get(name, ())))
             done[name] = [r for r in metrics(root / name) if "train/lm_loss" in r]
         return done[name]
 
+    rows.root = root
     return rows
 
 
@@ -66,9 +71,7 @@ def test_gemma4_layout_matches_single_process_at_step_1(runs, name):
 
 def test_gemma4_resumes_at_another_layout(runs, tmp_path, train, metrics):
     uninterrupted = runs("ep2")
-    run = tmp_path / "run"
-    _train(train, run, 2, (*LAYOUTS["ep2"][1], "checkpoint.save_interval=2", "checkpoint.optimizer_format=reshardable"),
-           steps=2)
+    run = run_as_of(runs.root / "ep2", tmp_path / "run", 2)
     second = _train(train, run, 2, LAYOUTS["tp2_ep2"][1])  # the optimizer state resharded to TP2 (EP stays)
     assert "resumed from" in second.stdout
     rows = [r for r in metrics(run) if "train/lm_loss" in r]

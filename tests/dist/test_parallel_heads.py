@@ -10,6 +10,8 @@ import pytest
 import torch
 from scalars import compare_scalars, values
 
+from tests.dist.conftest import run_as_of
+
 pytestmark = pytest.mark.dist
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,9 +88,9 @@ def test_checkpoint_of_tp2_ep2_gives_equal_head_logits_at_one_process(reference,
 
 def test_resume_equals_uninterrupted(tmp_path, train, metrics):
     common = (*HEADS, "schedule.decay_style=cosine", "schedule.decay_steps=6", "schedule.warmup_steps=2")
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    train(straight, steps=6, overrides=common)
-    train(resumed, steps=3, overrides=common)
+    straight = tmp_path / "straight"
+    train(straight, steps=6, overrides=(*common, "checkpoint.save_interval=3"))
+    resumed = run_as_of(straight, tmp_path / "resumed", 3)
     second = train(resumed, steps=6, overrides=common)
     assert "at step 3" in second.stdout
     a, b = metrics(straight), metrics(resumed)

@@ -11,6 +11,8 @@ import pytest
 import torch
 from scalars import compare_scalars, values
 
+from tests.dist.conftest import run_as_of
+
 pytestmark = [pytest.mark.dist, pytest.mark.mcore]
 
 LAYOUTS = {
@@ -112,9 +114,9 @@ def test_interleaved_pipeline_matches_single_process(tmp_path, train, metrics, l
 def test_resume_at_another_virtual_pipeline_size(tmp_path, train, metrics):
     """Saved by one process, resumed with optimizer state at PP2 x VPP2: the run goes on as if uninterrupted."""
     four = ("model.num_layers=4", "schedule.decay_style=cosine", "schedule.decay_steps=5", "schedule.warmup_steps=1")
-    straight, moved = tmp_path / "straight", tmp_path / "moved"
-    train(straight, steps=4, overrides=four)
-    train(moved, steps=2, overrides=(*four, "checkpoint.optimizer_format=reshardable"))
+    straight = tmp_path / "straight"
+    train(straight, steps=4, overrides=(*four, *KEEP_STEP_2))
+    moved = run_as_of(straight, tmp_path / "moved", 2)
     second = train(moved, nproc=2, steps=4, overrides=(*four, "parallel.pipeline=2", "parallel.virtual_pipeline=2"))
     assert "at step 2" in second.stdout
     a, b = metrics(straight), metrics(moved)
@@ -150,6 +152,9 @@ def test_uneven_pipeline_layout_matches_single_process(tmp_path, train, metrics,
 # PP2 x VPP2 has one per chunk. One reference run per family serves its layouts and its resume. The resume
 # runs for Qwen3-MoE alone: no resume code is a family's own, and GLM's attention is the same code.
 GQA = ("model.num_layers=4", *EVAL)
+KEEP_STEP_2 = ("checkpoint.save_interval=2", "checkpoint.keep_last=2", "checkpoint.optimizer_format=reshardable")
+"""A run that keeps its step 2 (reshardable: the optimizer state by parameter name) for a resume at another
+layout (conftest.run_as_of)."""
 GQA_CONFIGS = {"glm": "glm4_moe_tiny_cpu", "qwen3": "qwen3_moe_tiny_cpu"}
 GQA_LAYOUTS = {
     "tp2_ep2": ("parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1"),
@@ -166,7 +171,8 @@ def gqa_reference(tmp_path_factory, train, metrics):
     def reference(family: str):
         if family not in done:
             root = tmp_path_factory.mktemp(f"{family}_layouts")
-            train(root / "single", steps=STEPS, overrides=GQA, config=GQA_CONFIGS[family])
+            # its step 2 kept (by parameter name) for the resume test
+            train(root / "single", steps=STEPS, overrides=(*GQA, *KEEP_STEP_2), config=GQA_CONFIGS[family])
             done[family] = root, metrics(root / "single")
         return done[family]
 
@@ -187,9 +193,8 @@ def test_gqa_family_layout_matches_single_process(gqa_reference, family, name, t
 def test_gqa_family_resumes_at_another_layout_as_if_uninterrupted(gqa_reference, family, train, metrics):
     """Two steps in one process, the third resumed with optimizer state at PP2 x VPP2."""
     root, single = gqa_reference(family)
-    run = root / "resumed"
+    run = run_as_of(root / "single", root / "resumed", 2)
     config = GQA_CONFIGS[family]
-    train(run, steps=2, overrides=(*GQA, "checkpoint.optimizer_format=reshardable"), config=config)
     second = train(run, nproc=2, steps=STEPS, overrides=(*GQA, *GQA_LAYOUTS["pp2_vpp2"]), config=config)
     assert "at step 2" in second.stdout
     third = [r for r in metrics(run) if r.get("step") == STEPS and "train/lm_loss" in r]
