@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.dist.conftest import run_as_of
+
 pytestmark = [pytest.mark.dist, pytest.mark.mcore]
 
 COMMON = ("schedule.decay_style=cosine", "schedule.decay_steps=6", "schedule.warmup_steps=2")
@@ -71,15 +73,22 @@ def test_optimizer_cannot_move_between_ep1_and_ep2(tmp_path, train):
     train(fresh, nproc=2, steps=1, overrides=(f"checkpoint.load={run}", "checkpoint.load_optimizer=false"))
 
 
+@pytest.fixture(scope="module")
+def straight_5(tmp_path_factory, train):
+    """One process for 5 steps, its step 3 kept in the reshardable optimizer format."""
+    run = tmp_path_factory.mktemp("resharded") / "straight"
+    train(run, steps=5, overrides=(*COMMON, "checkpoint.save_interval=3", "checkpoint.keep_last=2",
+                                   "checkpoint.optimizer_format=reshardable"))
+    return run
+
+
 @pytest.mark.parametrize("layout", [("parallel.tensor=2",), ("parallel.pipeline=2",)], ids=["tp2", "pp2"])
-def test_resume_at_another_layout_reshards_optimizer(tmp_path, train, metrics, layout):
+def test_resume_at_another_layout_reshards_optimizer(straight_5, tmp_path, train, metrics, layout):
     """1 process for 3 steps saved in the reshardable optimizer format, then 2 processes at another
     layout: optimizer state is resharded and the run continues like the uninterrupted one (within the
     numerics of the layout change)."""
-    straight = tmp_path / "straight"
-    train(straight, steps=5, overrides=COMMON)
-    moved = tmp_path / "moved"
-    train(moved, steps=3, overrides=(*COMMON, "checkpoint.optimizer_format=reshardable"))
+    straight = straight_5
+    moved = run_as_of(straight, tmp_path / "moved", 3)
     # as a checkpoint from before the format was recorded: it loads in the reshardable format it was written in
     import json
 
