@@ -101,24 +101,29 @@ def _fp8_params(cfg: Config, tgt: Target) -> bool:
     return tgt.te and cfg.training.fp8 is not None and cfg.training.fp8_param_gather
 
 
-def rank_buffers(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vocab: int) -> list[Buffer]:
-    """The DDP buffers of a rank: of the parameters that train (frozen ones stay outside DDP)."""
+def _rank_chunks(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vocab: int) -> list[tuple]:
+    """(stage, its parameters) of each model chunk a rank holds."""
     stages = model_stages(cfg)
+    return [(st, chunk_params(cfg, sizes, st, vocab, last=st is stages[-1], te=tgt.te))
+            for st in stages if st.pp_rank == pp_rank]
+
+
+def rank_buffers(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vocab: int,
+                 chunks: Optional[list] = None) -> list[Buffer]:
+    """The DDP buffers of a rank: of the parameters that train (frozen ones stay outside DDP). ``chunks``: the
+    rank's ``_rank_chunks``, where the caller has them."""
     out = []
-    for st in stages:
-        if st.pp_rank != pp_rank:
-            continue
-        params = [p for p in chunk_params(cfg, sizes, st, vocab, last=st is stages[-1], te=tgt.te) if trains(cfg, p)]
-        out += chunk_buffers(params, sizes, ddp_bucket_size(cfg, sizes, pp_rank, st.vp_stage),
-                             cfg.parallel.distributed_optimizer, _fp8_params(cfg, tgt))
+    for st, params in chunks or _rank_chunks(cfg, sizes, pp_rank, tgt, vocab):
+        out += chunk_buffers([p for p in params if trains(cfg, p)], sizes,
+                             ddp_bucket_size(cfg, sizes, pp_rank, st.vp_stage), cfg.parallel.distributed_optimizer,
+                             _fp8_params(cfg, tgt))
     return out
 
 
-def frozen_params(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vocab: int) -> list:
-    """A rank's frozen parameters (mtp.freeze_base): plain tensors outside DDP, no gradient or optimizer state."""
-    stages = model_stages(cfg)
-    return [p for st in stages if st.pp_rank == pp_rank
-            for p in chunk_params(cfg, sizes, st, vocab, last=st is stages[-1], te=tgt.te) if not trains(cfg, p)]
+def frozen_params(cfg: Config, chunks: list) -> list:
+    """A rank's frozen parameters (mtp.freeze_base) of its ``_rank_chunks``: plain tensors outside DDP, no gradient
+    or optimizer state."""
+    return [p for _, params in chunks for p in params if not trains(cfg, p)]
 
 
 def state_bytes(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vocab: int,
@@ -128,9 +133,10 @@ def state_bytes(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vo
     p_bytes, g_bytes = BYTES[t.precision], 4 if t.precision == "fp32" or t.grad_reduce_dtype == "fp32" else 2
     main = 0 if t.precision == "fp32" else 4  # fp32 parameters are their own main copy
     moments = 2 * (2 if (o.precision_aware and o.moment_dtype == "bf16") else 4)
-    buffers = rank_buffers(cfg, sizes, pp_rank, tgt, vocab)
+    chunks = _rank_chunks(cfg, sizes, pp_rank, tgt, vocab)
+    buffers = rank_buffers(cfg, sizes, pp_rank, tgt, vocab, chunks)
     params = grads = optimizer = fp8 = 0
-    for p in frozen_params(cfg, sizes, pp_rank, tgt, vocab):  # FP8 parameters: 1 byte and a column-wise copy
+    for p in frozen_params(cfg, chunks) if cfg.mtp.freeze_base else ():  # FP8 parameters: 1 byte and a column-wise copy
         fp8_param = _fp8_params(cfg, tgt) and p.linear
         params += p.numel * (1 if fp8_param else p_bytes)
         fp8 += p.numel if fp8_param else 0

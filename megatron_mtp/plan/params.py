@@ -64,13 +64,21 @@ _EXPERT_FC1, _EXPERT_FC2 = "mlp.experts.experts.linear_fc1.weight", "mlp.experts
 
 def _layer(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: bool) -> list[Param]:
     family = get_family(cfg.model.family)
+    sized: dict[int, Param] = {}
+
+    def param(rule, name: str = "") -> Param:
+        # a rule's size and kind once per layer: a layer of 256 experts names the same two rules 512 times
+        base = sized.get(id(rule))
+        if base is None:
+            base = sized[id(rule)] = _param(cfg, sizes, "", rule, te)
+        return Param(prefix + (name or rule.mcore), base.numel, expert=base.expert, linear=base.linear)
+
     registration = getattr(family.table, "registration", None)
     if registration is not None:  # a family whose layers megatron-core's GPT specs do not build
         local = range(cfg.model.num_experts // sizes.ep)
-        return [_param(cfg, sizes, prefix, rule, te, name)
-                for rule, name in registration(cfg.model, prefix, moe, te, local)]
+        return [param(rule, name) for rule, name in registration(cfg.model, prefix, moe, te, local)]
     rules = {r.mcore: r for r in family.layer_rules(cfg.model, moe, "te" if te else "local") if r.role != "buffer"}
-    one = lambda name: [_param(cfg, sizes, prefix, rules[name], te)] if name in rules else []  # noqa: E731
+    one = lambda name: [param(rules[name])] if name in rules else []  # noqa: E731
     out = [p for name in family.attention_order[te] for p in one(name)]
     if not moe:
         return out + [p for name in _DENSE_ORDER[te] for p in one(name)]
@@ -78,12 +86,12 @@ def _layer(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: bool) 
     local = range(cfg.model.num_experts // sizes.ep)
     fc1, fc2 = rules[_EXPERT_FC1], rules[_EXPERT_FC2]
     if te:  # TEGroupedMLP: all fc1 weights, then all fc2 weights
-        out += [_param(cfg, sizes, prefix, fc1, te, f"mlp.experts.linear_fc1.weight{i}") for i in local]
-        out += [_param(cfg, sizes, prefix, fc2, te, f"mlp.experts.linear_fc2.weight{i}") for i in local]
+        out += [param(fc1, f"mlp.experts.linear_fc1.weight{i}") for i in local]
+        out += [param(fc2, f"mlp.experts.linear_fc2.weight{i}") for i in local]
     else:  # SequentialMLP: fc1 and fc2 of each expert in turn
         for i in local:
-            out += [_param(cfg, sizes, prefix, fc1, te, f"mlp.experts.local_experts.{i}.linear_fc1.weight"),
-                    _param(cfg, sizes, prefix, fc2, te, f"mlp.experts.local_experts.{i}.linear_fc2.weight")]
+            out += [param(fc1, f"mlp.experts.local_experts.{i}.linear_fc1.weight"),
+                    param(fc2, f"mlp.experts.local_experts.{i}.linear_fc2.weight")]
     if cfg.model.num_shared_experts:
         out += one("mlp.shared_experts.linear_fc1.weight") + one("mlp.shared_experts.linear_fc2.weight")
     return out
