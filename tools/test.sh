@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Lint and the test suite on both tested megatron-core lines (what .ci/run runs):
-#   lane 1, Python 3.11 + megatron-core 0.16: ruff and the whole default suite;
+#   lane 1, Python 3.11 + megatron-core 0.16: ruff and the whole default suite (its Slurm tests in a
+#           pytest of their own beside the rest: they wait on the local cluster more than they compute);
 #   lane 2, Python 3.12 + megatron-core 0.19: the tests marked `mcore` (model build, train layouts,
 #           MTP loss and acceptance, frozen base, save/resume/reshard, conversion; README "Tests");
 #   then tests/lines, which runs both environments side by side (losses, MTP gradients, acceptance,
@@ -33,8 +34,15 @@ lane2=$!
 status=0
 .venv/bin/ruff check . || status=1
 export MEGATRON_MTP_BOTH_LINES=1
+# lane 1's Slurm tests (tests/slurm) run beside the rest of it, in a pytest of their own: they mostly wait on
+# the local cluster's scheduling (a requeue, a job's start), so the rest of lane 1 keeps the CPU meanwhile
+.venv/bin/python -m pytest -m "not slow" -q -p no:cacheprovider tests/slurm >"$logs/slurm" 2>&1 &
+slurm_lane=$!
 echo "== lane 1: $(.venv/bin/python --version), megatron-core $(.venv/bin/python -c 'from importlib.metadata import version; print(version("megatron-core"))')"
-.venv/bin/python -m pytest -m "not slow" -q --ignore=tests/lines || status=1
+.venv/bin/python -m pytest -m "not slow" -q --ignore=tests/lines --ignore=tests/slurm || status=1
+wait "$slurm_lane" || status=1
+echo "== lane 1, tests/slurm (beside the rest of lane 1)"
+cat "$logs/slurm"
 wait "$lane2" || status=1
 cat "$logs/setup312" "$logs/lane2"
 if [ -x .venv-py312/bin/python ]; then
