@@ -64,6 +64,30 @@ def decoder_layer(config: HFView, layer_index: int):
     return own(config, layer_index) if own is not None else DecoderLayer(config, layer_index, attention_class(config))
 
 
+_OVER: dict[tuple[type, type], type] = {}
+
+
+def over_decoder_layer(parts: type, config: HFView, layer_index: int, *args, **kwargs):
+    """An instance of ``parts`` (a mixin that adds its own modules in ``_init_parts(config, *args, **kwargs)``)
+    over the family's decoder layer ``layer_index``: its own layer class (``LAYERS``), or the shared DecoderLayer
+    with its attention class; ``layer_forward`` is that layer's forward. An MTP module (mtp_module.py) and a
+    parallel head (parallel_draft.py) are built so. The class is made once per (parts, layer class)."""
+    own = layer_class(config)
+    layer = own or DecoderLayer
+    cls = _OVER.get((parts, layer))
+    if cls is None:
+        def __init__(self, config: HFView, layer_index: int, *args, **kwargs) -> None:
+            if own is None:
+                DecoderLayer.__init__(self, config, layer_index, attention_class(config))
+            else:
+                own.__init__(self, config, layer_index)
+            self._init_parts(config, *args, **kwargs)
+
+        cls = _OVER[(parts, layer)] = type(f"{layer.__name__}{parts.__name__}", (parts, layer),
+                                           {"__init__": __init__, "layer_forward": layer.forward})
+    return cls(config, layer_index, *args, **kwargs)
+
+
 def rotary(config: HFView) -> Rotary | None:
     """The rotary table the model computes once per forward for every layer; None where each layer kind
     applies its own (``LAYERS``)."""

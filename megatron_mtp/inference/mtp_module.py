@@ -5,9 +5,9 @@ Forward at position t (megatron-core ``MultiTokenPredictionLayer``):
 then one decoder layer (its own KV cache, rotary position t), then ``shared_head.norm``, then the
 head. megatron-core hands the NEXT depth the output after ``shared_head.norm``
 (``_postprocess`` applies ``final_layernorm`` before the block stacks the hidden states), so
-:meth:`MTPModule.forward` returns both the normed and the pre-norm output.
-The decoder layer is the family's (attention.py ``decoder_layer``): ``MTPModule(config, ...)`` builds an
-instance of the MTP parts over that layer's class, so a family with its own layer (Gemma 4) gets an MTP
+:meth:`MTPParts.step_rows` returns both the normed and the pre-norm output.
+The decoder layer is the family's: ``mtp_module(config, ...)`` builds an instance of the MTP parts over that
+layer's class (attention.py ``over_decoder_layer``), so a family with its own layer (Gemma 4) gets an MTP
 module with its layer, its embedding multiplier and its soft-capped logits, as training computes them.
 """
 
@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from megatron_mtp.inference.attention import attention_class, layer_class, rotary
+from megatron_mtp.inference.attention import over_decoder_layer, rotary
 from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.inference.layers import DecoderLayer, HFConfig, RMSNorm
+from megatron_mtp.inference.layers import HFConfig, RMSNorm
 from megatron_mtp.inference.target import embed, softcap
 
 
@@ -34,7 +34,7 @@ class SharedHead(nn.Module):
 class MTPParts:
     """The MTP module's own parts and steps, mixed into the family's decoder-layer class."""
 
-    def _init_mtp(self, config: HFConfig, own_embedding: bool, own_head: bool) -> None:
+    def _init_parts(self, config: HFConfig, own_embedding: bool, own_head: bool) -> None:
         self.config = config
         self.enorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.hnorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -84,33 +84,6 @@ class MTPParts:
         return post, pre, logits
 
 
-class MTPModule(MTPParts, DecoderLayer):
-    """Decoder layer plus the MTP projections; ``embed``/``head`` fall back to the main model's."""
-
-    def __init__(self, config: HFConfig, layer_index: int, own_embedding: bool, own_head: bool) -> None:
-        DecoderLayer.__init__(self, config, layer_index, attention_class(config))
-        self._init_mtp(config, own_embedding, own_head)
-
-    layer_forward = DecoderLayer.forward
-
-
-_CLASSES: dict[type, type] = {}
-
-
-def _over(layer: type) -> type:
-    """The MTP module class over a family's own decoder-layer class (built once)."""
-    if layer not in _CLASSES:
-        def __init__(self, config: HFConfig, layer_index: int, own_embedding: bool, own_head: bool) -> None:
-            layer.__init__(self, config, layer_index)
-            self._init_mtp(config, own_embedding, own_head)
-
-        _CLASSES[layer] = type(f"{layer.__name__}MTP", (MTPParts, layer),
-                               {"__init__": __init__, "layer_forward": layer.forward})
-    return _CLASSES[layer]
-
-
 def mtp_module(config: HFConfig, layer_index: int, own_embedding: bool, own_head: bool) -> MTPParts:
     """MTP module ``layer_index - num_hidden_layers`` of the family whose view ``config`` is (module note)."""
-    own = layer_class(config)
-    cls = MTPModule if own is None else _over(own)
-    return cls(config, layer_index, own_embedding=own_embedding, own_head=own_head)
+    return over_decoder_layer(MTPParts, config, layer_index, own_embedding=own_embedding, own_head=own_head)

@@ -25,10 +25,10 @@ from torch import nn
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.hf_dir.safetensors_io import HFDir
-from megatron_mtp.inference.attention import attention_class, layer_class, rotary
+from megatron_mtp.inference.attention import over_decoder_layer, rotary
 from megatron_mtp.inference.draft import HiddenBuffer, PickFn
 from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.inference.layers import DecoderLayer, HFConfig, RMSNorm
+from megatron_mtp.inference.layers import HFConfig, RMSNorm
 from megatron_mtp.inference.model_dir import ExportDirs, _load_into, decodable_config
 from megatron_mtp.inference.target import TargetModel, softcap
 from megatron_mtp.models.parallel_heads_hf import is_heads_config, read_heads_config
@@ -38,7 +38,7 @@ from megatron_mtp.models.tensor_table import hf_head_prefix
 class HeadParts:
     """A head's own parts and steps, mixed into the family's decoder-layer class (``parallel_head``)."""
 
-    def _init_head(self, config: HFConfig) -> None:
+    def _init_parts(self, config: HFConfig) -> None:
         self.config = config
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = rotary(config)  # None where each layer kind applies its own (Gemma 4)
@@ -61,26 +61,11 @@ class HeadParts:
         return self.norm(self.layer_forward(x, cos_sin, self.cache, rows))
 
 
-_CLASSES: dict[type, type] = {}
-
-
 def parallel_head(config: HFConfig) -> HeadParts:
     """One head of the family whose view ``config`` is: its decoder layer (HF names of ``model.layers.N``) shaped
     as an MTP layer at index ``num_hidden_layers`` (training builds each head as the MTP layer: Gemma 4's is
-    full attention), plus ``norm``."""
-    own = layer_class(config)
-    layer = own or DecoderLayer
-    if layer not in _CLASSES:
-        def __init__(self, config: HFConfig) -> None:
-            if own is None:
-                DecoderLayer.__init__(self, config, config.num_hidden_layers, attention_class(config))
-            else:
-                own.__init__(self, config, config.num_hidden_layers)
-            self._init_head(config)
-
-        _CLASSES[layer] = type(f"{layer.__name__}Head", (HeadParts, layer),
-                               {"__init__": __init__, "layer_forward": layer.forward})
-    return _CLASSES[layer](config)
+    full attention), plus ``norm`` (attention.py ``over_decoder_layer``)."""
+    return over_decoder_layer(HeadParts, config, config.num_hidden_layers)
 
 
 class ParallelHeadsDrafter:

@@ -12,7 +12,7 @@ import torch
 
 from megatron_mtp.config import load_config
 from megatron_mtp.inference.layers import MoE
-from megatron_mtp.inference.mtp_module import MTPModule
+from megatron_mtp.inference.mtp_module import mtp_module
 from megatron_mtp.inference.target import TargetModel
 from megatron_mtp.models.deepseek_v3.hf_config import to_hf_config
 from megatron_mtp.plan.memory import resolve_vocab
@@ -32,7 +32,7 @@ def test_forward_bytes_are_the_parameter_bytes_of_the_layers_and_experts_counted
     hf = to_hf_config(cfg.model, cfg.mtp, vocab_size=vocab, num_nextn_predict_layers=1)
     with torch.device("meta"):
         target = TargetModel(hf)
-        module = MTPModule(hf, hf.num_hidden_layers, own_embedding=False, own_head=False)
+        module = mtp_module(hf, hf.num_hidden_layers, own_embedding=False, own_head=False)
     moe = [m for m in target.modules() if isinstance(m, MoE)]
     expert = moe[0].expert_params()
     serve = ServeLayout(weight_bytes=2.0, kv_bytes=2.0, context=100)
