@@ -41,3 +41,10 @@ class FrozenBase:
     def grad_for_mtp(self) -> bool:
         """A frozen base's training forward, inside which the MTP part takes gradients."""
         return self.freeze_base and self.training and self._grad_outside
+
+    def keep_objective(self, terms) -> None:
+        """Keep Σ ``terms`` (each depth's or head's or step's per-token term) as this micro-batch's MTP objective
+        for the trainer's backward; None outside a training forward. The sum is taken with gradients on: the
+        forward around it runs without them."""
+        with torch.set_grad_enabled(self.grad_for_mtp):
+            self.mtp_objective = sum(t.sum() for t in terms) if self.grad_for_mtp else None

@@ -77,7 +77,7 @@ class MTPObjectiveGPTModel(FrozenBase, ChunkedOutputLosses, GPTModel):
                                             output_weight, grad_for_mtp, runtime_gather_output)
         with torch.set_grad_enabled(grad_for_mtp or torch.is_grad_enabled()):
             if self.freeze_base:
-                self.mtp_objective = sum(t.sum() for t in terms) if grad_for_mtp else None
+                self.keep_objective(terms)
                 return lm_loss.detach()
             from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler
 

@@ -8,8 +8,9 @@ the one megatron-core's sequential MTP depth 1 reads). Head k (k = 1..n, n = ``m
 
     z_k(t) = RMSNorm_k(Layer_k(h(0..t)))        logits_k(t) = output_layer(z_k(t))   -> token t+1+k
 
-with ``Layer_k`` one transformer layer built from the model's LAST decoder layer spec (MLA + MoE or
-dense, the same module types, so TP/SP/EP, the local/TE spec swap and TE checkpoint names apply) and
+with ``Layer_k`` one transformer layer of the kind the family builds its MTP layer as (DeepSeek-V3: MLA with
+MoE or dense, as the engines build that layer; Gemma 4: a full-attention layer), from the family's spec, so
+TP/SP/EP, the local/TE spec swap and TE checkpoint names apply, and
 ``RMSNorm_k`` its own final norm; the output layer is the main model's (shared, called once per
 head). Heads read no future token and do not chain: every head sees the same ``h``, so all n drafts
 come from one forward of the trunk. "Depth k" means the same target in both styles: the sequential
@@ -79,7 +80,7 @@ from megatron_mtp.models.frozen_base import FrozenBase
 from megatron_mtp.models.output_losses import ChunkedOutputLosses
 
 PREFIX = "mtp_heads."
-"""Checkpoint key prefix of the heads (the same as models/deepseek_v3/hf_mapping.py's table)."""
+"""Checkpoint key prefix of the heads (the same as the tensor table's, tensor_table.mcore_head_prefix)."""
 
 
 class ParallelHead(MegatronModule):
@@ -243,11 +244,10 @@ class ParallelHeadsGPTModel(FrozenBase, ChunkedOutputLosses, GPTModel):
                                rotary_pos_cos=rotary_pos_cos, rotary_pos_sin=rotary_pos_sin,
                                packed_seq_params=packed_seq_params, sequence_len_offset=sequence_len_offset)
             if self.freeze_base:
-                grad = self.grad_for_mtp
-                with torch.set_grad_enabled(grad):
+                with torch.set_grad_enabled(self.grad_for_mtp):
                     terms = self._head_losses(hidden_states.detach(), labels, loss_mask, output_weight,
                                               runtime_gather_output, head_kwargs)
-                    self.mtp_objective = sum(t.sum() for t in terms) if grad else None
+                self.keep_objective(terms)
             else:
                 hidden_states = self._head_losses(hidden_states, labels, loss_mask, output_weight,
                                                   runtime_gather_output, head_kwargs)

@@ -99,7 +99,7 @@ class AssistantGPTModel(MTPObjectiveGPTModel):
             terms = self._depth_terms(inputs, depth_loss, labels, loss_mask, packed)
             if self.step_weights is not None:
                 terms = [w * term for w, term in zip(self.step_weights, terms)]
-            self.mtp_objective = sum(t.sum() for t in terms) if grad else None
+            self.keep_objective(terms)
         return self.compute_language_model_loss(labels, main_logits).detach()
 
     def _step_clusters(self, labels, main_logits, depth: int, packed) -> list:
