@@ -34,6 +34,7 @@ from megatron_mtp.config import Config
 from megatron_mtp.config.model import ModelConfig
 from megatron_mtp.config.vocab import padded_vocab_size
 from megatron_mtp.errors import UserError
+from megatron_mtp.models.tensor_table import mcore_head_prefix, mcore_mtp_prefix
 
 MEANING = (
     # the shapes of the tensors and what the layers compute
@@ -142,8 +143,8 @@ def mtp_parts(mtp) -> list[str]:
     if mtp.style == "assistant":
         return ["mtp_assistant."]
     if mtp.style == "parallel":
-        return [f"mtp_heads.layers.{k}." for k in range(mtp.num_layers)]
-    return [f"mtp.layers.{d}." for d in range(mtp.modules)]
+        return [mcore_head_prefix(k) for k in range(mtp.num_layers)]
+    return [mcore_mtp_prefix(d) for d in range(mtp.modules)]
 
 
 def refuse_load_changes(saved: Config, now: Config, src: Path, load_optimizer: bool) -> list[str]:

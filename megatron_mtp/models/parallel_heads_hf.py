@@ -52,11 +52,11 @@ def _main_model(main_config: Mapping[str, Any], where: str):
     return family_of_hf_config(main_config, where).from_hf_config(main_config, where)[0]
 
 
-def head_layer_kind(main_config: Mapping[str, Any], where: str = "main_config") -> str:
+def _head_layer_kind(model) -> str:
     """'moe' or 'dense': the kind of layer every head is (the family's MTP layer's, tensor_table.mtp_is_moe)."""
     from megatron_mtp.models.tensor_table import mtp_is_moe
 
-    return "moe" if mtp_is_moe(_main_model(main_config, where)) else "dense"
+    return "moe" if mtp_is_moe(model) else "dense"
 
 
 def heads_config(main_config: dict[str, Any], num_heads: int) -> dict[str, Any]:
@@ -68,7 +68,7 @@ def heads_config(main_config: dict[str, Any], num_heads: int) -> dict[str, Any]:
         "model_type": f"{main['model_type']}{_TYPE_SUFFIX}",
         "num_heads": int(num_heads),
         "head_input": HEAD_INPUT,
-        "head_layer": head_layer_kind(main),
+        "head_layer": _head_layer_kind(_main_model(main, "main_config")),
         "head_output": HEAD_OUTPUT,
         "tensor_prefix": TENSOR_PREFIX,
         "main_config": main,
@@ -95,11 +95,12 @@ def read_heads_config(raw: Mapping[str, Any], where: str, main: Optional[Mapping
     if not isinstance(raw.get("main_config"), dict):
         raise UserError(f"{where}: 'main_config' (the main model's config.json) is missing")
     stored = dict(raw["main_config"])
-    kind = head_layer_kind(stored, f"{where} main_config")
+    ours = _main_model(stored, f"{where} main_config")
+    kind = _head_layer_kind(ours)
     if raw.get("head_layer") != kind:
         raise UserError(f"{where}: 'head_layer' is {raw.get('head_layer')!r} but the main model's MTP layer is {kind}")
     if main is not None:
-        ours, theirs = _main_model(stored, f"{where} main_config"), _main_model(main, "the main model")
+        theirs = _main_model(main, "the main model")
         if any(getattr(ours, f) != getattr(theirs, f) for f in ("num_layers", "hidden_size", "vocab_size")):
             raise UserError(f"{where} belongs to a different main model (its layers, hidden size or vocabulary "
                             "differ); export main and mtp from the same checkpoint")
