@@ -104,6 +104,11 @@ class ParallelHeadsDrafter:
             self._hidden[slot].truncate(start)
             self._hidden[slot].write(start, hidden)
 
+    def logits(self, head: HeadParts, normed: torch.Tensor) -> torch.Tensor:
+        """A head's logits [N, V] (float32) from its normed outputs [N, h]: the target's ``lm_head``, soft-capped
+        where the family caps its logits (as training's output layer does)."""
+        return softcap(self.lm_head(normed).float(), head.config)
+
     @torch.inference_mode()
     def propose_rows(self, slots: list[int], seqs: list[list[int]], ks: list[int], picks: list[PickFn]
                      ) -> tuple[list[list[int]], list[list[torch.Tensor | None]]]:
@@ -119,7 +124,7 @@ class ParallelHeadsDrafter:
             ends = [len(seqs[i]) - 1 for i in live]  # through the anchor, the last position with a target hidden state
             hidden = torch.cat([self._hidden[slots[i]].read(start, end) for i, start, end in zip(live, starts, ends)])
             rows = Rows([slots[i] for i in live], starts, [e - s for s, e in zip(starts, ends)])
-            logits = softcap(self.lm_head(head.step_rows(rows, hidden)[rows.last_index]).float(), head.config)
+            logits = self.logits(head, head.step_rows(rows, hidden)[rows.last_index])
             for r, i in enumerate(live):
                 token, dist = picks[i](logits[r])
                 drafts[i].append(token)

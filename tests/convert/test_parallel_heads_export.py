@@ -110,7 +110,7 @@ def test_decoder_heads_reproduce_megatron_head_logits(heads_run, heads_export, t
         for k, head in enumerate(gen.drafter.heads):
             head.reset_cache()
             with torch.inference_mode():
-                ours = gen.drafter.lm_head(head.step(hidden, 0)).float()
+                ours = gen.drafter.logits(head, head.step(hidden, 0))
             assert (ours - reference["mtp_logits"][k][b]).abs().max() < 1e-4, k
 
 
@@ -138,7 +138,6 @@ def test_gemma4_heads_decode_as_training_and_import_back(tmp_path):
     dense MLP, its layer scalar), read through the soft-capped output layer: the export decodes with
     megatron-core's head logits, speculative greedy equals plain, and it imports back bitwise."""
     from megatron_mtp.inference.generate import load_generator
-    from megatron_mtp.inference.target import softcap
 
     run = tmp_path / "run"
     megatron_cli("train", "configs/gemma4_tiny_cpu.yaml", "--run-dir", str(run), "--max-steps", "1",
@@ -154,7 +153,7 @@ def test_gemma4_heads_decode_as_training_and_import_back(tmp_path):
     for k, head in enumerate(gen.drafter.heads):
         head.reset_cache()
         with torch.inference_mode():
-            ours = softcap(gen.drafter.lm_head(head.step(hidden, 0)).float(), head.config)
+            ours = gen.drafter.logits(head, head.step(hidden, 0))
         assert (ours - reference["mtp_logits"][k][0]).abs().max() < 1e-4, k
     plain = gen.generate("def add(a, b):\n    return", max_new_tokens=16, ignore_eos=True)
     spec = gen.generate("def add(a, b):\n    return", max_new_tokens=16, ignore_eos=True, speculative_k=HEADS)
