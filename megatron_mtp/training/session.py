@@ -111,6 +111,7 @@ def open_training(cfg: Config, run_dir: Path) -> Session:
 def _open_claimed(cfg: Config, run_dir: Path, platform: Platform, ranks: Ranks, resolved, lock,
                   notes: list[str]) -> Session:
     from megatron_mtp.data.datasets import build_datasets
+    from megatron_mtp.data.passes import planned_train_samples
 
     components = build_components(cfg, platform, padded_vocab_size(cfg.model.vocab_size, cfg))
 
@@ -142,7 +143,7 @@ def _open_claimed(cfg: Config, run_dir: Path, platform: Platform, ranks: Ranks, 
             prepare()
 
     t = cfg.training
-    train_samples = t.max_steps * t.global_batch_size
+    train_samples = planned_train_samples(cfg)  # read past it in reshuffled passes (data/passes.py)
     evals = (t.max_steps // cfg.logging.eval_interval + 1) if cfg.logging.eval_interval else 1
     valid_samples = evals * cfg.logging.eval_steps * t.global_batch_size
     train_ds, valid_ds = build_datasets(cfg, resolved, train_samples, valid_samples)
