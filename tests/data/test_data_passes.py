@@ -95,3 +95,18 @@ def test_a_run_within_one_pass_says_nothing_and_a_weighted_blend_names_its_most_
     cfg = _cfg(root, tokenizer_dir, prefixes, 2 * n // 8 * 8, "data.weights=[0.1,0.9]")
     line = check_data_config(cfg, resolve_data(cfg))
     assert "passes over dataset b, the most repeated of the blend, each pass in a new order" in line, line
+
+
+def test_every_pass_is_a_permutation_of_the_built_samples_whatever_their_number():
+    from megatron_mtp.data.passes import Passes
+
+    for n in (1, 2, 3, 7, 64, 65, 1000):
+        passes = Passes(list(range(n)), seed=1234)
+        orders = [[passes[p * n + j] for j in range(n)] for p in range(4)]
+        assert all(sorted(order) == list(range(n)) for order in orders), n
+        if n == 1000:  # unrelated to the first order and to each other (correlation ~ 0, sd 0.03)
+            for a in range(4):
+                for b in range(a + 1, 4):
+                    assert abs(np.corrcoef(orders[a], orders[b])[0, 1]) < 0.15, (n, a, b)
+    assert Passes(list(range(1000)), seed=1)[1500] != Passes(list(range(1000)), seed=2)[1500] or \
+        Passes(list(range(1000)), seed=1)[1501] != Passes(list(range(1000)), seed=2)[1501]
