@@ -372,9 +372,10 @@ def build_datasets(cfg: Any, resolved: ResolvedData, train_samples: int, valid_s
     sizes = [train_samples, max(valid_samples, 0), 0]
     if resolved.train_weights is None and len(resolved.train_prefixes) > 1:
         # an unweighted blend holds one epoch of its datasets; megatron-core caps the request there, so
-        # asking for at least that builds the whole epoch (its first samples are the ones a smaller
-        # request gives) and a pass past it (data/passes.py) reshuffles the corpus, not the planned part
-        sizes[0] = max(train_samples, sum(check_indexed_pair(p).tokens for p in resolved.train_prefixes))
+        # asking for at least that (a .bin holds at least a byte per token) builds the whole epoch (its
+        # first samples are the ones a smaller request gives) and a pass past it (data/passes.py)
+        # reshuffles the corpus, not the planned part
+        sizes[0] = max(train_samples, sum(os.path.getsize(p + ".bin") for p in resolved.train_prefixes))
     os.makedirs(resolved.index_cache_dir, exist_ok=True)
     with _process_group_for_builder():
         train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
