@@ -95,6 +95,13 @@ def test_a_run_within_one_pass_says_nothing_and_a_weighted_blend_names_its_most_
     cfg = _cfg(root, tokenizer_dir, prefixes, 2 * n // 8 * 8, "data.weights=[0.1,0.9]")
     line = check_data_config(cfg, resolve_data(cfg))
     assert "passes over dataset b, the most repeated of the blend, each pass in a new order" in line, line
+    single = _one_pass(root, tokenizer_dir, prefixes[:1])  # a single prefix is built for the whole plan
+    planned = -(-3 * single // 8) * 8
+    cfg = _cfg(root, tokenizer_dir, prefixes[:1], planned)
+    line = check_data_config(cfg, resolve_data(cfg))
+    assert "samples are about 3.0 passes over its train data, each pass in a new order" in line, line
+    train, _ = build_datasets(cfg, resolve_data(cfg), planned, 0)
+    assert len(train.built) >= planned  # megatron-core's epochs, each shuffled anew
 
 
 def test_every_pass_is_a_permutation_of_the_built_samples_whatever_their_number():
