@@ -12,7 +12,8 @@ Formats, told by the file's first bytes (not its name):
 - Arrow IPC (stream or file format), as HF `datasets` writes its `data-*.arrow` shards: memory-mapped.
 Table rows are handed to the workers as texts; a null text is a bad row (`FILE, row N: ...`), with the
 same contract as a bad JSONL line. A table file written over in place while it is read (its size or
-mtime changes under the open file) is one sentence, whether or not its reader fails first. pyarrow
+mtime changes under the open file) is one sentence, whether or not its reader fails first (an Arrow
+file is memory-mapped: one cut short under the reader can still end it with SIGBUS). pyarrow
 and zstandard are the `corpus` extra, imported only when a file needs them.
 """
 
