@@ -213,7 +213,8 @@ def parse_line(line: Union[bytes, LongLine], text_key: str) -> Union[str, tuple[
     """The text of one JSONL line, None for a blank line, or (kind, detail) when the line is bad."""
     if isinstance(line, LongLine):
         return TOO_LONG, (f"the line is {line.size:,} bytes, more than {LINE_LIMIT_FACTOR} times "
-                          "--max-document-bytes, so it was not read")
+                          "--max-document-bytes, so it was not read; raise --max-document-bytes or split the "
+                          "document")
     try:
         decoded = line.decode("utf-8")
     except UnicodeDecodeError as exc:

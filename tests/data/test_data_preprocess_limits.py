@@ -43,7 +43,8 @@ def test_a_document_above_the_limit_is_a_bad_line(tmp_path, tokenizer_dir):
         stats = _run(tmp_path, tokenizer_dir, [path], max_document_bytes=1000, skip_bad_lines=True, workers=workers)
         assert stats.documents == 3 and stats.bad_lines == {"document too long": 2}
         assert stats.bad_examples[1] == (f"{path}:4: the line is 20,013 bytes, more than 8 times "
-                                         "--max-document-bytes, so it was not read")
+                                         "--max-document-bytes, so it was not read; raise --max-document-bytes "
+                                         "or split the document")
     assert _run(tmp_path, tokenizer_dir, [path], max_document_bytes=None).documents == 5  # no limit
 
 
