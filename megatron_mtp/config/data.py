@@ -18,6 +18,11 @@ class DataConfig:
     """Blend weights, one per entry of `paths`, normalised to sum to 1; an entry naming several
     datasets shares its weight among them by their list-file weights or sizes (null: the list files'
     weights, or else in proportion to each dataset's size)."""
+    allow_changed_paths: bool = False
+    """Resume even when `paths`/`valid_paths` now resolve to other datasets than the checkpoint's run
+    read (a glob that matches more or fewer shards, an edited list file, other paths): every
+    checkpoint records the resolved prefixes, and by default such a resume is refused in one sentence,
+    because another blend reads every later sample in another order."""
     valid_paths: Optional[list[str]] = None
     """Separate validation prefixes; null carves validation out of `paths` with `split`."""
     valid_weights: Optional[list[float]] = None

@@ -34,6 +34,9 @@ def register(subparsers) -> None:
                    help="append the tokenizer's end-of-document token to every document")
     p.add_argument("--skip-bad-lines", action="store_true",
                    help="skip (and count) malformed lines instead of stopping at the first")
+    p.add_argument("--max-document-bytes", type=int, default=None, metavar="N",
+                   help="a document of more than N bytes of text is a bad line, not tokenised (default: 8 MiB; "
+                   "tokenising takes about 150 bytes of memory per byte of text; 0: no limit)")
     p.add_argument("--tokenizer-backend", default="auto", choices=("auto", "gigatoken", "hf"),
                    help="auto (default): gigatoken when installed and it gives this tokenizer's tokens, else the HF "
                    "tokenizer; the output is the same either way")
@@ -78,10 +81,12 @@ def register(subparsers) -> None:
 
 
 def run_preprocess(args: argparse.Namespace) -> int:
-    from megatron_mtp.data.preprocess import preprocess, resolve_workers
+    from megatron_mtp.data.preprocess import MAX_DOCUMENT_BYTES, preprocess, resolve_workers
     from megatron_mtp.data.shards import parse_shard
 
+    limit = MAX_DOCUMENT_BYTES if args.max_document_bytes is None else args.max_document_bytes
     stats = preprocess(
+        max_document_bytes=limit or None,
         shard=parse_shard(args.shard) if args.shard is not None else None,
         tokenizer_backend=args.tokenizer_backend,
         inputs=args.input,

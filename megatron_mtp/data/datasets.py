@@ -10,7 +10,8 @@ Three calls, in this order, on every rank:
    tokenised with another tokenizer, too little data for one sequence, or a tokenizer whose
    vocabulary exceeds the model's padded vocabulary.
 3. ``build_datasets(cfg, resolved, train_samples, valid_samples)`` — megatron-core's
-   BlendedMegatronDatasetBuilder + GPTDataset (no sampler of our own). Indices are cached under
+   BlendedMegatronDatasetBuilder + GPTDataset, the train set read in reshuffled passes beyond its
+   built length (data/passes.py). Indices are cached under
    ``CACHE/indices``; rank 0 builds them first and the other ranks load them (megatron-core's
    barrier), which is why ``is_built_on_rank`` is true everywhere.
 
@@ -34,6 +35,7 @@ from typing import Any, Optional
 from megatron_mtp.config.vocab import check_tokenizer_fits
 from megatron_mtp.data.default_corpus import DefaultCorpus, default_cache_dir, ensure_default_corpus
 from megatron_mtp.data.indexed import IndexInfo, check_indexed_pair, read_meta
+from megatron_mtp.data.passes import Passes, passes_note, planned_train_samples
 from megatron_mtp.data.tokenizer import Tokenizer, load_tokenizer
 from megatron_mtp.errors import UserError
 
@@ -226,7 +228,10 @@ def check_data_config(cfg: Any, resolved: ResolvedData) -> str:
             )
     if resolved.split is not None:
         _check_split_parts(resolved.split, infos, weights, cfg.logging.eval_steps > 0)
-    return data_line(resolved, infos, cfg.data)
+    note = passes_note(planned_train_samples(cfg), cfg.training.seq_length,
+                       [int(i.tokens * train_fraction) for i in infos], resolved.train_weights,
+                       resolved.train_prefixes)
+    return data_line(resolved, infos, cfg.data) + note
 
 
 def _check_split_parts(split: str, infos: list[IndexInfo], weights: list[float], evaluates: bool) -> None:
@@ -348,6 +353,8 @@ def build_datasets(cfg: Any, resolved: ResolvedData, train_samples: int, valid_s
     Call on every rank after torch.distributed is initialised (or without it in a single process).
     ``train_samples``/``valid_samples`` are the numbers of sequences the run will draw; blends are
     sized to them (megatron-core repeats epochs as needed). valid_samples=0 builds no validation set.
+    The train dataset is a `Passes` over megatron-core's (data/passes.py): defined for any sample
+    index, each pass past the built length in a new order; its `.built` is megatron-core's dataset.
     """
     from megatron_mtp.data.cpp_helpers import ensure_dataset_helpers
 
@@ -363,9 +370,15 @@ def build_datasets(cfg: Any, resolved: ResolvedData, train_samples: int, valid_s
     if valid_samples <= 0 and config.blend_per_split is not None:
         config.blend_per_split[1] = None
     sizes = [train_samples, max(valid_samples, 0), 0]
+    if resolved.train_weights is None and len(resolved.train_prefixes) > 1:
+        # an unweighted blend holds one epoch of its datasets; megatron-core caps the request there, so
+        # asking for at least that (a .bin holds at least a byte per token) builds the whole epoch (its
+        # first samples are the ones a smaller request gives) and a pass past it (data/passes.py)
+        # reshuffles the corpus, not the planned part
+        sizes[0] = max(train_samples, sum(os.path.getsize(p + ".bin") for p in resolved.train_prefixes))
     os.makedirs(resolved.index_cache_dir, exist_ok=True)
     with _process_group_for_builder():
         train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
     if valid_samples <= 0:
         valid = None
-    return train, valid
+    return Passes(train, cfg.training.seed), valid

@@ -17,7 +17,7 @@ from typing import Optional
 
 import numpy as np
 
-from megatron_mtp.data.jsonl import BAD_UNICODE, BadLine, Chunk, parse_line
+from megatron_mtp.data.jsonl import BAD_UNICODE, TOO_LONG, BadLine, Chunk, parse_line
 from megatron_mtp.data.sources import parse_row
 
 
@@ -42,9 +42,11 @@ class EncodedChunk:
 _STATE: dict = {}
 
 
-def init_worker(tokenizer_path: str, text_key: str, eod_id: Optional[int], backend: str = "hf") -> None:
+def init_worker(tokenizer_path: str, text_key: str, eod_id: Optional[int], backend: str = "hf",
+                max_document_bytes: Optional[int] = None) -> None:
     """Load the tokenizer once per worker process; eod_id is appended to every document when set.
-    backend 'gigatoken': encode through gigatoken (checked by fast_backend before the run starts)."""
+    backend 'gigatoken': encode through gigatoken (checked by fast_backend before the run starts).
+    A document of more than max_document_bytes UTF-8 bytes is a bad line, never tokenised (`too_long`)."""
     from tokenizers import Tokenizer as HFTokenizer
 
     from megatron_mtp.data.tokenizer import TOKENIZER_FILE
@@ -56,7 +58,20 @@ def init_worker(tokenizer_path: str, text_key: str, eod_id: Optional[int], backe
         from megatron_mtp.data.fast_tokenizer import gigatoken_of
 
         fast = gigatoken_of(tok)
-    _STATE.update(tokenizer=tok, fast=fast, text_key=text_key, eod_id=eod_id)
+    _STATE.update(tokenizer=tok, fast=fast, text_key=text_key, eod_id=eod_id, max_bytes=max_document_bytes)
+
+
+def too_long(text: str, limit: Optional[int]) -> Optional[str]:
+    """Why `text` is above `limit` UTF-8 bytes, or None. A tokenizer holds many times a document's
+    size while it encodes it (the HF BPE about 150 bytes per byte of source code), so one huge
+    document would take a worker's memory whatever --workers is."""
+    if limit is None or 4 * len(text) <= limit:
+        return None
+    size = len(text) if len(text) > limit else len(text.encode("utf-8", "surrogatepass"))
+    if size <= limit:
+        return None
+    return (f"the document is {size:,} bytes, more than --max-document-bytes {limit:,} (tokenising it would take "
+            "about 150 bytes of memory per byte); raise --max-document-bytes or split the document")
 
 
 def encode_chunk(chunk: Chunk) -> EncodedChunk:
@@ -74,6 +89,10 @@ def encode_chunk(chunk: Chunk) -> EncodedChunk:
             continue
         if isinstance(parsed, tuple):
             bad.append(BadLine(chunk.file_index, chunk.first_line + offset, *parsed))
+            continue
+        why = too_long(parsed, _STATE.get("max_bytes"))
+        if why is not None:
+            bad.append(BadLine(chunk.file_index, chunk.first_line + offset, TOO_LONG, why))
             continue
         texts.append(parsed)
         line_numbers.append(chunk.first_line + offset)

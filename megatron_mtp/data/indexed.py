@@ -3,7 +3,10 @@
 Writing goes through megatron-core's own ``IndexedDatasetBuilder`` into temporary names
 (``PREFIX.bin.tmp-PID-RANDOM`` ...). `IndexedWriter.commit` renames them in a fixed order — metadata,
 then .bin, then .idx last, after removing any old .idx first — so the presence of PREFIX.idx
-means the pair is complete, and an interrupted run never leaves a dataset that looks valid.
+means the pair is complete, and an interrupted run never leaves a dataset that looks valid. A run
+killed outright (SIGKILL, the out-of-memory killer) cannot remove its temporaries, so the next writer
+of the same PREFIX removes those of writers that are gone (`remove_stale_temporaries`): a writer holds
+an exclusive lock on its .bin temporary while it lives, and its PID is in the name.
 Writers publishing into one directory take turns (a lock on the directory), and a writer whose
 PREFIX.idx was replaced while it ran (another command wrote the same dataset) keeps that dataset
 and removes its own files.
@@ -17,8 +20,11 @@ the .idx size implied by its counts, and the .bin size implied by the sequence l
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import json
 import os
+import re
 import secrets
 import struct
 import warnings
@@ -62,11 +68,17 @@ class IndexedWriter:
         self._parent = os.path.dirname(os.path.abspath(prefix))
         os.makedirs(self._parent, exist_ok=True)
         self._seen = file_identity(prefix + ".idx")  # what a re-run replaces; anything else is another writer's
+        self.removed_stale = remove_stale_temporaries(prefix)
+        """Temporary files of killed writers of this prefix, removed now."""
         tag = f".tmp-{os.getpid()}-{secrets.token_hex(4)}"
         self._tmp = {ext: f"{prefix}{ext}{tag}" for ext in (".bin", ".idx", META_SUFFIX)}
         module = _indexed_dataset_module()
         self.dtype = module.DType.optimal_dtype(vocab_size)
         self._builder = module.IndexedDatasetBuilder(self._tmp[".bin"], dtype=self.dtype)
+        try:  # "alive", for remove_stale_temporaries
+            fcntl.flock(self._builder.data_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except (AttributeError, OSError, ValueError):  # a file system without locks: the PID alone tells
+            pass
         self.documents = 0
         self.tokens = 0
         self._aborted_bytes = 0
@@ -132,6 +144,59 @@ class IndexedWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None or not self._done:
             self.abort()
+
+
+_TMP_RE = re.compile(r"\.tmp-(\d+)-[0-9a-f]{8}$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def _writer_gone(bin_tmp: str) -> bool:
+    """True when nobody holds the lock a live writer keeps on its .bin temporary."""
+    try:
+        fd = os.open(bin_tmp, os.O_RDONLY)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporaries(prefix: str) -> list[str]:
+    """Remove PREFIX.{bin,idx,meta.json}.tmp-PID-RANDOM files whose writer is gone (its PID is not a live
+    process here and no one holds its lock); returns the paths removed."""
+    groups: dict[str, list[str]] = {}
+    for ext in (".bin", ".idx", META_SUFFIX):
+        for path in glob.glob(glob.escape(prefix + ext) + ".tmp-*"):
+            match = _TMP_RE.search(path)
+            if match:
+                groups.setdefault(match.group(0), []).append(path)
+    removed = []
+    for tag, paths in groups.items():
+        pid = int(_TMP_RE.search(tag).group(1))
+        if pid == os.getpid() or _pid_alive(pid) or not _writer_gone(prefix + ".bin" + tag):
+            continue
+        for path in paths:
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+    return sorted(removed)
 
 
 @dataclass

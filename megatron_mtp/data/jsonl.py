@@ -27,6 +27,23 @@ BAD_UTF8 = "non-UTF-8 bytes"
 MISSING_KEY = "missing text key"
 BAD_TYPE = "text is not a string"
 BAD_UNICODE = "invalid Unicode in text"
+TOO_LONG = "document too long"
+
+LINE_LIMIT_FACTOR = 8
+"""A JSONL line may be this many times --max-document-bytes (JSON escapes such as \\u00e9 make a line
+longer than its text); a longer one is not held in memory at all, only measured and reported."""
+
+
+class LongLine:
+    """Stands for a JSONL line too long to read (its length, not its bytes)."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
 
 
 @dataclass
@@ -133,10 +150,12 @@ def damage_errors() -> tuple:
 
 
 def iter_file_chunks(index: int, path: str, chunk_bytes: int = 1 << 18,
-                     progress: Optional[Callable[[int], None]] = None) -> Iterator[Chunk]:
+                     progress: Optional[Callable[[int], None]] = None, max_line: Optional[int] = None
+                     ) -> Iterator[Chunk]:
     """Chunks of about ``chunk_bytes`` raw lines of one JSONL file, then an empty Chunk (its end marker).
 
     ``progress(n)`` is called with the number of (compressed) input bytes consumed since the last call.
+    A line longer than ``max_line`` bytes is read in pieces and given as a `LongLine` (memory stays bounded).
     """
     stream, raw = open_input(path)
     last_pos = 0
@@ -144,7 +163,7 @@ def iter_file_chunks(index: int, path: str, chunk_bytes: int = 1 << 18,
     lines: list[bytes] = []
     size = 0
     try:
-        for line in stream:
+        for line in _lines(stream, max_line):
             lines.append(line)
             size += len(line)
             if size >= chunk_bytes:
@@ -170,8 +189,32 @@ def iter_file_chunks(index: int, path: str, chunk_bytes: int = 1 << 18,
     yield Chunk(index, first + len(lines), [])
 
 
-def parse_line(line: bytes, text_key: str) -> Union[str, tuple[str, str], None]:
+def _lines(stream: BinaryIO, max_line: Optional[int]) -> Iterator[Union[bytes, LongLine]]:
+    if max_line is None:
+        yield from stream
+        return
+    while True:
+        line = stream.readline(max_line + 1)
+        if not line:
+            return
+        if len(line) <= max_line:
+            yield line
+            continue
+        size = len(line)
+        while not line.endswith(b"\n"):  # the rest of the line, a piece at a time
+            line = stream.readline(1 << 20)
+            if not line:
+                break
+            size += len(line)
+        yield LongLine(size)
+
+
+def parse_line(line: Union[bytes, LongLine], text_key: str) -> Union[str, tuple[str, str], None]:
     """The text of one JSONL line, None for a blank line, or (kind, detail) when the line is bad."""
+    if isinstance(line, LongLine):
+        return TOO_LONG, (f"the line is {line.size:,} bytes, more than {LINE_LIMIT_FACTOR} times "
+                          "--max-document-bytes, so it was not read; raise --max-document-bytes or split the "
+                          "document")
     try:
         decoded = line.decode("utf-8")
     except UnicodeDecodeError as exc:

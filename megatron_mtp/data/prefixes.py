@@ -1,7 +1,8 @@
 """`data.paths` at corpus scale: an entry is a dataset prefix, a glob over prefixes, or @FILE.
 
 - `corpus/fineweb_shard-*` names every prefix whose `.idx` the glob matches (sorted), e.g. the
-  shards of a sharded preprocess, unmerged.
+  shards of a sharded preprocess, unmerged. Shards a glob matches must be complete, 0..N-1 of their
+  `-of-N` (merge-datasets' rule): a missing one (a preprocess not finished) is an error naming it.
 - `@blend.txt` (or `blend.txt`: a file that is not a dataset prefix; YAML needs `'@...'` quoted)
   reads prefixes from a file, one per line, each optionally preceded by its weight
   (`0.3 /data/fineweb`, Megatron-LM's data-path style; all lines weighted or none; `#` comments;
@@ -21,6 +22,7 @@ import math
 import os
 from typing import Optional
 
+from megatron_mtp.data.shards import missing_shards
 from megatron_mtp.errors import UserError
 
 CORPUS_NAMES = (".jsonl", ".json", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst", ".jsonl.zstd", ".parquet",
@@ -86,6 +88,10 @@ def _expand_entry(entry: str, name: str, base: Optional[str] = None, depth: int 
         found = sorted(m[: -len(".idx")] for m in glob.glob(path + ".idx", recursive=True))
         if not found:
             raise UserError(f"{name} entry '{entry}' matches no dataset (no '{entry}.idx'); check the pattern")
+        missing = missing_shards(found)
+        if missing:
+            raise UserError(f"{name} entry '{entry}' matches the shards of a sharded preprocess, but {missing}; "
+                            "finish its preprocess (--shard I/N) or name the shards you mean without a glob")
         return [(os.path.abspath(p), None) for p in found]
     return [(os.path.abspath(path), None)]
 

@@ -30,7 +30,7 @@ from typing import Optional, Union
 
 from megatron_mtp.data import encode_worker
 from megatron_mtp.data.indexed import IndexedWriter
-from megatron_mtp.data.jsonl import BadLine, Chunk
+from megatron_mtp.data.jsonl import LINE_LIMIT_FACTOR, BadLine, Chunk
 from megatron_mtp.data.shards import select_shard, shard_prefix
 from megatron_mtp.data.sources import describe_row, expand_inputs, input_kind, iter_input_chunks
 from megatron_mtp.data.tokenizer import Tokenizer, load_tokenizer
@@ -38,6 +38,9 @@ from megatron_mtp.errors import UserError
 from megatron_mtp.output import write_failures
 
 MAX_BAD_EXAMPLES = 5
+MAX_DOCUMENT_BYTES = 8 << 20
+"""--max-document-bytes' default: a larger document is a bad line (tokenising 8 MiB of code takes a worker
+about 1.2 GB; encode_worker.too_long)."""
 
 
 @dataclass
@@ -121,8 +124,8 @@ class _Pool:
         try:
             yield
         except BrokenProcessPool:
-            raise WorkerDied("a preprocessing worker process died (out of memory or killed?); "
-                             "re-run with fewer --workers") from None
+            raise WorkerDied("a preprocessing worker process died (out of memory or killed?); re-run with fewer "
+                             "--workers or a lower --max-document-bytes") from None
 
     def submit(self, chunk: Chunk):
         with self._translated():
@@ -163,12 +166,15 @@ def preprocess(
     chunk_bytes: int = 1 << 18,
     shard: Optional[tuple[int, int]] = None,
     tokenizer_backend: str = "auto",
+    max_document_bytes: Optional[int] = MAX_DOCUMENT_BYTES,
 ) -> PreprocessStats:
     """Tokenise ``inputs`` into ``output_prefix``.bin/.idx (or its shard's prefix); see the module docstring."""
     if not inputs:
         raise UserError("no input files given; pass corpus files, directories or globs with --input")
     if workers < 1:
         raise UserError(f"--workers is {workers}; it must be at least 1")
+    if max_document_bytes is not None and max_document_bytes < 1:
+        raise UserError(f"--max-document-bytes is {max_document_bytes}; it must be at least 1")
     inputs = expand_inputs(list(inputs))
     if shard is not None:
         inputs = select_shard(inputs, *shard)
@@ -183,7 +189,8 @@ def preprocess(
     backend, note = fast_backend(tok.backend, tokenizer_backend)  # the same tokens either way (its design note)
     if note and progress:
         print(f"preprocess: note: {note}", file=sys.stderr, flush=True)
-    initargs = (tok.source, text_key, eod_id, backend)
+    initargs = (tok.source, text_key, eod_id, backend, max_document_bytes)
+    max_line = LINE_LIMIT_FACTOR * max_document_bytes if max_document_bytes else None
 
     stats = PreprocessStats(output_prefix=output_prefix)
     docs_per_file = [0] * len(inputs)
@@ -233,12 +240,15 @@ def preprocess(
         with write_failures(prefix, "dataset", written=[prefix],
                             needed_bytes=lambda: writer.bytes_written if writer else None), \
                 _single_threaded_tokenizers(), IndexedWriter(output_prefix, tok.vocab_size) as writer:
+            if writer.removed_stale and progress:
+                print(f"preprocess: note: removed {len(writer.removed_stale)} temporary files of an earlier run of "
+                      f"{output_prefix} that was killed", file=sys.stderr, flush=True)
             runner = _InProcess(initargs) if workers == 1 else _Pool(workers, initargs)
             bar = _progress_bar(inputs, progress)
             start = time.perf_counter()
             pending: collections.deque = collections.deque()
             window = 4 * workers
-            for chunk in iter_input_chunks(inputs, text_key, chunk_bytes, on_read):
+            for chunk in iter_input_chunks(inputs, text_key, chunk_bytes, on_read, max_line):
                 pending.append(runner.submit(chunk))
                 while len(pending) > window or (workers == 1 and pending):
                     consume(runner.result(pending.popleft()))

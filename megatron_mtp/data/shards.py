@@ -72,10 +72,32 @@ def order_shards(prefixes: list[str]) -> list[str]:
         by_index[int(m.group(1))] = p
     missing = [i for i in range(count) if i not in by_index]
     if missing:
-        raise UserError(f"shard {missing[0]} of {count} ({shard_prefix(stem, missing[0], count)}) is missing"
-                        f"{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}: its preprocess has not "
-                        f"finished; run it (--shard {missing[0]}/{count}) and merge again")
+        raise UserError(f"{_missing_words(stem, count, missing)}: its preprocess has not finished; run it "
+                        f"(--shard {missing[0]}/{count}) and merge again")
     return [by_index[i] for i in range(count)]
+
+
+def _missing_words(stem: str, count: int, missing: list[int]) -> str:
+    shown = ", ".join(os.path.basename(shard_prefix(stem, i, count)) for i in missing[:3])
+    more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+    return (f"shard{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing[:3]))}{more} of {count} "
+            f"({shard_prefix(stem, missing[0], count) if len(missing) == 1 else shown + more}) "
+            f"{'are' if len(missing) > 1 else 'is'} missing")
+
+
+def missing_shards(prefixes: list[str]) -> Optional[str]:
+    """What is missing among the sharded-preprocess outputs in `prefixes` (each preprocess's shards
+    0..N-1 all present: the rule merge-datasets applies), or None; other prefixes are ignored."""
+    groups: dict[tuple[str, int], set[int]] = {}
+    for p in prefixes:
+        m = _SHARD_RE.search(p)
+        if m:
+            groups.setdefault((_SHARD_RE.sub("", p), int(m.group(2))), set()).add(int(m.group(1)))
+    for (stem, count), present in sorted(groups.items()):
+        missing = [i for i in range(count) if i not in present]
+        if missing:
+            return _missing_words(stem, count, missing)
+    return None
 
 
 def merge_datasets(prefixes: list[str], output_prefix: str, progress: bool = True) -> dict:

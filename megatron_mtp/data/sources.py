@@ -11,8 +11,10 @@ Formats, told by the file's first bytes (not its name):
 - Parquet: the `--text-key` column only, streamed batch by batch (never the whole file in memory);
 - Arrow IPC (stream or file format), as HF `datasets` writes its `data-*.arrow` shards: memory-mapped.
 Table rows are handed to the workers as texts; a null text is a bad row (`FILE, row N: ...`), with the
-same contract as a bad JSONL line. pyarrow and zstandard are the `corpus` extra, imported only when a
-file needs them.
+same contract as a bad JSONL line. A table file written over in place while it is read (its size or
+mtime changes under the open file) is one sentence, whether or not its reader fails first (an Arrow
+file is memory-mapped: one cut short under the reader can still end it with SIGBUS). pyarrow
+and zstandard are the `corpus` extra, imported only when a file needs them.
 """
 
 from __future__ import annotations
@@ -128,23 +130,56 @@ def describe_row(path: str, kind: str, line: int) -> str:
 
 
 def iter_input_chunks(paths: list[str], text_key: str, chunk_bytes: int = 1 << 18,
-                      progress: Optional[Callable[[int], None]] = None) -> Iterator[Chunk]:
-    """Chunks of every input in order; each file ends with an empty Chunk (its end marker)."""
+                      progress: Optional[Callable[[int], None]] = None, max_line: Optional[int] = None
+                      ) -> Iterator[Chunk]:
+    """Chunks of every input in order; each file ends with an empty Chunk (its end marker). JSONL lines
+    longer than ``max_line`` bytes come as `jsonl.LongLine`s."""
     for index, path in enumerate(paths):
         kind = input_kind(path)
         if kind == JSONL:
-            yield from iter_file_chunks(index, path, chunk_bytes, progress)
+            yield from iter_file_chunks(index, path, chunk_bytes, progress, max_line)
         else:
             yield from _table_chunks(index, path, kind, text_key, chunk_bytes, progress)
 
 
+def _identity(path: str) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _changed(path: str, opened: tuple[int, int, int]) -> bool:
+    """Whether the file opened (inode, size, mtime) was written in place since (a file renamed over the
+    path is not: the open file still reads the complete old one)."""
+    try:
+        now = _identity(path)
+    except OSError:
+        return False
+    return now[0] == opened[0] and now != opened
+
+
 def _table_chunks(index: int, path: str, kind: str, text_key: str, chunk_bytes: int,
                   progress: Optional[Callable[[int], None]]) -> Iterator[Chunk]:
+    import pyarrow as pa
+
+    opened = _identity(path)
     batches, rows_total = _open_table(path, kind, text_key)
     size = os.path.getsize(path)
     reported = 0
     first, texts, nbytes, row = 1, [], 0, 0
-    for batch in batches:
+    changed = (f"input file '{path}' changed while it was read (after row {{}}: it was written over in place); "
+               "re-run once it is complete and nothing writes it")
+    while True:
+        try:
+            batch = next(batches, None)
+        except (pa.ArrowException, OSError) as exc:
+            if _changed(path, opened):
+                raise UserError(changed.format(row)) from None
+            raise UserError(f"input file '{path}' is damaged: reading past row {row} failed ({exc}); re-create or "
+                            "re-download it") from None
+        if _changed(path, opened):
+            raise UserError(changed.format(row))
+        if batch is None:
+            break
         column = batch.column(0) if kind == PARQUET else batch.column(batch.schema.get_field_index(text_key))
         values = column.to_pylist()
         texts += values

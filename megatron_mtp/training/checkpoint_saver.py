@@ -82,8 +82,10 @@ def _dir_bytes(path: Path) -> int:
 
 
 class CheckpointSaver:
-    def __init__(self, run_dir: Path, cfg, components, ranks, tokenizer):
+    def __init__(self, run_dir: Path, cfg, components, ranks, tokenizer, data_prefixes: Optional[dict] = None):
         self.root = run_dir / CHECKPOINTS_DIR
+        self.data_prefixes = {"data_prefixes": data_prefixes} if data_prefixes else {}
+        """The datasets the run reads, for train_state.json (data/record.py)."""
         self.cfg = cfg
         self.components = components
         self.ranks = ranks
@@ -115,7 +117,7 @@ class CheckpointSaver:
                                     world_size=self.ranks.world_size, tensor=self.ranks.tp,
                                     pipeline=self.ranks.pp, expert=self.ranks.ep, data=self.ranks.dp,
                                     optimizer_format=self.cfg.checkpoint.optimizer_format,
-                                    optimizer_layout=optimizer_layout(self.cfg))
+                                    optimizer_layout=optimizer_layout(self.cfg), **self.data_prefixes)
         try:
             request = self._write(tmp, state)
         except _WRITE_FAILURES as exc:  # a write failure ends in one sentence, a bug re-raises

@@ -52,6 +52,8 @@ class Session:
     """The run lock (rank 0 of a training session)."""
     data_line: str = ""
     """What the run trains on, for the start-up lines (data.datasets.data_line)."""
+    data_prefixes: Optional[dict] = None
+    """The datasets it reads, recorded in each checkpoint (data.record.prefix_record)."""
 
 
 def _with_vocab(cfg: Config, tokenizer) -> Config:
@@ -60,19 +62,25 @@ def _with_vocab(cfg: Config, tokenizer) -> Config:
     return cfg.replace(model=dataclasses.replace(cfg.model, vocab_size=tokenizer.vocab_size))
 
 
-def _check_start_point(cfg: Config, run_dir: Path, tokenizer) -> list[str]:
+def _check_start_point(cfg: Config, run_dir: Path, resolved) -> list[str]:
     """Before any process group starts or anything is written: the run's own checkpoint must mean what
     this config means (checkpoint/resume_rules.py; checkpoint.start_fresh moves it aside instead), and
     a checkpoint.load for a new run must name a complete checkpoint whose main model is this config's.
-    Returns the notes of a load that leaves MTP modules out."""
+    Returns the notes of a load that leaves MTP modules out, or of other datasets accepted
+    (data.allow_changed_paths)."""
+    from megatron_mtp.data.record import refuse_changed_prefixes
+
     own = None if cfg.checkpoint.start_fresh else find_checkpoint(run_dir)
     if own is not None:
         refuse_meaning_changes(read_config(own.path), cfg, own.path, run_dir)
-        refuse_tokenizer_change(own.path, tokenizer, run_dir)
-        reason = check_optimizer_compatible(read_train_state(own.path), cfg.parallel.expert, optimizer_layout(cfg))
+        refuse_tokenizer_change(own.path, resolved.tokenizer, run_dir)
+        saved = read_train_state(own.path)
+        changed = refuse_changed_prefixes(saved, resolved, cfg.data.allow_changed_paths, own.path, run_dir)
+        reason = check_optimizer_compatible(saved, cfg.parallel.expert, optimizer_layout(cfg))
         if reason is not None:
             raise UserError(f"cannot resume {run_dir} from {own.path.name}: {reason}; or start a new run from its "
                             f"weights with --run-dir NEW checkpoint.load={own.path} checkpoint.load_optimizer=false")
+        return [changed] if changed else []
     elif cfg.checkpoint.load:
         src = resolve_checkpoint(cfg.checkpoint.load, what="checkpoint.load")
         return refuse_load_changes(read_config(src.path), cfg, src.path, cfg.checkpoint.load_optimizer)
@@ -81,6 +89,7 @@ def _check_start_point(cfg: Config, run_dir: Path, tokenizer) -> list[str]:
 
 def open_training(cfg: Config, run_dir: Path) -> Session:
     from megatron_mtp.data.datasets import check_data_config, resolve_data
+    from megatron_mtp.data.record import prefix_record
     from megatron_mtp.plan.default_corpus_rule import default_corpus_refusal
 
     refusal = default_corpus_refusal(cfg)
@@ -92,7 +101,7 @@ def open_training(cfg: Config, run_dir: Path) -> Session:
     resolved = resolve_data(cfg)
     cfg = _with_vocab(cfg, resolved.tokenizer)
     data_line = check_data_config(cfg, resolved)
-    load_notes = _check_start_point(cfg, run_dir, resolved.tokenizer)
+    load_notes = _check_start_point(cfg, run_dir, resolved)
     platform = setup_platform(cfg.training.device, cfg.parallel.backend, cfg.training.fp8)
     ranks = init_distributed(cfg, platform)
     before = run_dir_state(run_dir)
@@ -100,6 +109,7 @@ def open_training(cfg: Config, run_dir: Path) -> Session:
     try:
         session = _open_claimed(cfg, run_dir, platform, ranks, resolved, lock, notes + load_notes)
         session.data_line = data_line
+        session.data_prefixes = prefix_record(resolved)
         return session
     except BaseException:
         if lock is not None:  # nothing of this attempt stays to make the next one different
@@ -111,6 +121,7 @@ def open_training(cfg: Config, run_dir: Path) -> Session:
 def _open_claimed(cfg: Config, run_dir: Path, platform: Platform, ranks: Ranks, resolved, lock,
                   notes: list[str]) -> Session:
     from megatron_mtp.data.datasets import build_datasets
+    from megatron_mtp.data.passes import planned_train_samples
 
     components = build_components(cfg, platform, padded_vocab_size(cfg.model.vocab_size, cfg))
 
@@ -142,7 +153,7 @@ def _open_claimed(cfg: Config, run_dir: Path, platform: Platform, ranks: Ranks, 
             prepare()
 
     t = cfg.training
-    train_samples = t.max_steps * t.global_batch_size
+    train_samples = planned_train_samples(cfg)  # read past it in reshuffled passes (data/passes.py)
     evals = (t.max_steps // cfg.logging.eval_interval + 1) if cfg.logging.eval_interval else 1
     valid_samples = evals * cfg.logging.eval_steps * t.global_batch_size
     train_ds, valid_ds = build_datasets(cfg, resolved, train_samples, valid_samples)

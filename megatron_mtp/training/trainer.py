@@ -133,7 +133,8 @@ class Trainer:
             return EXIT_FINISHED
         fwd_bwd = get_forward_backward_func()
         forward_step = self.forward_step()
-        self.saver = CheckpointSaver(self.run_dir, cfg, self.components, self.ranks, self.session.tokenizer)
+        self.saver = CheckpointSaver(self.run_dir, cfg, self.components, self.ranks, self.session.tokenizer,
+                                     data_prefixes=self.session.data_prefixes)
         data = self._data(state)
         gc_interval = cfg.training.manual_gc_interval
         if gc_interval:

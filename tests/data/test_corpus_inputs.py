@@ -5,6 +5,7 @@ data.paths takes globs and weighted @lists."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -147,6 +148,14 @@ def test_a_sharded_preprocess_merged_equals_the_unsharded_one(tmp_path, texts, t
     with pytest.raises(UserError, match=r"entry '.*whole.bin' ends with '.bin'; give the dataset prefix without the "
                                         r"extension \('.*whole'\)"):
         expand_blend([str(tmp_path / "whole.bin")], None, "data.paths")
+    # a shard glob with a shard gone (its preprocess unfinished): one sentence naming it, not a run on the rest
+    os.rename(shards[1] + ".idx", shards[1] + ".idx.away")
+    glob_cfg = load_config(None, [f"data.paths=[{tmp_path / 'fw_shard-*'}]", f"data.tokenizer={tokenizer_dir}",
+                                  f"data.cache_dir={tmp_path / 'cache'}", "training.seq_length=16"])
+    with pytest.raises(UserError, match=rf"^data.paths entry '.*fw_shard-\*' matches the shards of a sharded "
+                                        rf"preprocess, but shard 1 of 3 \({shards[1]}\) is missing; finish its "
+                                        r"preprocess \(--shard I/N\) or name the shards you mean without a glob$"):
+        resolve_data(glob_cfg)
 
 
 def test_the_gigatoken_backend_writes_the_hf_tokenizers_bytes(tmp_path, texts, tokenizer_dir, write_jsonl):

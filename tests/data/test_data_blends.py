@@ -39,6 +39,7 @@ def test_blend_honours_weights(three_sources, tokenizer_dir, weights):
     n = 3000  # more than the small source holds: megatron-core repeats its epochs
     train, valid = build_datasets(cfg, resolved, n, 200)
     # megatron-core sizes a weighted blend as the sum of ceil(n * weight_i): at least n.
+    train = train.built  # megatron-core's blend, as built for the planned samples
     assert n <= len(train) <= n + 3 and 200 <= len(valid) <= 203
     target = np.array(weights, dtype=float) / sum(weights)
     got = np.bincount(train.dataset_index, minlength=3) / len(train)
@@ -57,6 +58,7 @@ def test_unweighted_blend_follows_sizes_and_separate_valid_paths(three_sources, 
     check_data_config(cfg, resolved)
     assert resolved.split is None and resolved.valid_prefixes == [prefixes[1]]
     train, valid = build_datasets(cfg, resolved, 500, 50)
+    train = train.built
     sizes = np.array([len(ds) for ds in train.datasets], dtype=float)
     got = np.bincount(train.dataset_index, minlength=2) / len(train)
     np.testing.assert_allclose(got, sizes / sizes.sum(), atol=0.02)

@@ -44,6 +44,7 @@ def test_round_trip_through_gpt_dataset(tmp_path, write_jsonl, documents, tokeni
     check_data_config(cfg, resolved)
     n_samples = (stats.tokens - 1) // seq  # exactly one epoch
     train, valid = build_datasets(cfg, resolved, n_samples, 0)
+    train = train.built  # megatron-core's GPTDataset
     assert valid is None and len(train) == n_samples
     # GPTDataset shuffles documents (document_index) and samples (shuffle_index); undo the sample
     # shuffle and the samples must tile the document stream exactly, labels shifted by one.
@@ -61,7 +62,7 @@ def test_round_trip_through_gpt_dataset(tmp_path, write_jsonl, documents, tokeni
     bounded = load_config(None, [f"data.paths=[{prefix}]", f"data.tokenizer={tokenizer_dir}", "data.split=100,0,0",
                                  f"data.cache_dir={tmp_path / 'cache'}", f"training.seq_length={seq}",
                                  "data.eod_mask_loss=true", "data.reset_attention_mask=true"])
-    train, _ = build_datasets(bounded, resolve_data(bounded), n_samples, 0)
+    train = build_datasets(bounded, resolve_data(bounded), n_samples, 0)[0].built
     eod, seen = tokenizer.eod_id, 0
     causal = np.tril(np.ones((seq, seq), dtype=bool))
     for k in range(len(train)):

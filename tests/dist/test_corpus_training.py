@@ -1,7 +1,7 @@
 """A training run reads a corpus as it ships: Parquet shards tokenised by a sharded preprocess (unmerged)
 and a zstd JSONL file, blended through a weighted list file with a glob, with document boundaries kept
 in the loss and in attention (a materialised mask through the MLA attention and the MTP block); the
-start-up line says what it reads."""
+start-up line says what it reads, and a resume that would read other datasets is refused."""
 
 from __future__ import annotations
 
@@ -44,6 +44,22 @@ def test_five_steps_on_parquet_shards_and_zstd_jsonl_through_a_weighted_list(tmp
     assert web0 + web1 == pytest.approx(0.7, abs=2e-3) and code == pytest.approx(0.3, abs=1e-3)
     rows = metrics(run)
     assert [row["step"] for row in rows] == [1, 2, 3, 4, 5]
+    # the checkpoint records the datasets the list file resolved to; a resume whose glob sees one more
+    # dataset is one sentence, before any process group starts
+    saved = json.loads((run / "checkpoints" / "step_0000005" / "train_state.json").read_text())
+    assert saved["data_prefixes"]["train"] == [str(tmp_path / f"web_shard-0000{i}-of-00002") for i in (0, 1)] + [
+        str(tmp_path / "code")]
+    preprocess([str(tmp_path / "code.jsonl.zst")], tok, str(tmp_path / "code_more"), append_eod=True, progress=False)
+    (tmp_path / "blend2.txt").write_text("0.7 web_shard-*\n0.3 code*\n")
+    resumed = train(run, steps=6, check=False, overrides=(
+        f"data.paths=[{tmp_path / 'blend2.txt'}]", "data.eod_mask_loss=true", "data.reset_attention_mask=true",
+        "model.moe_capacity_factor=1.0"))
+    errors = [line for line in resumed.stderr.splitlines() if "error:" in line]
+    assert resumed.returncode == 2 and len(errors) == 1 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
+    assert (f"cannot resume {run} from step_0000005: its train datasets resolve to 4 datasets where the checkpoint "
+            "read 3: 1 new (code_more), which changes the order") in errors[0] and "data.allow_changed_paths=true" \
+        in errors[0], errors[0]
+    assert not (run / "checkpoints" / "step_0000006").exists()
     # the run summary train ends with, and `runs show` gives, from the logged rows and the checkpoints
     from megatron_mtp.cli import main
 
