@@ -356,7 +356,8 @@ class Trainer:
     def _log_interval(self, state: TrainState, elapsed: float) -> None:
         steps = self.interval.steps + self.interval.skipped
         values = {**self.interval.values(state.consumed_tokens, elapsed), **self.times.values(steps)}
-        self.log.info(format_step_line(state.step, self.cfg.training.max_steps, values, self.cfg.mtp.num_layers))
+        self.log.info(format_step_line(state.step, self.cfg.training.max_steps, values, self.cfg.mtp.num_layers,
+                                       frozen_base=bool(self.cfg.mtp.freeze_base)))
         self.log.scalars(state.step, values)
         if self.session.lock is not None:
             self.session.lock.heartbeat()
