@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from megatron_mtp.errors import UserError
+
 
 @dataclass
 class AssistantShape:
@@ -36,3 +38,30 @@ class AssistantShape:
         if self.layer_types is not None:
             return list(self.layer_types)
         return ["sliding_attention"] * (self.num_layers - 1) + ["full_attention"] * min(self.num_layers, 1)
+
+
+def check_assistant(cfg) -> None:
+    """What a separate drafter (mtp.style assistant) of a run config needs of any family, one sentence for the first
+    it lacks (config/validate.py calls it); the family checks the rest (models/gemma4/model_config.py)."""
+    mtp, a = cfg.mtp, cfg.mtp.assistant
+    if not mtp.freeze_base:
+        raise UserError("mtp.freeze_base=false does not work with mtp.style=assistant, which always trains a drafter "
+                        "beside a frozen target (the target in checkpoint.load); drop mtp.freeze_base")
+    for name in ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size"):
+        if getattr(a, name) < 1:
+            raise UserError(f"mtp.assistant.{name} is {getattr(a, name)}; set a positive number")
+    if a.layer_types is not None and len(a.layer_types) != a.num_layers:
+        raise UserError(f"mtp.assistant.layer_types lists {len(a.layer_types)} layers but mtp.assistant.num_layers "
+                        f"is {a.num_layers}; give one entry per assistant layer")
+    if a.step_weights is not None and (len(a.step_weights) != mtp.num_layers or min(a.step_weights) < 0):
+        raise UserError(f"mtp.assistant.step_weights {a.step_weights} must hold mtp.num_layers={mtp.num_layers} "
+                        "weights of at least 0, one per draft step")
+    if a.num_centroids < 0 or (a.num_centroids and not 0 < a.centroid_top_k <= a.num_centroids):
+        raise UserError(f"mtp.assistant.num_centroids={a.num_centroids} and centroid_top_k={a.centroid_top_k}: give 0 "
+                        "centroids (the whole output table), or a positive count and a top-k of at most that many")
+    if a.num_centroids % cfg.parallel.tensor:
+        raise UserError(f"mtp.assistant.num_centroids={a.num_centroids} is not divisible by parallel.tensor="
+                        f"{cfg.parallel.tensor}; every tensor-parallel rank scores whole clusters")
+    if a.num_attention_heads % cfg.parallel.tensor:
+        raise UserError(f"mtp.assistant.num_attention_heads={a.num_attention_heads} is not divisible by "
+                        f"parallel.tensor={cfg.parallel.tensor}; every tensor-parallel rank must hold whole heads")

@@ -158,6 +158,9 @@ class ModelConfig:
 
     DENSE_MLP_BESIDE_MOE: ClassVar[bool] = False
     """An MoE layer also runs the dense MLP (of ffn_hidden_size) beside its experts (Gemma 4)."""
+    NO_A2A_OVERLAP: ClassVar[Optional[str]] = None
+    """Why megatron-core's overlapped MoE schedule (parallel.moe_a2a_overlap) would not compute the family's layer
+    (a clause; the run is refused with it), or None where it does (models/family.py ``supports_a2a_overlap``)."""
 
     def attention_input_gathers(self, layer: Optional[int]) -> int:
         """Column-parallel projections that gather the attention's sequence-parallel input in decoder layer
@@ -232,9 +235,10 @@ class MTPConfig:
     """MTP modules or parallel heads a checkpoint.load (weights only) does not hold, e.g. of a model imported
     without MTP: drawn at random like a new run's, or their transformer layer copied from the checkpoint's
     last decoder layer (their norms and eh_proj are new either way)."""
-    freeze_base: bool = False
+    freeze_base: Optional[bool] = None
     """Train only the MTP modules, heads or assistant on a frozen main model (needs checkpoint.load and mtp.num_layers
-    > 0; parallel heads without head_by_head_backward): every other parameter, the shared embedding and output head
+    > 0; parallel heads without head_by_head_backward). null: true for style assistant, which always trains so
+    (false is refused there), false otherwise. Frozen: every other parameter, the shared embedding and output head
     included, gets no gradient, no optimizer state and no place in the DDP buckets; the main model runs forward only
     (no saved activations; pipeline stages without an MTP layer do no backward at all) and its weights, router
     expert biases included, are saved exactly as loaded. Gradients are reduced once after the last micro-batch
@@ -257,6 +261,10 @@ class MTPConfig:
     loss_weight_schedule: list[tuple[int, float]] = field(default_factory=lambda: [(0, 0.3)])
     """λ by consumed training tokens: [[tokens, λ], ...]; λ of the last entry whose start ≤ tokens
     consumed applies. DeepSeek-V3: [[0, 0.3], [10e12, 0.1]]. The objective is lm + (λ/D)·Σ_d CE_d."""
+
+    def __post_init__(self):
+        if self.freeze_base is None:  # an assistant always trains beside a frozen target
+            self.freeze_base = self.style == "assistant"
 
     @property
     def modules(self) -> int:

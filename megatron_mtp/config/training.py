@@ -176,13 +176,20 @@ class LoggingConfig:
     """Write TensorBoard event files under RUN_DIR/tensorboard."""
     wandb_project: Optional[str] = None
     """Also log every scalar to this Weights & Biases project (the `wandb` extra), with the run's
-    config; a resumed run continues the same W&B run. null: no W&B."""
+    config; a resumed run continues the same W&B run. null: the environment's WANDB_PROJECT, and no W&B
+    where that is unset too (config/wandb_env.py)."""
     wandb_entity: Optional[str] = None
-    """The W&B team or user that owns the project (null: the logged-in user's default)."""
+    """The W&B team or user that owns the project (null: the environment's WANDB_ENTITY, else the
+    logged-in user's default)."""
     wandb_name: Optional[str] = None
     """The W&B run's display name (null: the config's name)."""
-    wandb_mode: Literal["online", "offline"] = "online"
-    """offline: write RUN_DIR/wandb/ without a network, to upload later with `wandb sync`."""
+    wandb_mode: Optional[Literal["online", "offline", "disabled"]] = None
+    """offline: write WANDB_DIR/wandb/ without a network, to upload later with `wandb sync`; disabled: no
+    W&B. null: the environment's WANDB_MODE, else online, which needs a W&B API key (WANDB_API_KEY or
+    `wandb login`; checked before the ranks start)."""
+    wandb_dir: Optional[str] = None
+    """Where W&B writes its files (a wandb/ folder inside). null: the environment's WANDB_DIR, else the run
+    directory."""
     eval_interval: int = 0
     """Evaluate on the validation split every N steps (0: never during training)."""
     eval_steps: int = 4

@@ -6,14 +6,15 @@ Engine, DeepEP) is decided in platform/features.py once the platform is known.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from typing import Optional
 
 from megatron_mtp.config import pipeline_layout
+from megatron_mtp.config.assistant import check_assistant
 from megatron_mtp.config.parallel_sizes import ParallelSizes, parallel_sizes
 from megatron_mtp.config.performance import FAMILY_RECOMPUTE_MODULES, RECOMPUTE_MODULES
 from megatron_mtp.config.root import Config
+from megatron_mtp.config.wandb_env import check_installed
 from megatron_mtp.errors import UserError
 
 
@@ -31,11 +32,10 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> ParallelSizes:
     _mtp_and_numbers(cfg)
     _mtp_style(cfg)
     _recompute(cfg, sizes)
+    _family_overlap(cfg)
     _overlap(cfg, sizes)
     _optimizer(cfg)
-    if cfg.logging.wandb_project and importlib.util.find_spec("wandb") is None:
-        raise UserError("logging.wandb_project is set but the 'wandb' package is not installed; install it with "
-                        "pip install 'megatron-mtp[wandb]' or unset logging.wandb_project")
+    check_installed(cfg.logging)
     if cfg.data.reset_position_ids:
         raise UserError("data.reset_position_ids=true would change nothing: megatron-core's rotary embeddings, "
                         "which every family here uses, take positions from the sequence length, not from "
@@ -288,37 +288,10 @@ def _mtp_style(cfg: Config) -> None:
             raise UserError(f"mtp.freeze_base trains only the MTP modules of an existing model and needs {why}; "
                             "set it or drop mtp.freeze_base")
     if mtp.style == "assistant" and mtp.num_layers:
-        _assistant(cfg)
+        check_assistant(cfg)
     if mtp.style == "parallel" and mtp.num_layers and cfg.parallel.moe_a2a_overlap:
         raise UserError("parallel.moe_a2a_overlap needs mtp.style=sequential (megatron-core's overlapped "
                         "schedule plan builds only the sequential MTP block)")
-
-
-def _assistant(cfg: Config) -> None:
-    """What a separate drafter (mtp.style assistant, config/assistant.py) needs of any family; the family
-    checks the rest (models/gemma4/assistant/)."""
-    mtp, a = cfg.mtp, cfg.mtp.assistant
-    if not mtp.freeze_base:
-        raise UserError("mtp.style=assistant trains a drafter beside a frozen target and needs "
-                        "mtp.freeze_base=true (and the target in checkpoint.load); set it")
-    for name in ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size"):
-        if getattr(a, name) < 1:
-            raise UserError(f"mtp.assistant.{name} is {getattr(a, name)}; set a positive number")
-    if a.layer_types is not None and len(a.layer_types) != a.num_layers:
-        raise UserError(f"mtp.assistant.layer_types lists {len(a.layer_types)} layers but mtp.assistant.num_layers "
-                        f"is {a.num_layers}; give one entry per assistant layer")
-    if a.step_weights is not None and (len(a.step_weights) != mtp.num_layers or min(a.step_weights) < 0):
-        raise UserError(f"mtp.assistant.step_weights {a.step_weights} must hold mtp.num_layers={mtp.num_layers} "
-                        "weights of at least 0, one per draft step")
-    if a.num_centroids < 0 or (a.num_centroids and not 0 < a.centroid_top_k <= a.num_centroids):
-        raise UserError(f"mtp.assistant.num_centroids={a.num_centroids} and centroid_top_k={a.centroid_top_k}: give 0 "
-                        "centroids (the whole output table), or a positive count and a top-k of at most that many")
-    if a.num_centroids % cfg.parallel.tensor:
-        raise UserError(f"mtp.assistant.num_centroids={a.num_centroids} is not divisible by parallel.tensor="
-                        f"{cfg.parallel.tensor}; every tensor-parallel rank scores whole clusters")
-    if a.num_attention_heads % cfg.parallel.tensor:
-        raise UserError(f"mtp.assistant.num_attention_heads={a.num_attention_heads} is not divisible by "
-                        f"parallel.tensor={cfg.parallel.tensor}; every tensor-parallel rank must hold whole heads")
 
 
 def _recompute(cfg: Config, sizes: ParallelSizes) -> None:
@@ -370,6 +343,14 @@ def _overlap(cfg: Config, sizes: ParallelSizes) -> None:
             raise UserError(f"parallel.moe_a2a_overlap needs {why} (megatron-core's overlap_moe_expert_parallel_comm)")
     if p.delay_wgrad_compute and not p.moe_a2a_overlap:
         raise UserError("parallel.delay_wgrad_compute needs parallel.moe_a2a_overlap=true")
+
+
+def _family_overlap(cfg: Config) -> None:
+    """A family whose layer megatron-core's overlapped MoE schedule would not compute (ModelConfig.NO_A2A_OVERLAP)."""
+    why = cfg.model.NO_A2A_OVERLAP
+    if cfg.parallel.moe_a2a_overlap and why:
+        raise UserError(f"parallel.moe_a2a_overlap does not work with model.family={cfg.model.family}: {why}; set "
+                        "parallel.moe_a2a_overlap=false")
 
 
 def _optimizer(cfg: Config) -> None:

@@ -177,6 +177,12 @@ class Family:
         return self.model_config.MTP_STYLES
 
     @property
+    def supports_a2a_overlap(self) -> bool:
+        """Whether megatron-core's overlapped MoE schedule (parallel.moe_a2a_overlap) computes its layer (its model
+        config's ``NO_A2A_OVERLAP`` says why not; config/validate.py refuses the run with it)."""
+        return self.model_config.NO_A2A_OVERLAP is None
+
+    @property
     def recompute_modules(self) -> tuple[str, ...]:
         """``recompute.modules`` names only this family has (its model config's ``RECOMPUTE_MODULES``)."""
         return self.model_config.RECOMPUTE_MODULES

@@ -43,10 +43,8 @@ def evaluate_batches(session, batches, num_microbatches: int, metrics: MTPMetric
         chunk.train()
     depth = cfg.mtp.num_layers
     sums = NamedSums(lm_sum=1, lm_count=1, mtp_ce=depth, accepted=depth, judged=depth)
-    if ranks.is_last_stage and ranks.tp_rank == 0:  # the ranks that hold the losses, once per DP replica
-        for reported in outputs or []:
-            sums["lm_sum"] += float(reported["lm_sum"])
-            sums["lm_count"] += float(reported["lm_count"])
+    sums["lm_sum"], sums["lm_count"] = lm_totals(outputs, ranks)
+    if ranks.is_last_stage and ranks.tp_rank == 0:  # the ranks that hold the MTP sums of their own tokens
         if metrics is not None:
             sums["mtp_ce"] = metrics.sums["ce_sum"]
             sums["accepted"] = metrics.sums["accepted"]
@@ -63,6 +61,17 @@ def evaluate_batches(session, batches, num_microbatches: int, metrics: MTPMetric
         "mtp_acceptance": (total["accepted"] / judged).tolist(),
         "tokens": int(total.value("lm_count")),
     }
+
+
+def lm_totals(outputs, ranks) -> tuple[float, float]:
+    """This rank's share of the LM loss sum and scored tokens of the micro-batches' ``outputs`` (what the loss
+    function reported): each is the whole micro-batch's on every tensor- and context-parallel rank of the last stage
+    (training/forward_step.py sums over the CP ranks), so one of them, TP and CP rank 0, counts it per data-parallel
+    replica; every other rank adds 0."""
+    if not (ranks.is_last_stage and ranks.tp_rank == 0 and ranks.cp_rank == 0):
+        return 0.0, 0.0
+    return (sum(float(reported["lm_sum"]) for reported in outputs or []),
+            sum(float(reported["lm_count"]) for reported in outputs or []))
 
 
 def evaluate(session, global_batches: int, metrics: MTPMetrics | None) -> dict:

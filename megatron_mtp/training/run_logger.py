@@ -108,7 +108,9 @@ def _drop_rows_after(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
-def format_step_line(step: int, max_steps: int, v: dict[str, float], depth: int) -> str:
+def format_step_line(step: int, max_steps: int, v: dict[str, float], depth: int, frozen_base: bool = False) -> str:
+    """The console line of an interval; a frozen base (mtp.freeze_base) trains no router, so its line leaves out the
+    MoE balance loss the base does not compute."""
     parts = [
         f"step {step}/{max_steps}",
         f"lm_loss {v['train/lm_loss']:.4f}",
@@ -125,7 +127,7 @@ def format_step_line(step: int, max_steps: int, v: dict[str, float], depth: int)
         f"TFLOP/s/GPU {v['perf/tflops_per_gpu']:.3g}" + (f" MFU {v['perf/mfu']:.1%}" if "perf/mfu" in v else ""),
         f"step_s {v['perf/step_time_s']:.3f}",
         f"moe_maxvio {v['moe/max_violation']:.3f}",
-        f"moe_balance {v['moe/balance_loss']:.3f}",
+        *([] if frozen_base else [f"moe_balance {v['moe/balance_loss']:.3f}"]),
         f"mem_gib {v['perf/memory_gib']:.2f}",
     ]
     return " | ".join(parts)

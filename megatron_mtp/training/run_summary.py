@@ -1,5 +1,6 @@
 """A run in a few lines: what `train` prints when it finishes and `megatron-mtp runs show RUN` prints
-at any time (from RUN/logs/metrics.jsonl and the run's checkpoints; nothing else is read)."""
+at any time (from RUN/logs/metrics.jsonl, the run's checkpoints, and whether RUN/config.yaml froze the base:
+a frozen base's LM loss is the loaded model's, not trained, so it has no best)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     rows, train = logged_rows(run_dir)
     last, recent = train[-1], train[-RECENT:]
     depth = sum(1 for key in last if key.startswith("train/mtp_loss_"))
-    best = min(train, key=lambda r: r["train/lm_loss"])
+    frozen = frozen_base(run_dir)
+    best = None if frozen else min(train, key=lambda r: r["train/lm_loss"])
     evals = [r for r in rows if _finite(r.get("eval/lm_loss"))]
     steps = complete_steps(run_dir / "checkpoints") if (run_dir / "checkpoints").is_dir() else []
     return {
@@ -44,7 +46,8 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "consumed_tokens": int(last.get("progress/consumed_tokens", 0)),
         "train_seconds": _step_seconds(train),
         "lm_loss": last["train/lm_loss"],
-        "best_lm_loss": best["train/lm_loss"], "best_step": best["step"],
+        "frozen_base": frozen,
+        "best_lm_loss": best and best["train/lm_loss"], "best_step": best and best["step"],
         "eval_lm_loss": evals[-1]["eval/lm_loss"] if evals else None,
         "mtp_loss": [last.get(f"train/mtp_loss_{k}") for k in range(1, depth + 1)],
         "mtp_acceptance": [_last_finite(train, f"train/mtp_acceptance_{k}") for k in range(1, depth + 1)],
@@ -65,7 +68,9 @@ def format_summary(s: dict[str, Any]) -> str:
     hours = f" in {_duration(s['train_seconds'])} of steps"
     lines = [
         f"run {s['run_dir']}: step {s['step']}, {s['consumed_tokens']:,} tokens{hours}",
-        f"  lm loss {s['lm_loss']:.4f} (best {s['best_lm_loss']:.4f} at step {s['best_step']})"
+        f"  lm loss {s['lm_loss']:.4f} "
+        + ("(the frozen base's, not trained)" if s["frozen_base"]
+           else f"(best {s['best_lm_loss']:.4f} at step {s['best_step']})")
         + (f", eval {s['eval_lm_loss']:.4f}" if s["eval_lm_loss"] is not None else ""),
     ]
     if mtp:
@@ -74,6 +79,18 @@ def format_summary(s: dict[str, Any]) -> str:
     kept = ", ".join(s["checkpoints"]) or "none"
     lines.append(f"  checkpoints: {kept}" + (f"; {s['skipped_steps']} steps skipped" if s["skipped_steps"] else ""))
     return "\n".join(lines)
+
+
+def frozen_base(run_dir: Path) -> bool:
+    """Whether the run's config.yaml trains on a frozen base (mtp.freeze_base; an assistant always does)."""
+    import yaml
+
+    try:
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):  # none (yet), or not ours
+        return False
+    mtp = saved.get("mtp") or {} if isinstance(saved, dict) else {}
+    return bool(mtp.get("freeze_base")) or (mtp.get("style") == "assistant" and bool(mtp.get("num_layers")))
 
 
 def _duration(seconds: float) -> str:

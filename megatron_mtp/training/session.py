@@ -32,6 +32,7 @@ from megatron_mtp.training.distributed import Ranks, env_world, init_distributed
 from megatron_mtp.training.finite_weights import refuse_nonfinite_loaded_weights
 from megatron_mtp.training.run_dir_claim import claim_run_dir, forget_claim, run_dir_state
 from megatron_mtp.training.schedules import schedule_changes
+from megatron_mtp.training.wandb_log import check_credentials
 
 
 @dataclass
@@ -97,6 +98,7 @@ def open_training(cfg: Config, run_dir: Path) -> Session:
         raise UserError(refusal)
     _, world = env_world()
     validate(cfg, world)
+    check_credentials(cfg, run_dir)  # W&B online without a key: one sentence before the ranks meet
     megatron_core.transformer_config_extras(cfg.mtp)
     resolved = resolve_data(cfg)
     cfg = _with_vocab(cfg, resolved.tokenizer)

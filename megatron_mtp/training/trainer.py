@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from megatron_mtp.checkpoint.info import optimizer_layout
+from megatron_mtp.config.wandb_env import wandb_options
 from megatron_mtp.errors import EXIT_FINISHED, EXIT_RESUME, RunError, UserError
 from megatron_mtp.plan.throughput import gpu_of_device, model_flops_per_token, peak_tflops
 from megatron_mtp.training import checkpoint_state
@@ -91,10 +92,11 @@ class Trainer:
         self.components = session.components
         cfg = self.cfg
         wandb = None
-        if self.ranks.rank == 0 and cfg.logging.wandb_project and session.state.step < cfg.training.max_steps:
+        options = wandb_options(cfg.logging, run_dir)
+        if self.ranks.rank == 0 and options is not None and session.state.step < cfg.training.max_steps:
             from megatron_mtp.training.wandb_log import WandbRun
 
-            wandb = WandbRun(cfg, run_dir)
+            wandb = WandbRun(cfg, run_dir, options)
         self.log = RunLogger(run_dir, enabled=self.ranks.rank == 0, tensorboard=cfg.logging.tensorboard,
                              start_step=session.state.step, wandb=wandb)
         self.metrics, expert_load = attach_metrics(self.components.model, cfg, self.ranks)
@@ -355,7 +357,8 @@ class Trainer:
     def _log_interval(self, state: TrainState, elapsed: float) -> None:
         steps = self.interval.steps + self.interval.skipped
         values = {**self.interval.values(state.consumed_tokens, elapsed), **self.times.values(steps)}
-        self.log.info(format_step_line(state.step, self.cfg.training.max_steps, values, self.cfg.mtp.num_layers))
+        self.log.info(format_step_line(state.step, self.cfg.training.max_steps, values, self.cfg.mtp.num_layers,
+                                       frozen_base=bool(self.cfg.mtp.freeze_base)))
         self.log.scalars(state.step, values)
         if self.session.lock is not None:
             self.session.lock.heartbeat()

@@ -25,7 +25,8 @@ RELEASE_26B = {  # google/gemma-4-26B-A4B's text_config, the fields that shape t
     "moe_intermediate_size": 704, "hidden_size_per_layer_input": 0, "max_position_embeddings": 262144,
     "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "hidden_activation": "gelu_pytorch_tanh",
 }
-ASSISTANT = ["mtp.style=assistant", "mtp.freeze_base=true", "checkpoint.load=/a/target", "mtp.assistant.num_layers=2"]
+ASSISTANT = ["mtp.style=assistant", "checkpoint.load=/a/target", "mtp.assistant.num_layers=2"]
+"""An assistant run (mtp.freeze_base defaults to true for it)."""
 TRAINING_ONLY = ("make_vocab_size_divisible_by", "aux_loss_type", "aux_loss_coeff", "init_method_std",
                  "router_bias_update_rate", "layer_types")
 
@@ -109,10 +110,21 @@ def test_layer_kinds_are_transformers():
     (["model.global_partial_rotary_factor=0"], "must be in (0, 1]"),
     (["data.reset_position_ids=true"], "data.reset_position_ids is not built for model.family=gemma4"),
     (["kernels.chunked_output_loss=true"], "does not soft-cap logits"),
+    # megatron-core's overlapped MoE schedule would run its own callables, not Gemma 4's layer
+    (["parallel.moe_a2a_overlap=true", "mtp.num_layers=0", "training.precision=bf16", "parallel.expert=2",
+      "parallel.world_size=2"], "parallel.moe_a2a_overlap does not work with model.family=gemma4"),
+    # the sliding layers' context parallelism (Transformer Engine's all-to-all) splits the heads
+    (["parallel.context=4", "parallel.world_size=4", "mtp.num_layers=0", "training.seq_length=128"],
+     "a tensor-parallel rank holds 4 query and 2 key/value heads"),
     # a separate drafter (mtp.style assistant)
-    (["mtp.style=assistant"], "mtp.style=assistant trains a drafter beside a frozen target and needs "
-                              "mtp.freeze_base=true"),
-    ([*ASSISTANT, "mtp.assistant.layer_types=[sliding_attention]"], "lists 1 layers but mtp.assistant.num_layers"),
+    (["mtp.style=assistant"], "mtp.freeze_base trains only the MTP modules of an existing model and needs a model "
+                              "to start from"),
+    ([*ASSISTANT, "mtp.freeze_base=false"], "mtp.freeze_base=false does not work with mtp.style=assistant"),
+    ([*ASSISTANT, "mtp.assistant.layer_types=[full_attention,sliding_attention]"],
+     "mtp.assistant.layer_types ends with sliding_attention; an assistant's last layer is full_attention"),
+    ([*ASSISTANT, "model.tie_embeddings=false", "parallel.pipeline=2", "parallel.world_size=2"],
+     "an assistant with parallel.pipeline > 1 needs model.tie_embeddings=true"),
+    ([*ASSISTANT, "mtp.assistant.layer_types=[full_attention]"], "lists 1 layers but mtp.assistant.num_layers"),
     ([*ASSISTANT, "mtp.assistant.step_weights=[1.0,0.5]"], "must hold mtp.num_layers=1 weights"),
     ([*ASSISTANT, "mtp.assistant.num_attention_heads=3"], "must be a multiple of the target's sliding_attention"),
     ([*ASSISTANT, "model.layer_types=[full_attention,full_attention,full_attention,full_attention]"],
@@ -122,13 +134,37 @@ def test_layer_kinds_are_transformers():
     ([*ASSISTANT, "parallel.context=2", "parallel.world_size=2"], "does not work with mtp.style=assistant"),
 ])
 def test_gemma4_checks_are_one_sentence(overrides, sentence):
+    from megatron_mtp.errors import is_one_sentence
     from megatron_mtp.platform import Platform
     from megatron_mtp.platform.features import resolve_features
 
-    with pytest.raises(UserError, match=sentence.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(UserError, match=sentence.replace("(", r"\(").replace(")", r"\)")) as caught:
         cfg = load_config(TINY, overrides)
         validate(cfg)
         resolve_features(cfg, Platform(device="cpu", backend="gloo", use_te=False))
+    assert is_one_sentence(str(caught.value)), str(caught.value)
+
+
+def test_plan_refuses_the_overlapped_moe_schedule_for_gemma4(capsys):
+    """megatron-core's overlapped schedule would drive the layer through its own callables (Gemma 4's feed-forward
+    taken for a dense MLP, its layer_scalar skipped): plan refuses it as train and submit do, in validation."""
+    from megatron_mtp.cli import main
+
+    argv = ["plan", BIG, "parallel.moe_a2a_overlap=true", "mtp.num_layers=0", "parallel.pipeline=1", "--nodes", "1",
+            "--gpus-per-node", "8", "--gpu", "h200"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "parallel.moe_a2a_overlap does not work with model.family=gemma4" in err, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert not get_family("gemma4").supports_a2a_overlap and get_family("qwen3_moe").supports_a2a_overlap
+
+
+def test_an_assistant_trains_on_a_frozen_target_without_saying_so():
+    """mtp.freeze_base defaults to true for an assistant (and stays false for the other styles)."""
+    cfg = load_config(TINY, ASSISTANT)
+    validate(cfg)
+    assert cfg.mtp.freeze_base is True and load_config(TINY).mtp.freeze_base is False
+    assert load_config(TINY, ["mtp.style=parallel"]).mtp.freeze_base is False
 
 
 def test_decode_cost_counts_what_sliding_layers_keep():

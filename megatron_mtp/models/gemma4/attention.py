@@ -12,7 +12,10 @@ whole head with frequencies θ^(-2i/d) for the first ``share`` of the d/2 pairs 
 the rest: transformers' "default" RoPE when share = 1, its "proportional" one otherwise. Positions count
 from 0 in each sequence (with context parallelism: the positions of the two chunks a rank holds). The
 sliding window reaches the core attention through its config's
-``window_size`` (left, 0), which megatron-core's local and TE attentions both read. The post-attention
+``window_size`` (left, 0), which megatron-core's local and TE attentions both read; under context
+parallelism a sliding layer's core attention gets ``core_cp_comm`` (specs.py: Transformer Engine's
+all-to-all, as its default ring refuses a window), a full layer's what TransformerLayer hands every
+attention (the config's cp_comm_type; None: TE's default). The post-attention
 norm (a sandwich norm) is applied here, so the layer's bias-dropout-add adds the normed output.
 With sequence parallelism each projection gathers the sequence itself (three gathers where a fused
 projection needs one; the fused form would interleave q, k and v per group in one tensor).
@@ -50,7 +53,8 @@ class Gemma4Attention(MegatronModule):
 
     def __init__(self, config, submodules: Gemma4AttentionSubmodules, layer_number: int, *, head_dim: int,
                  query_groups: int, shares_kv: bool, rope_base: float, rope_share: float,
-                 window: Optional[int], attn_mask_type=AttnMaskType.causal, pg_collection=None, **_):
+                 window: Optional[int], attn_mask_type=AttnMaskType.causal, pg_collection=None,
+                 core_cp_comm: Optional[str] = None, cp_comm_type: Optional[str] = None, **_):
         super().__init__(config=config)
         from megatron.core.process_groups_config import ProcessGroupCollection
 
@@ -73,7 +77,7 @@ class Gemma4Attention(MegatronModule):
         self.q_layernorm = submodules.q_layernorm(**norm)
         self.k_layernorm = submodules.k_layernorm(**norm)
         attention_tail(self, submodules, layer_number, head_dim, query_groups, None if window is None else window - 1,
-                       (rope_base, rope_share), pg_collection)
+                       (rope_base, rope_share), pg_collection, cp_comm_type=core_cp_comm or cp_comm_type)
         self.store_kv = False  # the layer an assistant reads keeps its last forward's keys/values (assistant/)
         self.stored_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
@@ -110,17 +114,19 @@ class Gemma4Attention(MegatronModule):
 
 
 def attention_tail(module, submodules, layer_number: int, head_dim: int, query_groups: int, left: Optional[int],
-                   rope: tuple[float, float], pg_collection) -> None:
+                   rope: tuple[float, float], pg_collection, cp_comm_type: Optional[str] = None) -> None:
     """Set on ``module`` what follows its projections: the core attention over the key/value heads of this kind
-    (``left`` keys before each query besides its own, None: every earlier one), the output projection, the
-    post-attention norm, and the RoPE frequencies (base, share) of the kind."""
+    (``left`` keys before each query besides its own, None: every earlier one; ``cp_comm_type``: how it runs under
+    context parallelism, None: its default), the output projection, the post-attention norm, and the RoPE
+    frequencies (base, share) of the kind."""
     config = module.config
     layer_config = copy.copy(config)  # the core attention reads this kind's widths and window
     layer_config.kv_channels, layer_config.num_query_groups = head_dim, query_groups
     layer_config.window_size = None if left is None else (left, 0)
+    comm = {} if cp_comm_type is None else {"cp_comm_type": cp_comm_type}
     module.core_attention = submodules.core_attention(
         config=layer_config, layer_number=layer_number, attn_mask_type=AttnMaskType.causal, attention_type="self",
-        softmax_scale=1.0, pg_collection=pg_collection)
+        softmax_scale=1.0, pg_collection=pg_collection, **comm)
     module.linear_proj = submodules.linear_proj(
         config.num_attention_heads * head_dim, config.hidden_size, config=config,
         init_method=config.output_layer_init_method, bias=False, input_is_parallel=True, skip_bias_add=True,

@@ -67,6 +67,9 @@ class Gemma4ModelConfig(SoftmaxRouting):
 
     DENSE_MLP_BESIDE_MOE: ClassVar[bool] = True
     MTP_STYLES: ClassVar[tuple[str, ...]] = ("sequential", "parallel", "assistant")
+    NO_A2A_OVERLAP: ClassVar[Optional[str]] = (
+        "megatron-core's overlapped schedule runs a layer through its own attention and MoE callables, which take "
+        "Gemma 4's feed-forward block (a dense MLP beside the experts) for a dense layer and skip its layer_scalar")
 
     def attention_input_gathers(self, layer: Optional[int]) -> int:
         """q, k and v are separate projections; a layer whose keys are its values has no v."""
@@ -148,11 +151,33 @@ def check(cfg) -> None:
             if getattr(m, name) != value:
                 raise UserError(f"model.{name} is {getattr(m, name)!r}, but a Gemma 4 model needs {value!r} "
                                 f"({why}); remove it from the config")
+    if cfg.parallel.context > 1:
+        check_context_parallel(cfg)
     if cfg.data.reset_position_ids:
         raise UserError("data.reset_position_ids is not built for model.family=gemma4 (its attention numbers "
                         "positions from the start of each sequence); set it to false")
     if cfg.mtp.num_layers and cfg.mtp.style == "assistant":
         check_assistant(cfg)
+
+
+SLIDING_CP_COMM = "a2a"
+"""How Transformer Engine's context parallelism runs the sliding-window layers (specs.py): its ring (p2p, the
+default) refuses a window, its all-to-all takes one and splits each rank's heads over the context ranks."""
+
+
+def check_context_parallel(cfg) -> None:
+    """The sliding-window layers' all-to-all (SLIDING_CP_COMM) needs whole query and key/value heads per context
+    rank."""
+    m, p = cfg.model, cfg.parallel
+    if SLIDING not in m.layer_kinds():
+        return
+    heads, groups = m.num_attention_heads // p.tensor, m.num_query_groups // p.tensor
+    if heads % p.context or groups % p.context:
+        raise UserError(f"parallel.context={p.context} splits the heads of Gemma 4's sliding-window layers over the "
+                        f"context-parallel ranks (Transformer Engine's all-to-all, the one that takes a window), but "
+                        f"a tensor-parallel rank holds {heads} query and {groups} key/value heads "
+                        f"(model.num_attention_heads and model.num_query_groups / parallel.tensor); pick a "
+                        "parallel.context that divides both")
 
 
 def stored_layers(model: Gemma4ModelConfig) -> dict[str, int]:
@@ -180,6 +205,13 @@ def check_assistant(cfg) -> None:
         if a.num_attention_heads % kind_groups(m, kind):
             raise UserError(f"mtp.assistant.num_attention_heads={a.num_attention_heads} must be a multiple of the "
                             f"target's {kind} key/value heads ({kind_groups(m, kind)}), whose keys it reads")
+    if kinds and kinds[-1] != FULL:
+        raise UserError(f"mtp.assistant.layer_types ends with {kinds[-1]}; an assistant's last layer is {FULL} "
+                        "(transformers builds it so, and an export with another would not load), set it so")
+    if p.pipeline > 1 and not m.tie_embeddings:
+        raise UserError("an assistant with parallel.pipeline > 1 needs model.tie_embeddings=true: it looks its "
+                        "steps' token embeddings up on the last stage, which holds the input embedding only as the "
+                        "tied output weight; tie the embeddings or set parallel.pipeline=1")
     last = pipeline_layout.stages(m.num_layers, cfg.mtp.num_layers, p.pipeline, p.virtual_pipeline,
                                   p.pipeline_layout)[-1]
     away = sorted(i for kind, i in stored.items() if kind in kinds and i not in last.layers)

@@ -18,6 +18,7 @@ from megatron_mtp.config import Config
 from megatron_mtp.models.gemma4.model_config import (
     MTP_KIND,
     SLIDING,
+    SLIDING_CP_COMM,
     kind_groups,
     kind_head_dim,
     kind_rope,
@@ -83,7 +84,8 @@ def layer_spec(cfg: Config, platform: Platform, kind: str, grouped_gemm: bool = 
         module=Gemma4Attention,
         params=dict(head_dim=kind_head_dim(m, kind), query_groups=kind_groups(m, kind),
                     shares_kv=kind_shares_kv(m, kind), rope_base=base, rope_share=share,
-                    window=m.sliding_window if kind == SLIDING else None, attn_mask_type=AttnMaskType.causal),
+                    window=m.sliding_window if kind == SLIDING else None, attn_mask_type=AttnMaskType.causal,
+                    core_cp_comm=SLIDING_CP_COMM if kind == SLIDING and cfg.parallel.context > 1 else None),
         submodules=Gemma4AttentionSubmodules(linear_q=column, linear_k=column, linear_v=column, linear_proj=row,
                                              core_attention=core, q_layernorm=norm, k_layernorm=norm,
                                              post_layernorm=norm))
