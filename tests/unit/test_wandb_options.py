@@ -4,6 +4,8 @@ sentence before the ranks start, with nothing written; offline from the environm
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from megatron_mtp.config import load_config
@@ -95,6 +97,11 @@ def test_offline_from_the_environment_writes_the_offline_run(tmp_path, bare_home
     run_id = (run / "logs" / "wandb_run_id").read_text().strip()
     files = sorted((tmp_path / "wandb-dir" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert [f.name for f in files] == [f"run-{run_id}.wandb"]
-    rows = wandb_history(files[0])
-    assert [(row["_step"], row["train/lm_loss"]) for row in rows] == [(1, 2.0), (2, 1.0)]
+    deadline = time.monotonic() + 20  # W&B's service process may still be flushing the file after finish()
+    while True:
+        rows = [(row["_step"], row["train/lm_loss"]) for row in wandb_history(files[0])]
+        if len(rows) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert rows == [(1, 2.0), (2, 1.0)]
     assert not (run / "wandb").exists()
