@@ -42,6 +42,7 @@ from megatron_mtp.platform import all_reduce_sum
 from megatron_mtp.platform.megatron_core import write_legacy_common
 from megatron_mtp.training.checkpoint_state import sharded_state_dict
 from megatron_mtp.training.components import TrainState
+from megatron_mtp.write_causes import others_failed
 
 
 def _write_failures() -> tuple:
@@ -78,7 +79,16 @@ def _remove_all(paths: list[Path]) -> None:
 
 
 def _dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    """Bytes of the files under `path`, counting what is there: a file or directory removed while it is
+    summed (a pruned step's background removal) counts as gone, never as an error."""
+    total = 0
+    for folder, _, names in os.walk(path):  # os.walk skips a directory that vanished
+        for name in names:
+            try:
+                total += os.stat(os.path.join(folder, name), follow_symlinks=False).st_size
+            except OSError:
+                continue
+    return total
 
 
 class CheckpointSaver:
@@ -171,7 +181,10 @@ class CheckpointSaver:
     def _prepare(self, final: Path, tmp: Path, step: int) -> None:
         problem = None
         if self.rank0:
-            problem = self._check_room(step)
+            try:
+                problem = self._check_room(step)
+            except OSError as exc:  # rank 0 alone would raise here, and the others wait at the agreement
+                problem = f"checking the free space for checkpoint {final.name} in {self.root} failed ({exc})"
             if problem is None:
                 try:
                     self.root.mkdir(parents=True, exist_ok=True)
@@ -256,8 +269,11 @@ class CheckpointSaver:
                 estimate = _dir_bytes(previous[-1])
             elif save.tmp.exists():  # what was written before the failure
                 estimate, at_least = _dir_bytes(save.tmp), True
+        cause = describe_failure(exc, self.root, estimate, at_least, written=save.tmp)  # before the removal
+        if cause is None and others_failed(exc):  # the coordinator (rank 0) holds and prints the cause
+            cause = "the write failed on another rank"
+        if self.rank0:
             shutil.rmtree(save.tmp, ignore_errors=True)
-        cause = describe_failure(exc, self.root, estimate, at_least)
         if cause is None:
             raise exc
         raise RunError(f"saving checkpoint {save.final.name} to {self.root} failed: {cause}; its partial files were "
