@@ -23,7 +23,7 @@ from megatron_mtp.checkpoint.run_dir import (
 from megatron_mtp.config import Config
 from megatron_mtp.config.validate import validate
 from megatron_mtp.config.vocab import padded_vocab_size
-from megatron_mtp.errors import UserError
+from megatron_mtp.errors import UserError, same_on_every_rank
 from megatron_mtp.platform import Platform, all_reduce_sum, megatron_core
 from megatron_mtp.platform import setup as setup_platform
 from megatron_mtp.training import checkpoint_state as ckpt_io
@@ -84,8 +84,9 @@ def open_training(cfg: Config, run_dir: Path) -> Session:
     from megatron_mtp.plan.default_corpus_rule import default_corpus_refusal
 
     refusal = default_corpus_refusal(cfg)
-    if refusal:  # the first thing a big recipe with its data forgotten hears
-        raise UserError(refusal)
+    if refusal:  # the first thing a big recipe with its data forgotten hears (from the config alone: every rank)
+        with same_on_every_rank():
+            raise UserError(refusal)
     _, world = env_world()
     validate(cfg, world)
     megatron_core.transformer_config_extras(cfg.mtp)
