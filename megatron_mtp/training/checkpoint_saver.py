@@ -2,9 +2,10 @@
 
 Design note. A save writes every rank's shards into RUN_DIR/checkpoints/step_N.<id>.tmp/ with
 megatron-core's dist_checkpointing (fully parallel: the data-parallel replicas share the writing of
-replicated tensors), then *publishes*: rank 0 adds config.yaml, tokenizer/, train_state.json and,
-last, manifest.json (every file and its size: a step missing or cutting off any of them is
-incomplete and never resumed from, see checkpoint/run_dir.py), renames the directory to step_N,
+replicated tensors), then *publishes*: every rank hashes the shard files it wrote, and rank 0 adds config.yaml,
+tokenizer/, train_state.json and, last, manifest.json (every file, its size and its digest: a step
+missing or cutting off any of them is incomplete and never resumed from, see checkpoint/run_dir.py;
+one whose bytes changed is set aside at the load, checkpoint/digests.py), renames the directory to step_N,
 replaces `latest` through a temp file, and prunes to keep_last (old steps renamed at once and
 removed in the background, so the publishing barrier never waits on a large rmtree).
   - async (checkpoint.async_save): dist_checkpointing returns an AsyncRequest whose writer runs in
@@ -34,6 +35,7 @@ from typing import Optional
 
 import torch
 
+from megatron_mtp.checkpoint.digests import own_digests
 from megatron_mtp.checkpoint.info import optimizer_layout, train_state_record, write_checkpoint_info
 from megatron_mtp.checkpoint.run_dir import CHECKPOINTS_DIR, complete_steps, publish_step, step_dir_name, write_latest
 from megatron_mtp.errors import RunError
@@ -234,9 +236,13 @@ class CheckpointSaver:
                                        async_sharded_save=self.queue is not None)
 
     def _publish(self, save: _Save, record: dict) -> None:
+        # every rank hashes the shard files it wrote, rank 0 writes them into the manifest (checkpoint/digests.py)
+        digests = [None] * self.ranks.world_size if self.rank0 else None
+        torch.distributed.gather_object(own_digests(save.tmp, self.ranks.rank), digests, dst=0)
         if self.rank0:
             write_legacy_common(save.tmp)  # megatron-core 0.19 writes none; 0.16 needs it
-            write_checkpoint_info(save.tmp, self.cfg, record, self.tokenizer)
+            gathered = {name: digest for found in digests for name, digest in (found or {}).items()}
+            write_checkpoint_info(save.tmp, self.cfg, record, self.tokenizer, digests=gathered)
             publish_step(save.tmp, save.final)  # the name first, then latest
             self._prune(keep=save.final.name)
         torch.distributed.barrier()

@@ -153,9 +153,9 @@ def _open_claimed(cfg: Config, run_dir: Path, platform: Platform, ranks: Ranks, 
 
 def _load_newest_readable(own, components: Components, ranks: Ranks, fully_parallel: bool, layout: dict):
     """Resume from the run's newest checkpoint that reads back. One whose bytes are damaged (complete in
-    name and size, unreadable) is moved to checkpoints.damaged/ and the next newest is tried, with a note
-    each; with none left, the damage is one sentence (and the damaged checkpoint stays where it is).
-    Returns (the checkpoint loaded, its state, the notes)."""
+    name and size, unreadable or failing its digests) is moved to checkpoints.damaged/ and the next newest
+    is tried, with a note each; with none left, the damage is one sentence (and the damaged checkpoint
+    stays where it is). Returns (the checkpoint loaded, its state, the notes)."""
     import torch
 
     notes = []
@@ -171,12 +171,13 @@ def _load_newest_readable(own, components: Components, ranks: Ranks, fully_paral
             found = all_reduce_sum(torch.tensor([1.0 if fallback is not None or ranks.rank != 0 else 0.0]),
                                    op=torch.distributed.ReduceOp.MIN)  # through the device NCCL needs
             if not found[0]:
-                raise UserError(f"{exc.ckpt} is damaged (reading it failed: {exc.cause}) and the run has no "
-                                "older complete checkpoint to resume from; restore it, or start over with "
-                                "checkpoint.start_fresh=true") from None
+                with same_on_every_rank():
+                    raise UserError(f"{exc.ckpt} is damaged ({exc.what}) and the run has no older complete "
+                                    "checkpoint to resume from; restore it, or start over with "
+                                    "checkpoint.start_fresh=true") from None
             nxt = find_checkpoint(own.path.parent.parent)
-            notes.append(f"{own.path.name} is damaged (reading it failed: {exc.cause}); it was moved to "
-                         f"{DAMAGED_DIR}/ and the run resumes from {nxt.path.name}")
+            notes.append(f"{own.path.name} is damaged ({exc.what}); it was moved to {DAMAGED_DIR}/ and the run "
+                         f"resumes from {nxt.path.name}")
             own = nxt
 
 
