@@ -16,7 +16,8 @@ sentence naming the missing or truncated files.
 Design note: when a checkpoint is complete. Every writer (the trainer's publish step, ``convert
 from-hf``, ``drop-mtp``) ends with ``info.write_checkpoint_info``, whose last act, before the
 directory gets its final name, is ``write_manifest``: ``manifest.json`` lists every file of the
-checkpoint (relative path -> byte size), written through a temp file and ``os.replace``. A
+checkpoint (relative path -> byte size) and the SHA-256 of each file but the editable records
+(checkpoint/digests.py: checked at load, not here), written through a temp file and ``os.replace``. A
 checkpoint with a manifest is complete when every listed file is present with its listed size
 (a shorter or longer file was cut off or overwritten: megatron-core would fail deep inside the
 load). Two kinds of files are exempt, because their readers parse and check them and name the file
