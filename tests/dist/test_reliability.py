@@ -372,6 +372,34 @@ def test_a_write_that_runs_out_of_space_is_one_sentence_and_leaves_nothing(tmp_p
         subprocess.run(["umount", str(disk)], capture_output=True)
 
 
+def test_a_file_size_limit_during_a_save_is_one_sentence_on_every_rank(tmp_path, small_overrides):
+    """A real EFBIG: both ranks of a launch run under RLIMIT_FSIZE (1 MiB, below a shard of this model),
+    with SIGXFSZ ignored as batch systems set it. The save ends in one sentence naming the limit and the
+    files it stopped (not "the filesystem is full"), no rank prints a traceback, and nothing is left."""
+    import resource
+
+    from megatron_mtp.config import load_config
+    from megatron_mtp.data.datasets import resolve_data
+
+    resolve_data(load_config(str(ROOT / "configs" / "tiny_cpu.yaml"), small_overrides))  # the corpus, unlimited
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "megatron_mtp", "train", str(ROOT / "configs" / "tiny_cpu.yaml"),
+                           "--run-dir", str(run), "--max-steps", "1", "--nproc-per-node", "2", *small_overrides,
+                           "checkpoint.save_interval=1"], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"), preexec_fn=limited)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    _one_sentence(proc.stderr, "saving checkpoint step_0000001", "failed: a file-size limit (ulimit -f / RLIMIT_FSIZE, "
+                  "1.0 MiB here, or the filesystem's maximum file size) stopped the write of __0_0.distcp",
+                  "raise the limit (ulimit -f unlimited)", "its partial files were removed")
+    assert "full" not in proc.stderr and "[rank1]" not in proc.stderr
+    assert not list((run / "checkpoints").iterdir())
+
+
 def test_a_read_only_checkpoint_directory_is_refused_before_training(tmp_path, train, mounts):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
