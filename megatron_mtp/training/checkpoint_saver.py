@@ -2,12 +2,13 @@
 
 Design note. A save writes every rank's shards into RUN_DIR/checkpoints/step_N.<id>.tmp/ with
 megatron-core's dist_checkpointing (fully parallel: the data-parallel replicas share the writing of
-replicated tensors), then *publishes*: every rank hashes the shard files it wrote, and rank 0 adds config.yaml,
-tokenizer/, train_state.json and, last, manifest.json (every file, its size and its digest: a step
-missing or cutting off any of them is incomplete and never resumed from, see checkpoint/run_dir.py;
-one whose bytes changed is set aside at the load, checkpoint/digests.py), renames the directory to step_N,
-replaces `latest` through a temp file, and prunes to keep_last (old steps renamed at once and
-removed in the background, so the publishing barrier never waits on a large rmtree).
+replicated tensors), then *publishes*: every rank hashes the shard files it wrote, and rank 0
+adds config.yaml, tokenizer/, train_state.json and, last, manifest.json (every file, its size and
+its digest: a step missing or cutting off any of them is incomplete and never resumed from, see
+checkpoint/run_dir.py; one whose bytes changed is set aside at the load, checkpoint/digests.py),
+renames the directory to step_N, replaces `latest` through a temp file, and prunes to keep_last
+(old steps renamed at once and removed in the background, so the publishing barrier never waits on
+a large rmtree; the next save's free-space check counts what is left of them as it vanishes).
   - async (checkpoint.async_save): dist_checkpointing returns an AsyncRequest whose writer runs in
     a forked process while training goes on; publishing is added as its last finalize step, so it
     runs only after megatron-core gathered every rank's write results and wrote the global
@@ -16,7 +17,7 @@ removed in the background, so the publishing barrier never waits on a large rmtr
   - before writing: the parameters are synced (overlap_param_gather), checked finite on every
     rank (a non-finite model is never saved), and rank 0 checks that the disk holds another
     checkpoint of the size of the last one.
-  - a failed write (full disk, read-only or vanished directory, I/O error), found when it happens
+  - a failed write (full disk, file-size limit, read-only or vanished directory, I/O error), found when it happens
     or when the background write is finalized, removes its .tmp, leaves `latest` as it was, and
     ends the run with one sentence; the next run resumes from `latest` with nothing to clean up.
 The .tmp name carries an id of this launch, so a writer left over from a killed run can never write
