@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-from megatron_mtp.errors import EXIT_USAGE, RunError, UserError
+from megatron_mtp.errors import EXIT_USAGE, UserError
 
 # Modules that contribute subcommands, in the order they appear in --help.
 _COMMAND_MODULES = (
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.compare = checkpoint_of(args.compare)
         result = args.func(args)
     except UserError as exc:
-        if not isinstance(exc, RunError) or os.environ.get("RANK", "0") == "0":
+        if not exc.every_rank or os.environ.get("RANK", "0") == "0":  # a refusal all ranks share: printed once
             print(f"megatron-mtp {args.command}: error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
     except BrokenPipeError:  # output piped into `head` and the like

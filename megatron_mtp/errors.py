@@ -10,7 +10,9 @@ writes its own errors on the same line shape. ``is_one_sentence`` is the check t
 every command's refusals (tests/unit/test_error_style.py).
 """
 
+import contextlib
 import re
+from typing import Iterator
 
 _NEW_SENTENCE = re.compile(r"[.!?] [A-Z]")
 
@@ -30,6 +32,11 @@ def is_one_sentence(text: str) -> bool:
 class UserError(Exception):
     """A problem with the user's input, reported as one clear sentence (``sentence``)."""
 
+    every_rank = False
+    """True when every rank of a job raises this same sentence (a config refusal, a RunError): the CLI
+    prints it on rank 0 alone, and every rank exits with EXIT_USAGE. False: the rank that raises it
+    prints it (a sentence only that rank can see, such as a file missing on its node)."""
+
     def __init__(self, *args: object) -> None:
         super().__init__(*((sentence(args[0]),) + args[1:] if args else args))
 
@@ -37,6 +44,19 @@ class UserError(Exception):
 class RunError(UserError):
     """A run that must stop (diverged, a save that failed, a run directory in use), raised on every
     rank of a job with the same sentence; the CLI prints it once, on rank 0."""
+
+    every_rank = True
+
+
+@contextlib.contextmanager
+def same_on_every_rank() -> Iterator[None]:
+    """Mark a UserError raised inside as one every rank raises alike (``UserError.every_rank``): wrap
+    only checks that depend on nothing but the config and the launch, which every rank shares."""
+    try:
+        yield
+    except UserError as exc:
+        exc.every_rank = True
+        raise
 
 
 # Process exit codes shared by the trainer, the CLI and the Slurm job script.

@@ -7,17 +7,13 @@ Every command that writes (``convert to-hf``, ``convert from-hf``, ``drop-mtp``,
   parent (read-only filesystem, no permission: a probe directory is made and removed);
 - staged under a hidden sibling unique to the process, ``.NAME.tmp-PID-RANDOM``;
 - checked for free space before writing when its size is known (bytes needed vs free);
-- a failed write (full disk, exhausted quota, read-only filesystem, no permission, I/O error) becomes
+- a failed write (full disk, exhausted quota, file-size limit, read-only filesystem, no permission, I/O error) becomes
   one ``UserError`` sentence naming the output, the cause and what to do; the temporary goes on any
   failure, Ctrl-C included;
 - published by one atomic rename; when OUT appeared meanwhile (another command writing the same
   output finished first), that output is kept, ours is removed, and the command says so.
 
-The cause of a failed write is found the same way for training saves (training/checkpoint_saver.py).
-megatron-core and torch report a failed write in many shapes: an OSError with an errno, torch's
-zip writer's "unexpected pos" when a write came up short, a CheckpointException that carries each
-rank's exception, often chained several levels deep. We walk all of them for the cause a user can
-act on, and fall back to the disk's free space (a full disk is by far the most common cause).
+The cause of a failed write is found in write_causes.py, as for training saves.
 """
 
 from __future__ import annotations
@@ -33,94 +29,21 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence, Union
 
 from megatron_mtp.errors import UserError
-
-GIB = 1 << 30
+from megatron_mtp.write_causes import (  # noqa: F401 (re-exported: the callers' one place for writing)
+    ADVICE,
+    CAUSES,
+    GIB,
+    cause_text,
+    chain,
+    describe_failure,
+    failure_errno,
+    free_bytes,
+    limit_reached,
+    limit_text,
+    size_text,
+)
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-
-def size_text(nbytes: int) -> str:
-    """'12.3 MiB' below a GiB, '4.56 GiB' from there."""
-    return f"{nbytes / (1 << 20):.1f} MiB" if nbytes < GIB else f"{nbytes / GIB:.2f} GiB"
-
-
-_CAUSES = {
-    errno.ENOSPC: "the filesystem is full",
-    errno.EDQUOT: "the disk quota is exhausted",
-    errno.EROFS: "the filesystem is read-only",
-    errno.EACCES: "permission was denied",
-    errno.EPERM: "permission was denied",
-    errno.EIO: "an I/O error occurred",
-}
-_ADVICE = {
-    errno.ENOSPC: "free space there or choose another place for it",
-    errno.EDQUOT: "free space there or choose another place for it",
-    errno.EROFS: "choose a place on a writable filesystem",
-    errno.EACCES: "choose a directory you may write to, or fix its permissions",
-    errno.EPERM: "choose a directory you may write to, or fix its permissions",
-}
-_FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen, todo = set(), [exc]
-    while todo:
-        item = todo.pop()
-        if not isinstance(item, BaseException) or id(item) in seen:
-            continue
-        seen.add(id(item))
-        yield item
-        todo += [item.__cause__, item.__context__, getattr(item, "exc", None)]
-        failures = getattr(item, "failures", None)  # torch.distributed.checkpoint's CheckpointException:
-        if isinstance(failures, dict):               # rank -> (exception, traceback summary)
-            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
-
-
-def failure_errno(exc: BaseException) -> Optional[int]:
-    """The errno of the first OSError in the exception's chain (None if there is none)."""
-    for item in _chain(exc):
-        if isinstance(item, OSError) and item.errno in _CAUSES:
-            return item.errno
-    text = " ".join(str(item) for item in _chain(exc)).lower()
-    if "no space left" in text or "unexpected pos" in text:
-        return errno.ENOSPC
-    if "read-only file system" in text:
-        return errno.EROFS
-    return None
-
-
-def free_bytes(path: Path) -> Optional[int]:
-    for probe in (path, *path.parents):
-        if probe.exists():
-            return shutil.disk_usage(probe).free
-    return None
-
-
-def _cause_text(code: int, where: Path, needed_bytes: Optional[int], at_least: bool) -> str:
-    cause = _CAUSES[code]
-    if code in _FULL:
-        free = free_bytes(where)
-        need = f"needs {'more than' if at_least else 'about'} {size_text(needed_bytes)}, " if needed_bytes else ""
-        have = f"{size_text(free)} free" if free is not None else "free space unknown"
-        cause += f" ({need}{have})"
-    return cause
-
-
-def describe_failure(exc: BaseException, where: Path, needed_bytes: Optional[int],
-                     at_least: bool = False) -> Optional[str]:
-    """'<cause> (needs about X GiB, Y GiB free)' for a failed write under `where`; None when the
-    exception is not a write failure (a bug, to be raised as it is). `at_least`: needed_bytes is
-    only what was written before the failure."""
-    code = failure_errno(exc)
-    free = free_bytes(where)
-    if code is None and free is not None and needed_bytes and free < needed_bytes:
-        code = errno.ENOSPC
-    if code is None:
-        if any(isinstance(item, OSError) for item in _chain(exc)):
-            first = next(item for item in _chain(exc) if isinstance(item, OSError))
-            return f"{type(first).__name__}: {first}"
-        return None
-    return _cause_text(code, where, needed_bytes, at_least)
 
 
 # --- a command's output ---------------------------------------------------------------------------
@@ -207,11 +130,11 @@ def _output_errno(exc: BaseException, out: Path, written: Sequence[Path]) -> Opt
     source file that cannot be read), which is raised as it is."""
     if isinstance(exc, UserError) or not isinstance(exc, Exception):
         return None
-    for item in _chain(exc):
+    for item in chain(exc):
         if isinstance(item, OSError) and item.errno is not None:
             if item.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
                 return item.errno
-            if _concerns(item.filename, out, written) and (item.errno in _CAUSES or item.filename is not None):
+            if _concerns(item.filename, out, written) and (item.errno in CAUSES or item.filename is not None):
                 return item.errno
             return None
     return failure_errno(exc)  # torch's writers: "unexpected pos", "No space left" in the text only
@@ -223,11 +146,14 @@ def write_error(exc: BaseException, out: Path, what: str = "output", written: Se
     code = _output_errno(exc, out, written)
     if code is None:
         return None
-    if code in _CAUSES:
-        cause = _cause_text(code, out.parent, needed_bytes, at_least)
+    stopped = limit_reached(exc, [w for w in written if w.is_dir()])
+    if stopped is not None:
+        return UserError(f"cannot write {what} '{out}': {limit_text(stopped)}; {ADVICE[errno.EFBIG]}")
+    if code in CAUSES:
+        cause = cause_text(code, out.parent, needed_bytes, at_least)
     else:
         cause = (os.strerror(code) or f"error {code}").lower()
-    advice = _ADVICE.get(code, "check the disk and try again")
+    advice = ADVICE.get(code, "check the disk and try again")
     return UserError(f"cannot write {what} '{out}': {cause}; {advice}")
 
 

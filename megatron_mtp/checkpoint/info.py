@@ -2,8 +2,8 @@
 
 ``train_state.json`` holds the progress counters (step, consumed samples and tokens), whether
 optimizer state is stored, and the layout the shards were written at; ``config.yaml`` the resolved
-run config; ``tokenizer/`` the tokenizer the data was made with; ``manifest.json`` every file
-and its size (written last; ``run_dir.incomplete_reason`` checks it). The trainer, ``convert
+run config; ``tokenizer/`` the tokenizer the data was made with; ``manifest.json`` every file,
+its size and digest (written last; ``run_dir.incomplete_reason`` checks it). The trainer, ``convert
 from-hf`` and ``drop-mtp`` all write these through ``write_checkpoint_info``.
 """
 
@@ -69,15 +69,17 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def write_checkpoint_info(step_dir: Path, cfg: Config, state: dict[str, Any], tokenizer=None) -> None:
+def write_checkpoint_info(step_dir: Path, cfg: Config, state: dict[str, Any], tokenizer=None,
+                          digests: Optional[dict[str, str]] = None) -> None:
     """Write config.yaml, tokenizer/ (a data.tokenizer.Tokenizer, or None), train_state.json and, last,
-    manifest.json (every file and its size: what makes the checkpoint complete, run_dir's design note).
-    Call it when every other file of the checkpoint is written, before the directory gets its name."""
+    manifest.json (every file, its size and digest: what makes the checkpoint complete, run_dir's design
+    note; `digests`: those the writing ranks computed, checkpoint/digests.py). Call it when every other
+    file of the checkpoint is written, before the directory gets its name."""
     _write_atomic(step_dir / CONFIG_FILE, cfg.to_yaml())
     if tokenizer is not None:
         tokenizer.save(step_dir / TOKENIZER_DIR)
     _write_atomic(step_dir / STATE_FILE, json.dumps(state, indent=2) + "\n")
-    write_manifest(step_dir)
+    write_manifest(step_dir, digests)
 
 
 OPTIMIZER_FORMATS = {"parallel": "dp_reshardable", "reshardable": "fully_reshardable"}

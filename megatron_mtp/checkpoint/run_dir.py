@@ -16,7 +16,8 @@ sentence naming the missing or truncated files.
 Design note: when a checkpoint is complete. Every writer (the trainer's publish step, ``convert
 from-hf``, ``drop-mtp``) ends with ``info.write_checkpoint_info``, whose last act, before the
 directory gets its final name, is ``write_manifest``: ``manifest.json`` lists every file of the
-checkpoint (relative path -> byte size), written through a temp file and ``os.replace``. A
+checkpoint (relative path -> byte size) and the SHA-256 of each file but the editable records
+(checkpoint/digests.py: checked at load, not here), written through a temp file and ``os.replace``. A
 checkpoint with a manifest is complete when every listed file is present with its listed size
 (a shorter or longer file was cut off or overwritten: megatron-core would fail deep inside the
 load). Two kinds of files are exempt, because their readers parse and check them and name the file
@@ -39,6 +40,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
+from megatron_mtp.checkpoint.digests import ALGORITHM, digest_of
 from megatron_mtp.errors import UserError
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -61,16 +63,40 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:07d}"
 
 
-def write_manifest(step_dir: Path) -> None:
-    """Record every file of the checkpoint in ``step_dir`` and its size; call it after all else is written."""
+def _digested(name: str) -> bool:
+    """Whether a file's bytes are pinned by a digest (checkpoint/digests.py: all but the editable records)."""
+    return name not in TEXT_RECORDS and name.split("/")[0] not in OPTIONAL_DIRS
+
+
+def write_manifest(step_dir: Path, digests: Optional[dict[str, str]] = None) -> None:
+    """Record every file of the checkpoint in ``step_dir``, its size and its digest; call it after all else
+    is written. ``digests``: those the writing ranks computed (checkpoint/digests.py); the rest are
+    computed here."""
     step_dir = Path(step_dir)
     tmp = step_dir / (MANIFEST_FILE + ".tmp")
-    files = {}
+    files, pinned = {}, {}
     for file in sorted(step_dir.rglob("*")):
         if file.is_file() and file not in (tmp, step_dir / MANIFEST_FILE):
-            files[file.relative_to(step_dir).as_posix()] = file.stat().st_size
-    tmp.write_text(json.dumps({"files": files}, indent=1) + "\n")
+            name = file.relative_to(step_dir).as_posix()
+            files[name] = file.stat().st_size
+            if _digested(name):
+                pinned[name] = (digests or {}).get(name) or digest_of(file)
+    record = {"files": files, "digest": ALGORITHM, "digests": pinned}
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
     os.replace(tmp, step_dir / MANIFEST_FILE)
+
+
+def read_digests(step_dir: Path) -> Optional[tuple[dict[str, int], dict[str, str]]]:
+    """({file: size}, {file: digest}) of the files a checkpoint's manifest pins, or None when it pins none
+    (a checkpoint saved before digests existed, or written without a manifest: loaded unchecked)."""
+    try:
+        record = json.loads((Path(step_dir) / MANIFEST_FILE).read_text())
+        pinned, sizes = record.get("digests"), record["files"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if record.get("digest") != ALGORITHM or not isinstance(pinned, dict) or not pinned:
+        return None
+    return {name: sizes.get(name, 0) for name in pinned}, pinned
 
 
 def _listed(names: list[str], what: str) -> str:
@@ -257,24 +283,25 @@ def resolve_checkpoint(path: str | os.PathLike, what: str = "checkpoint") -> Res
 
 
 DAMAGED_DIR = "checkpoints.damaged"
-"""Where a resume moves a checkpoint whose shards could not be read (kept for inspection, never resumed)."""
+"""Where a resume moves a checkpoint whose shards could not be read or failed their digests (kept for
+inspection, never resumed from, never deleted)."""
 
 
 def set_aside_damaged(step_dir: Path) -> Optional[Path]:
-    """Move a complete-looking but unreadable ``step_N`` of a run to RUN_DIR/checkpoints.damaged/ and point
-    ``latest`` at the newest complete step left; returns that step, or None (and moves nothing) when no
-    other complete step is left to resume from."""
+    """Move a complete-looking but damaged ``step_N`` of a run to RUN_DIR/checkpoints.damaged/ (as
+    ``step_N.2``, ``.3``, ... when an earlier damaged copy of that step is there: nothing is deleted) and
+    point ``latest`` at the newest complete step left; returns that step, or None (and moves nothing)
+    when no other complete step is left to resume from."""
     root = step_dir.parent
     others = [p for p in complete_steps(root) if p != step_dir]
     if not others:
         return None
     aside = root.parent / DAMAGED_DIR
     aside.mkdir(exist_ok=True)
-    target = aside / step_dir.name
-    if target.exists():
-        import shutil
-
-        shutil.rmtree(target)
+    target, copy = aside / step_dir.name, 1
+    while target.exists():
+        copy += 1
+        target = aside / f"{step_dir.name}.{copy}"
     step_dir.rename(target)
     write_latest(root, others[-1].name)
     return others[-1]

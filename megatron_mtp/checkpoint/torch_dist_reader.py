@@ -11,7 +11,8 @@ asking for a one-row region of the expert axis). ``megatron-core``'s ``metadata.
 the backend; ``common.pt`` holds no tensors we need.
 
 Validation happens up front, before any output is written: every referenced shard file must exist
-and be long enough, and the chunks of every tensor must tile it exactly.
+and be long enough, the chunks of every tensor must tile it exactly, and the files read must have the
+digests the checkpoint's manifest pins (checkpoint/digests.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import BinaryIO, Optional
 
 import torch
 
+from megatron_mtp.checkpoint.digests import mismatch
+from megatron_mtp.checkpoint.run_dir import read_digests
 from megatron_mtp.checkpoint.torch_save_blob import plain_record, read_plain_tensor
 from megatron_mtp.errors import UserError
 
@@ -108,8 +111,10 @@ class TorchDistReader:
         self._files: dict[str, BinaryIO] = {}
 
     # -- validation --------------------------------------------------------------------------
-    def validate(self, keys: Optional[list[str]] = None, objects: tuple[str, ...] = ()) -> None:
-        """Check that the shard files of ``keys`` (default: all) exist and that chunks tile tensors."""
+    def validate(self, keys: Optional[list[str]] = None, objects: tuple[str, ...] = (), digests: bool = True) -> None:
+        """Check that the shard files of ``keys`` (default: all) exist and that chunks tile tensors, and
+        (``digests``) that those files and the index have the digests the manifest pins (checkpoint/digests.py;
+        a training load checks them over all its ranks instead)."""
         needed: dict[str, int] = {}
         for key in objects:
             file, offset, length = self._objects[key]
@@ -133,6 +138,10 @@ class TorchDistReader:
                 raise UserError(
                     f"shard file '{file}' is truncated ({size} bytes, needs {end}); the checkpoint is damaged"
                 )
+        pinned = read_digests(self.path) if digests else None
+        problem = pinned and mismatch(self.path, [".metadata", *sorted(needed)], pinned[1])
+        if problem:
+            raise UserError(f"checkpoint '{self.path}' is damaged: {problem}; use another checkpoint")
 
     # -- lookup -------------------------------------------------------------------------------
     def keys(self) -> list[str]:

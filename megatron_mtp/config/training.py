@@ -125,13 +125,14 @@ class TrainingConfig:
     """Seconds without progress (a step, an evaluation or a save ending) after which the job ends with
     one sentence naming the rank that stopped reporting, or the step every rank waits in, so that the
     launcher or the Slurm job restarts it from the latest checkpoint (training/watchdog.py). Must exceed
-    the longest step, evaluation and synchronous save; 0: off."""
+    the longest step, evaluation and synchronous save; 0: off, else at least 1."""
 
 
 @dataclass
 class CheckpointConfig:
     save_interval: int = 100
-    """Save every N steps (and always at the end and on a save-and-exit signal); 0: only at the end."""
+    """Save every N steps (and always at the end and on a save-and-exit signal); 0: only at the end (below
+    0 is refused)."""
     save_interval_minutes: float = 0.0
     """Also save when this many minutes have passed since the last save (or the start), by rank 0's
     clock, agreed at the step's agreement point; 0: off. Beside save_interval, it bounds the work a

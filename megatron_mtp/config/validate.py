@@ -14,12 +14,19 @@ from megatron_mtp.config.assistant import check_assistant
 from megatron_mtp.config.parallel_sizes import ParallelSizes, parallel_sizes
 from megatron_mtp.config.performance import FAMILY_RECOMPUTE_MODULES, RECOMPUTE_MODULES
 from megatron_mtp.config.root import Config
+from megatron_mtp.config.validate_run import check_intervals_and_timeouts
 from megatron_mtp.config.wandb_env import check_installed
-from megatron_mtp.errors import UserError
+from megatron_mtp.errors import UserError, same_on_every_rank
 
 
 def validate(cfg: Config, world_size: Optional[int] = None) -> ParallelSizes:
-    """Raise UserError for the first inconsistency found (world_size: processes actually launched)."""
+    """Raise UserError for the first inconsistency found (world_size: processes actually launched); every
+    rank of a job raises the same one, so it is printed once (errors.same_on_every_rank)."""
+    with same_on_every_rank():
+        return _validate(cfg, world_size)
+
+
+def _validate(cfg: Config, world_size: Optional[int]) -> ParallelSizes:
     _positive(cfg, ["model.num_layers", "model.hidden_size", "model.num_attention_heads", "parallel.tensor",
                     "parallel.pipeline", "parallel.expert", "training.max_steps", "training.seq_length",
                     "training.micro_batch_size", "training.global_batch_size"])
@@ -34,6 +41,7 @@ def validate(cfg: Config, world_size: Optional[int] = None) -> ParallelSizes:
     _recompute(cfg, sizes)
     _family_overlap(cfg)
     _overlap(cfg, sizes)
+    check_intervals_and_timeouts(cfg)
     _optimizer(cfg)
     check_installed(cfg.logging)
     if cfg.data.reset_position_ids:
@@ -355,15 +363,6 @@ def _family_overlap(cfg: Config) -> None:
 
 def _optimizer(cfg: Config) -> None:
     o, p, t = cfg.optimizer, cfg.parallel, cfg.training
-    if not t.collective_timeout > 0:
-        raise UserError(f"training.collective_timeout is {t.collective_timeout}; it must be a positive number of "
-                        "seconds")
-    if cfg.checkpoint.save_interval_minutes < 0:
-        raise UserError(f"checkpoint.save_interval_minutes is {cfg.checkpoint.save_interval_minutes}; it must be 0 "
-                        "(off) or a positive number of minutes")
-    if t.hang_timeout < 0:
-        raise UserError(f"training.hang_timeout is {t.hang_timeout}; it must be 0 (off) or a positive number of "
-                        "seconds")
     if not 0.0 <= o.offload_fraction <= 1.0:
         raise UserError(f"optimizer.offload_fraction is {o.offload_fraction}; it must be between 0 and 1")
     offload = o.offload_fraction > 0

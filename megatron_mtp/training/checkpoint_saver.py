@@ -2,11 +2,13 @@
 
 Design note. A save writes every rank's shards into RUN_DIR/checkpoints/step_N.<id>.tmp/ with
 megatron-core's dist_checkpointing (fully parallel: the data-parallel replicas share the writing of
-replicated tensors), then *publishes*: rank 0 adds config.yaml, tokenizer/, train_state.json and,
-last, manifest.json (every file and its size: a step missing or cutting off any of them is
-incomplete and never resumed from, see checkpoint/run_dir.py), renames the directory to step_N,
-replaces `latest` through a temp file, and prunes to keep_last (old steps renamed at once and
-removed in the background, so the publishing barrier never waits on a large rmtree).
+replicated tensors), then *publishes*: every rank hashes the shard files it wrote, and rank 0
+adds config.yaml, tokenizer/, train_state.json and, last, manifest.json (every file, its size and
+its digest: a step missing or cutting off any of them is incomplete and never resumed from, see
+checkpoint/run_dir.py; one whose bytes changed is set aside at the load, checkpoint/digests.py),
+renames the directory to step_N, replaces `latest` through a temp file, and prunes to keep_last
+(old steps renamed at once and removed in the background, so the publishing barrier never waits on
+a large rmtree; the next save's free-space check counts what is left of them as it vanishes).
   - async (checkpoint.async_save): dist_checkpointing returns an AsyncRequest whose writer runs in
     a forked process while training goes on; publishing is added as its last finalize step, so it
     runs only after megatron-core gathered every rank's write results and wrote the global
@@ -15,7 +17,7 @@ removed in the background, so the publishing barrier never waits on a large rmtr
   - before writing: the parameters are synced (overlap_param_gather), checked finite on every
     rank (a non-finite model is never saved), and rank 0 checks that the disk holds another
     checkpoint of the size of the last one.
-  - a failed write (full disk, read-only or vanished directory, I/O error), found when it happens
+  - a failed write (full disk, file-size limit, read-only or vanished directory, I/O error), found when it happens
     or when the background write is finalized, removes its .tmp, leaves `latest` as it was, and
     ends the run with one sentence; the next run resumes from `latest` with nothing to clean up.
 The .tmp name carries an id of this launch, so a writer left over from a killed run can never write
@@ -34,6 +36,7 @@ from typing import Optional
 
 import torch
 
+from megatron_mtp.checkpoint.digests import own_digests
 from megatron_mtp.checkpoint.info import optimizer_layout, train_state_record, write_checkpoint_info
 from megatron_mtp.checkpoint.run_dir import CHECKPOINTS_DIR, complete_steps, publish_step, step_dir_name, write_latest
 from megatron_mtp.errors import RunError
@@ -42,6 +45,7 @@ from megatron_mtp.platform import all_reduce_sum
 from megatron_mtp.platform.megatron_core import write_legacy_common
 from megatron_mtp.training.checkpoint_state import sharded_state_dict
 from megatron_mtp.training.components import TrainState
+from megatron_mtp.write_causes import others_failed
 
 
 def _write_failures() -> tuple:
@@ -78,7 +82,16 @@ def _remove_all(paths: list[Path]) -> None:
 
 
 def _dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    """Bytes of the files under `path`, counting what is there: a file or directory removed while it is
+    summed (a pruned step's background removal) counts as gone, never as an error."""
+    total = 0
+    for folder, _, names in os.walk(path):  # os.walk skips a directory that vanished
+        for name in names:
+            try:
+                total += os.stat(os.path.join(folder, name), follow_symlinks=False).st_size
+            except OSError:
+                continue
+    return total
 
 
 class CheckpointSaver:
@@ -173,7 +186,10 @@ class CheckpointSaver:
     def _prepare(self, final: Path, tmp: Path, step: int) -> None:
         problem = None
         if self.rank0:
-            problem = self._check_room(step)
+            try:
+                problem = self._check_room(step)
+            except OSError as exc:  # rank 0 alone would raise here, and the others wait at the agreement
+                problem = f"checking the free space for checkpoint {final.name} in {self.root} failed ({exc})"
             if problem is None:
                 try:
                     self.root.mkdir(parents=True, exist_ok=True)
@@ -223,9 +239,13 @@ class CheckpointSaver:
                                        async_sharded_save=self.queue is not None)
 
     def _publish(self, save: _Save, record: dict) -> None:
+        # every rank hashes the shard files it wrote, rank 0 writes them into the manifest (checkpoint/digests.py)
+        digests = [None] * self.ranks.world_size if self.rank0 else None
+        torch.distributed.gather_object(own_digests(save.tmp, self.ranks.rank), digests, dst=0)
         if self.rank0:
             write_legacy_common(save.tmp)  # megatron-core 0.19 writes none; 0.16 needs it
-            write_checkpoint_info(save.tmp, self.cfg, record, self.tokenizer)
+            gathered = {name: digest for found in digests for name, digest in (found or {}).items()}
+            write_checkpoint_info(save.tmp, self.cfg, record, self.tokenizer, digests=gathered)
             publish_step(save.tmp, save.final)  # the name first, then latest
             self._prune(keep=save.final.name)
         torch.distributed.barrier()
@@ -258,8 +278,11 @@ class CheckpointSaver:
                 estimate = _dir_bytes(previous[-1])
             elif save.tmp.exists():  # what was written before the failure
                 estimate, at_least = _dir_bytes(save.tmp), True
+        cause = describe_failure(exc, self.root, estimate, at_least, written=save.tmp)  # before the removal
+        if cause is None and others_failed(exc):  # the coordinator (rank 0) holds and prints the cause
+            cause = "the write failed on another rank"
+        if self.rank0:
             shutil.rmtree(save.tmp, ignore_errors=True)
-        cause = describe_failure(exc, self.root, estimate, at_least)
         if cause is None:
             raise exc
         raise RunError(f"saving checkpoint {save.final.name} to {self.root} failed: {cause}; its partial files were "

@@ -45,13 +45,16 @@ def optimizer_metadata(optimizer_format: str) -> dict:
 
 class DamagedCheckpoint(UserError):
     """A checkpoint whose files are all there, at their sizes, but whose bytes cannot be read back (a
-    shard overwritten in place, a bad disk block). torch.distributed.checkpoint gathers a read failure
-    of any rank onto every rank, so every rank raises this together."""
+    shard overwritten in place, a bad disk block) or do not match their digests (checkpoint/digests.py).
+    torch.distributed.checkpoint gathers a read failure of any rank onto every rank, and the digest
+    check gathers its findings, so every rank raises this together. `what`: the damage in a few words."""
 
-    def __init__(self, ckpt: Path, cause: str):
+    def __init__(self, ckpt: Path, cause: str, reading: bool = True):
         self.ckpt, self.cause = ckpt, cause
-        super().__init__(f"checkpoint {ckpt} is damaged: reading it failed ({cause}); use another checkpoint "
-                         "(a run directory resumes from its newest readable one)")
+        self.every_rank = not reading  # the digest check's findings are gathered: printed once
+        self.what = f"reading it failed: {cause}" if reading else cause
+        super().__init__(f"checkpoint {ckpt} is damaged: {f'reading it failed ({cause})' if reading else cause}; "
+                         "use another checkpoint (a run directory resumes from its newest readable one)")
 
 
 def _read_failure_types() -> tuple:
@@ -139,6 +142,7 @@ def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: b
 
     saved = read_train_state(ckpt)
     _check_shard_files(ckpt)
+    _check_digests(ckpt)
     if load_optimizer:
         reason = check_optimizer_compatible(saved, ranks.ep, layout)
         if reason is not None:
@@ -224,7 +228,27 @@ def _check_shard_files(ckpt: Path) -> None:
     from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 
     with TorchDistReader(ckpt) as reader:
-        reader.validate(objects=tuple(reader.object_keys()))
+        reader.validate(objects=tuple(reader.object_keys()), digests=False)  # every rank: see _check_digests
+
+
+def _check_digests(ckpt: Path) -> None:
+    """Every file the manifest pins has its digest (checkpoint/digests.py), checked by all ranks together,
+    each over its share of the bytes; a mismatch anywhere is DamagedCheckpoint on every rank. A
+    checkpoint without digests is not checked."""
+    from megatron_mtp.checkpoint.digests import mismatch, share
+    from megatron_mtp.checkpoint.run_dir import read_digests
+
+    pinned = read_digests(ckpt)
+    if pinned is None:
+        return
+    sizes, expected = pinned
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    found = [None] * world
+    torch.distributed.all_gather_object(found, mismatch(ckpt, share(sizes, rank, world), expected))
+    problems = sorted(p for p in found if p)
+    if problems:
+        raise DamagedCheckpoint(ckpt, problems[0] + (f", and {len(problems) - 1} more file" if len(problems) > 1
+                                                      else ""), reading=False)
 
 
 def _prepare_optimizer_for_load(optimizer) -> None:

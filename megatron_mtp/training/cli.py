@@ -63,7 +63,7 @@ def _split_config_arg(args) -> tuple[str | None, list[str]]:
 
 def run_train(args) -> int:
     from megatron_mtp.config import load_config
-    from megatron_mtp.errors import UserError
+    from megatron_mtp.errors import UserError, same_on_every_rank
 
     if args.help_config:
         from megatron_mtp.config.base import describe
@@ -79,7 +79,11 @@ def run_train(args) -> int:
     config_path, overrides = _split_config_arg(args)
     if args.max_steps is not None:
         overrides.append(f"training.max_steps={args.max_steps}")
-    cfg = load_config(config_path, overrides)
+    if Path(config_path).is_file():  # every rank reads the same file and overrides: one refusal, printed once
+        with same_on_every_rank():
+            cfg = load_config(config_path, overrides)
+    else:  # a file missing on this rank's machine alone is this rank's to say
+        cfg = load_config(config_path, overrides)
     if args.print_config:
         from megatron_mtp.config.validate import validate
 

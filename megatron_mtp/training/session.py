@@ -23,7 +23,7 @@ from megatron_mtp.checkpoint.run_dir import (
 from megatron_mtp.config import Config
 from megatron_mtp.config.validate import validate
 from megatron_mtp.config.vocab import padded_vocab_size
-from megatron_mtp.errors import UserError
+from megatron_mtp.errors import UserError, same_on_every_rank
 from megatron_mtp.platform import Platform, all_reduce_sum, megatron_core
 from megatron_mtp.platform import setup as setup_platform
 from megatron_mtp.training import checkpoint_state as ckpt_io
@@ -94,8 +94,9 @@ def open_training(cfg: Config, run_dir: Path) -> Session:
     from megatron_mtp.plan.default_corpus_rule import default_corpus_refusal
 
     refusal = default_corpus_refusal(cfg)
-    if refusal:  # the first thing a big recipe with its data forgotten hears
-        raise UserError(refusal)
+    if refusal:  # the first thing a big recipe with its data forgotten hears (from the config alone: every rank)
+        with same_on_every_rank():
+            raise UserError(refusal)
     _, world = env_world()
     validate(cfg, world)
     check_credentials(cfg, run_dir)  # W&B online without a key: one sentence before the ranks meet
@@ -165,9 +166,9 @@ def _open_claimed(cfg: Config, run_dir: Path, platform: Platform, ranks: Ranks, 
 
 def _load_newest_readable(own, components: Components, ranks: Ranks, fully_parallel: bool, layout: dict):
     """Resume from the run's newest checkpoint that reads back. One whose bytes are damaged (complete in
-    name and size, unreadable) is moved to checkpoints.damaged/ and the next newest is tried, with a note
-    each; with none left, the damage is one sentence (and the damaged checkpoint stays where it is).
-    Returns (the checkpoint loaded, its state, the notes)."""
+    name and size, unreadable or failing its digests) is moved to checkpoints.damaged/ and the next newest
+    is tried, with a note each; with none left, the damage is one sentence (and the damaged checkpoint
+    stays where it is). Returns (the checkpoint loaded, its state, the notes)."""
     import torch
 
     notes = []
@@ -183,12 +184,13 @@ def _load_newest_readable(own, components: Components, ranks: Ranks, fully_paral
             found = all_reduce_sum(torch.tensor([1.0 if fallback is not None or ranks.rank != 0 else 0.0]),
                                    op=torch.distributed.ReduceOp.MIN)  # through the device NCCL needs
             if not found[0]:
-                raise UserError(f"{exc.ckpt} is damaged (reading it failed: {exc.cause}) and the run has no "
-                                "older complete checkpoint to resume from; restore it, or start over with "
-                                "checkpoint.start_fresh=true") from None
+                with same_on_every_rank():
+                    raise UserError(f"{exc.ckpt} is damaged ({exc.what}) and the run has no older complete "
+                                    "checkpoint to resume from; restore it, or start over with "
+                                    "checkpoint.start_fresh=true") from None
             nxt = find_checkpoint(own.path.parent.parent)
-            notes.append(f"{own.path.name} is damaged (reading it failed: {exc.cause}); it was moved to "
-                         f"{DAMAGED_DIR}/ and the run resumes from {nxt.path.name}")
+            notes.append(f"{own.path.name} is damaged ({exc.what}); it was moved to {DAMAGED_DIR}/ and the run "
+                         f"resumes from {nxt.path.name}")
             own = nxt
 
 

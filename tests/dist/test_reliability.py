@@ -124,9 +124,14 @@ def test_run_without_or_with_a_dangling_latest_resumes_from_the_newest_complete_
     assert note in fourth.stdout and "at step 3" in fourth.stdout
     assert _state(run)["step"] == 5 and shard.is_file()  # step 4 saved again, whole
 
-    # a shard overwritten in place (same size, so complete by the manifest): eval names the damage in one
-    # sentence; the resume sets the step aside in checkpoints.damaged/ and resumes from step 4, with a note
+    # a shard overwritten in place (same size, so complete by the manifest) of a step saved before manifests
+    # carried digests: eval names the damage in one sentence; the resume sets the step aside in
+    # checkpoints.damaged/ and resumes from step 4, with a note
     step5 = run / "checkpoints" / "step_0000005"
+    manifest = json.loads((step5 / "manifest.json").read_text())
+    assert manifest["digest"] == "sha256" and set(manifest["digests"]) == set(manifest["files"]) - {
+        "config.yaml", "train_state.json"}
+    (step5 / "manifest.json").write_text(json.dumps({"files": manifest["files"]}))
     first = sorted(step5.glob("*.distcp"))[0]
     with open(first, "r+b") as fh:
         fh.write(b"\0" * 64)
@@ -137,6 +142,37 @@ def test_run_without_or_with_a_dangling_latest_resumes_from_the_newest_complete_
     assert "step_0000005 is damaged (reading it failed" in fifth.stdout and "at step 4" in fifth.stdout, fifth.stdout
     assert (run / "checkpoints.damaged" / "step_0000005" / first.name).is_file()
     assert _state(run)["step"] == 6
+
+    # 64 bytes flipped in the middle of a tensor's data (the shard still reads back, as garbage): the file
+    # fails its digest; eval and convert name it in one sentence, and the resume sets step 6 aside beside
+    # the damaged step 5 (nothing deleted) and resumes from step 5, with a note naming the file and the step
+    from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
+    from megatron_mtp.convert.to_hf import export_to_hf
+    from megatron_mtp.errors import UserError
+
+    step6 = run / "checkpoints" / "step_0000006"
+    with TorchDistReader(step6) as reader:
+        fh, offset, nbytes = reader.byte_range("decoder.layers.1.self_attention.linear_proj.weight")
+        flipped = Path(fh.name)
+    with open(flipped, "r+b") as out:
+        out.seek(offset + nbytes // 2)
+        data = out.read(64)
+        out.seek(offset + nbytes // 2)
+        out.write(bytes(b ^ 0xFF for b in data))
+    failed = f"{flipped.name} does not match its SHA-256 digest in manifest.json (its bytes changed after the save)"
+    direct = _eval(step6)
+    assert direct.returncode == 2
+    _one_sentence(direct.stderr, f"checkpoint {step6} is damaged: {failed}")
+    with pytest.raises(UserError, match=f"'{step6}' is damaged: {flipped.name} does not match its SHA-256"):
+        export_to_hf(step6, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+    sixth = train(run, steps=7, overrides=("checkpoint.save_interval=1", "checkpoint.keep_last=0"))
+    assert f"step_0000006 is damaged ({failed}); it was moved to checkpoints.damaged/ and the run resumes from " \
+           "step_0000005" in sixth.stdout and "at step 5" in sixth.stdout, sixth.stdout
+    kept = run / "checkpoints.damaged" / "step_0000006" / flipped.name
+    assert kept.read_bytes()[offset + nbytes // 2:][:64] == bytes(b ^ 0xFF for b in data)
+    assert (run / "checkpoints.damaged" / "step_0000005" / first.name).is_file()
+    assert _state(run)["step"] == 7
 
 
 def _popen(run: Path, steps: int, small: list, *extra: str) -> subprocess.Popen:
@@ -211,6 +247,9 @@ def _poison(step_dir: Path, key: str) -> None:
     state = json.loads((step_dir / "train_state.json").read_text())
     del state["weights_finite"]
     (step_dir / "train_state.json").write_text(json.dumps(state))
+    from megatron_mtp.checkpoint.run_dir import write_manifest
+
+    write_manifest(step_dir)  # as saved: the values are bad, not the bytes (the digests pin what is there now)
 
 
 def test_non_finite_weights_are_refused_by_eval_convert_and_generate(tmp_path, train):
@@ -331,6 +370,34 @@ def test_a_write_that_runs_out_of_space_is_one_sentence_and_leaves_nothing(tmp_p
         assert _state(run)["step"] == 2
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_a_file_size_limit_during_a_save_is_one_sentence_on_every_rank(tmp_path, small_overrides):
+    """A real EFBIG: both ranks of a launch run under RLIMIT_FSIZE (1 MiB, below a shard of this model),
+    with SIGXFSZ ignored as batch systems set it. The save ends in one sentence naming the limit and the
+    files it stopped (not "the filesystem is full"), no rank prints a traceback, and nothing is left."""
+    import resource
+
+    from megatron_mtp.config import load_config
+    from megatron_mtp.data.datasets import resolve_data
+
+    resolve_data(load_config(str(ROOT / "configs" / "tiny_cpu.yaml"), small_overrides))  # the corpus, unlimited
+
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "megatron_mtp", "train", str(ROOT / "configs" / "tiny_cpu.yaml"),
+                           "--run-dir", str(run), "--max-steps", "1", "--nproc-per-node", "2", *small_overrides,
+                           "checkpoint.save_interval=1"], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"), preexec_fn=limited)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    _one_sentence(proc.stderr, "saving checkpoint step_0000001", "failed: a file-size limit (ulimit -f / RLIMIT_FSIZE, "
+                  "1.0 MiB here, or the filesystem's maximum file size) stopped the write of __0_0.distcp",
+                  "raise the limit (ulimit -f unlimited)", "its partial files were removed")
+    assert "full" not in proc.stderr and "[rank1]" not in proc.stderr
+    assert not list((run / "checkpoints").iterdir())
 
 
 def test_a_read_only_checkpoint_directory_is_refused_before_training(tmp_path, train, mounts):

@@ -199,3 +199,70 @@ def test_a_checkpoint_without_manifest_is_checked_against_its_torch_dist_index(t
     _one_sentence(step, "(.metadata unreadable; common.pt missing)")
     (step / ".metadata").unlink()
     _one_sentence(step, "(.metadata, common.pt missing)")
+
+
+def test_the_manifest_pins_a_digest_of_every_file_but_the_editable_records(tmp_path):
+    import hashlib
+
+    from megatron_mtp.checkpoint.run_dir import read_digests
+
+    step = _step(tmp_path, 2)
+    record = json.loads((step / "manifest.json").read_text())
+    assert record["digest"] == "sha256"
+    assert set(record["digests"]) == set(record["files"]) - {"config.yaml", "train_state.json"}
+    for name, digest in record["digests"].items():
+        assert hashlib.sha256((step / name).read_bytes()).hexdigest() == digest, name
+    write_manifest(step, digests={SHARD: "f" * 64})  # what the rank that wrote the shard computed is taken as is
+    sizes, pinned = read_digests(step)
+    assert pinned[SHARD] == "f" * 64 and sizes[SHARD] == 1000 and pinned["common.pt"] == record["digests"]["common.pt"]
+    (step / "manifest.json").write_text(json.dumps({"files": record["files"]}))  # saved before digests existed
+    assert read_digests(step) is None and incomplete_reason(step) is None
+
+
+def test_each_rank_hashes_the_shards_it_wrote_and_the_load_shares_the_check_by_size(tmp_path):
+    from megatron_mtp.checkpoint.digests import own_digests, share
+
+    for name in ("__0_0.distcp", "__1_0.distcp", "group__1_1.distcp", "__11_0.distcp", "common.pt"):
+        (tmp_path / name).write_bytes(name.encode())
+    assert sorted(own_digests(tmp_path, 1)) == ["__1_0.distcp", "group__1_1.distcp"]
+    assert sorted(own_digests(tmp_path, 11)) == ["__11_0.distcp"] and own_digests(tmp_path, 2) == {}
+    sizes = {"a": 10, "b": 9, "c": 1, "d": 1, "e": 0}
+    parts = [share(sizes, rank, 2) for rank in (0, 1)]
+    assert parts == [["a", "d"], ["b", "c", "e"]]  # 11 and 10 bytes, every file once
+    assert share(sizes, 0, 1) == ["a", "b", "c", "d", "e"] and share(sizes, 5, 6) == []
+
+
+def test_a_tensor_whose_bytes_changed_fails_its_digest_where_convert_reads_it(tmp_path):
+    from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
+
+    step = _legacy_step(tmp_path, 2)
+    write_manifest(step)
+    with TorchDistReader(step) as reader:
+        fh, offset, nbytes = reader.byte_range("output_layer.weight")
+    with open(step / SHARD, "r+b") as out:
+        out.seek(offset + nbytes // 2)
+        out.write(b"\xff" * 8)
+    with TorchDistReader(step) as reader:
+        reader.validate(digests=False)  # sizes and tiling are fine: only the digest sees it
+        with pytest.raises(UserError) as info:
+            reader.validate()
+    assert str(info.value) == (f"checkpoint '{step}' is damaged: {SHARD} does not match its SHA-256 digest in "
+                               "manifest.json (its bytes changed after the save); use another checkpoint")
+    record = json.loads((step / "manifest.json").read_text())
+    (step / "manifest.json").write_text(json.dumps({"files": record["files"]}))
+    with TorchDistReader(step) as reader:
+        reader.validate()  # a manifest without digests: not checked
+
+
+def test_a_damaged_step_is_set_aside_beside_an_earlier_damaged_copy_never_over_it(tmp_path):
+    from megatron_mtp.checkpoint.run_dir import DAMAGED_DIR, set_aside_damaged
+
+    _step(tmp_path, 1)
+    for _ in range(2):
+        damaged = _step(tmp_path, 2)
+        (damaged / "mark").write_text(str(_))
+        assert set_aside_damaged(damaged) == tmp_path / "checkpoints" / "step_0000001"
+    aside = tmp_path / DAMAGED_DIR
+    assert sorted(p.name for p in aside.iterdir()) == ["step_0000002", "step_0000002.2"]
+    assert [(aside / n / "mark").read_text() for n in ("step_0000002", "step_0000002.2")] == ["0", "1"]
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_0000001"

@@ -140,7 +140,15 @@ BAD = [
     (["training.rampup_batch_size=[4,5,100]"], 1, "does not reach training.global_batch_size=16"),
     (["training.rampup_batch_size=[4,2,100]", "training.micro_batch_size=4"], 1,
      "passes a global batch of 6, not a multiple of micro_batch_size × data-parallel size = 4"),
+    (["checkpoint.save_interval=-1"], 1, "checkpoint.save_interval is -1; it must be 0 (save only at the end) or"),
+    (["training.hang_timeout=1e-9"], 1, "training.hang_timeout is 1e-09; it must be 0 (off) or at least 1 second"),
+    (["training.hang_timeout=-5"], 1, "training.hang_timeout is -5.0; it must be 0 (off) or at least 1 second"),
 ]
+
+
+def test_the_shortest_hang_timeouts_the_tests_use_still_validate():
+    for value in ("0", "1", "3"):
+        validate(load_config(str(ROOT / "configs" / "tiny_cpu.yaml"), [f"training.hang_timeout={value}"]), 1)
 
 
 def test_folded_expert_layouts_that_megatron_core_runs_validate():
@@ -233,3 +241,20 @@ def test_print_config_validates():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip() == "megatron-mtp train: error: optimizer.lr is -1.0; it must be 0 or more"
+
+
+def test_a_refusal_every_rank_raises_is_printed_by_rank_0_alone(monkeypatch, capsys, tmp_path):
+    """Every rank of a job checks the same config: its refusal is printed once (rank 0), while every rank
+    still exits 2; a sentence only one rank can see (its config file missing) is printed by that rank."""
+    from megatron_mtp.cli import main
+
+    bad = [("checkpoint.save_interval=-1", "checkpoint.save_interval is -1"),  # validate
+           ("training.no_such_field=1", "unknown config key 'training.no_such_field'")]  # load_config
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        for override, needle in bad:
+            assert main(["train", str(ROOT / "configs" / "tiny_cpu.yaml"), "--print-config", override]) == 2
+            err = capsys.readouterr().err
+            assert (err.count(needle) == 1 and err.count("error:") == 1) if rank == "0" else err == "", err
+        assert main(["train", str(tmp_path / "missing.yaml"), "--print-config"]) == 2
+        assert "missing.yaml" in capsys.readouterr().err
