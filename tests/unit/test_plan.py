@@ -115,10 +115,31 @@ def test_schedule_replay_matches_megatron_formulas():
     assert schedule.bubble_fraction(8, 4, 240) == pytest.approx(7 / 967)
 
 
+def test_schedule_peak_of_a_short_replay_is_the_peak_of_the_whole_step():
+    """peak replays a few whole groups of micro-batches (the steady state repeats); the full replay of every
+    micro-batch, with uneven chunk weights, must give the same peak."""
+    import random
+
+    rng = random.Random(1)
+    for pp in (2, 4, 8):
+        for chunks in (1, 2, 4):
+            for micro in (8 * pp, 24 * pp + (0 if chunks > 1 else 3)):
+                for a2a in (False, True):
+                    for rank in range(pp):
+                        weights = [rng.uniform(0.5, 2.0) for _ in range(chunks)]
+                        live, best = [0] * chunks, (0.0, 0)
+                        for kind, _, chunk in schedule.events(pp, rank, chunks, micro, a2a):
+                            live[chunk] += 1 if kind == "F" else -1
+                            best = max(best, (sum(n * w for n, w in zip(live, weights)), sum(live)))
+                        got = schedule.peak(pp, rank, chunks, micro, weights, a2a)
+                        assert (got.bytes, got.in_flight) == pytest.approx(best), (pp, chunks, micro, rank)
+    assert schedule._replayed(8, 0, 4, 3840, False) < 100  # the replay really is short
+
+
 @pytest.mark.parametrize("args,message", [
     (["--gpu", "a100x"], "is not a GPU the plan knows"),
     (["parallel.pipeline=3"], "parallel.pipeline is 3"),
-    (["--gpus-per-node", "7", "parallel.world_size=null"], "is not divisible by"),
+    (["--gpus-per-node", "7", "parallel.world_size=null"], "is not a multiple of expert tensor × expert × pipeline"),
     (["--mfu", "40"], "--mfu 40.0 must be a fraction"),
     (["--routing-imbalance", "0.5"], "--routing-imbalance 0.5 must be at least 1"),
     (["--routing-imbalance", "nan"], "--routing-imbalance nan must be at least 1"),
