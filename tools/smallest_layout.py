@@ -25,7 +25,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides (e.g. mtp.freeze_base=true)")
-    ap.add_argument("--gpu", default="h100", help="h100, h200, b200 or GiB")
+    ap.add_argument("--gpu", default="h100", help="h100, h100-pcie, h100-nvl, h200, b200, gb200 or GiB")
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--max-nodes", type=int, default=128)
     args = ap.parse_intermixed_args()
