@@ -4,15 +4,11 @@
 
 The same as `megatron-mtp plan CONFIG --smallest` (megatron_mtp/plan/smallest.py), kept as a caller.
 
-Searches world sizes of whole nodes (8 GPUs each by default) from one node up, one node at a time,
-and at each the layouts TP in {1,2,4,8} x PP in {1,2,4,...,32} x EP in {1,2,4,...,64} (expert TP 1,
-virtual pipeline off, an even layer split: `parallel.pipeline_layout=null`) that the config's own
-checks accept. Prints, for the first world size with a fitting layout, every fitting layout by
-worst-rank memory, and the command that reproduces the best one. The plan is the one `megatron-mtp
-plan` prints (exact state bytes; saved activations and workspace estimated as it states). It plans
-the most sharded layouts at the most GPUs (--max-nodes) first and stops there when none fits even
-then; each node count it
-plans is one progress line on stderr. A tenth of a second or less per layout, no process group.
+The search is plan/smallest.py's (its module note says what it tries: TP x PP x EP x CP, even and
+uneven pipeline splits, MTP on a stage of its own, the MoE all-to-all overlap off where it refuses a
+layout, and how it prunes). Prints, for the first world size with a fitting layout, every fitting layout
+by worst-rank memory and the command that reproduces the best one; each node count it plans is one
+progress line on stderr.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*", help="dotted config overrides (e.g. mtp.freeze_base=true)")
-    ap.add_argument("--gpu", default="h100", help="h100, h200, b200 or GiB")
+    ap.add_argument("--gpu", default="h100", help="h100, h100-pcie, h100-nvl, h200, b200, gb200 or GiB")
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--max-nodes", type=int, default=128)
     args = ap.parse_intermixed_args()

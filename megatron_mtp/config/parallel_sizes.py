@@ -44,20 +44,35 @@ def minimal_world(cfg: Config) -> int:
     return math.lcm(p.tensor * p.pipeline * p.context, (p.expert_tensor or p.tensor) * p.expert * p.pipeline)
 
 
+def grid_refusal(cfg: Config, world: int) -> tuple[str, str] | None:
+    """Why `world` processes fit no grid of cfg's parallel sizes, or None when they fit.
+
+    The one rule every caller applies (validation, `plan`, `submit`): (what is wrong, phrased to follow
+    "<world> processes", and the parallel fields that would change it); callers add their own advice for
+    the process count (a launch, or submit's --nodes/--gpus-per-node).
+    """
+    p = cfg.parallel
+    etp = p.expert_tensor or p.tensor
+    dense, expert = p.tensor * p.pipeline * p.context, etp * p.expert * p.pipeline
+    if world % dense:
+        what = "tensor × pipeline" + (" × context" if p.context > 1 else "")
+        sizes = f"{p.tensor}×{p.pipeline}" + (f"×{p.context}" if p.context > 1 else "")
+        fields = "parallel.tensor/pipeline" + ("/context" if p.context > 1 else "")
+        return f"is not a multiple of {what} = {sizes} = {dense}", fields
+    if world % expert:
+        return (f"is not a multiple of expert tensor × expert × pipeline = {etp}×{p.expert}×{p.pipeline} = {expert} "
+                "(the routed experts' grid, folded over the same ranks)", "parallel.expert/expert_tensor")
+    return None
+
+
 def parallel_sizes(cfg: Config, world: int | None = None, vpp: int = 1) -> ParallelSizes:
     """Sizes for `world` processes (default: parallel.world_size, else the minimal world)."""
     p = cfg.parallel
     world = world or p.world_size or minimal_world(cfg)
+    refusal = grid_refusal(cfg, world)
+    if refusal:
+        raise UserError(f"world size {world} {refusal[0]}; change {refusal[1]} or the number of processes")
     etp = p.expert_tensor or p.tensor
     dense, expert = p.tensor * p.pipeline * p.context, etp * p.expert * p.pipeline
-    if world % dense:
-        what = "parallel.tensor × parallel.pipeline" + (" × parallel.context" if p.context > 1 else "")
-        sizes = f"{p.tensor}×{p.pipeline}" + (f"×{p.context}" if p.context > 1 else "")
-        raise UserError(f"world size {world} is not divisible by {what} = {sizes}; change the parallel sizes or the "
-                        "number of processes")
-    if world % expert:
-        raise UserError(f"world size {world} is not divisible by expert tensor × expert × pipeline = "
-                        f"{etp}×{p.expert}×{p.pipeline} (the routed experts' grid); change parallel.expert, "
-                        "parallel.expert_tensor or the number of processes")
     return ParallelSizes(world=world, tp=p.tensor, pp=p.pipeline, vpp=vpp, ep=p.expert, etp=etp,
                          dp=world // dense, edp=world // expert, cp=p.context)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from megatron_mtp.config import Config, load_config
+from megatron_mtp.config.parallel_sizes import grid_refusal
 from megatron_mtp.config.validate import validate
 from megatron_mtp.errors import UserError
 from megatron_mtp.launch.container_mounts import Mount, container_path, parse_mounts
@@ -289,7 +290,8 @@ def _check_device(cfg: Config, cpu: bool) -> None:
 
 
 def _check_layout(cfg: Config, nodes: int, tasks_per_node: int) -> None:
-    """World size against TP×PP×EP×DP, the same rules megatron-core applies at start-up."""
+    """The job's process count against the config's grid: the rule validation and `plan` apply
+    (config/parallel_sizes.grid_refusal), with advice in submit's own flags; validate() checks the rest."""
     world = nodes * tasks_per_node
     where = f"{nodes} node(s) × {tasks_per_node} task(s) = {world} processes"
     p = cfg.parallel
@@ -298,31 +300,10 @@ def _check_layout(cfg: Config, nodes: int, tasks_per_node: int) -> None:
             f"the config expects parallel.world_size={p.world_size} but the job has {where}; "
             "change --nodes/--gpus-per-node or the config"
         )
-    model = p.tensor * p.pipeline
-    if world % model:
-        raise UserError(
-            f"{where} is not a multiple of tensor × pipeline = {p.tensor} × {p.pipeline} = {model}; "
-            "change --nodes/--gpus-per-node or parallel.tensor/pipeline"
-        )
-    expert_group = p.tensor * p.expert * p.pipeline
-    if world % expert_group:
-        raise UserError(
-            f"{where} is not a multiple of tensor × expert × pipeline = {expert_group}; "
-            "change --nodes/--gpus-per-node or parallel.expert"
-        )
-    if cfg.model.num_experts and cfg.model.num_experts % p.expert:
-        raise UserError(
-            f"model.num_experts={cfg.model.num_experts} does not split over parallel.expert={p.expert} ranks; "
-            "pick an expert-parallel size that divides it"
-        )
-    dp = world // model
-    t = cfg.training
-    if t.global_batch_size % (t.micro_batch_size * dp):
-        raise UserError(
-            f"training.global_batch_size={t.global_batch_size} is not a multiple of "
-            "micro_batch_size × data-parallel size = "
-            f"{t.micro_batch_size} × {dp} with {where}; change the batch sizes or the job size"
-        )
+    refusal = grid_refusal(cfg, world)
+    if refusal:
+        raise UserError(f"{where} {refusal[0]}; change --nodes/--gpus-per-node (--tasks-per-node with --cpu) "
+                        f"or {refusal[1]}")
 
 
 def _check_data_paths(cfg: Config) -> None:

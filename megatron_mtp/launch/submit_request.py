@@ -72,7 +72,8 @@ class SubmitRequest:
     run_dir: Optional[str] = _option(
         None, "run directory on a filesystem all nodes share (default ./runs/<config name>)")
     gpu: Optional[str] = _option(
-        None, "GPU the memory plan checks the layout against: h100 (default), h200, b200 or GiB per GPU; "
+        None, "GPU the memory plan checks the layout against: h100 (default), h100-pcie, h100-nvl, h200, b200, "
+        "gb200 or GiB per GPU; "
         "--cpu jobs are not checked")
     force: bool = _option(False, "submit even if the memory plan predicts a rank over the GPU's memory",
                           action="store_true")

@@ -18,12 +18,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
     parser.add_argument("--gpus-per-node", type=int, help="GPUs (ranks) per node; default: parallel.world_size / "
                                                           "--nodes")
-    parser.add_argument("--gpu", help="h100 (default), h200, b200, or the memory of one GPU in GiB (e.g. 96)")
+    parser.add_argument("--gpu", help="h100 (default, SXM), h100-pcie, h100-nvl, h200, b200, gb200, or the memory "
+                                      "of one GPU in GiB (e.g. 96)")
     parser.add_argument("--cpu", action="store_true",
                         help="plan a CPU (gloo) run instead: local specs and kernels, no capacity check")
     parser.add_argument("--routing-imbalance", type=float, default=1.0, metavar="F",
                         help="tokens the busiest expert-parallel rank receives over the balanced average (default 1)")
-    parser.add_argument("--mfu", type=float, metavar="X", help="model FLOPs utilisation (0-1) for a time estimate")
+    parser.add_argument("--mfu", type=float, metavar="X",
+                        help="model FLOPs utilisation (0-1) for a time estimate, as a share of the GPU's dense peak "
+                             "for the run's precision: the FP8 peak when training.fp8 is set (twice the bf16 one, so "
+                             "an MFU quoted against bf16 is halved here), else the bf16 peak")
     parser.add_argument("--json", action="store_true", help="print one strict JSON object instead of the table")
     small = parser.add_argument_group(
         "smallest layout", "--smallest searches instead for the fewest whole nodes of --gpus-per-node (default 8) "

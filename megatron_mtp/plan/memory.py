@@ -150,8 +150,8 @@ def state_bytes(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vo
             fp8 += unpadded
         if distributed:
             rank = edp_rank if b.expert else dp_rank
-            ranks = range(b.dp) if rank is None else [rank]
-            optimizer += max(e * (main + moments) + 4 * n for e, n in map(b.shard, ranks))
+            shards = b.shards() if rank is None else [b.shard(rank)]
+            optimizer += max(e * (main + moments) + 4 * n for e, n in shards)
         else:
             optimizer += unpadded * (main + moments) + 4 * len(b.params)
     if t.fp8 is not None and tgt.te and not _fp8_params(cfg, tgt):
@@ -174,7 +174,7 @@ def save_host_bytes(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target
         unpadded = sum(e - s for s, e in b.params)
         whole += unpadded * per_element
         if cfg.parallel.distributed_optimizer:
-            shard += max(e for e, _ in map(b.shard, range(b.dp))) * per_element
+            shard += max(e for e, _ in b.shards()) * per_element
         else:
             shard += unpadded * per_element
     return {"parallel": shard, "reshardable": whole}

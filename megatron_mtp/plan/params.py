@@ -207,6 +207,25 @@ class Buffer:
             size = (b_end - b_start) // self.dp
             yield b_start + dp_rank * size, b_start + (dp_rank + 1) * size
 
+    def shards(self) -> list[tuple[int, int]]:
+        """``shard(r)`` of every data-parallel rank r at once: the same bisection, over every (bucket, rank)
+        slice as arrays (a buffer of thousands of buckets over hundreds of ranks is millions of slices)."""
+        import numpy as np
+
+        if not self.params or not self.buckets:
+            return [(0, 0)] * self.dp
+        starts, ends = np.array(self._starts, dtype=np.int64), np.array(self._ends, dtype=np.int64)
+        prefix, buckets = np.array(self._prefix, dtype=np.int64), np.array(self.buckets, dtype=np.int64)
+        size = (buckets[:, 1] - buckets[:, 0]) // self.dp
+        lo = buckets[:, :1] + np.arange(self.dp, dtype=np.int64)[None, :] * size[:, None]
+        hi = lo + size[:, None]
+        i0, i1 = np.searchsorted(ends, lo, side="right"), np.searchsorted(starts, hi, side="left")
+        met = i1 > i0
+        first, last = np.minimum(i0, len(starts) - 1), np.maximum(i1 - 1, 0)
+        elements = (prefix[i1] - prefix[i0] - np.maximum(0, lo - starts[first]) - np.maximum(0, ends[last] - hi))
+        elements, params = np.where(met, elements, 0).sum(axis=0), np.where(met, i1 - i0, 0).sum(axis=0)
+        return list(zip(elements.tolist(), params.tolist()))
+
     def shard(self, dp_rank: int) -> tuple[int, int]:
         """(elements, parameters) inside data-parallel rank `dp_rank`'s slice of every bucket: the
         parameter elements its optimizer holds, and the parameters with at least one element there

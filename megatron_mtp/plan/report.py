@@ -89,7 +89,8 @@ def build(plan: Plan, mfu: Optional[float] = None, with_suggestions: bool = True
         peak = peak_tflops(plan.gpu, cfg)
         if peak:
             step = flops / (s.world * peak * 1e12 * mfu)
-            out["time"] = {"mfu": mfu, "peak_tflops_per_gpu": peak, "step_seconds": step,
+            out["time"] = {"mfu": mfu, "peak": "fp8" if t.fp8 else "bf16", "peak_tflops_per_gpu": peak,
+                           "bf16_peak_tflops_per_gpu": plan.gpu.bf16_tflops, "step_seconds": step,
                            "tokens_per_second": tokens / step, "run_seconds": step * t.max_steps,
                            "epochs": t.max_steps * tokens / corpus if corpus else None}
             out["assumptions"].append(f"time: {mfu:.0%} of the {'FP8' if t.fp8 else 'bf16'} dense peak "
@@ -164,7 +165,12 @@ def format_table(report: dict) -> str:
     time = report["time"]
     if time:
         epochs = f", {time['epochs']:.2f} epochs" if time["epochs"] else ""
-        lines += ["", f"time      {time['step_seconds']:.2f} s per step at {time['mfu']:.0%} MFU, "
+        peak = time["peak_tflops_per_gpu"]
+        against = f"{time['mfu']:.0%} MFU of the {time['peak'].upper()} dense peak ({peak:g} TFLOP/s"
+        if time["peak"] == "fp8":  # an MFU quoted against bf16 is twice the share of the FP8 peak
+            against += f"; {time['mfu'] * peak / time['bf16_peak_tflops_per_gpu']:.0%} of the bf16 peak"
+        against += ")"
+        lines += ["", f"time      {time['step_seconds']:.2f} s per step at {against}, "
                       f"{time['tokens_per_second']:,.0f} tokens/s, {time['run_seconds'] / 86400:.1f} days for "
                       f"training.max_steps{epochs}"]
     if report["suggestions"]:

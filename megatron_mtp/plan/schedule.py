@@ -9,7 +9,10 @@ schedules (pipeline_parallel/schedules.py) run, on pipeline rank r of p with m m
       (groups of g = p micro-batches per chunk), then forward/backward pairs; backward k works on
       the chunks in reverse order (chunk v - 1 - c of table entry k);
   no pipeline: one micro-batch at a time.
-`peak` replays that order and returns what is live when the weighted sum is largest.
+`peak` replays that order and returns what is live when the weighted sum is largest. After the
+warm-up the live (micro-batch, chunk) pairs repeat with a period of p × v table entries (whole groups
+of p micro-batches), and the cool-down only frees, so a replay of enough whole groups to cover the
+warm-up and two periods has the same peak as one of thousands of micro-batches (`_replayed`).
 """
 
 from __future__ import annotations
@@ -66,12 +69,23 @@ def peak(pp: int, rank: int, chunks: int, num_micro: int, weights: list[float] |
     weights = weights or [1.0] * chunks
     live = [0] * chunks
     best = Peak(0, tuple(live), 0.0)
-    for kind, _, chunk in events(pp, rank, chunks, num_micro, a2a_overlap):
+    for kind, _, chunk in events(pp, rank, chunks, _replayed(pp, rank, chunks, num_micro, a2a_overlap), a2a_overlap):
         live[chunk] += 1 if kind == "F" else -1
         total = sum(n * w for n, w in zip(live, weights))
         if total > best.bytes or (total == best.bytes and sum(live) > best.in_flight):
             best = Peak(sum(live), tuple(live), total)
     return best
+
+
+def _replayed(pp: int, rank: int, chunks: int, num_micro: int, a2a_overlap: bool) -> int:
+    """Micro-batches `peak` replays: all of them, or whole groups covering the warm-up and two periods
+    (a periodic steady state; whole groups only where every group is whole or there is one chunk)."""
+    if chunks > 1 and num_micro % pp:
+        return num_micro
+    period = pp * chunks
+    w = warmup(pp, rank, chunks, num_micro, a2a_overlap)
+    enough = pp * (-(-(w + 2 * period) // period) + 1)
+    return min(num_micro, enough)
 
 
 def forward_only_peak(weights: list[float]) -> Peak:

@@ -13,10 +13,10 @@ there is no peak to hold it against.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from megatron_mtp.config import Config
-from megatron_mtp.plan.gpus import KNOWN, Gpu
+from megatron_mtp.plan.gpus import Gpu, gpu_of_device
+
+__all__ = ["gpu_of_device", "model_flops_per_token", "peak_tflops"]
 
 
 def model_flops_per_token(cfg: Config, padded_vocab: int) -> float:
@@ -34,8 +34,3 @@ def peak_tflops(gpu: Gpu, cfg: Config) -> float:
     """The GPU's dense peak TFLOP/s for the run's precision (0: unknown)."""
     return gpu.fp8_tflops if cfg.training.fp8 else gpu.bf16_tflops
 
-
-def gpu_of_device(name: str) -> Optional[Gpu]:
-    """The `plan` table's GPU for a CUDA device name ('NVIDIA H100 80GB HBM3' -> H100), None if unknown."""
-    lowered = name.lower()
-    return next((gpu for key, gpu in KNOWN.items() if key in lowered), None)

@@ -129,7 +129,22 @@ def _eval_data(first: Config, text_file: Optional[str], steps: Optional[int]) ->
         return EvalData(**shape, text=validation_text(first.data.default_corpus_max_bytes),
                         where="the default corpus's held-out files",
                         max_windows=(steps or first.logging.eval_steps) * t.global_batch_size)
-    return EvalData(**shape)
+    d = first.data
+    where = ("the validation data of data.valid_paths" if d.valid_paths else "the validation split of data.paths"
+             if d.paths else "the validation split of the embedded default corpus (data.paths is null)")
+    return EvalData(**shape, where=where)
+
+
+def _compare_note(second: Path, cfg: Config, data: EvalData, text_file: Optional[str], steps: Optional[int]):
+    """Why --compare scores its checkpoint on other tokens than `eval` of it alone would (None: the same)."""
+    alone = _eval_data(cfg, text_file, steps)
+    if (alone.where, alone.seq_length, alone.max_windows) == (data.where, data.seq_length, data.max_windows) \
+            and (data.text is not None or alone.data == data.data):
+        return None
+    own = alone.where + (" of its own data config" if alone.where == data.where else "")
+    return (f"--compare scores both checkpoints on the first one's tokens, {data.where} in windows of "
+            f"{data.seq_length}, while {second} alone is scored on {own} in windows of {alone.seq_length}, so its "
+            "numbers here differ from its eval alone; give it first to score both on its tokens")
 
 
 def _side_config(cfg: Config, data: EvalData) -> Config:
@@ -177,7 +192,7 @@ def _evaluate_checkpoint(ckpt: Path, cfg: Config, data: EvalData, steps: Optiona
                                 "data.split/data.valid_paths")
             result = evaluate(session, n, metrics)
             t = cfg.training
-            result["data"] = (f"the validation split of data.paths: {n} batches of {t.global_batch_size} sequences of "
+            result["data"] = (f"{data.where}: {n} batches of {t.global_batch_size} sequences of "
                               f"training.seq_length={t.seq_length} tokens, each token's next one scored")
         result["checkpoint"] = str(ckpt)
         return result
@@ -211,6 +226,9 @@ def eval_main(path: str, overrides: list[str], as_json: bool, text_file: str | N
                             f"{sides[1].model.vocab_size}; compare checkpoints of the same tokenizer")
         if data.text is not None and len(resolved) == 2:
             _refuse_two_tokenizers(resolved[0].path, resolved[1].path, data.where)
+        note = _compare_note(resolved[1].path, configs[1], data, text_file, steps) if compare else None
+        if note:
+            print(f"megatron-mtp eval: note: {note}", file=sys.stderr)
         results = [_evaluate_checkpoint(r.path, cfg, data, steps) for r, cfg in zip(resolved, sides)]
         if torch.distributed.get_rank() == 0:
             if as_json:
@@ -252,7 +270,8 @@ def _side_by_side(results: list[dict]) -> str:
     """Two evaluations as one table: LM loss, then MTP loss and teacher-forced acceptance per depth
     ('-' where a checkpoint has no MTP module at that depth)."""
     depth = max(len(r["mtp_loss"]) for r in results)
-    lines = [f"{'':18}" + "".join(f"  {name:>22}" for name in ("checkpoint", "--compare")),
+    lines = [f"scored on {results[0]['data']}",
+             f"{'':18}" + "".join(f"  {name:>22}" for name in ("checkpoint", "--compare")),
              *(f"{'':18}  {r['checkpoint']}" for r in results),
              f"{'tokens evaluated':18}" + "".join(f"  {r['tokens']:>22}" for r in results),
              f"{'lm_loss':18}" + "".join(f"  {r['lm_loss']:>22.6f}" for r in results)]

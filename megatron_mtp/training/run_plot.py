@@ -1,8 +1,9 @@
 """`megatron-mtp runs plot RUN`: the run's dashboard as one SVG file, drawn from RUN/logs/metrics.jsonl.
 
 Design note. Six panels, each a few series of the logged scalars against the step: the LM loss (train
-and eval), MTP loss per depth, the teacher-forced acceptance per depth, throughput (tokens/s per GPU,
-and MFU or TFLOP/s per GPU on its own axis label), the grad norm (mean and max) and the MoE balance
+and held-out: valid/lm_loss, or eval/lm_loss in older runs), MTP loss per depth, the teacher-forced
+acceptance per depth, throughput (tokens/s per GPU, and MFU or TFLOP/s per GPU on its own axis label),
+the grad norm (mean and max) and the MoE balance
 (max violation, dropped share). The SVG is written by hand (no plotting package): a panel maps the
 series' common range onto its box, draws a polyline per series and labels its ends. Values that are
 not finite (NaN rows of an interval without a measurement) break a line instead of bending it.
@@ -14,7 +15,7 @@ import html
 import math
 from pathlib import Path
 
-from megatron_mtp.training.run_summary import logged_rows
+from megatron_mtp.training.run_summary import HELD_OUT_LOSS, logged_rows
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 PANEL_W, PANEL_H, COLS = 420, 240, 3
@@ -26,7 +27,7 @@ def panels(rows: list[dict]) -> list[tuple[str, list[tuple[str, str]]]]:
     depth = max((sum(1 for key in r if key.startswith("train/mtp_loss_")) for r in rows), default=0)
     speed = [("tokens/s per GPU", "perf/tokens_per_s_per_gpu")]
     wanted = [
-        ("LM loss", [("train", "train/lm_loss"), ("eval", "eval/lm_loss")]),
+        ("LM loss", [("train", "train/lm_loss"), *((f"held-out ({key.split('/')[0]})", key) for key in HELD_OUT_LOSS)]),
         ("MTP loss per depth", [(f"depth {k}", f"train/mtp_loss_{k}") for k in range(1, depth + 1)]),
         ("MTP acceptance per depth (teacher-forced)",
          [(f"depth {k}", f"train/mtp_acceptance_{k}") for k in range(1, depth + 1)]),

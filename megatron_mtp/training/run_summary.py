@@ -13,6 +13,13 @@ from megatron_mtp.errors import UserError
 
 RECENT = 10
 """Throughput is the mean of the last RECENT logged intervals (the first ones include start-up)."""
+HELD_OUT_LOSS = ("valid/lm_loss", "eval/lm_loss")
+"""The held-out LM loss's key: what the trainer's evaluation logs, then the name runs logged before it."""
+
+
+def held_out_loss(row: dict):
+    """A row's held-out LM loss (a finite number) or None."""
+    return next((row[key] for key in HELD_OUT_LOSS if _finite(row.get(key))), None)
 
 
 def logged_rows(run_dir: Path) -> tuple[list[dict], list[dict]]:
@@ -38,7 +45,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     depth = sum(1 for key in last if key.startswith("train/mtp_loss_"))
     frozen = frozen_base(run_dir)
     best = None if frozen else min(train, key=lambda r: r["train/lm_loss"])
-    evals = [r for r in rows if _finite(r.get("eval/lm_loss"))]
+    evals = [loss for loss in map(held_out_loss, rows) if loss is not None]
     steps = complete_steps(run_dir / "checkpoints") if (run_dir / "checkpoints").is_dir() else []
     return {
         "run_dir": str(run_dir),
@@ -48,7 +55,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
         "lm_loss": last["train/lm_loss"],
         "frozen_base": frozen,
         "best_lm_loss": best and best["train/lm_loss"], "best_step": best and best["step"],
-        "eval_lm_loss": evals[-1]["eval/lm_loss"] if evals else None,
+        "eval_lm_loss": evals[-1] if evals else None,
         "mtp_loss": [last.get(f"train/mtp_loss_{k}") for k in range(1, depth + 1)],
         "mtp_acceptance": [_last_finite(train, f"train/mtp_acceptance_{k}") for k in range(1, depth + 1)],
         "tokens_per_s_per_gpu": _mean(recent, "perf/tokens_per_s_per_gpu"),
@@ -71,7 +78,7 @@ def format_summary(s: dict[str, Any]) -> str:
         f"  lm loss {s['lm_loss']:.4f} "
         + ("(the frozen base's, not trained)" if s["frozen_base"]
            else f"(best {s['best_lm_loss']:.4f} at step {s['best_step']})")
-        + (f", eval {s['eval_lm_loss']:.4f}" if s["eval_lm_loss"] is not None else ""),
+        + (f", held-out {s['eval_lm_loss']:.4f}" if s["eval_lm_loss"] is not None else ""),
     ]
     if mtp:
         lines.append(f"  MTP {mtp}")

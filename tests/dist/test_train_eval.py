@@ -49,6 +49,9 @@ def test_eval_json_on_validation_split(run):
     assert len(result["mtp_loss"]) == len(result["mtp_acceptance"]) == 1
     assert 0.0 <= result["mtp_acceptance"][0] <= 1.0
     assert result["tokens"] == 2 * 2 * SEQ  # 2 batches of micro_batch_size 2, every position scored
+    # tiny_cpu's data.paths is null: the split is the embedded default corpus's, and is called that
+    assert result["data"].startswith("the validation split of the embedded default corpus (data.paths is null): "
+                                     "2 batches"), result["data"]
 
 
 def test_eval_text_file_matches_logits(run, tmp_path, probe_logits):

@@ -7,6 +7,8 @@ reduction order, and the 3 steps on the same global batches stay together.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from scalars import compare_scalars, values
@@ -46,6 +48,14 @@ def reference(tmp_path_factory, train, metrics):
     single = root / "single"
     train(single, steps=STEPS, overrides=EVAL)
     return root, metrics(single)
+
+
+def test_runs_show_reports_the_held_out_loss_the_trainer_logged(reference, capsys):
+    from megatron_mtp.cli import main
+
+    root, single = reference
+    assert main(["runs", "show", str(root / "single"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["eval_lm_loss"] == values(single, "valid/lm_loss")[-1]
 
 
 def assert_same_first_step(got: list[dict], want: list[dict], what: str) -> None:

@@ -5,6 +5,7 @@ Fast: no cluster. A stand-in `sbatch` (and `squeue`) on PATH records whether it 
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 import subprocess
@@ -13,6 +14,8 @@ import pytest
 
 from megatron_mtp.checkpoint.run_dir import write_manifest
 from megatron_mtp.cli import main
+from megatron_mtp.config import load_config
+from megatron_mtp.config.validate import validate
 from megatron_mtp.errors import UserError
 from megatron_mtp.launch.job_plan import SubmitRequest, build_plan
 from megatron_mtp.launch.sbatch_script import render_sbatch
@@ -51,9 +54,9 @@ def _submit(args: list[str], capsys) -> tuple[int, str, str]:
 BAD = [
     (["--nodes", "1", "--cpu", "--tasks-per-node", "3", "parallel.tensor=2"], "not a multiple of tensor × pipeline"),
     (["--nodes", "2", "--cpu", "--tasks-per-node", "2", "parallel.world_size=8"], "parallel.world_size=8"),
-    (["--nodes", "3", "--cpu"], "global_batch_size=16 is not a multiple"),
+    (["--nodes", "3", "--cpu"], "global_batch_size=16 must be a multiple"),
     (["--nodes", "1", "--cpu", "--tasks-per-node", "6", "parallel.expert=4", "training.global_batch_size=48"],
-     "tensor × expert × pipeline"),
+     "expert tensor × expert × pipeline = 1×4×1 = 4"),
     (["--nodes", "1", "--cpu", "data.paths=[/nonexistent/corpus_text_document]"],
      "/nonexistent/corpus_text_document.bin"),
     (["--nodes", "1", "--cpu", "data.tokenizer=/nonexistent/tokenizer.json"], "data.tokenizer"),
@@ -96,6 +99,51 @@ def test_bad_submission_is_refused_before_sbatch(fake_slurm, tmp_path, capsys, a
     assert err.count("\n") == 1, "one sentence on one line"
     assert not fake_slurm.exists(), "sbatch must not be called"
     assert not run_dir.exists(), "nothing may be written"
+
+
+def test_recipe_layout_with_folded_experts_is_submitted(fake_slurm, tmp_path, capsys):
+    """The Gemma 4 recipe's own TP2 × ETP1 × EP4 × PP2 on 8 GPUs: the experts' grid (1×4×2) folds over the
+    dense one (2×2), so 8 processes fit both; submit must not ask for 16."""
+    for ext in (".bin", ".idx"):
+        (tmp_path / f"corpus{ext}").write_bytes(b"")
+    rc, out, err = _submit([os.path.join(REPO, "configs", "gemma4_26b_a4b.yaml"), f"data.paths=[{tmp_path}/corpus]",
+                            "--nodes", "1", "--gpus-per-node", "8", "--run-dir", str(tmp_path / "run"), "--dry-run"],
+                           capsys)
+    assert rc == 0, err
+    assert "#SBATCH --ntasks-per-node=8" in out and not fake_slurm.exists()
+
+
+def test_layout_that_fits_no_grid_is_refused_with_advice_on_the_job_size(fake_slurm, tmp_path, capsys):
+    rc, _, err = _submit([CONFIG, "parallel.tensor=2", "parallel.expert=4", "parallel.expert_tensor=1",
+                          "--nodes", "1", "--cpu", "--tasks-per-node", "2", "--run-dir", str(tmp_path / "run")],
+                         capsys)
+    assert rc == 2 and not fake_slurm.exists()
+    assert ("2 processes is not a multiple of expert tensor × expert × pipeline = 1×4×1 = 4" in err
+            and "change --nodes/--gpus-per-node" in err and "parallel.expert/expert_tensor" in err), err
+
+
+def test_submit_accepts_exactly_the_layouts_the_config_rule_accepts(tmp_path):
+    """Every (TP, ETP, EP, PP, processes) the trainer's validation (and so `plan`) accepts, submit accepts, and
+    the ones it refuses, submit refuses: one rule, not two copies."""
+    accepted = refused = 0
+    for tp, etp, ep, pp, tasks in itertools.product((1, 2), (None, 1), (1, 2, 4), (1, 2), (2, 4, 6, 8)):
+        overrides = [f"parallel.tensor={tp}", f"parallel.expert_tensor={'null' if etp is None else etp}",
+                     f"parallel.expert={ep}", f"parallel.pipeline={pp}", "training.micro_batch_size=1",
+                     "training.global_batch_size=24"]
+        try:
+            validate(load_config(CONFIG, overrides + ["training.device=cpu", "parallel.backend=gloo"]), tasks)
+            valid = True
+        except UserError:
+            valid = False
+        try:
+            build_plan(SubmitRequest(config=CONFIG, overrides=overrides, nodes=1, cpu=True, tasks_per_node=tasks,
+                                     run_dir=str(tmp_path / "run")))
+            submitted = True
+        except UserError:
+            submitted = False
+        assert submitted == valid, (overrides, tasks)
+        accepted, refused = accepted + valid, refused + (not valid)
+    assert accepted >= 20 and refused >= 20  # both sides of the rule were exercised
 
 
 def test_run_dir_that_is_a_file_is_refused(fake_slurm, tmp_path, capsys):

@@ -84,8 +84,8 @@ def test_roundtrip_through_yaml(tmp_path):
 
 
 BAD = [
-    (["parallel.tensor=2"], 3, "world size 3 is not divisible by parallel.tensor × parallel.pipeline"),
-    (["parallel.expert=2"], 1, "world size 1 is not divisible by expert tensor × expert × pipeline = 1×2×1"),
+    (["parallel.tensor=2"], 3, "world size 3 is not a multiple of tensor × pipeline = 2×1 = 2"),
+    (["parallel.expert=2"], 1, "world size 1 is not a multiple of expert tensor × expert × pipeline = 1×2×1 = 2"),
     (["parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=2"], 2, "expert tensor × expert × pipeline"),
     (["parallel.expert_tensor=2", "model.moe_ffn_hidden_size=95"], 2, "moe_ffn_hidden_size=95 is not divisible"),
     (["training.seq_length=5000"], 1, "seq_length=5000 exceeds model.max_position_embeddings=4096"),

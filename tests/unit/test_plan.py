@@ -115,10 +115,31 @@ def test_schedule_replay_matches_megatron_formulas():
     assert schedule.bubble_fraction(8, 4, 240) == pytest.approx(7 / 967)
 
 
+def test_schedule_peak_of_a_short_replay_is_the_peak_of_the_whole_step():
+    """peak replays a few whole groups of micro-batches (the steady state repeats); the full replay of every
+    micro-batch, with uneven chunk weights, must give the same peak."""
+    import random
+
+    rng = random.Random(1)
+    for pp in (2, 4, 8):
+        for chunks in (1, 2, 4):
+            for micro in (8 * pp, 24 * pp + (0 if chunks > 1 else 3)):
+                for a2a in (False, True):
+                    for rank in range(pp):
+                        weights = [rng.uniform(0.5, 2.0) for _ in range(chunks)]
+                        live, best = [0] * chunks, (0.0, 0)
+                        for kind, _, chunk in schedule.events(pp, rank, chunks, micro, a2a):
+                            live[chunk] += 1 if kind == "F" else -1
+                            best = max(best, (sum(n * w for n, w in zip(live, weights)), sum(live)))
+                        got = schedule.peak(pp, rank, chunks, micro, weights, a2a)
+                        assert (got.bytes, got.in_flight) == pytest.approx(best), (pp, chunks, micro, rank)
+    assert schedule._replayed(8, 0, 4, 3840, False) < 100  # the replay really is short
+
+
 @pytest.mark.parametrize("args,message", [
     (["--gpu", "a100x"], "is not a GPU the plan knows"),
     (["parallel.pipeline=3"], "parallel.pipeline is 3"),
-    (["--gpus-per-node", "7", "parallel.world_size=null"], "is not divisible by"),
+    (["--gpus-per-node", "7", "parallel.world_size=null"], "is not a multiple of expert tensor × expert × pipeline"),
     (["--mfu", "40"], "--mfu 40.0 must be a fraction"),
     (["--routing-imbalance", "0.5"], "--routing-imbalance 0.5 must be at least 1"),
     (["--routing-imbalance", "nan"], "--routing-imbalance nan must be at least 1"),
@@ -139,6 +160,55 @@ def test_known_gpus_and_sizes():
     assert parse_gpu("96").memory_bytes == 96 * GIB and parse_gpu("120GiB").memory_bytes == 120 * GIB
     with pytest.raises(UserError):
         parse_gpu("-3")
+
+
+@pytest.mark.parametrize("device,key", [
+    ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H100 NVL", "h100-nvl"),
+    ("NVIDIA H200", "h200"), ("NVIDIA B200", "b200"), ("NVIDIA GB200", "gb200"),
+    ("NVIDIA H200 NVL", None), ("NVIDIA GH200 480GB", None), ("NVIDIA H800", None), ("NVIDIA A100-SXM4-80GB", None),
+])
+def test_a_cuda_device_name_gets_its_own_peak_or_none(device, key):
+    """torch.cuda.get_device_name() strings: a PCIe or NVL H100 is not the SXM part, a GB200 not the B200."""
+    from megatron_mtp.plan.throughput import gpu_of_device
+
+    assert gpu_of_device(device) is (KNOWN[key] if key else None)
+
+
+def test_the_pcie_nvl_and_gb200_peaks_are_the_data_sheets_dense_ones():
+    peaks = {key: (KNOWN[key].bf16_tflops, KNOWN[key].fp8_tflops) for key in ("h100", "h100-pcie", "h100-nvl",
+                                                                              "b200", "gb200")}
+    assert peaks == {"h100": (989.0, 1979.0), "h100-pcie": (756.0, 1513.0), "h100-nvl": (835.0, 1670.0),
+                     "b200": (2250.0, 4500.0), "gb200": (2500.0, 5000.0)}
+    assert parse_gpu("h100-nvl").memory_bytes == 95830 * 2**20 and parse_gpu("gb200").capability == (10, 0)
+
+
+def test_the_671b_recipe_trains_deepseek_v3s_tokens():
+    """14.8T tokens at its batch and sequence; the ramp its comment gives reaches them in the steps it says."""
+    from megatron_mtp.config.validate import validate
+    from megatron_mtp.training.batch_ramp import ramped_global_batch
+
+    t = load_config(V3).training
+    per_step = t.global_batch_size * t.seq_length
+    assert 0 <= t.max_steps * per_step - 14.8e12 < per_step
+    ramp = load_config(V3, ["training.rampup_batch_size=[3072,512,114501953]", "training.max_steps=243425"])
+    validate(ramp)  # its sizes divide over the recipe's micro batch × DP × PP
+    assert 114501953 * 4096 == pytest.approx(469e9, rel=1e-8)
+    consumed, steps = 0, 0
+    while consumed * t.seq_length < 14.8e12:
+        consumed += ramped_global_batch(consumed, 3072, 512, 114501953, t.global_batch_size)
+        steps += 1
+    assert steps == ramp.training.max_steps
+
+
+def test_mfu_says_which_peak_it_is_a_share_of(capsys):
+    assert main(["plan", V3, "--nodes", "128", "--mfu", "0.4"]) == 0
+    assert "at 40% MFU of the FP8 dense peak (1979 TFLOP/s; 80% of the bf16 peak)" in capsys.readouterr().out
+    assert main(["plan", V3, "training.fp8=null", "training.fp8_param_gather=false", "--nodes", "128",
+                 "--mfu", "0.4"]) == 0
+    assert "at 40% MFU of the BF16 dense peak (989 TFLOP/s)," in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    assert "the FP8 peak when training.fp8 is set" in " ".join(capsys.readouterr().out.split())
 
 
 def test_table_and_cpu_summary():

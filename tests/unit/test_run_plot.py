@@ -58,3 +58,32 @@ def test_mfu_is_named_where_logged(key):
     rows = _rows(2)
     rows[0][key] = 0.4
     assert "model TFLOP/s per GPU and MFU" in draw(rows, "run")
+
+
+def test_the_held_out_loss_the_trainer_logs_reaches_runs_show_and_runs_plot(tmp_path, capsys):
+    """Rows written by the trainer's own RunLogger: a training interval, then the evaluation's valid/ scalars."""
+    from megatron_mtp.training.run_logger import RunLogger
+
+    log = RunLogger(tmp_path, enabled=True, tensorboard=False)
+    for step in (1, 2):
+        log.scalars(step, {"train/lm_loss": 8.0 - step, "train/mtp_loss_1": 9.0 - step,
+                           "train/mtp_acceptance_1": 0.1, "perf/tokens_per_s_per_gpu": 100.0,
+                           "perf/tflops_per_gpu": 0.01, "perf/step_time_s": 1.0})
+        log.scalars(step, {"valid/lm_loss": 7.25 - step, "valid/mtp_loss_1": 8.5, "valid/mtp_acceptance_1": 0.1})
+    log.close()
+    assert main(["runs", "show", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["eval_lm_loss"] == 5.25
+    assert main(["runs", "show", str(tmp_path)]) == 0
+    assert "lm loss 6.0000 (best 6.0000 at step 2), held-out 5.2500" in capsys.readouterr().out
+    assert main(["runs", "plot", str(tmp_path)]) == 0
+    root = ET.parse(tmp_path / "logs" / "dashboard.svg").getroot()
+    assert "held-out (valid)" in [t.text for t in root.iter(f"{SVG}text")]
+    # train and held-out loss, MTP loss, acceptance, tokens/s, TFLOP/s
+    assert len(list(root.iter(f"{SVG}polyline"))) == 6
+
+
+def test_an_older_run_logged_as_eval_still_shows_its_held_out_loss(tmp_path, capsys):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _rows(10)))
+    assert main(["runs", "show", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["eval_lm_loss"] == pytest.approx(7.5 / 100 ** 0.3)

@@ -72,6 +72,7 @@ def test_a_data_parallel_shard_counts_what_a_walk_over_every_parameter_counts():
                 walk_elements += sum(max(0, min(hi, e) - max(lo, s)) for s, e in params)
                 walk_params += sum(1 for s, e in params if min(hi, e) > max(lo, s))
             assert b.shard(r) == (walk_elements, walk_params)
+        assert b.shards() == [b.shard(r) for r in range(dp)]  # every rank at once, as arrays
 
 
 def test_no_layout_passing_the_checks_at_the_most_nodes_still_searches_fewer():
@@ -105,3 +106,48 @@ def test_the_search_tries_mtp_on_a_stage_of_its_own():
     assert "parallel.pipeline_layout=[4,0]" in overrides, command  # the best: the output layer's stage lightest
     last = stages(4, 1, cfg.parallel.pipeline, None, cfg.parallel.pipeline_layout)[-1]
     assert (last.layers, last.mtp_layers, last.loss) == ((), 1, True)
+
+
+def _plan_smallest(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "megatron_mtp", "plan", *args, "--smallest"], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+
+
+def test_the_671b_recipe_is_planned_though_its_61_layers_split_evenly_over_no_pipeline():
+    """61 layers split over no PP > 1, and the recipe's all-to-all overlap refuses PP1 with MTP and PP > 1
+    without a virtual pipeline: the search plans uneven splits with the overlap off instead of nothing."""
+    out = _plan_smallest("configs/deepseek_v3_671b.yaml", "--max-nodes", "16")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and lines[1].startswith(
+        "  16 node(s), 128 GPUs: 4 most sharded layouts planned, 0 fit; lowest worst rank"), out.stderr
+    assert "no layout up to 16 nodes fits configs/deepseek_v3_671b.yaml on H100 80 GB: even at 128 GPUs" in lines[2]
+
+
+def test_uneven_splits_with_the_overlap_off_are_found_and_reproduce_with_plan():
+    from megatron_mtp.config import load_config
+    from megatron_mtp.config.pipeline_layout import stages
+    from megatron_mtp.plan.gpus import parse_gpu
+    from megatron_mtp.plan.memory import make_plan
+
+    # 5 layers (no even split over PP2 or PP4), the overlap on, which the recipe's own layout string allows
+    recipe = ["model.num_layers=5", "training.precision=bf16", "parallel.expert=2", "parallel.pipeline=2",
+              "parallel.pipeline_layout=Et|tt|t|tmL", "parallel.moe_a2a_overlap=true", "training.micro_batch_size=4"]
+    out = _plan_smallest("configs/tiny_cpu.yaml", *recipe, "--max-nodes", "1")
+    assert out.returncode == 0, out.stderr
+    assert "x PP2 x" in out.stdout and "(layers [3,2]; MoE all-to-all overlap off)" in out.stdout, out.stdout
+    assert "the search tries no virtual pipeline" in out.stdout
+    command = next(line for line in out.stdout.splitlines() if line.startswith("reproduce: "))
+    overrides = [w for w in command.split()[4:] if "=" in w]
+    assert "parallel.moe_a2a_overlap=false" in overrides and "parallel.delay_wgrad_compute=false" in overrides
+    cfg = load_config(str(ROOT / "configs" / "tiny_cpu.yaml"), overrides)
+    assert make_plan(cfg, 8, parse_gpu("h100"), cpu=False, imbalance=1.0).fits
+    layers = [len(s.layers) for s in stages(5, 1, cfg.parallel.pipeline, None, cfg.parallel.pipeline_layout)]
+    assert sum(layers) == 5
+
+
+def test_a_check_that_refuses_every_layout_is_named():
+    out = _plan_smallest("configs/tiny_cpu.yaml", "--gpus-per-node", "3", "--max-nodes", "1")
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 1 and "passes configs/tiny_cpu.yaml's own checks: the one refusing the most" in last
+    assert "training.global_batch_size=16 must be a multiple of micro_batch_size × data-parallel size" in last, last
+    assert "raise --max-nodes" not in last
