@@ -4,7 +4,8 @@ Every layer type is an inventory of the tensors its ops keep for backward (names
 sized from the config and the kernels that run (`Kernels`: the GPU plan and the CPU validation
 differ only there). A decoder layer's is its family's (``Family.saved_layer``: models/<family>/activations.py,
 models/gqa/activations.py, built of models/saved_activations.py's shared parts); the MTP styles' own tensors,
-the embedding and the output layer are here. Recompute settings drop or replace entries the way megatron-core 0.16.1 does:
+the embedding and the output layer are here. Recompute settings drop or replace entries the way megatron-core
+0.16.1 does:
   mla_up_proj  CheckpointWithoutOutput around the q/kv up-projections and RoPE: it keeps the
                compressed q/kv (already saved) and frees q, k, v after core attention used them;
   core_attn    checkpoints core attention: keeps q, k, v, drops the kernel's own tensors;

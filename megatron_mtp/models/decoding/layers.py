@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron_mtp.models.decoding.kv_cache import KVCache, Rows
-from megatron_mtp.models.deepseek_v3.hf_config_json import YarnScaling
 from megatron_mtp.models.hf_common import HFView as HFConfig
+from megatron_mtp.models.hf_common import YarnScaling
 from megatron_mtp.rms_norm import rms_norm
 
 
