@@ -1,4 +1,4 @@
-"""Finding and loading an exported Hugging Face directory for decoding (DeepSeek-V3 or GLM-4.5, family.py).
+"""Finding and loading an exported Hugging Face directory for decoding (any family of models/family.py).
 
 Accepted layouts:
 - ``DIR/main/`` (standard HF dir, no MTP) plus optional ``DIR/mtp/`` holding only

@@ -2,14 +2,16 @@
 
 Every consumer outside the folder (the trainer, ``plan``, the analytic sizes, both conversion
 directions, the decoder, the serving notes) reads a family through this one object: nothing outside
-a family's folder names a family. ``model.family`` picks it (``get_family``); a Hugging Face
+a family's folder names a module of it (tests/unit/test_family_folders.py). A family's decoder layer and its
+activation inventory are in its folder too (or, for an attention kind several families share, below them:
+models/decoding/, models/gqa/). ``model.family`` picks it (``get_family``); a Hugging Face
 config.json picks it by ``model_type``, else ``architectures`` (``family_of_hf_config``).
 
 How a family comes in: its package's ``__init__.py`` builds its ``Family`` and calls ``register``; the
 installed ones are found through the ``megatron_mtp_families`` entry points (pyproject.toml), so the
 list of families is written nowhere else. A family defined in a test or a user's package registers
-the same way. Members that need torch or megatron-core are ``lazy`` references, so naming a family
-(``--help``, ``plan``, ``convert``'s checks) imports neither.
+the same way. Members that need torch or megatron-core are ``lazy`` references (``lazy_object`` for a
+class), so naming a family (``--help``, ``plan``, ``convert``'s checks) imports neither.
 """
 
 from __future__ import annotations
@@ -100,9 +102,9 @@ class ServingFacts:
 
 @dataclass(frozen=True)
 class Family:
-    """One model family: its build, tensor table, sizes, Hugging Face format, decoder attention and
-    serving facts; its own config fields and their checks are its ``model_config`` class's (``check``,
-    ``MTP_STYLES``). ``cfg`` is a run config (config.Config), ``m`` its ``model``."""
+    """One model family: its build, tensor table, sizes, Hugging Face format, decoder layer, activation
+    inventory, separate drafter and serving facts; its own config fields and their checks are its
+    ``model_config`` class's (``check``, ``MTP_STYLES``). ``cfg`` is a run config (config.Config), ``m`` its ``model``."""
 
     name: str
     """``model.family`` (and the folder name under models/)."""
