@@ -104,7 +104,8 @@ class ServingFacts:
 class Family:
     """One model family: its build, tensor table, sizes, Hugging Face format, decoder layer, activation
     inventory, separate drafter and serving facts; its own config fields and their checks are its
-    ``model_config`` class's (``check``, ``MTP_STYLES``). ``cfg`` is a run config (config.Config), ``m`` its ``model``."""
+    ``model_config`` class's (``check``, ``MTP_STYLES``). ``cfg`` is a run config (config.Config), ``m`` its
+    ``model``."""
 
     name: str
     """``model.family`` (and the folder name under models/)."""
