@@ -134,7 +134,7 @@ def linear_input(d: Dims, k: Kernels, te_linear: bool = True) -> int:
     return 1 if (k.fp8 and te_linear) else d.act_bytes
 
 
-def _pre_mlpnorm(out: Saved, d: Dims, k: Kernels, modules: frozenset, moe: bool, output_bytes: int) -> None:
+def pre_mlp_norm(out: Saved, d: Dims, k: Kernels, modules: frozenset, moe: bool, output_bytes: int) -> None:
     n = d.local
     norm(out, "mlp_norm", d.hidden, n, d, k)
     out.add("mlp_norm.output", d.hidden * n * output_bytes)
@@ -159,7 +159,7 @@ def mlp(out: Saved, name: str, tokens: float, width: int, d: Dims, k: Kernels, w
 
 def dense_mlp(d: Dims, k: Kernels, modules: frozenset) -> Saved:
     out = Saved()
-    _pre_mlpnorm(out, d, k, modules, moe=False, output_bytes=linear_input(d, k))
+    pre_mlp_norm(out, d, k, modules, moe=False, output_bytes=linear_input(d, k))
     mlp(out, "mlp", d.tokens, d.ffn, d, k)
     if "mlp" in modules:  # the checkpoint keeps its input: the norm output, or the layer's residual with TE
         out.drop("mlp.", "mlp_norm." if k.te_layers else "mlp.")
@@ -170,7 +170,7 @@ def dense_mlp(d: Dims, k: Kernels, modules: frozenset) -> Saved:
 
 def moe_mlp(d: Dims, k: Kernels, modules: frozenset, grouped_gemm: bool) -> Saved:
     out, n = Saved(), d.local
-    _pre_mlpnorm(out, d, k, modules, moe=True, output_bytes=d.act_bytes)  # the router reads it in bf16
+    pre_mlp_norm(out, d, k, modules, moe=True, output_bytes=d.act_bytes)  # the router reads it in bf16
     # router (logits, scores, group and top-k selections) and the dispatcher's routing map
     out.add("router", n * (9 * d.experts + 20 * d.topk + 16 * d.groups + 16))
     out.add("dispatch.map", n * (5 * d.experts + 8 * d.topk))
