@@ -1,5 +1,5 @@
 """RMSNorm math, shared by the training module (platform/local_modules.py) and the decoder
-(inference/layers.py). Imports only torch, so every layer of the package may use it."""
+(models/decoding/layers.py). Imports only torch, so every layer of the package may use it."""
 
 from __future__ import annotations
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-CANONICAL = ("fp32", "bf16", "fp16", "fp8")
 OLD_SPELLINGS = {"float32": "fp32", "float": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16"}
 
 

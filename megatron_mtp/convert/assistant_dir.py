@@ -16,20 +16,18 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.family import get_family
+from megatron_mtp.models.family import assistant_family, get_family
 from megatron_mtp.models.tensor_table import Param
 
 IN_DIR = "assistant/"
 """Table names of tensors that live in the assistant's own directory."""
 RELEASE_DRAFT_TOKENS = 6
 """num_assistant_tokens of the released assistants' generation_config.json."""
-MODEL_TYPE = "gemma4_assistant"
-"""config.json's model_type of a Gemma 4 assistant (models/gemma4/assistant/hf_config.py)."""
 
 
 def is_assistant_config(config: dict[str, Any]) -> bool:
-    """A config.json of a separate drafter (its model_type)."""
-    return config.get("model_type") == MODEL_TYPE
+    """A config.json of a separate drafter (its model_type: a family's ``assistant_model_type``)."""
+    return assistant_family(config) is not None
 
 
 def assistant_params(cfg, vocab: int) -> list[Param]:
@@ -80,16 +78,19 @@ def draft_tokens(path) -> int:
 
 
 def shape_from_hf(raw: dict[str, Any], target, vocab: int, where: str):
-    """The ``mtp.assistant`` shape of an assistant's config.json drafting for ``target`` (its family's reader)."""
-    from megatron_mtp.models.gemma4.assistant.hf_config import shape_from_hf as read
-
-    return read(raw, target, vocab, where)
+    """The ``mtp.assistant`` shape of an assistant's config.json drafting for ``target`` (the reader of the family
+    whose drafter it is)."""
+    family = assistant_family(raw)
+    if family is None or family.assistant_shape_from_hf is None:
+        raise UserError(f"{where}: model_type {raw.get('model_type')!r} is not a separate drafter megatron-mtp reads")
+    return family.assistant_shape_from_hf(raw, target, vocab, where)
 
 
 def configs(cfg, vocab: int, torch_dtype: str, speculative: Optional[int]) -> tuple[dict, dict]:
     """(config.json, generation_config.json) of the assistant directory."""
-    from megatron_mtp.models.gemma4.assistant.hf_config import assistant_hf_config
-
-    return (assistant_hf_config(cfg, vocab, torch_dtype),
+    make = get_family(cfg.model.family).assistant_hf_config
+    if make is None:
+        raise UserError(f"mtp.style=assistant is not built for model.family={cfg.model.family}")
+    return (make(cfg, vocab, torch_dtype),
             {"num_assistant_tokens": int(speculative or cfg.mtp.num_layers),
              "num_assistant_tokens_schedule": "constant"})

@@ -1,4 +1,5 @@
-"""Hugging Face DeepSeek-V3/V2 or GLM-4.5 directory -> megatron-mtp torch_dist checkpoint (layout-free).
+"""Hugging Face directory of a model family (DeepSeek-V3/V2, GLM-4.5, Qwen3-MoE, Gemma 4) -> megatron-mtp
+torch_dist checkpoint (layout-free).
 The family is config.json's ``model_type`` (models/family.py ``family_of_hf_config``).
 
 Inputs: one HF directory (main only, or the release layout with MTP layers inline), a separate

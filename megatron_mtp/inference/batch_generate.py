@@ -1,7 +1,7 @@
 """The decode loop: one prompt or many, with MTP drafts and continuous batching (one prompt is a batch
 of one through the same code: ``Generator.generate``).
 
-Up to ``batch_size`` sequences decode together, each in a cache slot (kv_cache.py). A step:
+Up to ``batch_size`` sequences decode together, each in a cache slot (models/decoding/kv_cache.py). A step:
 1. admit: free slots take the next prompts; their prefills run as one forward of rows of different
    lengths (not counted as decode forwards);
 2. draft: each sequence gets its own K = min(--speculative, tokens it may still emit - 1); draft step

@@ -17,7 +17,7 @@ the final sequence) while ``t + m <= N'-2`` for the new committed length ``N'``:
 consumed is committed and was not a rejected draft. :meth:`MTPDrafter.rollback_rows` cuts each
 module's cache to that length; the target-hidden buffer is cut to the target cache length.
 
-Batches: every sequence has a slot (kv_cache.py) and its own N, depth lengths and hidden buffers;
+Batches: every sequence has a slot (models/decoding/kv_cache.py) and its own N, depth lengths and hidden buffers;
 ``*_rows`` methods take the slots of a batch with, per sequence, its tokens and its own K (a sequence
 near its token budget drafts fewer). Draft step j runs ONE forward over the sequences with K >= j,
 each row catching up over its own positions (rows of different lengths); one prompt is a batch of one.
@@ -25,17 +25,13 @@ each row catching up over its own positions (rows of different lengths); one pro
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Literal, Protocol
 
 import torch
 
-from megatron_mtp.inference.kv_cache import Rows
 from megatron_mtp.inference.mtp_module import MTPParts
-
-#: Picks a draft token from draft logits; returns (token, q) where q is the distribution the
-#: token was drawn from (None for greedy/argmax drafting).
-PickFn = Callable[[torch.Tensor], tuple[int, torch.Tensor | None]]
+from megatron_mtp.models.decoding.drafting import HiddenBuffer, PickFn
+from megatron_mtp.models.decoding.kv_cache import Rows
 
 
 class Drafter(Protocol):
@@ -52,33 +48,6 @@ class Drafter(Protocol):
                      ) -> tuple[list[list[int]], list[list[torch.Tensor | None]]]: ...
 
     def rollback_rows(self, slots: list[int], committed: list[int]) -> None: ...
-
-
-class HiddenBuffer:
-    """Hidden states by position, growable and truncatable."""
-
-    def __init__(self, width: int, dtype: torch.dtype) -> None:
-        self._data = torch.empty(64, width, dtype=dtype)
-        self.length = 0
-
-    def write(self, start: int, rows: torch.Tensor) -> None:
-        end = start + rows.shape[0]
-        if start > self.length:
-            raise RuntimeError(f"hidden buffer write at {start} leaves a gap after {self.length}")
-        if end > self._data.shape[0]:
-            grown = torch.empty(max(end, 2 * self._data.shape[0]), self._data.shape[1], dtype=self._data.dtype)
-            grown[: self.length] = self._data[: self.length]
-            self._data = grown
-        self._data[start:end] = rows
-        self.length = end
-
-    def read(self, start: int, end: int) -> torch.Tensor:
-        if end > self.length:
-            raise RuntimeError(f"hidden buffer read up to {end} but only {self.length} positions are known")
-        return self._data[start:end]
-
-    def truncate(self, length: int) -> None:
-        self.length = min(self.length, max(length, 0))
 
 
 class MTPDrafter:

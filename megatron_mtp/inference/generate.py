@@ -15,10 +15,11 @@ import torch
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.batch_generate import BatchResult, OnText, generate_batch
 from megatron_mtp.inference.draft import Drafter, MTPDrafter
-from megatron_mtp.inference.layers import HFConfig
 from megatron_mtp.inference.options import DecodeOptions
 from megatron_mtp.inference.results import GenerationResult
 from megatron_mtp.inference.target import TargetModel
+from megatron_mtp.models.decoding.layers import HFConfig
+from megatron_mtp.models.family import assistant_family, family_of_hf_config
 
 
 class Generator:
@@ -110,12 +111,28 @@ def _is_assistant_dir(path: Path) -> bool:
     """mtp/ of an export holds a separate drafter (mtp.style assistant: convert/assistant_dir.py)."""
     import json
 
-    from megatron_mtp.models.gemma4.assistant.hf_config import MODEL_TYPE
-
     try:
-        return json.loads((path / "config.json").read_text()).get("model_type") == MODEL_TYPE
+        return assistant_family(json.loads((path / "config.json").read_text())) is not None
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def load_assistant(path: str | Path, target: TargetModel, dtype: torch.dtype) -> Drafter:
+    """A separate drafter's directory (a Gemma 4 assistant) drafting for ``target``: the family whose drafter its
+    config.json names (else the target's) builds and checks it (``Family.assistant_decoder``), its weights load
+    here."""
+    from megatron_mtp.hf_dir.safetensors_io import HFDir
+    from megatron_mtp.inference.model_dir import _load_into
+
+    weights = HFDir(Path(path))
+    family = assistant_family(weights.config) or family_of_hf_config({"model_type": target.config.model_type})
+    if family.assistant_decoder is None or family.assistant_drafter is None:
+        raise UserError(f"'{path}' is not a separate drafter of {family.title} (its config.json's model_type is "
+                        f"{weights.config.get('model_type')!r}), and {family.title} has none; draft with the "
+                        "model's MTP modules instead")
+    model = family.assistant_decoder(weights.config, weights.path, target)
+    _load_into(model, weights, "", dtype, 0, aliases={})
+    return family.assistant_drafter(model.eval(), target)
 
 
 def load_generator(
@@ -126,7 +143,7 @@ def load_generator(
 ) -> Generator:
     """Load an exported HF directory (main/ + mtp/, inline, or plain) or a megatron checkpoint/run dir;
     ``assistant``: a Gemma 4 assistant directory that drafts instead of the MTP modules
-    (inference/gemma4_assistant.py)."""
+    (models/gemma4/assistant/decoder.py)."""
     from megatron_mtp.inference.checkpoint_source import hf_dir_for
     from megatron_mtp.inference.model_dir import find_export_dirs, load_mtp_modules, load_target, parse_dtype
     from megatron_mtp.inference.parallel_draft import load_parallel_heads
@@ -151,7 +168,5 @@ def load_generator(
             ) from exc
     drafter = parallel if parallel is not None else MTPDrafter(modules, chain_hidden=chain_hidden) if modules else None
     if assistant is not None:
-        from megatron_mtp.inference.gemma4_assistant import AssistantDrafter, load_assistant
-
-        drafter = AssistantDrafter(load_assistant(assistant, target, torch_dtype), target)
+        drafter = load_assistant(assistant, target, torch_dtype)
     return Generator(target, drafter, tokenizer, dirs.root)

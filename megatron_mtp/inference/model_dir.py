@@ -1,4 +1,4 @@
-"""Finding and loading an exported Hugging Face directory for decoding (DeepSeek-V3 or GLM-4.5, family.py).
+"""Finding and loading an exported Hugging Face directory for decoding (any family of models/family.py).
 
 Accepted layouts:
 - ``DIR/main/`` (standard HF dir, no MTP) plus optional ``DIR/mtp/`` holding only
@@ -22,10 +22,10 @@ from megatron_mtp.checkpoint.finite import refuse_nonfinite, tensor_is_finite
 from megatron_mtp.errors import UserError
 from megatron_mtp.hf_dir.fp8 import is_block_fp8
 from megatron_mtp.hf_dir.safetensors_io import HFDir
-from megatron_mtp.inference.attention import family_for
-from megatron_mtp.inference.layers import HFConfig
+from megatron_mtp.inference.decoder import family_for
 from megatron_mtp.inference.mtp_module import MTPParts, mtp_module
 from megatron_mtp.inference.target import TargetModel
+from megatron_mtp.models.decoding.layers import HFConfig
 from megatron_mtp.models.family import family_of_hf_config, supported_text
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,

@@ -7,7 +7,7 @@ head. megatron-core hands the NEXT depth the output after ``shared_head.norm``
 (``_postprocess`` applies ``final_layernorm`` before the block stacks the hidden states), so
 :meth:`MTPParts.step_rows` returns both the normed and the pre-norm output.
 The decoder layer is the family's: ``mtp_module(config, ...)`` builds an instance of the MTP parts over that
-layer's class (attention.py ``over_decoder_layer``), so a family with its own layer (Gemma 4) gets an MTP
+layer's class (decoder.py ``over_decoder_layer``), so a family with its own layer (Gemma 4) gets an MTP
 module with its layer, its embedding multiplier and its soft-capped logits, as training computes them.
 """
 
@@ -16,10 +16,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from megatron_mtp.inference.attention import over_decoder_layer, rotary
-from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.inference.layers import HFConfig, RMSNorm
+from megatron_mtp.inference.decoder import over_decoder_layer, rotary
 from megatron_mtp.inference.target import embed, softcap
+from megatron_mtp.models.decoding.kv_cache import KVCache, Rows
+from megatron_mtp.models.decoding.layers import HFConfig, RMSNorm
 
 
 class SharedHead(nn.Module):

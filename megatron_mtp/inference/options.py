@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.draft import Drafter
-from megatron_mtp.inference.layers import HFConfig
 from megatron_mtp.inference.sampling import SamplingParams
 from megatron_mtp.inference.target import TargetModel
+from megatron_mtp.models.decoding.layers import HFConfig
 
 MAX_SPECULATIVE_K = 16
 

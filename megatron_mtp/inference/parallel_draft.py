@@ -25,12 +25,12 @@ from torch import nn
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.hf_dir.safetensors_io import HFDir
-from megatron_mtp.inference.attention import over_decoder_layer, rotary
-from megatron_mtp.inference.draft import HiddenBuffer, PickFn
-from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.inference.layers import HFConfig, RMSNorm
+from megatron_mtp.inference.decoder import over_decoder_layer, rotary
 from megatron_mtp.inference.model_dir import ExportDirs, _load_into, decodable_config
 from megatron_mtp.inference.target import TargetModel, softcap
+from megatron_mtp.models.decoding.drafting import HiddenBuffer, PickFn
+from megatron_mtp.models.decoding.kv_cache import KVCache, Rows
+from megatron_mtp.models.decoding.layers import HFConfig, RMSNorm
 from megatron_mtp.models.parallel_heads_hf import is_heads_config, read_heads_config
 from megatron_mtp.models.tensor_table import hf_head_prefix
 
@@ -64,7 +64,7 @@ class HeadParts:
 def parallel_head(config: HFConfig) -> HeadParts:
     """One head of the family whose view ``config`` is: its decoder layer (HF names of ``model.layers.N``) shaped
     as an MTP layer at index ``num_hidden_layers`` (training builds each head as the MTP layer: Gemma 4's is
-    full attention), plus ``norm`` (attention.py ``over_decoder_layer``)."""
+    full attention), plus ``norm`` (decoder.py ``over_decoder_layer``)."""
     return over_decoder_layer(HeadParts, config, config.num_hidden_layers)
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from megatron_mtp.inference.attention import decoder_layer, rotary
-from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.inference.layers import HFConfig, RMSNorm
+from megatron_mtp.inference.decoder import decoder_layer, rotary
+from megatron_mtp.models.decoding.kv_cache import KVCache, Rows
+from megatron_mtp.models.decoding.layers import HFConfig, RMSNorm, embed, softcap
 
 
 class _Body(nn.Module):
@@ -73,16 +73,3 @@ class TargetModel(nn.Module):
         hidden = self.model.norm(x)
         logits = self.lm_head(hidden[rows.last_index] if last_only else hidden)
         return softcap(logits.float(), self.config), hidden
-
-
-def embed(table: nn.Embedding, ids: torch.Tensor, config: HFConfig) -> torch.Tensor:
-    """The embedding of ``ids``, times the family's ``embedding_multiplier`` (cast to its dtype) where it has one."""
-    x = table(ids)
-    scale = getattr(config, "embedding_multiplier", None)
-    return x if scale is None else x * torch.tensor(scale, dtype=x.dtype)
-
-
-def softcap(logits: torch.Tensor, config: HFConfig) -> torch.Tensor:
-    """c·tanh(logits / c) for a family with ``final_logit_softcapping`` c; the logits otherwise."""
-    cap = getattr(config, "final_logit_softcapping", None)
-    return logits if cap is None else cap * torch.tanh(logits / cap)

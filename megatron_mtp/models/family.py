@@ -2,14 +2,16 @@
 
 Every consumer outside the folder (the trainer, ``plan``, the analytic sizes, both conversion
 directions, the decoder, the serving notes) reads a family through this one object: nothing outside
-a family's folder names a family. ``model.family`` picks it (``get_family``); a Hugging Face
+a family's folder names a module of it (tests/unit/test_family_folders.py). A family's decoder layer and its
+activation inventory are in its folder too (or, for an attention kind several families share, below them:
+models/decoding/, models/gqa/). ``model.family`` picks it (``get_family``); a Hugging Face
 config.json picks it by ``model_type``, else ``architectures`` (``family_of_hf_config``).
 
 How a family comes in: its package's ``__init__.py`` builds its ``Family`` and calls ``register``; the
 installed ones are found through the ``megatron_mtp_families`` entry points (pyproject.toml), so the
 list of families is written nowhere else. A family defined in a test or a user's package registers
-the same way. Members that need torch or megatron-core are ``lazy`` references, so naming a family
-(``--help``, ``plan``, ``convert``'s checks) imports neither.
+the same way. Members that need torch or megatron-core are ``lazy`` references (``lazy_object`` for a
+class), so naming a family (``--help``, ``plan``, ``convert``'s checks) imports neither.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from megatron_mtp.errors import UserError
 from megatron_mtp.models.tensor_table import Table
 
 
-def lazy(target: str) -> Callable[..., Any]:
-    """A callable standing for ``"package.module:name"``, imported when first called."""
+def lazy_object(target: str) -> Callable[[], Any]:
+    """A callable returning ``"package.module:name"`` itself (a class to build or subclass), imported when first
+    called."""
     module, _, name = target.partition(":")
     cache: list[Any] = []
 
@@ -39,11 +42,20 @@ def lazy(target: str) -> Callable[..., Any]:
             cache.append(getattr(importlib.import_module(module), name))
         return cache[0]
 
+    resolve.__qualname__ = resolve.__name__ = name
+    resolve.__doc__ = f"{target} (imported when first called)"
+    return resolve
+
+
+def lazy(target: str) -> Callable[..., Any]:
+    """A callable standing for ``"package.module:name"``, imported when first called."""
+    resolve = lazy_object(target)
+
     def call(*args, **kwargs):
         return resolve()(*args, **kwargs)
 
-    call.__qualname__ = call.__name__ = name
-    call.__doc__ = f"{target} (imported when first called)"
+    call.__qualname__ = call.__name__ = resolve.__name__
+    call.__doc__ = resolve.__doc__
     return call
 
 
@@ -66,9 +78,6 @@ class AttentionShape:
     """MLA's compressed key/value latent width (0: not MLA)."""
     qk_norm: bool = False
     """A norm on each query and key head (saved for the backward)."""
-    sandwich: bool = False
-    """A sandwich-norm layer (plan/activations.py ``sandwich_layer``): separate q/k/v projections, per-head q/k/v
-    norms, norms after attention and the feed-forward block, a dense MLP beside the MoE block (Gemma 4)."""
     shares_kv: bool = False
     """The keys are the values (no value projection; Gemma 4's full-attention layers)."""
 
@@ -93,9 +102,10 @@ class ServingFacts:
 
 @dataclass(frozen=True)
 class Family:
-    """One model family: its build, tensor table, sizes, Hugging Face format, decoder attention and
-    serving facts; its own config fields and their checks are its ``model_config`` class's (``check``,
-    ``MTP_STYLES``). ``cfg`` is a run config (config.Config), ``m`` its ``model``."""
+    """One model family: its build, tensor table, sizes, Hugging Face format, decoder layer, activation
+    inventory, separate drafter and serving facts; its own config fields and their checks are its
+    ``model_config`` class's (``check``, ``MTP_STYLES``). ``cfg`` is a run config (config.Config), ``m`` its
+    ``model``."""
 
     name: str
     """``model.family`` (and the folder name under models/)."""
@@ -140,9 +150,14 @@ class Family:
     """What an export carries back of an imported model's config.json (models/hf_common.py)."""
     hf_view: Callable[[Mapping[str, Any], str], Any]
     """(config.json, where) -> the typed view the importer and the decoder read (models/hf_common.HFView)."""
-    attention: str
-    """The attention kind, which picks the decoder's attention class (inference/attention.py: "mla",
-    "gqa"); a family with a new kind adds its class there."""
+    # the decoder and the memory plan (lazy: they import torch, or what only plan reads)
+    decoder_layer: Callable[[], type]
+    """() -> the decoder's layer class (inference/decoder.py): a shared one around an attention kind
+    (models/decoding/mla.py, gqa.py) or the family's own (models/<name>/decoder.py)."""
+    saved_layer: Callable[..., Any]
+    """(dims, kernels, recompute modules, moe, grouped_gemm) -> what one decoder layer saves for the backward without
+    full recompute (models/saved_activations.Saved; plan/activations.py): its attention kind's inventory
+    (models/<name>/activations.py, models/gqa/activations.py)."""
     serving: ServingFacts = ServingFacts()
     """What vLLM, SGLang and transformers do with its exports."""
     export_names: Optional[Callable[[str], str]] = None
@@ -159,6 +174,17 @@ class Family:
     assistant_tensors: Optional[Callable[[Any, int], list]] = None
     """(cfg, padded vocab) -> the tensors of the family's separate drafter (mtp.style assistant) in registration
     order (models/gemma4/assistant/hf.py), or None where the family has none."""
+    assistant_model_type: Optional[str] = None
+    """config.json's model_type of the family's separate drafter's directory; None where it has none."""
+    assistant_hf_config: Optional[Callable[[Any, int, str], dict]] = None
+    """(cfg, vocab, torch_dtype) -> the drafter directory's config.json (``to-hf``)."""
+    assistant_shape_from_hf: Optional[Callable[..., Any]] = None
+    """(config.json, target model config, vocab, where) -> the ``mtp.assistant`` shape it describes (``from-hf``)."""
+    assistant_decoder: Optional[Callable[..., Any]] = None
+    """(config.json, its directory, target) -> the drafter's decoder module on the meta device, checked against the
+    target (a TargetModel) it drafts for; inference loads its weights."""
+    assistant_drafter: Optional[Callable[..., Any]] = None
+    """(the loaded decoder module, target) -> its inference/draft.py ``Drafter``."""
     import_names: Optional[Callable[[Mapping[str, Any]], Optional[Callable[[str], Optional[str]]]]] = None
     """config.json -> how the importer renames a file's tensors to the text model's names (None: a tensor it
     leaves out, as a multimodal checkpoint's towers), or None where the names are the text model's already."""
@@ -198,13 +224,24 @@ _REGISTRY: dict[str, Family] = {}
 
 def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], model_types: tuple[str, ...],
                       model_config: type, builders: str, size: ModuleType, hf_mapping: ModuleType,
-                      hf_config: ModuleType, hf_config_json: ModuleType, attention: str,
-                      serving: ServingFacts) -> Family:
+                      hf_config: ModuleType, hf_config_json: ModuleType, decoder: str, activations: str,
+                      serving: ServingFacts, assistant: Optional[str] = None) -> Family:
     """A Family from the modules a family folder holds, each with the names the Family reads: ``size``
     (attention_shape, layer_sizes, parameter_counts, training_flops_per_token, kv_cache_elements_per_token,
     decode_attention_flops), ``hf_mapping`` (TABLE, ATTENTION_ORDER), ``hf_config`` (to_hf_config,
     from_hf_config, carry_source_fields), ``hf_config_json`` (parse_hf_config); ``builders`` is the package
-    whose ``transformer_config`` and ``model`` modules build it on megatron-core (loaded when first used)."""
+    whose ``transformer_config`` and ``model`` modules build it on megatron-core, ``decoder`` the decoder's
+    layer class ("package.module:Class"), ``activations`` the module whose ``saved_layer`` is its activation
+    inventory, ``assistant`` the package of its separate drafter (``hf_config``: MODEL_TYPE,
+    assistant_hf_config, shape_from_hf; ``decoder``: assistant_model, AssistantDrafter); all but
+    the drafter's config.json module load when first used."""
+    drafter: dict[str, Any] = {}
+    if assistant is not None:
+        hf = importlib.import_module(f"{assistant}.hf_config")
+        drafter = dict(assistant_model_type=hf.MODEL_TYPE, assistant_hf_config=hf.assistant_hf_config,
+                       assistant_shape_from_hf=hf.shape_from_hf,
+                       assistant_decoder=lazy(f"{assistant}.decoder:assistant_model"),
+                       assistant_drafter=lazy(f"{assistant}.decoder:AssistantDrafter"))
     return Family(
         name=name,
         title=title,
@@ -225,7 +262,8 @@ def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], 
         from_hf_config=hf_config.from_hf_config,
         carry_source_fields=hf_config.carry_source_fields,
         hf_view=hf_config_json.parse_hf_config,
-        attention=attention,
+        decoder_layer=lazy_object(decoder),
+        saved_layer=lazy(f"{activations}:saved_layer"),
         serving=serving,
         import_names=getattr(hf_config, "import_names", None),
         export_names=getattr(hf_config, "export_names", None),
@@ -234,6 +272,7 @@ def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], 
         assistant_tensors=getattr(hf_mapping, "assistant_tensors", None),
         assistant_model=getattr(hf_mapping, "assistant_model", None),
         assistant_stored=getattr(hf_mapping, "assistant_stored", None),
+        **drafter,
     )
 
 
@@ -273,6 +312,12 @@ def hf_family(raw: Any) -> Optional[Family]:
                 model_type is None and any(a in family.hf_architectures for a in architectures)):
             return family
     return None
+
+
+def assistant_family(raw: Any) -> Optional[Family]:
+    """The family whose separate drafter a config.json dict describes (its ``model_type``); None for any other."""
+    model_type = raw.get("model_type") if hasattr(raw, "get") else None
+    return next((f for f in families() if model_type is not None and f.assistant_model_type == model_type), None)
 
 
 def supported_text() -> str:

@@ -237,6 +237,35 @@ def merge_token_id(tokenizer_id: Optional[int], stored: Any) -> Any:
 _MISSING = object()
 
 
+@dataclasses.dataclass(frozen=True)
+class YarnScaling:
+    """``rope_scaling`` of type yarn (DeepSeek-V3's view; the decoder's RoPE reads it, models/decoding/layers.py)."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+    attention_factor: Optional[float] = None
+    """transformers only: overrides the attention factor derived from mscale/mscale_all_dim."""
+    truncate: bool = True
+    """transformers only: round the YaRN correction range to whole dimensions."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "type": "yarn", "rope_type": "yarn", "factor": self.factor,
+            "original_max_position_embeddings": self.original_max_position_embeddings,
+            "beta_fast": self.beta_fast, "beta_slow": self.beta_slow,
+            "mscale": self.mscale, "mscale_all_dim": self.mscale_all_dim,
+        }
+        if self.attention_factor is not None:
+            out["attention_factor"] = self.attention_factor
+        if not self.truncate:
+            out["truncate"] = False
+        return out
+
+
 @runtime_checkable
 class HFView(Protocol):
     """What every family's typed config.json view holds under the same names (models/<family>/

@@ -1,9 +1,11 @@
 """What every family's tensor table shares: the rule and parameter types, the DeepSeek-style MoE
 and dense MLP, the sequential MTP module's own tensors, the layer kinds, and the table builder.
 
-A family gives only its attention block (``Table(attention=...)``); the MLP blocks, the MTP module
-(``enorm``/``hnorm``/``eh_proj``/``shared_head``, HF layer ``num_hidden_layers + d``) and the
-parallel heads are the same in DeepSeek-V3 and GLM-4.5 (models/README.md).
+A family gives only its attention block (``Table(attention=...)``); the MLP blocks and the MTP module
+(``enorm``/``hnorm``/``eh_proj``/``shared_head``, HF layer ``num_hidden_layers + d``) are shared (a family
+whose layer differs, Gemma 4, subclasses ``Table`` with its own layer rules and keeps the MTP module's), and
+so are the parallel heads' keys in the families that build them (``mtp.style`` parallel: DeepSeek-V3 and
+Gemma 4; GLM-4.5 and Qwen3-MoE refuse it) (models/README.md).
 
 Keys are the *global* sharded-checkpoint keys (torch_dist ``.metadata``), which do not depend on the
 training layout: decoder layers carry their global index in the key (``decoder.layers.N.``), routed

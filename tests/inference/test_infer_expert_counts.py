@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from megatron_mtp.inference.expert_counts import uniform_distinct
-from megatron_mtp.inference.layers import Router
+from megatron_mtp.models.decoding.layers import Router
 
 PROMPT = "def add(a, b):\n    return"
 

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-from megatron_mtp.inference.layers import RMSNorm as DecoderRMSNorm
+from megatron_mtp.models.decoding.layers import RMSNorm as DecoderRMSNorm
 from megatron_mtp.platform.local_modules import RMSNorm as TrainingRMSNorm
 
 

@@ -21,38 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.hf_common import EosIds, eos_ids, mtp_depth, read_view_fields
+from megatron_mtp.models.hf_common import EosIds, YarnScaling, eos_ids, mtp_depth, read_view_fields
 from megatron_mtp.models.hf_common import read_value as _value
 from megatron_mtp.models.tensor_table import MoeLayers
-
-
-@dataclass(frozen=True)
-class YarnScaling:
-    """``rope_scaling`` of type yarn."""
-
-    factor: float
-    original_max_position_embeddings: int
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    mscale: float = 1.0
-    mscale_all_dim: float = 0.0
-    attention_factor: Optional[float] = None
-    """transformers only: overrides the attention factor derived from mscale/mscale_all_dim."""
-    truncate: bool = True
-    """transformers only: round the YaRN correction range to whole dimensions."""
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "type": "yarn", "rope_type": "yarn", "factor": self.factor,
-            "original_max_position_embeddings": self.original_max_position_embeddings,
-            "beta_fast": self.beta_fast, "beta_slow": self.beta_slow,
-            "mscale": self.mscale, "mscale_all_dim": self.mscale_all_dim,
-        }
-        if self.attention_factor is not None:
-            out["attention_factor"] = self.attention_factor
-        if not self.truncate:
-            out["truncate"] = False
-        return out
 
 
 @dataclass(frozen=True, kw_only=True)

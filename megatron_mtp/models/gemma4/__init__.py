@@ -24,7 +24,9 @@ FAMILY = register(family_of_modules(
     hf_mapping=hf_mapping,
     hf_config=hf_config,
     hf_config_json=hf_config_json,
-    attention="gemma4",
+    decoder="megatron_mtp.models.gemma4.decoder:Gemma4DecoderLayer",
+    activations="megatron_mtp.models.gemma4.activations",
+    assistant="megatron_mtp.models.gemma4.assistant",
     serving=ServingFacts(
         engine_facts={
             # The engines serve Gemma 4's own drafter (the assistant model), not a DeepSeek-style MTP module: none of

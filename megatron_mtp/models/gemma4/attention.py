@@ -24,7 +24,6 @@ projection needs one; the fused form would interleave q, k and v per group in on
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -134,8 +133,3 @@ def attention_tail(module, submodules, layer_number: int, head_dim: int, query_g
     module.post_layernorm = submodules.post_layernorm(config=config, hidden_size=config.hidden_size,
                                                       eps=config.layernorm_epsilon)
     module.register_buffer("inv_freq", rope_inv_freq(head_dim, *rope), persistent=False)
-
-
-def scale_of_embedding(hidden_size: int) -> float:
-    """Gemma's embedding multiplier, sqrt(hidden)."""
-    return math.sqrt(hidden_size)

@@ -25,6 +25,12 @@ DEFAULT_ROPE = {SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
                 FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}}
 
 
+def embedding_multiplier(hidden_size: int) -> float:
+    """Gemma's embedding multiplier, sqrt(hidden), as transformers computes it (``hidden ** 0.5``): the decoder's
+    view, the trained model and the assistant read this one number."""
+    return float(hidden_size) ** 0.5
+
+
 @dataclass(frozen=True, kw_only=True)
 class Gemma4HFConfig:
     """The architecture fields of a Gemma 4 text config.json, as HF names them (without a default: required)."""
@@ -90,8 +96,8 @@ class Gemma4HFConfig:
 
     @property
     def embedding_multiplier(self) -> float:
-        """The embedding is scaled by sqrt(hidden)."""
-        return float(self.hidden_size) ** 0.5
+        """The embedding is scaled by sqrt(hidden) (``embedding_multiplier``)."""
+        return embedding_multiplier(self.hidden_size)
 
     @property
     def global_kv_heads(self) -> int:

@@ -7,11 +7,10 @@ embeddings and logits, the metrics' hook on the output layer) sees Gemma's value
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from megatron_mtp.config import Config
+from megatron_mtp.models.gemma4.hf_config_json import embedding_multiplier
 from megatron_mtp.models.gemma4.model_config import MTP_KIND
 from megatron_mtp.models.gemma4.specs import block_spec, layer_spec, mtp_spec
 from megatron_mtp.models.megatron_model import build_gpt_model
@@ -67,7 +66,7 @@ def build_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_pr
     model = build_gpt_model(cfg, config, platform, vocab_size, pre_process, post_process, vp_stage, keys_as_te={},
                             position_embedding_type="none", specs=specs, heads=heads)
     if getattr(model, "embedding", None) is not None:
-        _extend(model.embedding, _ScaledEmbedding, embedding_scale=math.sqrt(cfg.model.hidden_size))
+        _extend(model.embedding, _ScaledEmbedding, embedding_scale=embedding_multiplier(cfg.model.hidden_size))
     if post_process and cfg.model.final_logit_softcapping is not None:
         _extend(model.output_layer, _SoftcappedOutput, softcap=float(cfg.model.final_logit_softcapping))
     return model

@@ -12,7 +12,7 @@ router that reads the un-normalised residual); their sum is what the layer adds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Optional
+from typing import Any, ClassVar, Optional
 
 from megatron_mtp.config import pipeline_layout
 from megatron_mtp.config.moe_layers import MoeLayers
@@ -20,7 +20,6 @@ from megatron_mtp.errors import UserError
 from megatron_mtp.models.softmax_routing import SoftmaxRouting
 
 SLIDING, FULL = "sliding_attention", "full_attention"
-LayerKind = Literal["sliding_attention", "full_attention"]
 FULL_EVERY = 6
 """Without ``layer_types``, every sixth layer is full attention (5 sliding : 1 full), and the last one."""
 

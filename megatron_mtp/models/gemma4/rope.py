@@ -1,5 +1,5 @@
 """Gemma 4's RoPE, shared by the training attention (models/gemma4/attention.py) and the decoder
-(inference/gemma4.py); imports only torch.
+(decoder.py); imports only torch.
 
 Rotate-half over the whole head of width d with frequencies θ^(-2i/d) for the first int(share·d/2) pairs
 and 0 for the rest (those dimensions pass unrotated): transformers' "default" RoPE when share = 1, its

@@ -116,7 +116,7 @@ def decode_attention_flops(cfg: Config, context: int) -> float:
 
 def _kind_shape(m, kind: str) -> AttentionShape:
     d = kind_head_dim(m, kind)
-    return AttentionShape(qk_dim=d, v_dim=d, rope_dim=d, kv_heads=kind_groups(m, kind), qk_norm=True, sandwich=True,
+    return AttentionShape(qk_dim=d, v_dim=d, rope_dim=d, kv_heads=kind_groups(m, kind), qk_norm=True,
                           shares_kv=kind_shares_kv(m, kind))
 
 

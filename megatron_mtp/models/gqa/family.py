@@ -17,4 +17,5 @@ def grouped_query_family(*, name: str, title: str, architecture: str, model_conf
     return family_of_modules(name=name, title=title, architectures=(architecture,), model_types=(name,),
                              model_config=model_config, builders="megatron_mtp.models.gqa", size=size,
                              hf_mapping=hf_mapping, hf_config=hf_config, hf_config_json=hf_config_json,
-                             attention="gqa", serving=serving)
+                             decoder="megatron_mtp.models.decoding.gqa:GQADecoderLayer",
+                             activations="megatron_mtp.models.gqa.activations", serving=serving)

@@ -8,7 +8,7 @@ before each step, a reference, never a copy). For the draft step anchored at pos
 assistant/block.py) the query sits at position t + 1 and sees the target's keys of positions 0..t: the
 causal mask of a sequence against itself, every query row one position later for RoPE than its key row.
 A sliding layer sees the last ``sliding_window + 1`` of them (transformers' assistant mask shows one key
-more than the target's own window; inference/gemma4_assistant.py measured it), so its core attention gets
+more than the target's own window; models/gemma4/assistant/decoder.py measured it), so its core attention gets
 the window (W, 0) where the target's has (W - 1, 0). The query heads split over tensor-parallel ranks as
 the target's key/value heads do, so each rank's queries meet its own shard of the stored keys; with
 sequence parallelism the query projection gathers the sequence and the output projection scatters it.

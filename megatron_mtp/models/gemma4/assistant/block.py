@@ -3,7 +3,7 @@
 Design note: which token and position each step sees. Let x_0..x_{S-1} be a training sequence, h(t) the
 frozen target's hidden state at position t after its final norm, and KV_kind the keys/values its last
 layer of each kind stored in the same forward. Drafting in transformers (``SinglePositionMultiToken
-CandidateGenerator``; inference/gemma4_assistant.py does the same) with x_0..x_{N-1} committed and the
+CandidateGenerator``; decoder.py does the same) with x_0..x_{N-1} committed and the
 target's cache holding positions 0..N-2: step 1 reads [E(x_{N-1}) ; h(N-2)], step j > 1 reads
 [E(token drafted at j-1) ; post_projection of step j-1], every step's query at position N-1 over the keys
 of positions 0..N-2, and step j predicts x_{N-1+j}. With t = N - 2 every position of a training sequence

@@ -3,7 +3,7 @@
 Design note. At drafting, the small Gemma 4 assistants do not score the whole vocabulary: a linear layer
 (``centroids``: width -> C) scores C clusters of V/C tokens each, the top ``centroid_top_k`` clusters are kept,
 and only their tokens get logits from the output table (the others sit below the minimum;
-inference/gemma4_assistant.py ``MaskedEmbedding``). The clusters are a fixed partition written as
+decoder.py ``MaskedEmbedding``). The clusters are a fixed partition written as
 ``token_ordering``: a permutation of the V token ids whose c-th run of V/C ids is cluster c.
 
 Training keeps the full-vocabulary loss of each step (the table's rows learn as without centroids) and adds

@@ -22,6 +22,7 @@ from megatron.core import parallel_state
 
 from megatron_mtp.models.gemma4.assistant.block import AssistantBlock
 from megatron_mtp.models.gemma4.assistant.shape import assistant_stored
+from megatron_mtp.models.gemma4.hf_config_json import embedding_multiplier
 from megatron_mtp.models.mtp_objective import MTPObjectiveGPTModel
 
 
@@ -34,7 +35,7 @@ class AssistantGPTModel(MTPObjectiveGPTModel):
         super().__init__(*args, freeze_base=True, **kwargs)
         assert self.output_chunk is None, "Gemma 4's soft-capped logits are never chunked"
         self.step_weights = step_weights
-        self.embedding_scale = run_config.model.hidden_size ** 0.5
+        self.embedding_scale = embedding_multiplier(run_config.model.hidden_size)
         if not self.post_process:
             return
         self.mtp_assistant = AssistantBlock(run_config, self.config, platform, self.vocab_size)

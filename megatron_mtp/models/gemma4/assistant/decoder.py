@@ -21,17 +21,17 @@ rollback only shortens the target hidden states kept per slot. Rows of a batch d
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from megatron_mtp.errors import UserError
-from megatron_mtp.inference.draft import HiddenBuffer, PickFn
-from megatron_mtp.inference.gemma4 import Gemma4DecoderLayer, layer_kind
-from megatron_mtp.inference.layers import RMSNorm
+from megatron_mtp.models.decoding.drafting import HiddenBuffer, PickFn
+from megatron_mtp.models.decoding.layers import RMSNorm, embed
 from megatron_mtp.models.gemma4.assistant.hf_config import AssistantConfig
+from megatron_mtp.models.gemma4.decoder import Gemma4DecoderLayer, layer_kind
 from megatron_mtp.models.gemma4.hf_config_json import FULL, Gemma4HFConfig
 from megatron_mtp.models.gemma4.model_config import last_of_each_kind
 from megatron_mtp.models.gemma4.rope import apply_rope, rope_cos_sin, rope_inv_freq
@@ -135,13 +135,11 @@ class AssistantModel(nn.Module):
         return logits[0].float(), self.post_projection(x)
 
 
-def load_assistant(path: str | Path, target, dtype: torch.dtype) -> AssistantModel:
-    """A transformers-format assistant directory, checked against the target it drafts for."""
-    from megatron_mtp.hf_dir.safetensors_io import HFDir
-    from megatron_mtp.inference.model_dir import _load_into
-
-    weights = HFDir(Path(path))
-    config = AssistantConfig.read(weights.config, str(weights.path / "config.json"))
+def assistant_model(raw: dict[str, Any], path: Path, target) -> AssistantModel:
+    """The model of the transformers-format assistant directory ``path`` (its config.json ``raw``) on the meta
+    device, checked against the target it drafts for (the family's ``assistant_decoder``; inference/generate.py
+    loads its weights)."""
+    config = AssistantConfig.read(raw, str(path / "config.json"))
     tc = target.config
     if getattr(tc, "model_type", None) != "gemma4_text":
         raise UserError(f"a Gemma 4 assistant drafts for a Gemma 4 target, and this model is "
@@ -156,9 +154,7 @@ def load_assistant(path: str | Path, target, dtype: torch.dtype) -> AssistantMod
             raise UserError(f"the assistant's {kind} layers read head width {ours}, and the target's {kind} layers "
                             f"store {theirs if kind in tc.layer_types else 'none'}; pass the target's own assistant")
     with torch.device("meta"):
-        model = AssistantModel(config)
-    _load_into(model, weights, "", dtype, 0, aliases={})
-    return model.eval()
+        return AssistantModel(config)
 
 
 def stored_layers(target) -> dict[str, int]:
@@ -167,7 +163,8 @@ def stored_layers(target) -> dict[str, int]:
 
 
 class AssistantDrafter:
-    """A ``Drafter`` (draft.py) drafting with a Gemma 4 assistant over the target's own caches (module note)."""
+    """A ``Drafter`` (inference/draft.py) drafting with a Gemma 4 assistant over the target's own caches (module
+    note)."""
 
     def __init__(self, assistant: AssistantModel, target) -> None:
         self.assistant, self.target = assistant, target
@@ -200,8 +197,6 @@ class AssistantDrafter:
     @torch.inference_mode()
     def propose_rows(self, slots: list[int], seqs: list[list[int]], ks: list[int], picks: list[PickFn]
                      ) -> tuple[list[list[int]], list[list[Optional[torch.Tensor]]]]:
-        from megatron_mtp.inference.target import embed
-
         drafts: list[list[int]] = []
         dists: list[list[Optional[torch.Tensor]]] = []
         for slot, seq, k, pick in zip(slots, seqs, ks, picks):

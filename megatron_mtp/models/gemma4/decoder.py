@@ -14,7 +14,8 @@ full attention, as training builds it):
   x = (x + post_feedforward_layernorm(y)) · layer_scalar
 The KV cache holds k (normed, rotated) and v (normed) of every position, flattened over the key/value heads;
 a sliding layer masks what lies outside its window (kept, so that a rollback never needs what it dropped).
-Attribute names mirror the HF tensor names, so a layer loads with ``load_state_dict``.
+Attribute names mirror the HF tensor names, so a layer loads with ``load_state_dict``. The family's
+``decoder_layer`` (models/family.py), built on the shared blocks of models/decoding/.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron_mtp.errors import UserError
-from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.inference.layers import GatedMLP, RMSNorm, StackedExperts
+from megatron_mtp.models.decoding.kv_cache import KVCache, Rows
+from megatron_mtp.models.decoding.layers import GatedMLP, RMSNorm, Rotary, StackedExperts
 from megatron_mtp.models.gemma4.hf_config_json import FULL, Gemma4HFConfig
 from megatron_mtp.models.gemma4.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from megatron_mtp.rms_norm import rms_norm
@@ -138,7 +139,7 @@ class Experts(StackedExperts):
 class Gemma4DecoderLayer(nn.Module):
     """One Gemma 4 decoder layer (module note); ``forward(x, cos_sin, cache, rows)`` as the other families' layers
     (``cos_sin`` is unused: each kind applies its own RoPE). ``attention`` builds its attention (the assistant's
-    layers: query-only, inference/gemma4_assistant.py); ``sandwich`` is the layer around any attention."""
+    layers: query-only, assistant/decoder.py); ``sandwich`` is the layer around any attention."""
 
     def __init__(self, config: Gemma4HFConfig, layer_index: int, attention: type[nn.Module] | None = None) -> None:
         super().__init__()
@@ -176,3 +177,8 @@ class Gemma4DecoderLayer(nn.Module):
 
     def new_cache(self, dtype: torch.dtype, slots: int = 1) -> KVCache:
         return KVCache(self.self_attn.cache_dims(), dtype, slots)
+
+    @staticmethod
+    def rotary(config: Gemma4HFConfig) -> Rotary | None:
+        """None: each attention kind applies its own RoPE."""
+        return None

@@ -1,7 +1,8 @@
 """The decoder's building blocks every family shares: RMSNorm, (YaRN) RoPE, dense MLP, sigmoid- or
-softmax-routed MoE, and the decoder layer around an attention class: MLA with its latent KV cache (mla.py,
-DeepSeek-V3) or grouped-query attention (gqa.py, GLM-4.5); attention.py says which goes where. Every
-family's config.json view is read through the fields models.hf_common.HFView names.
+softmax-routed MoE, the scaled embedding and soft-capped logits, and the decoder layer around an attention
+class: MLA with its latent KV cache (mla.py, DeepSeek-V3) or grouped-query attention (gqa.py, GLM-4.5 and
+Qwen3-MoE); a family names its layer class (``Family.decoder_layer``). Every family's config.json view is
+read through the fields models.hf_common.HFView names.
 
 Attribute names mirror the Hugging Face tensor names (``mlp.gate``, ``self_attn.*``...), so a layer loads
 with ``load_state_dict`` from an export; routed experts are stacked on an expert axis under
@@ -23,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.models.deepseek_v3.hf_config_json import YarnScaling
+from megatron_mtp.models.decoding.kv_cache import KVCache, Rows
 from megatron_mtp.models.hf_common import HFView as HFConfig
+from megatron_mtp.models.hf_common import YarnScaling
 from megatron_mtp.rms_norm import rms_norm
 
 
@@ -239,11 +240,14 @@ class MoE(nn.Module):
 
 class DecoderLayer(nn.Module):
     """Pre-norm block: ``x + attn(norm(x))`` then ``x + mlp(norm(x))``; MoE or dense by index.
-    ``attention`` is the family's attention class (attention.py): MLA, or GQA (gqa.py)."""
+    ``ATTENTION`` is its attention class (a subclass per attention kind: mla.py, gqa.py), which also makes the
+    rotary table every layer of the model shares (``rotary``)."""
 
-    def __init__(self, config: HFConfig, layer_index: int, attention: type[nn.Module]) -> None:
+    ATTENTION: type[nn.Module]
+
+    def __init__(self, config: HFConfig, layer_index: int) -> None:
         super().__init__()
-        self.self_attn = attention(config)
+        self.self_attn = self.ATTENTION(config)
         self.mlp: nn.Module = (
             MoE(config) if config.is_moe_layer(layer_index) else GatedMLP(config.hidden_size, config.intermediate_size)
         )
@@ -263,3 +267,22 @@ class DecoderLayer(nn.Module):
 
     def new_cache(self, dtype: torch.dtype, slots: int = 1) -> KVCache:
         return KVCache(self.self_attn.cache_dims(), dtype, slots)
+
+    @classmethod
+    def rotary(cls, config: HFConfig) -> Rotary | None:
+        """The rotary table the model computes once per forward for all its layers (None: each layer applies its
+        own)."""
+        return cls.ATTENTION.rotary(config)
+
+
+def embed(table: nn.Embedding, ids: torch.Tensor, config: HFConfig) -> torch.Tensor:
+    """The embedding of ``ids``, times the family's ``embedding_multiplier`` (cast to its dtype) where it has one."""
+    x = table(ids)
+    scale = getattr(config, "embedding_multiplier", None)
+    return x if scale is None else x * torch.tensor(scale, dtype=x.dtype)
+
+
+def softcap(logits: torch.Tensor, config: HFConfig) -> torch.Tensor:
+    """c·tanh(logits / c) for a family with ``final_logit_softcapping`` c; the logits otherwise."""
+    cap = getattr(config, "final_logit_softcapping", None)
+    return logits if cap is None else cap * torch.tanh(logits / cap)

@@ -1,6 +1,9 @@
 """DeepSeek-V3's multi-head latent attention for decoding, with its latent KV cache (kv_cache.py):
 the normed latent and the rotated shared key are cached, the per-head keys and values are expanded
 from the latent at every forward. Math as transformers' ``modeling_deepseek_v3`` (layers.py's note).
+An attention kind any family may name (``MLADecoderLayer``); it reads the MLA fields of the family's
+config.json view (DeepSeek-V3's: q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim,
+rope_interleave, rope_scaling).
 """
 
 from __future__ import annotations
@@ -9,9 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.inference.layers import RMSNorm, Rotary, rotate_half, yarn_mscale
-from megatron_mtp.models.deepseek_v3.hf_config_json import DeepseekV3HFConfig
+from megatron_mtp.models.decoding.kv_cache import KVCache, Rows
+from megatron_mtp.models.decoding.layers import DecoderLayer, RMSNorm, Rotary, rotate_half, yarn_mscale
+from megatron_mtp.models.hf_common import HFView
 
 
 def apply_rope(
@@ -33,7 +36,7 @@ def apply_rope(
 class MLAttention(nn.Module):
     """Multi-head latent attention; caches the compressed latent, expands K/V per call."""
 
-    def __init__(self, config: DeepseekV3HFConfig) -> None:
+    def __init__(self, config: HFView) -> None:
         super().__init__()
         self.config = config
         h, hd = config.hidden_size, config.num_attention_heads
@@ -55,7 +58,7 @@ class MLAttention(nn.Module):
         self.scaling = scaling
 
     @staticmethod
-    def rotary(config: DeepseekV3HFConfig) -> Rotary:
+    def rotary(config: HFView) -> Rotary:
         return Rotary(config.qk_rope_head_dim, config.rope_theta, config.rope_scaling)
 
     def cache_dims(self) -> dict[str, int]:
@@ -91,3 +94,9 @@ class MLAttention(nn.Module):
         key = torch.cat([k_nope, k_rot.unsqueeze(1).expand(-1, k_nope.shape[1], -1, -1)], dim=-1)
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=rows.mask, scale=self.scaling)
         return self.o_proj(rows.pack(out.transpose(1, 2)).reshape(n, -1))
+
+
+class MLADecoderLayer(DecoderLayer):
+    """The shared decoder layer around multi-head latent attention (a family's ``decoder_layer``)."""
+
+    ATTENTION = MLAttention

@@ -1,4 +1,5 @@
-"""Grouped-query attention of the GLM-4.5 family (transformers' ``Glm4MoeAttention``), batched rows.
+"""Grouped-query attention of GLM-4.5 and Qwen3-MoE (transformers' ``Glm4MoeAttention``), batched rows; the
+families name it through ``GQADecoderLayer`` and read their config.json through models/gqa/'s shared view.
 
 Per layer: ``q/k/v_proj`` (bias when ``attention_bias``), then, with ``use_qk_norm``, an RMSNorm of
 width ``head_dim`` on every query and key head, then RoPE on the FIRST ``rotary_dim = head_dim *
@@ -22,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from megatron_mtp.inference.kv_cache import KVCache, Rows
-from megatron_mtp.inference.layers import RMSNorm, Rotary, rotate_half
+from megatron_mtp.models.decoding.kv_cache import KVCache, Rows
+from megatron_mtp.models.decoding.layers import DecoderLayer, RMSNorm, Rotary, rotate_half
 from megatron_mtp.models.gqa.hf_view import GroupedQueryHFConfig
 
 
@@ -85,3 +86,9 @@ class GQAttention(nn.Module):
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=rows.mask, scale=self.scaling,
                                              enable_gqa=self.heads != self.kv_heads)
         return self.o_proj(rows.pack(out.transpose(1, 2)).reshape(n, -1))
+
+
+class GQADecoderLayer(DecoderLayer):
+    """The shared decoder layer around grouped-query attention (a family's ``decoder_layer``)."""
+
+    ATTENTION = GQAttention
