@@ -130,6 +130,7 @@ def _wait(procs: list[subprocess.Popen], run_dir: Path | None, signalled: list[i
     killed first is named in one sentence. When the ranks take more than SAVE_NOTE_S to save after a
     forwarded signal, say which have stopped reporting and how to stop without saving."""
     failed_at, grace, named = None, FAILED_RANK_GRACE_S, False
+    ours: set[int] = set()  # the ranks killed here after the grace
     signalled_at, noted = None, False
     while [p.poll() for p in procs].count(None):  # poll every rank (any() would stop at the first live one)
         if signalled and signalled_at is None:
@@ -150,15 +151,17 @@ def _wait(procs: list[subprocess.Popen], run_dir: Path | None, signalled: list[i
                     _name_killed(rank, procs[rank].pid, -code, run_dir, len(procs), signalled)
                     named = True
         if failed_at is not None and time.monotonic() - failed_at > grace:
-            for p in procs:
+            for rank, p in enumerate(procs):
                 if p.poll() is None:
+                    ours.add(rank)
                     _kill_group(p)
         time.sleep(0.05)
     codes = [p.wait() for p in procs]
     if signalled and len(signalled) > 1:
         return 130  # stopped at the user's second request, without saving
-    killed_first = [(rank, c) for rank, c in enumerate(codes) if c < 0]
-    if not named and killed_first and not any(c > 0 and c not in (EXIT_RESUME,) for c in codes):
+    killed_first = [(rank, c) for rank, c in enumerate(codes) if c < 0 and rank not in ours]
+    # 76: a rank whose watchdog found a killed peer gone and left its naming here
+    if not named and killed_first and not any(c > 0 and c not in (EXIT_RESUME, EXIT_RANK_LOST) for c in codes):
         rank, c = killed_first[0]
         _name_killed(rank, procs[rank].pid, -c, run_dir, len(procs), signalled)
     failed = [c for c in codes if c not in (0, EXIT_RESUME)]
