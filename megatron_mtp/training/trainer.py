@@ -132,7 +132,7 @@ class Trainer:
                     self._log_interval(state, time.perf_counter() - interval_start)
                     interval_start = time.perf_counter()
                 if (cfg.logging.eval_interval and state.step % cfg.logging.eval_interval == 0
-                        and self.session.valid_dataset is not None):
+                        and self.session.valid_dataset is not None and not stop_signal):
                     stop_signal = self._evaluate(state, lambda: flag.received is not None) or stop_signal
                 finished = state.step >= cfg.training.max_steps
                 periodic = cfg.checkpoint.save_interval and state.step % cfg.checkpoint.save_interval == 0

@@ -13,11 +13,25 @@ does, so a fresh heartbeat means a live process, and a stale one (no write for S
 on this host a pid that is gone) a stopped or dead one. The files sit on the run directory's shared
 filesystem, so this works across nodes without a rendezvous server (the TCP store lives in rank 0's
 process, which may be the one that is stopped).
+  - progress: a step, an evaluation or a save ending, from the start of the training loop (a hang in
+    the first step, where restarts hang, is watched too); and, while a save is being written, the
+    bytes of the files this rank's checkpoint writer planned growing on disk (platform/
+    write_progress.py): a save of any length that keeps writing is alive.
   - hung: a rank whose own progress is older than training.hang_timeout reads every rank's file. A
-    stale rank is named ("rank 1 (pid 4242 on node7) stopped reporting 31 s ago, after step 7"); if
-    none is stale, every rank is alive and waiting, and the sentence names the step and what each
-    rank was doing. The lowest rank that is still alive prints it; every live rank then exits with
-    EXIT_RANK_LOST (its own process, at once: the main thread is blocked in the collective).
+    stale rank is named ("rank 1 (pid 4242 on node7) stopped reporting 31 s ago, after step 7"). If
+    none is stale and another rank made progress within hang_timeout (its writer still writes while
+    this one waits for it), it waits on. Otherwise a rank whose writer has not finished is named
+    ("rank 1's checkpoint writer made no progress for 601 s ... while saving step 8, with 1.2 GiB of
+    about 3.4 GiB written"), or, failing that, the step every rank waits in and what each was doing.
+  - one sentence: the first rank to decide creates logs/heartbeat/ended-<launch id> (O_EXCL) and
+    prints it; every live rank then exits with EXIT_RANK_LOST (its own process, at once, with the
+    checkpoint writers it forked: the main thread is blocked in the collective).
+  - a paused process (SIGSTOP of the whole job by a Slurm suspend, a paused VM) sees its heartbeat
+    thread wake far later than asked: it moves its progress clock by the time it did not run and
+    judges no other rank stale for a few beats, until they have written again.
+  - a heartbeat file that cannot be written at the start is one sentence on every rank
+    (`agree_writable`); a rank whose own writes fail later names no other rank from stale files (it
+    says that the files cannot be written instead).
   - lost: a collective that fails on a live rank (the peer's sockets closed) is caught by the
     trainer, which asks `peer_lost`: it waits up to a few beats for the dead rank's heartbeat to go
     stale and names it, then exits the same way.
