@@ -192,7 +192,8 @@ def _note_slow_save(procs: list[subprocess.Popen], run_dir: Path | None) -> None
               for rank, p in enumerate(procs) if p.poll() is None and rank in beats
               and now - float(beats[rank].get("beat_at", now)) > SAVE_NOTE_S]
     why = (f"{', '.join(silent)} stopped reporting, and the others wait for it in a collective until "
-           "training.hang_timeout (or, with it off, training.collective_timeout) ends them" if silent else "they are finishing the step and saving")
+           "training.hang_timeout (or, with it off, training.collective_timeout) ends them" if silent
+           else "they are finishing the step and saving")
     _say(f"still waiting for the ranks to save: {why}; send the signal again (Ctrl-C) to stop every rank "
          "without saving")
 
