@@ -75,6 +75,19 @@ def is_019() -> bool:
     return line() >= (0, 17)
 
 
+def background_save_options() -> dict:
+    """dist_checkpointing.save's keywords for a background save. megatron-core 0.19 defaults to the writer of
+    nvidia-resiliency-ext (async_strategy='nvrx'), an optional package that then fails the first save when
+    missing; its built-in writer ('mcore'), the one 0.16 always uses and the AsyncCallsQueue the saver drives,
+    is asked for by name."""
+    import inspect
+
+    from megatron.core import dist_checkpointing
+
+    takes = "async_strategy" in inspect.signature(dist_checkpointing.save).parameters
+    return {"async_strategy": "mcore"} if takes else {}
+
+
 def transformer_config_extras(mtp) -> dict:
     """TransformerConfig fields that only 0.19 has, for ``mtp`` (config.MTPConfig); refused on 0.16 in
     one sentence (called before any process group starts, and again when the config is built)."""

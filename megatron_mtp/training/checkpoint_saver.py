@@ -42,7 +42,7 @@ from megatron_mtp.checkpoint.run_dir import CHECKPOINTS_DIR, complete_steps, pub
 from megatron_mtp.errors import RunError
 from megatron_mtp.output import describe_failure, free_bytes, size_text
 from megatron_mtp.platform import all_reduce_sum, write_progress
-from megatron_mtp.platform.megatron_core import write_legacy_common
+from megatron_mtp.platform.megatron_core import background_save_options, write_legacy_common
 from megatron_mtp.training.checkpoint_state import sharded_state_dict
 from megatron_mtp.training.components import TrainState
 from megatron_mtp.write_causes import others_failed
@@ -249,8 +249,9 @@ class CheckpointSaver:
                 strategy, parallel_state.get_data_parallel_group(with_context_parallel=True))
         sd = sharded_state_dict(self.components, state, with_optimizer=True, is_loading=False,
                                 optimizer_format=self.cfg.checkpoint.optimizer_format)
-        return dist_checkpointing.save(sd, str(tmp), sharded_strategy=strategy,
-                                       async_sharded_save=self.queue is not None)
+        background = self.queue is not None
+        return dist_checkpointing.save(sd, str(tmp), sharded_strategy=strategy, async_sharded_save=background,
+                                       **(background_save_options() if background else {}))
 
     def _publish(self, save: _Save, record: dict) -> None:
         # every rank hashes the shard files it wrote, rank 0 writes them into the manifest (checkpoint/digests.py)
