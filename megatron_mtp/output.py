@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import secrets
 import shutil
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence, Union
 
 from megatron_mtp.errors import UserError
+from megatron_mtp.runtime.file_lock import exclusive_lock
+from megatron_mtp.runtime.liveness import process_gone
 from megatron_mtp.write_causes import (  # noqa: F401 (re-exported: the callers' one place for writing)
     ADVICE,
     CAUSES,
@@ -55,22 +56,6 @@ def temp_name(out: Path) -> Path:
     return out.parent / f".{out.name}.tmp-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def _pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host runs (one of another user's counts as running)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
-def _writer_gone(host: Optional[str], pid: int) -> bool:
-    """True when the process that made a temporary no longer runs (only decidable on its own host)."""
-    return (host is None or host == socket.gethostname()) and not _pid_alive(pid)
-
-
 def stale_temp_writer(path: Path) -> Optional[str]:
     """The pid of the writer that made temporary ``path`` (a ``temp_name``) when that writer is gone,
     else None (not a temporary, or its writer runs or is on another host)."""
@@ -79,7 +64,7 @@ def stale_temp_writer(path: Path) -> Optional[str]:
         return None
     parts = tail.rsplit("-", 2)  # HOST-PID-RANDOM (HOST may hold '-'), or PID-RANDOM of older versions
     host, pid = (parts[0], parts[1]) if len(parts) == 3 else (None, parts[0])
-    return pid if pid.isdigit() and _writer_gone(host, int(pid)) else None
+    return pid if pid.isdigit() and process_gone(host, int(pid)) else None
 
 
 def remove_stale_temps(out: Path) -> list[str]:
@@ -270,21 +255,10 @@ def file_identity(path: PathLike) -> Optional[tuple[int, int, int]]:
     return st.st_dev, st.st_ino, st.st_mtime_ns
 
 
-@contextlib.contextmanager
-def directory_lock(directory: PathLike) -> Iterator[None]:
-    """An exclusive ``flock`` on a directory while the block runs: writers publishing files into it
-    take turns. Best effort: where the filesystem has no such locks (some network filesystems), none."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        yield
-        return
-    try:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+def directory_lock(directory: PathLike) -> contextlib.AbstractContextManager[None]:
+    """An exclusive lock on a directory while the block runs: writers publishing files into it take
+    turns. Best effort: where the filesystem has no such locks (some network filesystems), none."""
+    return exclusive_lock(directory, best_effort=True)
 
 
 def check_not_replaced(path: PathLike, seen: Optional[tuple[int, int, int]], out: PathLike,
