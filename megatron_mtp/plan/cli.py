@@ -51,9 +51,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_speculative(args: argparse.Namespace, cfg) -> int:
+    from megatron_mtp.config.vocab import resolve_vocab
     from megatron_mtp.errors import UserError
     from megatron_mtp.plan.gpus import parse_gpu
-    from megatron_mtp.plan.memory import resolve_vocab
     from megatron_mtp.plan.speculative import ServeLayout, format_table, predict
 
     try:

@@ -8,10 +8,11 @@ import os
 from typing import Optional
 
 from megatron_mtp.config import pipeline_layout
+from megatron_mtp.config.vocab import resolve_vocab
 from megatron_mtp.plan import comm, schedule
 from megatron_mtp.plan.default_corpus_rule import default_corpus_refusal
 from megatron_mtp.plan.gpus import GIB
-from megatron_mtp.plan.memory import Plan, resolve_vocab, suggestions
+from megatron_mtp.plan.memory import Plan, suggestions
 from megatron_mtp.plan.throughput import model_flops_per_token, peak_tflops
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from megatron_mtp.config import load_config
+from megatron_mtp.config.vocab import resolve_vocab
 from megatron_mtp.models.deepseek_v3.size import parameter_counts
 from megatron_mtp.plan.gpus import parse_gpu
-from megatron_mtp.plan.memory import resolve_vocab
 from megatron_mtp.plan.speculative import (
     ServeLayout,
     assistant_step_bytes,

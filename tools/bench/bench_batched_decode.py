@@ -126,9 +126,9 @@ def model_config(path: str, gen):
 
 def bench_model(path: str, batches: list[int], ks: list[int], prompts: list[str], max_new: int, repeats: int,
                 bandwidth: float) -> list[dict]:
+    from megatron_mtp.config.vocab import resolve_vocab
     from megatron_mtp.errors import UserError
     from megatron_mtp.inference.generate import load_generator
-    from megatron_mtp.plan.memory import resolve_vocab
 
     gen = load_generator(path)
     if not gen.has_mtp:
