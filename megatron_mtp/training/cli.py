@@ -1,4 +1,4 @@
-"""`megatron-mtp train` and `megatron-mtp eval`."""
+"""`megatron-mtp train` and `megatron-mtp runs` (`eval` is evaluate/cli.py: it may import an HF export first)."""
 
 from __future__ import annotations
 
@@ -23,19 +23,6 @@ def register(subparsers) -> None:
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--help-config", action="store_true", help="list every config key with its type and meaning")
     p.set_defaults(func=run_train)
-
-    e = subparsers.add_parser("eval", help="evaluate a checkpoint: LM loss, MTP loss and acceptance per depth")
-    e.add_argument("checkpoint", help="run directory, checkpoints/ directory, step_* directory, or a Hugging Face "
-                   "export (bf16, fp32 or fp8; imported once into a cache)")
-    e.add_argument("overrides", nargs="*", metavar="key.path=value", help="dotted config overrides")
-    e.add_argument("--json", action="store_true", help="print one JSON object")
-    e.add_argument("--text-file", help="evaluate on this plain text file instead of the validation split")
-    e.add_argument("--steps", type=int, default=None,
-                   help="global batches of the validation split (default: logging.eval_steps)")
-    e.add_argument("--compare", metavar="CHECKPOINT",
-                   help="also evaluate this checkpoint on the same tokens and print both side by side (e.g. an "
-                   "MTP-only run and the model it was loaded from: acceptance per depth before and after)")
-    e.set_defaults(func=run_eval)
 
     r = subparsers.add_parser("runs", help="look at runs: `runs show RUN` summarises one, `runs plot RUN` draws it")
     rsub = r.add_subparsers(dest="runs_command", metavar="ACTION")
@@ -105,13 +92,6 @@ def run_train(args) -> int:
     from megatron_mtp.training.commands import train_main
 
     return train_main(cfg, run_dir)
-
-
-def run_eval(args) -> int:
-    from megatron_mtp.training.commands import eval_main
-
-    return eval_main(args.checkpoint, list(args.overrides), as_json=args.json, text_file=args.text_file,
-                     steps=args.steps, compare=args.compare)
 
 
 def run_show(args) -> int:
