@@ -124,8 +124,8 @@ def build_plan(request: SubmitRequest) -> JobPlan:
 
 def check_memory(cfg: Config, world: int, gpu: Optional[str], force: bool) -> str:
     """Refuse a GPU layout the memory plan predicts over the GPU's memory (unless forced); the verdict."""
-    from megatron_mtp.plan.gpus import GIB, parse_gpu
     from megatron_mtp.plan.memory import make_plan, suggestions
+    from megatron_mtp.platform.gpus import GIB, parse_gpu
 
     gpu_spec = parse_gpu(gpu)
     try:
@@ -186,7 +186,7 @@ def _check_layout(cfg: Config, nodes: int, tasks_per_node: int) -> None:
 
 def _check_data_paths(cfg: Config) -> None:
     from megatron_mtp.data.prefixes import expand_blend
-    from megatron_mtp.plan.default_corpus_rule import default_corpus_refusal
+    from megatron_mtp.models.default_corpus_rule import default_corpus_refusal
 
     d = cfg.data
     refusal = default_corpus_refusal(cfg)

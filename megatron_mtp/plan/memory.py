@@ -34,7 +34,6 @@ from megatron_mtp.errors import UserError
 from megatron_mtp.models.tensor_table import is_moe_layer, mtp_is_moe
 from megatron_mtp.plan import activations as act
 from megatron_mtp.plan import schedule
-from megatron_mtp.plan.gpus import GIB, Gpu
 from megatron_mtp.plan.params import (
     Buffer,
     chunk_buffers,
@@ -47,6 +46,7 @@ from megatron_mtp.plan.params import (
 )
 from megatron_mtp.platform.detect import Platform
 from megatron_mtp.platform.features import Features, resolve_features
+from megatron_mtp.platform.gpus import GIB, Gpu
 from megatron_mtp.platform.low_precision import check_recipe
 
 FIXED_ALLOWANCE = 3 * GIB
