@@ -120,12 +120,15 @@ class TrainingConfig:
     """Ask torch for deterministic algorithms (slower)."""
     collective_timeout: float = 1800.0
     """Seconds a collective (all-reduce, all-to-all, ...) may wait for the other ranks before
-    torch.distributed fails it (the process groups' timeout)."""
+    torch.distributed fails it (the timeout of the world group and of every group megatron-core builds)."""
     hang_timeout: float = 600.0
-    """Seconds without progress (a step, an evaluation or a save ending) after which the job ends with
-    one sentence naming the rank that stopped reporting, or the step every rank waits in, so that the
-    launcher or the Slurm job restarts it from the latest checkpoint (training/watchdog.py). Must exceed
-    the longest step, evaluation and synchronous save; 0: off, else at least 1."""
+    """Seconds without progress after which the job ends with one sentence naming the rank that stopped
+    reporting, the checkpoint writer that stopped writing, or the step every rank waits in, so that the
+    launcher or the Slurm job restarts it from the latest checkpoint (training/watchdog.py). Progress is
+    a step, an evaluation or a save ending, and, during a save, any rank's checkpoint writer adding
+    bytes: a long save that keeps writing is never cut off. Must exceed the longest step and evaluation,
+    and the longest pause of a save's writer (planning, gathering, publishing); 0: off (then only
+    collective_timeout ends a stuck collective), else at least 1."""
 
 
 @dataclass

@@ -12,10 +12,12 @@ expects of one command:
     fails ends the others, and the launcher exits with the failing rank's code.
   - No rank outlives the launcher: each rank asks the kernel for SIGTERM when its parent dies (even
     if the launcher is killed with SIGKILL), which makes it save and exit.
-  - A rank killed by a signal (an OOM kill, kill -9) is named in one sentence with its signal and the
-    step of its last heartbeat; a job that ended that way, or because a rank was lost or hung
-    (training/watchdog.py, exit 76), is started again from the latest checkpoint, up to
-    `--max-restarts` times (default 0: a user at a terminal decides), like the Slurm job does.
+  - A rank killed by a signal (an OOM kill, kill -9, a crash) is named in one sentence with its signal,
+    what usually sends it, and the step of its last heartbeat (a signal this launcher passed on before
+    the rank's save-and-exit handler was in place is said to be that); a job that ended that way, or
+    because a rank was lost or hung (training/watchdog.py, exit 76), is started again from the latest
+    checkpoint, up to `--max-restarts` times (default 0: a user at a terminal decides), like the Slurm
+    job does.
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ def _wait(procs: list[subprocess.Popen], run_dir: Path | None, signalled: list[i
     killed first is named in one sentence. When the ranks take more than SAVE_NOTE_S to save after a
     forwarded signal, say which have stopped reporting and how to stop without saving."""
     failed_at, grace, named = None, FAILED_RANK_GRACE_S, False
+    ours: set[int] = set()  # the ranks killed here after the grace
     signalled_at, noted = None, False
     while [p.poll() for p in procs].count(None):  # poll every rank (any() would stop at the first live one)
         if signalled and signalled_at is None:
@@ -140,24 +143,27 @@ def _wait(procs: list[subprocess.Popen], run_dir: Path | None, signalled: list[i
                      if p.returncode is not None and p.returncode not in (0, EXIT_RESUME)]
             if ended:
                 failed_at = time.monotonic()
-                rank, code = ended[0]
+                # a rank a signal killed first; the others that saw it gone exited 76 quietly, leaving it to us
+                rank, code = min(ended, key=lambda rc: (rc[1] >= 0, rc[0]))
                 if code < 0 or code == EXIT_RANK_LOST:
                     grace = LOST_RANK_GRACE_S
                 if code < 0 and not (signalled and len(signalled) > 1):  # not the launcher's own kill
-                    _name_killed(rank, procs[rank].pid, -code, run_dir, len(procs))
+                    _name_killed(rank, procs[rank].pid, -code, run_dir, len(procs), signalled)
                     named = True
         if failed_at is not None and time.monotonic() - failed_at > grace:
-            for p in procs:
+            for rank, p in enumerate(procs):
                 if p.poll() is None:
+                    ours.add(rank)
                     _kill_group(p)
         time.sleep(0.05)
     codes = [p.wait() for p in procs]
     if signalled and len(signalled) > 1:
         return 130  # stopped at the user's second request, without saving
-    killed_first = [(rank, c) for rank, c in enumerate(codes) if c < 0]
-    if not named and killed_first and not any(c > 0 and c not in (EXIT_RESUME,) for c in codes):
+    killed_first = [(rank, c) for rank, c in enumerate(codes) if c < 0 and rank not in ours]
+    # 76: a rank whose watchdog found a killed peer gone and left its naming here
+    if not named and killed_first and not any(c > 0 and c not in (EXIT_RESUME, EXIT_RANK_LOST) for c in codes):
         rank, c = killed_first[0]
-        _name_killed(rank, procs[rank].pid, -c, run_dir, len(procs))
+        _name_killed(rank, procs[rank].pid, -c, run_dir, len(procs), signalled)
     failed = [c for c in codes if c not in (0, EXIT_RESUME)]
     if failed:  # the rank that failed first exited with its own code; the ones killed after it, by signal
         if named or EXIT_RANK_LOST in failed:
@@ -186,20 +192,38 @@ def _note_slow_save(procs: list[subprocess.Popen], run_dir: Path | None) -> None
               for rank, p in enumerate(procs) if p.poll() is None and rank in beats
               and now - float(beats[rank].get("beat_at", now)) > SAVE_NOTE_S]
     why = (f"{', '.join(silent)} stopped reporting, and the others wait for it in a collective until "
-           "training.hang_timeout ends them" if silent else "they are finishing the step and saving")
+           "training.hang_timeout (or, with it off, training.collective_timeout) ends them" if silent
+           else "they are finishing the step and saving")
     _say(f"still waiting for the ranks to save: {why}; send the signal again (Ctrl-C) to stop every rank "
          "without saving")
 
 
-def _name_killed(rank: int, pid: int, signum: int, run_dir: Path | None, world: int) -> None:
+CRASH_SIGNALS = {"SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT"}
+
+
+def killed_why(name: str, passed_on: bool) -> str:
+    """Why a rank died of signal `name` (`passed_on`: this launcher forwarded that signal to the ranks)."""
+    if passed_on:
+        return (", which this launcher passed on before the rank could save (it was still starting, or already "
+                "ending, outside the training loop); rerun the same command to resume from the latest checkpoint")
+    if name == "SIGKILL":
+        return " (the kernel's out-of-memory killer, or someone's kill -9)"
+    if name in CRASH_SIGNALS:
+        return " (a crash in native code: a library, a driver, or corrupted memory)"
+    return " (sent by someone or by the system, not through this launcher)"
+
+
+def _name_killed(rank: int, pid: int, signum: int, run_dir: Path | None, world: int,
+                 signalled: list[int] | None = None) -> None:
     try:
         name = signal.Signals(signum).name
     except ValueError:
         name = f"signal {signum}"
+    passed_on = bool(signalled) and any(FORWARDED.get(signal.Signals(s)) == signum for s in signalled)
     when = None
     if run_dir is not None:
         from megatron_mtp.launch.heartbeats import exit_note
 
         when = exit_note(run_dir, world, rank)
     _say(f"error: rank {rank} (pid {pid}) was killed by {name}" + (f" {when}" if when else "")
-         + " (out of memory, or killed by someone); the other ranks are stopped")
+         + f"{killed_why(name, passed_on)}; the other ranks are stopped")

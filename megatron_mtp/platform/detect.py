@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from megatron_mtp.errors import UserError
-from megatron_mtp.platform import checkpoint_writer, optimizer_load
+from megatron_mtp.platform import checkpoint_writer, optimizer_load, write_progress
 from megatron_mtp.platform.known_warnings import silence_known_harmless
 
 
@@ -87,6 +87,7 @@ def setup(device: str = "auto", backend: str = "auto", fp8: Optional[str] = None
     plat = detect(device, backend, fp8)
     silence_known_harmless(plat)
     checkpoint_writer.apply()
+    write_progress.apply()
     optimizer_load.apply()
     if plat.is_cpu:
         from megatron_mtp.platform import cpu

@@ -40,7 +40,7 @@ from megatron_mtp.checkpoint.digests import own_digests
 from megatron_mtp.checkpoint.info import optimizer_layout, train_state_record, write_checkpoint_info
 from megatron_mtp.checkpoint.run_dir import CHECKPOINTS_DIR, complete_steps, publish_step, step_dir_name, write_latest
 from megatron_mtp.errors import RunError
-from megatron_mtp.platform import all_reduce_sum
+from megatron_mtp.platform import all_reduce_sum, write_progress
 from megatron_mtp.platform.megatron_core import write_legacy_common
 from megatron_mtp.training.checkpoint_state import sharded_state_dict
 from megatron_mtp.training.components import TrainState
@@ -110,6 +110,8 @@ class CheckpointSaver:
 
             self.queue = AsyncCallsQueue(persistent=False)  # forked writers; the persistent worker needs CUDA
         self.pending: Optional[_Save] = None
+        self.writing: Optional[_Save] = None
+        """The synchronous save being written (the watchdog measures its writer, see write_progress)."""
         self.deleters: list[threading.Thread] = []
         """Background removals of pruned checkpoints (rank 0)."""
         self.published: list[tuple[Path, float]] = []
@@ -130,17 +132,29 @@ class CheckpointSaver:
                                     pipeline=self.ranks.pp, expert=self.ranks.ep, data=self.ranks.dp,
                                     optimizer_format=self.cfg.checkpoint.optimizer_format,
                                     optimizer_layout=optimizer_layout(self.cfg), **self.data_prefixes)
+        self.writing = save
         try:
-            request = self._write(tmp, state)
-        except _WRITE_FAILURES as exc:  # a write failure ends in one sentence, a bug re-raises
-            self._failed(save, exc)
-        if request is None:
-            self._publish_or_fail(save, record)
-        else:
+            try:
+                request = self._write(tmp, state)
+            except _WRITE_FAILURES as exc:  # a write failure ends in one sentence, a bug re-raises
+                self._failed(save, exc)
+            if request is None:
+                self._publish_or_fail(save, record)
+        finally:
+            self.writing = None
+        if request is not None:
             request.add_finalize_fn(lambda: self._publish(save, record))
             self.queue.schedule_async_request(request)
             self.pending = save
         return final
+
+    def write_progress(self) -> Optional[tuple[int, int, int, bool]]:
+        """(step, bytes written, bytes planned, every file complete) of this rank's checkpoint writer, or
+        None when no save is being written (read by the watchdog's thread: a growing write is progress)."""
+        save = self.writing or self.pending
+        if save is None:
+            return None
+        return (save.step, *write_progress.progress(save.tmp))
 
     def poll(self) -> None:
         """Finalize a background save that has finished (collective: every rank calls it each step)."""
@@ -248,6 +262,7 @@ class CheckpointSaver:
             publish_step(save.tmp, save.final)  # the name first, then latest
             self._prune(keep=save.final.name)
         torch.distributed.barrier()
+        write_progress.forget(save.tmp)
         self.published.append((save.final, time.perf_counter() - save.started))
 
     def _publish_or_fail(self, save: _Save, record: dict) -> None:
@@ -282,6 +297,7 @@ class CheckpointSaver:
             cause = "the write failed on another rank"
         if self.rank0:
             shutil.rmtree(save.tmp, ignore_errors=True)
+        write_progress.forget(save.tmp)
         if cause is None:
             raise exc
         raise RunError(f"saving checkpoint {save.final.name} to {self.root} failed: {cause}; its partial files were "

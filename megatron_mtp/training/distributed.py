@@ -81,6 +81,8 @@ def init_distributed(cfg: Config, platform: Platform) -> Ranks:
         expert_model_parallel_size=p.expert,
         expert_tensor_parallel_size=etp,
         context_parallel_size=p.context,
+        # megatron-core builds every group with this timeout (30 minutes unless told), not the world's
+        distributed_timeout_minutes=cfg.training.collective_timeout / 60,
     )
     seed_everything(cfg.training.seed, platform)
     return Ranks(

@@ -19,7 +19,10 @@ newest checkpoint saved before the spike began and skip the data since, see trai
 Fault injection, for the tests of these guards only: MEGATRON_MTP_INJECT_NONFINITE="3,4" makes the
 losses of steps 3 and 4 count as non-finite on every rank; MEGATRON_MTP_INJECT_SPIKE="6-8"
 multiplies the loss the spike rule sees at steps 6 to 8 by 100; MEGATRON_MTP_INJECT_SIGNAL="3" makes each
-rank send itself SIGUSR1 after the forward/backward of step 3 (a signal that arrives during a step).
+rank send itself SIGUSR1 after the forward/backward of step 3 (a signal that arrives during a step);
+MEGATRON_MTP_INJECT_EVAL_SIGNAL="2" makes rank 0 alone send itself SIGUSR1 after the first batch of the
+evaluation at step 2 (the other ranks learn it at the evaluation's agreement). The checkpoint writer's
+injections (slow, stuck) are in platform/write_progress.py.
 """
 
 from __future__ import annotations

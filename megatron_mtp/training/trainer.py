@@ -17,7 +17,7 @@ from pathlib import Path
 
 from megatron_mtp.checkpoint.info import optimizer_layout
 from megatron_mtp.config.wandb_env import wandb_options
-from megatron_mtp.errors import EXIT_FINISHED, EXIT_RESUME, RunError, UserError
+from megatron_mtp.errors import EXIT_FINISHED, EXIT_RESUME, RunError
 from megatron_mtp.models.throughput import gpu_of_device, model_flops_per_token, peak_tflops
 from megatron_mtp.training import checkpoint_state
 from megatron_mtp.training.batch_ramp import BatchRamp
@@ -30,6 +30,7 @@ from megatron_mtp.training.metric_hooks import attach_metrics
 from megatron_mtp.training.phase_times import PhaseTimes
 from megatron_mtp.training.run_logger import RunLogger, format_step_line
 from megatron_mtp.training.schedules import mtp_lambda
+from megatron_mtp.training.signals import SignalFlag
 from megatron_mtp.training.step_guard import (
     LossSpikeDetector,
     StepOutcome,
@@ -39,37 +40,6 @@ from megatron_mtp.training.step_guard import (
     losses_finite,
 )
 from megatron_mtp.training.watchdog import Watchdog, is_collective_failure
-
-
-class _SignalFlag:
-    """The save-and-exit signals (checkpoint.exit_signals) and Ctrl-C, noted when they arrive and acted on
-    at the next step's agreement point. A second Ctrl-C stops at once, without saving."""
-
-    def __init__(self, names: list[str], say=None):
-        self.received: str | None = None
-        self.say = say or (lambda line: None)
-        self.previous: dict = {}
-        for name in names:
-            sig = getattr(signal, name, None)
-            if sig is None:
-                raise UserError(f"checkpoint.exit_signals has unknown signal '{name}'; use names like SIGUSR1")
-            self.previous[sig] = signal.signal(sig, self._handle)
-        if signal.SIGINT not in self.previous:
-            self.previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
-
-    def _handle(self, signum, frame):
-        self.received = signal.Signals(signum).name
-
-    def _interrupt(self, signum, frame):
-        if self.received == "SIGINT":
-            raise KeyboardInterrupt
-        self.received = "SIGINT"
-        self.say("received SIGINT (Ctrl-C): saving when this step ends; press Ctrl-C again to stop without saving")
-
-    def restore(self) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-        self.previous.clear()
 
 
 def _device_peak_tflops(cfg, platform) -> float:
@@ -124,6 +94,7 @@ class Trainer:
         self.inject_nonfinite = injected_steps("NONFINITE")
         self.inject_spike = injected_steps("SPIKE")
         self.inject_signal = injected_steps("SIGNAL")
+        self.inject_eval_signal = injected_steps("EVAL_SIGNAL")
 
     # ------------------------------------------------------------------ loop
     def train(self) -> int:
@@ -143,10 +114,12 @@ class Trainer:
             gc.disable()
             gc.collect()
         interval_start = time.perf_counter()
-        flag = _SignalFlag(cfg.checkpoint.exit_signals, self.log.info)
+        flag = SignalFlag(cfg.checkpoint.exit_signals, self.log.info)
         watchdog = self.watchdog = Watchdog(self.run_dir, self.ranks.rank, self.ranks.world_size,
-                                            cfg.training.hang_timeout)
+                                            cfg.training.hang_timeout, self.saver.launch_id, self.saver.write_progress,
+                                            state.step)
         try:
+            watchdog.agree_writable()
             while state.step < cfg.training.max_steps:
                 watchdog.now_doing(f"step {state.step + 1}")
                 outcome, stop_signal = self.train_step(fwd_bwd, forward_step, data, state,
@@ -162,8 +135,8 @@ class Trainer:
                     self._log_interval(state, time.perf_counter() - interval_start)
                     interval_start = time.perf_counter()
                 if (cfg.logging.eval_interval and state.step % cfg.logging.eval_interval == 0
-                        and self.session.valid_dataset is not None):
-                    self._evaluate(state)
+                        and self.session.valid_dataset is not None and not stop_signal):
+                    stop_signal = self._evaluate(state, lambda: flag.received is not None) or stop_signal
                 finished = state.step >= cfg.training.max_steps
                 periodic = cfg.checkpoint.save_interval and state.step % cfg.checkpoint.save_interval == 0
                 if finished or periodic or stop_signal or self.save_due:
@@ -174,11 +147,13 @@ class Trainer:
                 if gc_interval and state.step % gc_interval == 0:
                     gc.collect()
                 if stop_signal:
+                    watchdog.now_doing(f"saving step {state.step}")  # its writer's progress is watched
                     self.saver.wait()
                     self._log_published()
                     self.log.info(f"received {flag.received or 'a stop signal on another rank'}: "
                                   f"saved at step {state.step}, exiting with code {EXIT_RESUME} to be resumed")
                     return EXIT_RESUME
+            watchdog.now_doing(f"saving step {state.step}")
             self.saver.wait()
             self._log_published()
             self.log.info(f"training finished at step {state.step}")
@@ -363,18 +338,30 @@ class Trainer:
         if self.session.lock is not None:
             self.session.lock.heartbeat()
 
-    def _evaluate(self, state: TrainState) -> None:
+    def _evaluate(self, state: TrainState, signalled) -> bool:
+        """Evaluate at `state.step`; True when a save-and-exit signal (`signalled()` on any rank) ended it early."""
         from megatron_mtp.training.evaluation import evaluate
 
         collect = self.cfg.training.manual_gc_interval > 0
         if collect:
             gc.collect()
         self.watchdog.now_doing(f"evaluating at step {state.step}")
+        inject = state.step in self.inject_eval_signal and self.ranks.rank == 0
+
+        def stop() -> bool:  # asked after each eval batch (step_guard.py: the injected signal, on rank 0)
+            if inject and not signalled():
+                os.kill(os.getpid(), signal.SIGUSR1)
+            return signalled()
+
         with self.components.params_in_sync():
-            result = evaluate(self.session, self.cfg.logging.eval_steps, self.metrics)
+            result = evaluate(self.session, self.cfg.logging.eval_steps, self.metrics, stop=stop)
         if collect:
             gc.collect(generation=0)
         self.watchdog.progress(state.step, f"the work after evaluating at step {state.step}")
+        if "stopped_after" in result:
+            self.log.info(f"eval at step {state.step} stopped after {result['stopped_after']} of "
+                          f"{self.cfg.logging.eval_steps} batches: a save-and-exit signal arrived")
+            return True
         if self.ranks.rank == 0:
             scalars = {"valid/lm_loss": result["lm_loss"]}
             for k, (loss, accept) in enumerate(zip(result["mtp_loss"], result["mtp_acceptance"]), start=1):
@@ -384,3 +371,4 @@ class Trainer:
             self.log.info(f"eval at step {state.step}: lm_loss {result['lm_loss']:.4f} "
                           f"ppl {math.exp(min(result['lm_loss'], 50)):.2f} mtp_loss {result['mtp_loss']} "
                           f"mtp_acceptance {result['mtp_acceptance']}")
+        return False

@@ -159,3 +159,21 @@ def test_time_based_saves_beside_step_based_ones(tmp_path, train):
                                             "checkpoint.save_interval_minutes=0.0001", "checkpoint.keep_last=0"))
     assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == [
         "step_0000001", "step_0000002", "step_0000003"]
+
+
+def test_a_signal_during_an_evaluation_ends_it_after_that_batch_and_saves(tmp_path, train):
+    """Rank 0 alone receives SIGUSR1 during the first batch of the 40-batch evaluation at step 2: both ranks
+    end the evaluation after that batch (agreed, as the evaluation runs collectives), save step 2 and exit 75,
+    instead of keeping a short grace period waiting for the whole evaluation."""
+    run = tmp_path / "run"
+    os.environ["MEGATRON_MTP_INJECT_EVAL_SIGNAL"] = "2"
+    try:
+        proc = train(run, nproc=2, steps=6, overrides=("parallel.expert=2", "logging.eval_interval=2",
+                                                       "logging.eval_steps=40"), check=False)
+    finally:
+        del os.environ["MEGATRON_MTP_INJECT_EVAL_SIGNAL"]
+    assert proc.returncode == 75, proc.stderr[-3000:]
+    assert "eval at step 2 stopped after 1 of 40 batches: a save-and-exit signal arrived" in proc.stdout, \
+        proc.stdout[-3000:]
+    assert "received SIGUSR1: saved at step 2" in proc.stdout, proc.stdout[-3000:]
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_0000002"
