@@ -15,8 +15,9 @@ from megatron_mtp.errors import EXIT_USAGE, UserError
 
 # Modules that contribute subcommands, in the order they appear in --help.
 _COMMAND_MODULES = (
-    "megatron_mtp.training.cli",  # train, runs
+    "megatron_mtp.launch.train_command",  # train
     "megatron_mtp.evaluate.cli",  # eval
+    "megatron_mtp.training.cli",  # runs
     "megatron_mtp.data.cli",  # preprocess, tokenizer
     "megatron_mtp.convert.cli",  # convert, drop-mtp
     "megatron_mtp.inference.cli",  # generate

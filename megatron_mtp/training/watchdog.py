@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from megatron_mtp.errors import EXIT_RANK_LOST, RunError, sentence
-from megatron_mtp.launch.heartbeats import (
+from megatron_mtp.runtime.heartbeats import (
     LAUNCHER_NAMES_DEAD_RANKS,
     STALE_BEATS,
     heartbeat_file,

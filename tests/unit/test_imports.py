@@ -18,7 +18,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "megatron_mtp"
 # lowest first; a package may import any package before it and none after it
 LAYERS = ["errors", "runtime", "write_causes", "output", "rms_norm", "strict_json", "hf_dir", "config", "platform",
-          "models", "plan", "data", "checkpoint", "launch", "training", "convert", "evaluate", "inference", "cli",
+          "models", "plan", "data", "checkpoint", "training", "launch", "convert", "evaluate", "inference", "cli",
           "__main__"]
 _MODULE_STRING = re.compile(r"^megatron_mtp(\.[A-Za-z_]\w*)+$")
 
@@ -206,6 +206,11 @@ def test_training_and_inference_reach_plan_only_through_its_one_entry():
                if name.startswith("megatron_mtp.plan") and not (package == "training" and name ==
                                                                 PLAN_ENTRY_FOR_TRAINING)]
     assert reaches == [], reaches
+
+
+def test_training_does_not_import_the_launcher():
+    uses = [(file, name) for file, name in _imports_of("training") if name.startswith("megatron_mtp.launch")]
+    assert uses == [], uses
 
 
 MAX_LINES = 400
