@@ -15,7 +15,9 @@ from megatron_mtp.errors import EXIT_USAGE, UserError
 
 # Modules that contribute subcommands, in the order they appear in --help.
 _COMMAND_MODULES = (
-    "megatron_mtp.training.cli",  # train, eval
+    "megatron_mtp.launch.train_command",  # train
+    "megatron_mtp.evaluate.cli",  # eval
+    "megatron_mtp.training.cli",  # runs
     "megatron_mtp.data.cli",  # preprocess, tokenizer
     "megatron_mtp.convert.cli",  # convert, drop-mtp
     "megatron_mtp.inference.cli",  # generate
@@ -57,16 +59,6 @@ def main(argv: list[str] | None = None) -> int:
 
     silence_everywhere_harmless()  # before a command imports megatron-core or torch
     try:
-        if args.command == "eval":  # an HF export (FP8 included) is imported once; convert sits above training
-            from megatron_mtp.platform.detect import detect
-            from megatron_mtp.platform.known_warnings import silence_known_harmless
-
-            silence_known_harmless(detect())  # before the checkpoint's reading imports megatron-core, as train does
-            from megatron_mtp.convert.import_cache import checkpoint_of
-
-            args.checkpoint = checkpoint_of(args.checkpoint)
-            if getattr(args, "compare", None):
-                args.compare = checkpoint_of(args.compare)
         result = args.func(args)
     except UserError as exc:
         if not exc.every_rank or os.environ.get("RANK", "0") == "0":  # a refusal all ranks share: printed once

@@ -13,38 +13,24 @@ Every command that writes (``convert to-hf``, ``convert from-hf``, ``drop-mtp``,
 - published by one atomic rename; when OUT appeared meanwhile (another command writing the same
   output finished first), that output is kept, ours is removed, and the command says so.
 
-The cause of a failed write is found in write_causes.py, as for training saves.
+The cause of a failed write and its sentence are found in write_causes.py, as for training saves.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import secrets
 import shutil
 import socket
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence, Union
+from typing import Iterator, Optional
 
 from megatron_mtp.errors import UserError
-from megatron_mtp.write_causes import (  # noqa: F401 (re-exported: the callers' one place for writing)
-    ADVICE,
-    CAUSES,
-    GIB,
-    cause_text,
-    chain,
-    describe_failure,
-    failure_errno,
-    free_bytes,
-    limit_reached,
-    limit_text,
-    size_text,
-)
-
-PathLike = Union[str, "os.PathLike[str]"]
-
+from megatron_mtp.runtime.file_lock import exclusive_lock
+from megatron_mtp.runtime.liveness import process_gone
+from megatron_mtp.write_causes import PathLike, free_bytes, size_text, write_error, write_failures
 
 # --- a command's output ---------------------------------------------------------------------------
 
@@ -55,22 +41,6 @@ def temp_name(out: Path) -> Path:
     return out.parent / f".{out.name}.tmp-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def _pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` of this host runs (one of another user's counts as running)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
-def _writer_gone(host: Optional[str], pid: int) -> bool:
-    """True when the process that made a temporary no longer runs (only decidable on its own host)."""
-    return (host is None or host == socket.gethostname()) and not _pid_alive(pid)
-
-
 def stale_temp_writer(path: Path) -> Optional[str]:
     """The pid of the writer that made temporary ``path`` (a ``temp_name``) when that writer is gone,
     else None (not a temporary, or its writer runs or is on another host)."""
@@ -79,7 +49,7 @@ def stale_temp_writer(path: Path) -> Optional[str]:
         return None
     parts = tail.rsplit("-", 2)  # HOST-PID-RANDOM (HOST may hold '-'), or PID-RANDOM of older versions
     host, pid = (parts[0], parts[1]) if len(parts) == 3 else (None, parts[0])
-    return pid if pid.isdigit() and _writer_gone(host, int(pid)) else None
+    return pid if pid.isdigit() and process_gone(host, int(pid)) else None
 
 
 def remove_stale_temps(out: Path) -> list[str]:
@@ -113,66 +83,6 @@ def tree_bytes(path: Path) -> int:
         return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     except OSError:
         return 0
-
-
-def _concerns(filename: object, out: Path, written: Sequence[Path]) -> bool:
-    """Whether an OSError's file is the output: OUT, its temporary, a written path (or under one), or a
-    directory above OUT."""
-    if filename is None:
-        return True
-    path = os.path.abspath(os.fsdecode(filename))  # type: ignore[arg-type]
-    mine = (str(out), str(out.parent / f".{out.name}.tmp-"), *map(str, written))
-    return path.startswith(mine) or Path(path) in out.parents
-
-
-def _output_errno(exc: BaseException, out: Path, written: Sequence[Path]) -> Optional[int]:
-    """The errno of a failure to write the output; None for anything else (a bad input, a bug, a
-    source file that cannot be read), which is raised as it is."""
-    if isinstance(exc, UserError) or not isinstance(exc, Exception):
-        return None
-    for item in chain(exc):
-        if isinstance(item, OSError) and item.errno is not None:
-            if item.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
-                return item.errno
-            if _concerns(item.filename, out, written) and (item.errno in CAUSES or item.filename is not None):
-                return item.errno
-            return None
-    return failure_errno(exc)  # torch's writers: "unexpected pos", "No space left" in the text only
-
-
-def write_error(exc: BaseException, out: Path, what: str = "output", written: Sequence[Path] = (),
-                needed_bytes: Optional[int] = None, at_least: bool = False) -> Optional[UserError]:
-    """The one-sentence UserError for a failure to write ``out``; None when ``exc`` is something else."""
-    code = _output_errno(exc, out, written)
-    if code is None:
-        return None
-    stopped = limit_reached(exc, [w for w in written if w.is_dir()])
-    if stopped is not None:
-        return UserError(f"cannot write {what} '{out}': {limit_text(stopped)}; {ADVICE[errno.EFBIG]}")
-    if code in CAUSES:
-        cause = cause_text(code, out.parent, needed_bytes, at_least)
-    else:
-        cause = (os.strerror(code) or f"error {code}").lower()
-    advice = ADVICE.get(code, "check the disk and try again")
-    return UserError(f"cannot write {what} '{out}': {cause}; {advice}")
-
-
-@contextlib.contextmanager
-def write_failures(out: PathLike, what: str = "output", written: Sequence[PathLike] = (),
-                   needed_bytes: Union[int, Callable[[], Optional[int]], None] = None) -> Iterator[None]:
-    """Turn a failed write of ``out`` inside the block into its one-sentence UserError. ``written``:
-    the temporary paths (and prefixes) the block writes; ``needed_bytes``: the output's size, or a
-    function giving what was written so far when the size is not known up front."""
-    out = Path(out).absolute()
-    try:
-        yield
-    except BaseException as exc:
-        nbytes = needed_bytes() if callable(needed_bytes) else needed_bytes
-        error = write_error(exc, out, what, [Path(w).absolute() for w in written], nbytes,
-                            at_least=callable(needed_bytes))
-        if error is None:
-            raise
-        raise error from exc
 
 
 def check_space(out: Path, needed_bytes: Optional[int], what: str = "output") -> None:
@@ -270,21 +180,10 @@ def file_identity(path: PathLike) -> Optional[tuple[int, int, int]]:
     return st.st_dev, st.st_ino, st.st_mtime_ns
 
 
-@contextlib.contextmanager
-def directory_lock(directory: PathLike) -> Iterator[None]:
-    """An exclusive ``flock`` on a directory while the block runs: writers publishing files into it
-    take turns. Best effort: where the filesystem has no such locks (some network filesystems), none."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        yield
-        return
-    try:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+def directory_lock(directory: PathLike) -> contextlib.AbstractContextManager[None]:
+    """An exclusive lock on a directory while the block runs: writers publishing files into it take
+    turns. Best effort: where the filesystem has no such locks (some network filesystems), none."""
+    return exclusive_lock(directory, best_effort=True)
 
 
 def check_not_replaced(path: PathLike, seen: Optional[tuple[int, int, int]], out: PathLike,

@@ -1,4 +1,5 @@
-"""Why a write failed, in words a user can act on (for output.py and the trainer's saves).
+"""Why a write failed, in words a user can act on (for output.py and the trainer's saves), and the
+one ``UserError`` sentence a command's failed write becomes (``write_failures``, ``write_error``).
 
 Commands' outputs (output.py) and training saves (training/checkpoint_saver.py) share it.
 megatron-core and torch report a failed write in many shapes: an OSError with an errno, torch's
@@ -15,13 +16,17 @@ it when one is left under the output.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence, Union
+
+from megatron_mtp.errors import UserError
 
 GIB = 1 << 30
+PathLike = Union[str, "os.PathLike[str]"]
 
 
 def size_text(nbytes: int) -> str:
@@ -161,3 +166,66 @@ def describe_failure(exc: BaseException, where: Path, needed_bytes: Optional[int
             return f"{type(first).__name__}: {first}"
         return None
     return cause_text(code, where, needed_bytes, at_least)
+
+
+# --- a command's failed write, as one sentence ----------------------------------------------------
+
+
+def _concerns(filename: object, out: Path, written: Sequence[Path]) -> bool:
+    """Whether an OSError's file is the output: OUT, its temporary, a written path (or under one), or a
+    directory above OUT."""
+    if filename is None:
+        return True
+    path = os.path.abspath(os.fsdecode(filename))  # type: ignore[arg-type]
+    mine = (str(out), str(out.parent / f".{out.name}.tmp-"), *map(str, written))
+    return path.startswith(mine) or Path(path) in out.parents
+
+
+def _output_errno(exc: BaseException, out: Path, written: Sequence[Path]) -> Optional[int]:
+    """The errno of a failure to write the output; None for anything else (a bad input, a bug, a
+    source file that cannot be read), which is raised as it is."""
+    if isinstance(exc, UserError) or not isinstance(exc, Exception):
+        return None
+    for item in chain(exc):
+        if isinstance(item, OSError) and item.errno is not None:
+            if item.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+                return item.errno
+            if _concerns(item.filename, out, written) and (item.errno in CAUSES or item.filename is not None):
+                return item.errno
+            return None
+    return failure_errno(exc)  # torch's writers: "unexpected pos", "No space left" in the text only
+
+
+def write_error(exc: BaseException, out: Path, what: str = "output", written: Sequence[Path] = (),
+                needed_bytes: Optional[int] = None, at_least: bool = False) -> Optional[UserError]:
+    """The one-sentence UserError for a failure to write ``out``; None when ``exc`` is something else."""
+    code = _output_errno(exc, out, written)
+    if code is None:
+        return None
+    stopped = limit_reached(exc, [w for w in written if w.is_dir()])
+    if stopped is not None:
+        return UserError(f"cannot write {what} '{out}': {limit_text(stopped)}; {ADVICE[errno.EFBIG]}")
+    if code in CAUSES:
+        cause = cause_text(code, out.parent, needed_bytes, at_least)
+    else:
+        cause = (os.strerror(code) or f"error {code}").lower()
+    advice = ADVICE.get(code, "check the disk and try again")
+    return UserError(f"cannot write {what} '{out}': {cause}; {advice}")
+
+
+@contextlib.contextmanager
+def write_failures(out: PathLike, what: str = "output", written: Sequence[PathLike] = (),
+                   needed_bytes: Union[int, Callable[[], Optional[int]], None] = None) -> Iterator[None]:
+    """Turn a failed write of ``out`` inside the block into its one-sentence UserError. ``written``:
+    the temporary paths (and prefixes) the block writes; ``needed_bytes``: the output's size, or a
+    function giving what was written so far when the size is not known up front."""
+    out = Path(out).absolute()
+    try:
+        yield
+    except BaseException as exc:
+        nbytes = needed_bytes() if callable(needed_bytes) else needed_bytes
+        error = write_error(exc, out, what, [Path(w).absolute() for w in written], nbytes,
+                            at_least=callable(needed_bytes))
+        if error is None:
+            raise
+        raise error from exc

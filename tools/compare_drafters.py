@@ -70,7 +70,7 @@ def draft_weights(run: Path) -> tuple[float, float]:
     `plan --speculative` counts them at batch 1 (routed experts: the top-k a token picks)."""
     from megatron_mtp.checkpoint.info import read_config
     from megatron_mtp.checkpoint.run_dir import resolve_checkpoint
-    from megatron_mtp.plan.memory import resolve_vocab
+    from megatron_mtp.config.vocab import resolve_vocab
     from megatron_mtp.plan.speculative import (
         ServeLayout,
         assistant_step_bytes,

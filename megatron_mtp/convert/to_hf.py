@@ -17,7 +17,8 @@ Parallel MTP heads (mtp.style parallel) have no HF format: separate only, OUT/mt
 
 Serving: ``serve_for`` (``--for``) picks the layout an engine loads with the fewest flags and
 refuses, before anything is written, what it cannot load or run (convert/serving.py); without it
-the same facts are warnings. Every export ends with OUT/SERVING.md, the commands that serve it.
+the same facts are warnings. The options are settled before streaming starts (convert/export_options.py).
+Every export ends with OUT/SERVING.md, the commands that serve it (convert/serving_text.py).
 config.json and generation_config.json carry back what an imported HF model said and still holds
 (convert/hf_source.py).
 
@@ -32,19 +33,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
 from megatron_mtp.checkpoint.finite import bytes_are_finite, recorded_finite, refuse_nonfinite, tensor_is_finite
-from megatron_mtp.checkpoint.info import read_config
-from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, resolve_checkpoint
+from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.config import Config
-from megatron_mtp.convert import assistant_dir, fp8_export, serving
+from megatron_mtp.convert import assistant_dir, fp8_export, serving, serving_text
+from megatron_mtp.convert.export_options import DTYPES, MtpLayout, MtpMode, resolve_export_options
 from megatron_mtp.convert.hf_source import GENERATION_CONFIG, generation_config, source_config, source_generation_config
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.shapes import check_shape, expected_shape
@@ -56,17 +56,10 @@ from megatron_mtp.models.hf_common import TOKEN_ID_KEYS
 from megatron_mtp.models.tensor_table import (
     EMBEDDING,
     MODEL_KEY_PREFIXES,
-    MTP_KEY_PREFIXES,
     Param,
     nextn_name,
-    release_mtp_name,
 )
-from megatron_mtp.output import check_output_free, staged_dir, tree_bytes
-
-MtpMode = Literal["separate", "inline", "none", "only"]
-MtpLayout = Literal["hf", "nextn"]
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp8": torch.bfloat16}
-"""Stored dtype per --dtype; with fp8 the decoder-layer linears become FP8 blocks (convert/fp8_export.py)."""
+from megatron_mtp.output import staged_dir, tree_bytes
 
 
 @dataclass(frozen=True)
@@ -263,38 +256,6 @@ def hf_configs(
     return {"main": dict(full, num_nextn_predict_layers=0), "mtp": mtp}
 
 
-def serving_export(cfg: Config, out: Path, mode: MtpMode, mtp_layout: MtpLayout, dtype: str,
-                   speculative: Optional[int] = None) -> serving.Export:
-    """What serving needs to know about this export (convert/serving.py)."""
-    m, family = cfg.model, get_family(cfg.model.family)
-    return serving.Export(
-        out=out, layout=serving.layout_name(mode, mtp_layout), dtype=dtype, num_layers=m.num_layers,
-        depth=cfg.mtp.modules if mode != "none" else 0, repeats=cfg.mtp.num_layers if cfg.mtp.repeated_layer else 1,
-        hidden_size=m.hidden_size, moe=m.num_experts > 0,
-        tied=m.tie_embeddings, speculative=speculative, parallel_heads=cfg.mtp.style == "parallel",
-        assistant=cfg.mtp.style == "assistant",
-        family=cfg.model.family, architecture=family.architecture,
-        mla_head_size=family.serving.mla_head_size(cfg) if family.serving.mla_head_size else None,
-    )
-
-
-def check_serving(
-    export: serving.Export, serve_for: Optional[str], note: Optional[Callable[[str], None]] = None
-) -> list[serving.Problem]:
-    """Every engine's problems with this export (for SERVING.md). With ``serve_for`` its first one is
-    the error; without, no engine was named, so ``note`` gets one line pointing at SERVING.md."""
-    found = [p for engine in serving.ENGINES for p in serving.problems(engine, export)]
-    if serve_for is not None:
-        mine = [p for p in found if p.engine == serve_for]
-        if mine:
-            raise UserError(mine[0].sentence)
-    elif note is not None and found:
-        engines = sorted({p.engine for p in found})
-        note(f"SERVING.md says what {' and '.join(engines)} cannot do with this export ({len(found)} "
-             f"point{'s' if len(found) > 1 else ''}); name the engine with --for to have it checked")
-    return found
-
-
 def export_to_hf(
     ckpt_path: str | Path,
     out_dir: str | Path,
@@ -313,64 +274,9 @@ def export_to_hf(
     ``speculative``: draft tokens per step in the MTP commands of SERVING.md. ``warn`` receives,
     before anything is written, each thing a serving engine cannot do with the export (without
     ``serve_for``; the CLI prints them; SERVING.md lists them either way)."""
-    if mtp not in (None, "separate", "inline", "none", "only"):
-        raise UserError(f"--mtp must be separate, inline, none or only, not '{mtp}'")
-    if mtp == "only" and serve_for is not None:
-        raise UserError("--mtp only writes the MTP directory without a model to serve; drop --for, or export "
-                        "the whole model with --for")
-    if mtp_layout not in (None, "hf", "nextn"):
-        raise UserError(f"--mtp-layout must be hf or nextn, not '{mtp_layout}'")
-    if dtype is not None and dtype not in DTYPES:
-        raise UserError(f"--dtype must be bf16, fp32 or fp8, not '{dtype}'")
-    serving.check_engine(serve_for)
-    if speculative is not None and speculative < 1:
-        raise UserError(f"--speculative must be a positive number of draft tokens, not {speculative}")
-    check_output_free(Path(out_dir).absolute())
-    resolved = resolve_checkpoint(ckpt_path)
-    step = resolved.path
-    if resolved.note:
-        print(f"note: {resolved.note}", file=sys.stderr)
-    cfg = read_config(step)
-    reader = TorchDistReader(step)
-    has_mtp = cfg.mtp.num_layers > 0 and any(k.startswith(MTP_KEY_PREFIXES) for k in reader.keys())
-    if has_mtp and cfg.mtp.style == "parallel" and mtp not in ("none", "only"):
-        from megatron_mtp.convert.heads_layout import refuse_layout
-
-        refuse_layout(serve_for, mtp or "separate", mtp_layout or "hf")
-    assistant = has_mtp and cfg.mtp.style == "assistant"
-    if assistant:  # its own model directory (convert/assistant_dir.py)
-        mtp = assistant_dir.check_layout(mtp, mtp_layout, serve_for)
-    only = mtp == "only"  # the MTP directory of the separate layout, written as OUT itself
-    if only and cfg.mtp.style == "parallel":
-        raise UserError("--mtp only writes the Hugging Face directory of sequential MTP modules, and this "
-                        "checkpoint has parallel MTP heads; export with --mtp separate (OUT/mtp holds the heads)")
-    mtp, mtp_layout, dtype = serving.choose_layout(serve_for, "separate" if only else mtp, mtp_layout, dtype,
-                                                   has_mtp, cfg.model.num_layers, cfg.model.family)
-    family = get_family(cfg.model.family)
-    if dtype == "fp8" and family.serving.no_fp8_export is not None:
-        raise UserError(f"--dtype fp8 is not written for {family.title}: {family.serving.no_fp8_export}; export "
-                        "with --dtype bf16 or fp32")
-    if mtp_layout == "nextn" and mtp != "separate":
-        raise UserError("--mtp-layout nextn only applies to --mtp separate or only")
-    if mtp != "none" and not has_mtp:
-        raise UserError(f"checkpoint '{step}' has no MTP layers; export it with --mtp none" +
-                        ("" if not only else " (--mtp only writes MTP layers alone)"))
-    if mtp_layout == "nextn" and family.table.mtp_names is not release_mtp_name:
-        raise UserError(f"--mtp-layout nextn renames the release's MTP layers for SGLang's DeepSeek-V3 draft, and "
-                        f"{family.title} names its MTP module its own way (SGLang reads it as written); export with "
-                        "--mtp-layout hf")
-    if mtp_layout == "nextn" and cfg.mtp.modules > 1:
-        raise UserError(
-            f"--mtp-layout nextn writes SGLang's NextN directory, which holds one MTP module, and checkpoint "
-            f"'{step}' has {cfg.mtp.modules}; export with --mtp-layout hf"
-        )
-    if speculative is not None and mtp == "none":
-        raise UserError("--speculative sets the draft tokens of the MTP serving commands, and an export with "
-                        "--mtp none has no MTP module")
-    out_dir = Path(out_dir)
-    export = serving_export(cfg, out_dir.absolute(), mtp, mtp_layout, dtype, speculative)
-    say = (lambda text: print(f"note: {text}", file=sys.stderr)) if warn is not None else None
-    found = [] if only else check_serving(export, serve_for, say)
+    o = resolve_export_options(ckpt_path, out_dir, mtp, mtp_layout, dtype, serve_for, speculative, warn)
+    cfg, step, reader, mtp, mtp_layout, dtype, only = o.cfg, o.step, o.reader, o.mtp, o.mtp_layout, o.dtype, o.only
+    family, export, found, out_dir = o.family, o.export, o.found, o.out_dir
     params = select_params(reader, cfg, step)
     _check_shapes(reader, params, cfg, step)
     reader.validate(sorted({p.mcore for p in params}))
@@ -435,7 +341,7 @@ def export_to_hf(
                 writer.abort()
         for dest, config in configs.items():
             (dirs[dest] / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        if assistant and "mtp" in dirs:  # how many tokens it drafts
+        if o.assistant and "mtp" in dirs:  # how many tokens it drafts
             drafts = assistant_dir.configs(cfg, vocab, "", speculative)[1]
             (dirs["mtp"] / GENERATION_CONFIG).write_text(json.dumps(drafts, indent=2) + "\n")
         if only:  # the base release keeps its tokenizer and serving files
@@ -446,5 +352,5 @@ def export_to_hf(
             (dirs["main"] / GENERATION_CONFIG).write_text(json.dumps(gen, indent=2) + "\n")
         if towers is not None:
             towers.copy_files(dirs["main"])
-        (tmp / serving.SERVING_FILE).write_text(serving.serving_text(export, found))
+        (tmp / serving.SERVING_FILE).write_text(serving_text.serving_text(export, found))
     return out_dir

@@ -10,7 +10,6 @@ rank compiles, and register the result as ``megatron.core.datasets.helpers_cpp``
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import os
 import subprocess
@@ -18,6 +17,7 @@ import sys
 import sysconfig
 
 from megatron_mtp.errors import UserError
+from megatron_mtp.runtime.file_lock import exclusive_lock
 
 _MODULE = "megatron.core.datasets.helpers_cpp"
 
@@ -35,8 +35,7 @@ def ensure_dataset_helpers(cache_dir: str) -> str:
     out_dir = os.path.join(cache_dir, "helpers_cpp")
     os.makedirs(out_dir, exist_ok=True)
     target = os.path.join(out_dir, "helpers_cpp" + sysconfig.get_config_var("EXT_SUFFIX"))
-    with open(os.path.join(out_dir, "build.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive_lock(os.path.join(out_dir, "build.lock")):
         if not os.path.isfile(target):
             _compile(source, target)
     spec = importlib.util.spec_from_file_location(_MODULE, target)

@@ -27,7 +27,6 @@ directory and renames it into place, the others find it complete once they get t
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -43,6 +42,7 @@ from typing import Optional
 from megatron_mtp.data.indexed import IndexedWriter
 from megatron_mtp.data.tokenizer import Tokenizer, load_tokenizer, train_bpe
 from megatron_mtp.errors import UserError
+from megatron_mtp.runtime.file_lock import exclusive_lock
 
 RECIPE_VERSION = 1
 DEFAULT_MAX_BYTES = 8_000_000
@@ -208,13 +208,9 @@ def _build_locked(base: str, key: str, build) -> None:
             f"cannot create the cache directory '{base}' ({exc.strerror}); "
             "set data.cache_dir or $MEGATRON_MTP_CACHE to a writable place"
         ) from None
-    with open(os.path.join(base, f"{key}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not os.path.isfile(os.path.join(final, _MANIFEST)):
-                build()
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with exclusive_lock(os.path.join(base, f"{key}.lock")):
+        if not os.path.isfile(os.path.join(final, _MANIFEST)):
+            build()
 
 
 def _build(base: str, key: str, vocab_size: int, max_bytes: int, progress: bool,

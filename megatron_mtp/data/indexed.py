@@ -20,7 +20,6 @@ the .idx size implied by its counts, and the .bin size implied by the sequence l
 
 from __future__ import annotations
 
-import fcntl
 import glob
 import json
 import os
@@ -35,6 +34,8 @@ import numpy as np
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.output import check_not_replaced, directory_lock, file_identity
+from megatron_mtp.runtime.file_lock import held_by_another, try_hold
+from megatron_mtp.runtime.liveness import pid_alive
 
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 META_SUFFIX = ".meta.json"
@@ -75,10 +76,9 @@ class IndexedWriter:
         module = _indexed_dataset_module()
         self.dtype = module.DType.optimal_dtype(vocab_size)
         self._builder = module.IndexedDatasetBuilder(self._tmp[".bin"], dtype=self.dtype)
-        try:  # "alive", for remove_stale_temporaries
-            fcntl.flock(self._builder.data_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except (AttributeError, OSError, ValueError):  # a file system without locks: the PID alone tells
-            pass
+        data_file = getattr(self._builder, "data_file", None)  # "alive", for remove_stale_temporaries
+        if data_file is not None:
+            try_hold(data_file.fileno())  # a file system without locks: the PID alone tells
         self.documents = 0
         self.tokens = 0
         self._aborted_bytes = 0
@@ -149,33 +149,6 @@ class IndexedWriter:
 _TMP_RE = re.compile(r"\.tmp-(\d+)-[0-9a-f]{8}$")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
-def _writer_gone(bin_tmp: str) -> bool:
-    """True when nobody holds the lock a live writer keeps on its .bin temporary."""
-    try:
-        fd = os.open(bin_tmp, os.O_RDONLY)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
 def remove_stale_temporaries(prefix: str) -> list[str]:
     """Remove PREFIX.{bin,idx,meta.json}.tmp-PID-RANDOM files whose writer is gone (its PID is not a live
     process here and no one holds its lock); returns the paths removed."""
@@ -188,7 +161,7 @@ def remove_stale_temporaries(prefix: str) -> list[str]:
     removed = []
     for tag, paths in groups.items():
         pid = int(_TMP_RE.search(tag).group(1))
-        if pid == os.getpid() or _pid_alive(pid) or not _writer_gone(prefix + ".bin" + tag):
+        if pid == os.getpid() or pid_alive(pid) or held_by_another(prefix + ".bin" + tag):
             continue
         for path in paths:
             try:

@@ -35,7 +35,7 @@ from megatron_mtp.data.shards import select_shard, shard_prefix
 from megatron_mtp.data.sources import describe_row, expand_inputs, input_kind, iter_input_chunks
 from megatron_mtp.data.tokenizer import Tokenizer, load_tokenizer
 from megatron_mtp.errors import UserError
-from megatron_mtp.output import write_failures
+from megatron_mtp.write_causes import write_failures
 
 MAX_BAD_EXAMPLES = 5
 MAX_DOCUMENT_BYTES = 8 << 20

@@ -120,7 +120,7 @@ def merge_datasets(prefixes: list[str], output_prefix: str, progress: bool = Tru
     if tokenizer is None:
         raise UserError(f"dataset '{first.prefix}' has no {os.path.basename(first.prefix)}.meta.json, so its "
                         "tokenizer is unknown; re-run `megatron-mtp preprocess` for it")
-    from megatron_mtp.output import write_failures
+    from megatron_mtp.write_causes import write_failures
 
     bar = _bar(sum(i.tokens for i in infos), progress)
     start = time.perf_counter()

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 from torch import nn
 
-from megatron_mtp.plan.speculative import distinct_experts as uniform_distinct
+from megatron_mtp.models.expert_reach import distinct_experts as uniform_distinct
 
 PHASES = ("plain", "verify", "draft")
 

@@ -49,7 +49,8 @@ def run_submit(args: argparse.Namespace) -> int:
         return 0
     result = submit(plan)
     ids = ", ".join(result.job_ids)
-    print(f"submitted job {ids} ({plan.nodes} node(s) x {plan.tasks_per_node} task(s) = {plan.world_size} ranks)")
+    print(f"submitted job {ids} ({plan.request.nodes} node(s) x {plan.tasks_per_node} task(s) = "
+          f"{plan.world_size} ranks)")
     print(
         f"run directory:  {plan.run_dir} "
         f"({'resumes from ' + plan.resume_from if plan.resume_from else 'starts from scratch'})"

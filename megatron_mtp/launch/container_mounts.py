@@ -10,10 +10,12 @@ default).
 
 from __future__ import annotations
 
+import copy
 import os
 from dataclasses import dataclass
 from typing import Optional
 
+from megatron_mtp.config import Config
 from megatron_mtp.errors import UserError
 
 _FLAGS = {
@@ -81,3 +83,39 @@ def container_path(host_path: str, mounts: list[Mount], home: Optional[str]) -> 
             return path
         return None
     return os.path.normpath(best.target + path[len(best.source):])
+
+
+def into_container(cfg: Config, run_dir: str, workdir: str, mounts: list[Mount]) -> tuple[Config, str, str]:
+    """Rewrite every path the job uses to its container-side name; UserError if one is not mounted."""
+    home = os.path.expanduser("~")
+
+    def inside(path: str, what: str, writable: bool = False) -> str:
+        target = container_path(path, mounts, home)
+        if target is None:
+            raise UserError(
+                f"{what} '{path}' is not under any --container-mounts source, so the job could not see it; "
+                f"add a mount such as {os.path.dirname(os.path.abspath(path))}:"
+                f"{os.path.dirname(os.path.abspath(path))}"
+            )
+        if writable:
+            for m in mounts:
+                if "ro" in m.flags.split("+") and (os.path.abspath(path) + "/").startswith(m.source.rstrip("/") + "/"):
+                    raise UserError(
+                        f"{what} '{path}' is under the read-only mount {m.spec()}; "
+                        "the job must write there, so mount it read-write"
+                    )
+        return target
+
+    job_cfg = copy.deepcopy(cfg)
+    d = job_cfg.data
+    d.paths = [inside(p, "data.paths entry") for p in d.paths] if d.paths else d.paths
+    d.valid_paths = [inside(p, "data.valid_paths entry") for p in d.valid_paths] if d.valid_paths else d.valid_paths
+    if d.tokenizer is not None:
+        d.tokenizer = inside(d.tokenizer, "data.tokenizer")
+    if d.cache_dir is not None:
+        d.cache_dir = inside(d.cache_dir, "data.cache_dir", writable=True)
+    if job_cfg.checkpoint.load is not None:
+        job_cfg.checkpoint.load = inside(job_cfg.checkpoint.load, "checkpoint.load")
+    job_run_dir = inside(run_dir, "run directory", writable=True)
+    job_workdir = container_path(workdir, mounts, home) or job_run_dir
+    return job_cfg, job_run_dir, job_workdir

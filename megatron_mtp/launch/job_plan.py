@@ -1,16 +1,15 @@
 """What `megatron-mtp submit` will ask Slurm for, checked before anything reaches the queue.
 
 ``SubmitRequest`` (submit_request.py) is the user's input, typed, from the command line; ``build_plan`` validates it
-against the run config and returns a ``JobPlan`` holding everything the job script needs. Every
+against the run config (its flags alone in request_checks.py, the paths a container sees in
+container_mounts.py) and returns a ``JobPlan`` holding everything the job script needs. Every
 problem raises ``UserError`` with one sentence, so no queue slot is wasted on a job that would fail
 at start-up. Nothing is written here: see submit.py for the run directory.
 """
 
 from __future__ import annotations
 
-import copy
 import os
-import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -20,25 +19,17 @@ from megatron_mtp.config import Config, load_config
 from megatron_mtp.config.parallel_sizes import grid_refusal
 from megatron_mtp.config.validate import validate
 from megatron_mtp.errors import UserError
-from megatron_mtp.launch.container_mounts import Mount, container_path, parse_mounts
-from megatron_mtp.launch.slurm_time import format_seconds, parse_slurm_time
+from megatron_mtp.launch.container_mounts import Mount, into_container, parse_mounts
+from megatron_mtp.launch.request_checks import check_request
 from megatron_mtp.launch.submit_request import SubmitRequest
 
 __all__ = ["JobPlan", "SubmitRequest", "build_plan", "check_memory"]
-
-# Variables the job script itself sets for rendezvous; --env must not fight them.
-RESERVED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_DEPENDENCY_ITEM = re.compile(
-    r"^(singleton|(after|afterany|afterok|afternotok|aftercorr|afterburstbuffer)(:\d+(_\d+)?(\+\d+)?)+)$"
-)
-_SAFE_WORD = re.compile(r"^[A-Za-z0-9_.,:@%+=/-]+$")
 
 
 @dataclass
 class JobPlan:
     """A validated submission: everything the sbatch script is rendered from. The request's own
-    fields (partition, time, resume, ...) are read through it; the plan holds what it resolves."""
+    fields (partition, time, resume, ...) are read from ``request``; the plan holds what it resolves."""
 
     request: SubmitRequest
     config: Config
@@ -62,15 +53,9 @@ class JobPlan:
     memory: Optional[str] = None
     """The memory plan's one-line verdict (GPU jobs)."""
 
-    def __getattr__(self, name: str):
-        # only called for names the plan does not hold: the request's fields
-        if name.startswith("__") or name == "request":
-            raise AttributeError(name)
-        return getattr(self.request, name)
-
     @property
     def world_size(self) -> int:
-        return self.nodes * self.tasks_per_node
+        return self.request.nodes * self.tasks_per_node
 
     @property
     def cpu(self) -> bool:
@@ -87,12 +72,8 @@ class JobPlan:
 
 def build_plan(request: SubmitRequest) -> JobPlan:
     """Validate ``request`` and the config it names; raise UserError on the first problem."""
-    tasks_per_node, gpus_per_node = _resources(request)
-    _check_words(request)
-    time_seconds = parse_slurm_time(request.time) if request.time else None
-    _check_signal(request, time_seconds)
-    _check_resume(request)
-    env = _parse_env(request.env)
+    checked = check_request(request)
+    tasks_per_node, gpus_per_node = checked.tasks_per_node, checked.gpus_per_node
 
     device_overrides = ["training.device=cpu", "parallel.backend=gloo"] if request.cpu else []
     cfg = load_config(request.config, list(request.overrides))
@@ -117,7 +98,7 @@ def build_plan(request: SubmitRequest) -> JobPlan:
         )
     job_cfg, job_run_dir, job_workdir = cfg, run_dir, workdir
     if request.container_image:
-        job_cfg, job_run_dir, job_workdir = _into_container(cfg, run_dir, workdir, mounts)
+        job_cfg, job_run_dir, job_workdir = into_container(cfg, run_dir, workdir, mounts)
         python = request.python or "python"
     else:
         python = _check_python(request.python or sys.executable)
@@ -129,10 +110,10 @@ def build_plan(request: SubmitRequest) -> JobPlan:
         job_run_dir=job_run_dir,
         tasks_per_node=tasks_per_node,
         gpus_per_node=gpus_per_node,
-        time_seconds=time_seconds,
+        time_seconds=checked.time_seconds,
         job_name=request.job_name or f"mtp-{cfg.name}",
         container_mounts=mounts,
-        env=env,
+        env=checked.env,
         python=python,
         workdir=workdir,
         job_workdir=job_workdir,
@@ -143,8 +124,8 @@ def build_plan(request: SubmitRequest) -> JobPlan:
 
 def check_memory(cfg: Config, world: int, gpu: Optional[str], force: bool) -> str:
     """Refuse a GPU layout the memory plan predicts over the GPU's memory (unless forced); the verdict."""
-    from megatron_mtp.plan.gpus import GIB, parse_gpu
     from megatron_mtp.plan.memory import make_plan, suggestions
+    from megatron_mtp.platform.gpus import GIB, parse_gpu
 
     gpu_spec = parse_gpu(gpu)
     try:
@@ -162,109 +143,6 @@ def check_memory(cfg: Config, world: int, gpu: Optional[str], force: bool) -> st
     raise UserError(f"the memory plan predicts {verdict}, so the job would run out of memory; "
                     + (f"try, in this order: {tries}; " if tries else "")
                     + "see `megatron-mtp plan` with the same arguments, or pass --force to submit anyway")
-
-
-# --------------------------------------------------------------------------- resources
-
-
-def _resources(request: SubmitRequest) -> tuple[int, Optional[int]]:
-    """(tasks per node, GPUs per node or None): one task per GPU, or --tasks-per-node with --cpu."""
-    if request.nodes < 1:
-        raise UserError(f"--nodes is {request.nodes}; ask for at least one node")
-    if request.cpu:
-        if request.gpus_per_node is not None:
-            raise UserError(
-                "--cpu and --gpus-per-node contradict each other; use --cpu --tasks-per-node N for CPU (gloo) jobs "
-                "or --gpus-per-node G for GPU jobs"
-            )
-        tasks = 1 if request.tasks_per_node is None else request.tasks_per_node
-        if tasks < 1:
-            raise UserError(f"--tasks-per-node is {tasks}; run at least one task per node")
-        return tasks, None
-    if request.gpus_per_node is None:
-        raise UserError(
-            "say how many GPUs each node has with --gpus-per-node G (one training process runs per GPU), "
-            "or pass --cpu for a CPU (gloo) job"
-        )
-    if request.gpus_per_node < 1:
-        raise UserError(
-            f"--gpus-per-node is {request.gpus_per_node}; give at least 1, or pass --cpu for a CPU (gloo) job"
-        )
-    if request.tasks_per_node is not None and request.tasks_per_node != request.gpus_per_node:
-        raise UserError(
-            "--tasks-per-node is only for --cpu jobs; GPU jobs always run one task per GPU, "
-            "so drop it or make it equal to --gpus-per-node"
-        )
-    return request.gpus_per_node, request.gpus_per_node
-
-
-def _check_words(request: SubmitRequest) -> None:
-    for flag, value in (("--partition", request.partition), ("--account", request.account), ("--qos", request.qos)):
-        if value is not None and not _SAFE_WORD.match(value):
-            raise UserError(
-                f"{flag} '{value}' has characters Slurm does not accept there; "
-                "use the plain name (letters, digits, '_', '-', ',')"
-            )
-    if request.job_name is not None and (not request.job_name or not re.match(r"^[A-Za-z0-9_.+-]+$", request.job_name)):
-        raise UserError(f"--job-name '{request.job_name}' must be a non-empty word of letters, digits and . _ + -")
-    if request.dependency is not None:
-        for item in re.split(r"[,?]", request.dependency):
-            if not _DEPENDENCY_ITEM.match(item):
-                raise UserError(
-                    f"--dependency '{request.dependency}' is not a Slurm dependency; "
-                    "use forms like afterok:123456, afterany:12:34 or singleton"
-                )
-    if request.cpus_per_task is not None and request.cpus_per_task < 1:
-        raise UserError(f"--cpus-per-task is {request.cpus_per_task}; give at least 1")
-    for arg in request.sbatch_args:
-        if not arg.startswith("--") or "\n" in arg or not arg[2:3].isalpha():
-            raise UserError(f"--sbatch-arg '{arg}' must be one long sbatch option such as --exclusive or --mem=0")
-    if request.container_image is not None and (
-        not request.container_image.strip() or any(c.isspace() for c in request.container_image)
-    ):
-        raise UserError(
-            f"--container-image '{request.container_image}' must be an image name or .sqsh path without spaces"
-        )
-
-
-def _check_signal(request: SubmitRequest, time_seconds: Optional[int]) -> None:
-    if not 10 <= request.signal_before <= 65535:
-        raise UserError(
-            f"--signal-before is {request.signal_before} s; Slurm accepts 10..65535 seconds before the time limit"
-        )
-    if time_seconds is not None and request.signal_before >= time_seconds:
-        raise UserError(
-            f"--signal-before {request.signal_before} s is not shorter than --time {request.time} "
-            f"({format_seconds(time_seconds)}); ask for more --time or give a smaller --signal-before"
-        )
-
-
-def _check_resume(request: SubmitRequest) -> None:
-    if request.resume not in ("requeue", "chain", "none"):
-        raise UserError(f"--resume '{request.resume}' is unknown; use requeue, chain or none")
-    if request.chain < 1:
-        raise UserError(f"--chain is {request.chain}; a chain has at least one job")
-    if request.chain > 1 and request.resume != "chain":
-        raise UserError("--chain N only applies with --resume chain; add --resume chain or drop --chain")
-    if request.max_restarts < 0:
-        raise UserError(f"--max-restarts is {request.max_restarts}; give 0 or more")
-
-
-def _parse_env(items: list[str]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not _ENV_KEY.match(key):
-            raise UserError(f"--env '{item}' must look like NAME=value with NAME a shell variable name")
-        if key in RESERVED_ENV:
-            raise UserError(
-                f"--env {key} is set by the job from the Slurm environment; drop it "
-                f"(the job derives {', '.join(RESERVED_ENV)})"
-            )
-        if "\n" in value:
-            raise UserError(f"--env {key} holds a newline; give a one-line value")
-        env[key] = value
-    return env
 
 
 # --------------------------------------------------------------------------- config
@@ -308,7 +186,7 @@ def _check_layout(cfg: Config, nodes: int, tasks_per_node: int) -> None:
 
 def _check_data_paths(cfg: Config) -> None:
     from megatron_mtp.data.prefixes import expand_blend
-    from megatron_mtp.plan.default_corpus_rule import default_corpus_refusal
+    from megatron_mtp.models.default_corpus_rule import default_corpus_refusal
 
     d = cfg.data
     refusal = default_corpus_refusal(cfg)
@@ -385,42 +263,3 @@ def _check_python(python: str) -> str:
             "give the interpreter that has megatron_mtp installed"
         )
     return os.path.abspath(found) if os.sep in python else python
-
-
-# --------------------------------------------------------------------------- container
-
-
-def _into_container(cfg: Config, run_dir: str, workdir: str, mounts: list[Mount]) -> tuple[Config, str, str]:
-    """Rewrite every path the job uses to its container-side name; UserError if one is not mounted."""
-    home = os.path.expanduser("~")
-
-    def inside(path: str, what: str, writable: bool = False) -> str:
-        target = container_path(path, mounts, home)
-        if target is None:
-            raise UserError(
-                f"{what} '{path}' is not under any --container-mounts source, so the job could not see it; "
-                f"add a mount such as {os.path.dirname(os.path.abspath(path))}:"
-                f"{os.path.dirname(os.path.abspath(path))}"
-            )
-        if writable:
-            for m in mounts:
-                if "ro" in m.flags.split("+") and (os.path.abspath(path) + "/").startswith(m.source.rstrip("/") + "/"):
-                    raise UserError(
-                        f"{what} '{path}' is under the read-only mount {m.spec()}; "
-                        "the job must write there, so mount it read-write"
-                    )
-        return target
-
-    job_cfg = copy.deepcopy(cfg)
-    d = job_cfg.data
-    d.paths = [inside(p, "data.paths entry") for p in d.paths] if d.paths else d.paths
-    d.valid_paths = [inside(p, "data.valid_paths entry") for p in d.valid_paths] if d.valid_paths else d.valid_paths
-    if d.tokenizer is not None:
-        d.tokenizer = inside(d.tokenizer, "data.tokenizer")
-    if d.cache_dir is not None:
-        d.cache_dir = inside(d.cache_dir, "data.cache_dir", writable=True)
-    if job_cfg.checkpoint.load is not None:
-        job_cfg.checkpoint.load = inside(job_cfg.checkpoint.load, "checkpoint.load")
-    job_run_dir = inside(run_dir, "run directory", writable=True)
-    job_workdir = container_path(workdir, mounts, home) or job_run_dir
-    return job_cfg, job_run_dir, job_workdir

@@ -52,7 +52,7 @@ def _term_when_parent_dies() -> None:
 
 def rank_env(rank: int, nproc: int, port: int, base: dict) -> dict:
     """The environment torchrun would give rank `rank` of a one-node job."""
-    from megatron_mtp.launch.heartbeats import LAUNCHER_NAMES_DEAD_RANKS
+    from megatron_mtp.runtime.heartbeats import LAUNCHER_NAMES_DEAD_RANKS
 
     return dict(base, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
                 GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **{LAUNCHER_NAMES_DEAD_RANKS: "1"})
@@ -184,7 +184,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 
 def _note_slow_save(procs: list[subprocess.Popen], run_dir: Path | None) -> None:
-    from megatron_mtp.launch.heartbeats import read_heartbeats
+    from megatron_mtp.runtime.heartbeats import read_heartbeats
 
     beats = read_heartbeats(run_dir, len(procs)) if run_dir is not None else {}
     now = time.time()
@@ -222,7 +222,7 @@ def _name_killed(rank: int, pid: int, signum: int, run_dir: Path | None, world: 
     passed_on = bool(signalled) and any(FORWARDED.get(signal.Signals(s)) == signum for s in signalled)
     when = None
     if run_dir is not None:
-        from megatron_mtp.launch.heartbeats import exit_note
+        from megatron_mtp.runtime.heartbeats import exit_note
 
         when = exit_note(run_dir, world, rank)
     _say(f"error: rank {rank} (pid {pid}) was killed by {name}" + (f" {when}" if when else "")

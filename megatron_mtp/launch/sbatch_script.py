@@ -45,9 +45,10 @@ def _header(plan: JobPlan) -> list[str]:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     mode = {
         "requeue": "requeues itself after a save-and-exit (time limit warning, preemption)",
-        "chain": f"is one of a chain of {plan.chain} dependent jobs; the next one resumes after a save-and-exit",
+        "chain": f"is one of a chain of {plan.request.chain} dependent jobs; the next one resumes after a "
+                 "save-and-exit",
         "none": "does not resume by itself; resubmit it to continue",
-    }[plan.resume]
+    }[plan.request.resume]
     devices = (
         f"{plan.gpus_per_node} GPU(s), one task per GPU"
         if not plan.cpu
@@ -58,7 +59,7 @@ def _header(plan: JobPlan) -> list[str]:
         f"# megatron-mtp training job, written by `megatron-mtp submit` at {stamp}.",
         f"# Run directory:   {plan.run_dir}",
         f"# Config snapshot: {plan.snapshot_path}",
-        f"# Layout: {plan.nodes} node(s) x {devices} = {plan.world_size} ranks.",
+        f"# Layout: {plan.request.nodes} node(s) x {devices} = {plan.world_size} ranks.",
         f"# This job {mode}.",
         "# Submitting this file again resumes the run from its latest checkpoint.",
     ]
@@ -68,19 +69,19 @@ def _directives(plan: JobPlan) -> list[str]:
     logs = f"{plan.run_dir}/logs/slurm-%j.out"
     lines = [
         f"#SBATCH --job-name={plan.job_name}",
-        f"#SBATCH --nodes={plan.nodes}",
+        f"#SBATCH --nodes={plan.request.nodes}",
         f"#SBATCH --ntasks-per-node={plan.tasks_per_node}",
     ]
     if plan.gpus_per_node is not None:
         lines.append(f"#SBATCH --gpus-per-node={plan.gpus_per_node}")
-    if plan.cpus_per_task is not None:
-        lines.append(f"#SBATCH --cpus-per-task={plan.cpus_per_task}")
+    if plan.request.cpus_per_task is not None:
+        lines.append(f"#SBATCH --cpus-per-task={plan.request.cpus_per_task}")
     for flag, value in (
-        ("time", plan.time),
-        ("partition", plan.partition),
-        ("account", plan.account),
-        ("qos", plan.qos),
-        ("dependency", plan.dependency),
+        ("time", plan.request.time),
+        ("partition", plan.request.partition),
+        ("account", plan.request.account),
+        ("qos", plan.request.qos),
+        ("dependency", plan.request.dependency),
     ):
         if value:
             lines.append(f"#SBATCH --{flag}={value}")
@@ -88,10 +89,10 @@ def _directives(plan: JobPlan) -> list[str]:
         f"#SBATCH --chdir={plan.workdir}",
         f"#SBATCH --output={logs}",
         "#SBATCH --open-mode=append",
-        f"#SBATCH --signal=B:USR1@{plan.signal_before}",
+        f"#SBATCH --signal=B:USR1@{plan.request.signal_before}",
     ]
-    lines.append("#SBATCH --requeue" if plan.resume == "requeue" else "#SBATCH --no-requeue")
-    lines += [f"#SBATCH {arg}" for arg in plan.sbatch_args]
+    lines.append("#SBATCH --requeue" if plan.request.resume == "requeue" else "#SBATCH --no-requeue")
+    lines += [f"#SBATCH {arg}" for arg in plan.request.sbatch_args]
     return lines
 
 
@@ -119,12 +120,12 @@ def _rendezvous(plan: JobPlan) -> list[str]:
 def _environment(plan: JobPlan) -> list[str]:
     lines = ["# ---- Communication and threading defaults (each one can be overridden with --env NAME=value)."]
     if plan.cpu:
-        threads = plan.cpus_per_task or 1
+        threads = plan.request.cpus_per_task or 1
         lines += [f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{threads}}}"']
     else:
         for name, value, why in gpu_job_env(plan.config):
             lines += [f"# {why}", f'export {name}="${{{name}:-{value}}}"']
-        lines += [f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{plan.cpus_per_task or 4}}}"']
+        lines += [f'export OMP_NUM_THREADS="${{OMP_NUM_THREADS:-{plan.request.cpus_per_task or 4}}}"']
     if plan.env:
         lines.append("# ---- User settings (--env).")
         lines += [f"export {key}={shlex.quote(value)}" for key, value in plan.env.items()]
@@ -191,9 +192,9 @@ def _launch(plan: JobPlan) -> list[str]:
 
 
 def _container_flags(plan: JobPlan) -> list[str]:
-    if not plan.container_image:
+    if not plan.request.container_image:
         return []
-    flags = [f"--container-image={shlex.quote(plan.container_image)}"]
+    flags = [f"--container-image={shlex.quote(plan.request.container_image)}"]
     mounts = ",".join(m.spec() for m in plan.container_mounts)
     if mounts:
         flags.append(f"--container-mounts={shlex.quote(mounts)}")
@@ -202,7 +203,7 @@ def _container_flags(plan: JobPlan) -> list[str]:
 
 def _outcome(plan: JobPlan) -> list[str]:
     lines = [f"# ---- Outcome: 0 = finished, {EXIT_RESUME} = saved and wants to resume, anything else = failure."]
-    if plan.resume == "chain":
+    if plan.request.resume == "chain":
         chain = f"{plan.run_dir}/slurm/{CHAIN_FILE}"
         lines += [
             "cancel_rest_of_chain() {",
@@ -212,13 +213,13 @@ def _outcome(plan: JobPlan) -> list[str]:
             "}",
         ]
     lines += ['case "$RC" in', '  0)', '    say "training finished"']
-    if plan.resume == "chain":
+    if plan.request.resume == "chain":
         lines.append("    cancel_rest_of_chain")
     lines += ["    exit 0 ;;", f"  {EXIT_RESUME})"]
-    if plan.resume == "requeue":
+    if plan.request.resume == "requeue":
         lines += [
-            f'    if [ "$RESTART" -ge {plan.max_restarts} ]; then',
-            f'        say "checkpoint saved; not requeueing: already restarted {plan.max_restarts} time(s) '
+            f'    if [ "$RESTART" -ge {plan.request.max_restarts} ]; then',
+            f'        say "checkpoint saved; not requeueing: already restarted {plan.request.max_restarts} time(s) '
             f'(--max-restarts)"; exit {EXIT_RESUME}',
             "    fi",
             '    say "checkpoint saved; requeueing job ${SLURM_JOB_ID} (restart $((RESTART + 1)))"',
@@ -226,11 +227,11 @@ def _outcome(plan: JobPlan) -> list[str]:
             '{ say "scontrol requeue failed; resubmit this script to continue"; exit ' + str(EXIT_RESUME) + "; }",
             "    exit 0 ;;",
         ]
-    elif plan.resume == "chain":
+    elif plan.request.resume == "chain":
         lines += ['    say "checkpoint saved; the next job of the chain resumes"', "    exit 0 ;;"]
     else:
         lines += [f'    say "checkpoint saved; resubmit this script to continue"; exit {EXIT_RESUME} ;;']
-    if plan.resume == "requeue":
+    if plan.request.resume == "requeue":
         # A signal that lands before the trainer installed its handler (start-up) kills a rank instead
         # of saving; a rank that dies (an Xid, an OOM kill, a lost node) or hangs (the trainer's
         # watchdog ends the job with 76) ends the job the same way. Checkpoints are written atomically,
@@ -240,18 +241,18 @@ def _outcome(plan: JobPlan) -> list[str]:
             '    say "training stopped on an error it reported (exit code 2; see the per-rank logs); not requeueing"',
             "    exit 2 ;;",
             "  *)",
-            f'    if [ "$RESTART" -lt {plan.max_restarts} ]; then',
+            f'    if [ "$RESTART" -lt {plan.request.max_restarts} ]; then',
             '        if [ -n "$SIGNALLED" ]; then why="after SIG$SIGNALLED"; '
             'else why="(a rank died or hung: see the per-rank logs)"; fi',
             '        say "training ended with exit code $RC $why; requeueing to resume from the latest complete '
-            f'checkpoint (restart $((RESTART + 1)) of {plan.max_restarts})"',
+            f'checkpoint (restart $((RESTART + 1)) of {plan.request.max_restarts})"',
             '        scontrol requeue "$SLURM_JOB_ID" && exit 0',
             "    fi",
             '    say "training failed with exit code $RC; see the per-rank logs"',
         ]
     else:
         lines += ["  *)", '    say "training failed with exit code $RC; see the per-rank logs"']
-    if plan.resume == "chain":
+    if plan.request.resume == "chain":
         lines.append("    cancel_rest_of_chain")
     lines += ['    exit "$RC" ;;', "esac"]
     return lines

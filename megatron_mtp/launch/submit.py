@@ -71,10 +71,10 @@ def submit(plan: JobPlan, sbatch: str = "sbatch") -> SubmitResult:
 
     job_ids: list[str] = []
     try:
-        for link in range(plan.chain if plan.resume == "chain" else 1):
+        for link in range(plan.request.chain if plan.request.resume == "chain" else 1):
             extra = [f"--dependency=afterany:{job_ids[-1]}"] if link else []
             job_ids.append(_sbatch(sbatch_path, extra, tmp_script))
-            if plan.resume == "chain":
+            if plan.request.resume == "chain":
                 _write_atomic(os.path.join(slurm_dir, CHAIN_FILE), "".join(f"{j}\n" for j in job_ids))
     except UserError:
         os.unlink(tmp_script)
@@ -99,7 +99,7 @@ def submit(plan: JobPlan, sbatch: str = "sbatch") -> SubmitResult:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     with open(os.path.join(slurm_dir, "jobs.tsv"), "a", encoding="utf-8") as fh:
         for job_id in job_ids:
-            fh.write(f"{job_id}\t{stamp}\t{plan.nodes}x{plan.tasks_per_node}\n")
+            fh.write(f"{job_id}\t{stamp}\t{plan.request.nodes}x{plan.tasks_per_node}\n")
     return SubmitResult(
         job_ids=job_ids,
         script_path=script_path,

@@ -51,10 +51,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_speculative(args: argparse.Namespace, cfg) -> int:
+    from megatron_mtp.config.vocab import resolve_vocab
     from megatron_mtp.errors import UserError
-    from megatron_mtp.plan.gpus import parse_gpu
-    from megatron_mtp.plan.memory import resolve_vocab
     from megatron_mtp.plan.speculative import ServeLayout, format_table, predict
+    from megatron_mtp.platform.gpus import parse_gpu
 
     try:
         acceptance = [float(a) for a in args.acceptance.split(",")]
@@ -99,8 +99,8 @@ def run_plan(args: argparse.Namespace) -> int:
     from megatron_mtp.config import load_config
     from megatron_mtp.errors import UserError
     from megatron_mtp.plan import report
-    from megatron_mtp.plan.gpus import parse_gpu
     from megatron_mtp.plan.memory import make_plan
+    from megatron_mtp.platform.gpus import parse_gpu
 
     for item in args.overrides:
         if "=" not in item:

@@ -29,12 +29,11 @@ from megatron_mtp.config import pipeline_layout
 from megatron_mtp.config.parallel_sizes import ParallelSizes
 from megatron_mtp.config.root import Config
 from megatron_mtp.config.validate import validate
-from megatron_mtp.config.vocab import padded_vocab_size
+from megatron_mtp.config.vocab import resolve_vocab
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.tensor_table import is_moe_layer, mtp_is_moe
 from megatron_mtp.plan import activations as act
 from megatron_mtp.plan import schedule
-from megatron_mtp.plan.gpus import GIB, Gpu
 from megatron_mtp.plan.params import (
     Buffer,
     chunk_buffers,
@@ -47,6 +46,7 @@ from megatron_mtp.plan.params import (
 )
 from megatron_mtp.platform.detect import Platform
 from megatron_mtp.platform.features import Features, resolve_features
+from megatron_mtp.platform.gpus import GIB, Gpu
 from megatron_mtp.platform.low_precision import check_recipe
 
 FIXED_ALLOWANCE = 3 * GIB
@@ -288,35 +288,6 @@ class Plan:
     @property
     def fits(self) -> bool:
         return self.worst.total <= self.gpu.memory_bytes
-
-
-def resolve_vocab(cfg: Config) -> int:
-    """The model's padded vocabulary (a null model.vocab_size takes the tokenizer's)."""
-    vocab = cfg.model.vocab_size
-    if vocab is None:
-        if cfg.data.tokenizer:
-            vocab = _tokenizer_vocab(cfg.data.tokenizer)
-        elif not cfg.data.paths:
-            vocab = cfg.data.default_corpus_vocab_size
-        else:
-            raise UserError("model.vocab_size is null and data.tokenizer is not set, so the plan cannot size the "
-                            "embedding; set model.vocab_size or data.tokenizer")
-    return padded_vocab_size(vocab, cfg)
-
-
-def _tokenizer_vocab(path: str) -> int:
-    import json
-    import os
-
-    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
-    try:
-        with open(file, encoding="utf-8") as fh:
-            data = json.load(fh)
-        ids = set(data["model"]["vocab"].values()) | {t["id"] for t in data.get("added_tokens", [])}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        raise UserError(f"data.tokenizer '{path}' is not a readable tokenizer.json; set model.vocab_size so the plan "
-                        "can size the embedding") from None
-    return max(ids) + 1
 
 
 def capacity_bound(cfg: Config, imbalance: float) -> float:

@@ -8,11 +8,12 @@ import os
 from typing import Optional
 
 from megatron_mtp.config import pipeline_layout
+from megatron_mtp.config.vocab import resolve_vocab
+from megatron_mtp.models.default_corpus_rule import default_corpus_refusal
+from megatron_mtp.models.throughput import model_flops_per_token, peak_tflops
 from megatron_mtp.plan import comm, schedule
-from megatron_mtp.plan.default_corpus_rule import default_corpus_refusal
-from megatron_mtp.plan.gpus import GIB
-from megatron_mtp.plan.memory import Plan, resolve_vocab, suggestions
-from megatron_mtp.plan.throughput import model_flops_per_token, peak_tflops
+from megatron_mtp.plan.memory import Plan, suggestions
+from megatron_mtp.platform.gpus import GIB
 
 
 def _chunks(plan: Plan, pp_rank: int) -> str:
@@ -95,7 +96,7 @@ def build(plan: Plan, mfu: Optional[float] = None, with_suggestions: bool = True
                            "epochs": t.max_steps * tokens / corpus if corpus else None}
             out["assumptions"].append(f"time: {mfu:.0%} of the {'FP8' if t.fp8 else 'bf16'} dense peak "
                                       f"({peak:g} TFLOP/s per GPU) on the model's training FLOPs (3 × forward; the "
-                                      "definition the trainer logs MFU with: plan/throughput.py)")
+                                      "definition the trainer logs MFU with: models/throughput.py)")
         else:
             out["notes"].append(f"{plan.gpu.name} has no known peak FLOP/s, so --mfu gives no time estimate")
     if with_suggestions and not plan.fits:
@@ -198,8 +199,8 @@ def summary_line(report: dict) -> str:
 def startup_line(cfg, world: int, platform) -> str:
     """The trainer's one-line plan (rank 0 at start): for the CPU layout on CPU, else for this GPU."""
     from megatron_mtp.errors import UserError
-    from megatron_mtp.plan.gpus import DEFAULT, KNOWN, Gpu
     from megatron_mtp.plan.memory import make_plan
+    from megatron_mtp.platform.gpus import DEFAULT, KNOWN, Gpu
 
     gpu = KNOWN[DEFAULT]
     if not platform.is_cpu:

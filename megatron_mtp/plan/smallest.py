@@ -35,8 +35,8 @@ from megatron_mtp.config import load_config
 from megatron_mtp.config.root import Config
 from megatron_mtp.config.validate import validate
 from megatron_mtp.errors import UserError
-from megatron_mtp.plan.gpus import parse_gpu
 from megatron_mtp.plan.memory import make_plan
+from megatron_mtp.platform.gpus import parse_gpu
 
 LONG = 16384
 """From this sequence length on, the search also splits sequences over context-parallel ranks."""

@@ -28,20 +28,14 @@ from dataclasses import dataclass
 
 from megatron_mtp.config import Config
 from megatron_mtp.errors import UserError
+from megatron_mtp.models.expert_reach import distinct_experts
 from megatron_mtp.models.family import get_family
 from megatron_mtp.models.sizes import assistant_weights, mtp_own_size
 from megatron_mtp.models.tensor_table import moe_layer_count, mtp_is_moe
-from megatron_mtp.plan.gpus import Gpu
+from megatron_mtp.platform.gpus import Gpu
 
 BATCHES = (1, 2, 4, 8, 16, 64, 256)
 DRAFTS = (1, 2, 3)
-
-
-def distinct_experts(num_experts: int, topk: int, tokens: int) -> float:
-    """Expected distinct experts T tokens route to under uniform top-k routing: E·(1−(1−k/E)^T)."""
-    if num_experts == 0:
-        return 0.0
-    return num_experts * (1.0 - (1.0 - topk / num_experts) ** tokens)
 
 
 @dataclass(frozen=True)

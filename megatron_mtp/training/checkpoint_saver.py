@@ -40,12 +40,11 @@ from megatron_mtp.checkpoint.digests import own_digests
 from megatron_mtp.checkpoint.info import optimizer_layout, train_state_record, write_checkpoint_info
 from megatron_mtp.checkpoint.run_dir import CHECKPOINTS_DIR, complete_steps, publish_step, step_dir_name, write_latest
 from megatron_mtp.errors import RunError
-from megatron_mtp.output import describe_failure, free_bytes, size_text
 from megatron_mtp.platform import all_reduce_sum, write_progress
 from megatron_mtp.platform.megatron_core import background_save_options, write_legacy_common
 from megatron_mtp.training.checkpoint_state import sharded_state_dict
 from megatron_mtp.training.components import TrainState
-from megatron_mtp.write_causes import others_failed
+from megatron_mtp.write_causes import describe_failure, free_bytes, others_failed, size_text
 
 
 def _write_failures() -> tuple:

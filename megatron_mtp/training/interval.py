@@ -12,7 +12,7 @@ TP/PP/EP/DP layout (tested in tests/dist/test_train_layouts.py).
   - The MoE scalars: moe_metrics.py.
   - grad norm, λ and lr are the same on every rank.
   - Throughput: model TFLOP/s per GPU = model FLOPs per token × tokens/s / world size, with the FLOPs
-    definition `plan --mfu` uses (plan/throughput.py); MFU against the GPU's peak, on GPUs only.
+    definition `plan --mfu` uses (models/throughput.py); MFU against the GPU's peak, on GPUs only.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class IntervalStats:
                  clip_grad: float = 0.0, with_dropped: bool = False):
         """total_layers: decoder plus MTP layers (the length of megatron-core's per-layer trackers);
         flops_per_token: model FLOPs of a trained token and peak_tflops: the GPU's peak per GPU (0 on CPU),
-        both as plan/throughput.py defines them; clip_grad: the norm above which a step's gradients are
+        both as models/throughput.py defines them; clip_grad: the norm above which a step's gradients are
         clipped (0: never); with_dropped: log the dropped tokens (a capacity is set)."""
         self.with_dropped = with_dropped
         self.flops_per_token, self.peak_tflops, self.clip_grad = flops_per_token, peak_tflops, clip_grad
@@ -120,7 +120,7 @@ class IntervalStats:
         steps = self.steps or float("nan")
         elapsed_steps = max(self.steps + self.skipped, 1)
         tokens_per_s = self.tokens / max(elapsed, 1e-9)
-        tflops = self.flops_per_token * tokens_per_s / self.ranks.world_size / 1e12  # plan/throughput.py
+        tflops = self.flops_per_token * tokens_per_s / self.ranks.world_size / 1e12  # models/throughput.py
         values = {
             "train/lm_loss": total.value("lm_loss") / replicas,
             "train/mtp_lambda": self.lam,

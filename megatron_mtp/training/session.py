@@ -91,7 +91,7 @@ def _check_start_point(cfg: Config, run_dir: Path, resolved) -> list[str]:
 def open_training(cfg: Config, run_dir: Path) -> Session:
     from megatron_mtp.data.datasets import check_data_config, resolve_data
     from megatron_mtp.data.record import prefix_record
-    from megatron_mtp.plan.default_corpus_rule import default_corpus_refusal
+    from megatron_mtp.models.default_corpus_rule import default_corpus_refusal
 
     refusal = default_corpus_refusal(cfg)
     if refusal:  # the first thing a big recipe with its data forgotten hears (from the config alone: every rank)

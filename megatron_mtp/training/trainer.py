@@ -18,7 +18,7 @@ from pathlib import Path
 from megatron_mtp.checkpoint.info import optimizer_layout
 from megatron_mtp.config.wandb_env import wandb_options
 from megatron_mtp.errors import EXIT_FINISHED, EXIT_RESUME, RunError
-from megatron_mtp.plan.throughput import gpu_of_device, model_flops_per_token, peak_tflops
+from megatron_mtp.models.throughput import gpu_of_device, model_flops_per_token, peak_tflops
 from megatron_mtp.training import checkpoint_state
 from megatron_mtp.training.batch_ramp import BatchRamp
 from megatron_mtp.training.batches import MicroBatchIterator, chunk_iterators, stage_keys

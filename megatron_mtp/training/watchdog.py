@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from megatron_mtp.errors import EXIT_RANK_LOST, RunError, sentence
-from megatron_mtp.launch.heartbeats import (
+from megatron_mtp.runtime.heartbeats import (
     LAUNCHER_NAMES_DEAD_RANKS,
     STALE_BEATS,
     heartbeat_file,
@@ -328,7 +328,7 @@ def _kill_descendants(pid: int) -> None:
 
 
 def _bytes_done(writer: dict) -> str:
-    from megatron_mtp.output import size_text
+    from megatron_mtp.write_causes import size_text
 
     planned = f" of about {size_text(writer['planned'])}" if writer.get("planned") else ""
     return f"{size_text(writer['written'])}{planned} written"

@@ -24,8 +24,9 @@ from typing import Optional
 import pytest
 
 from megatron_mtp.config import load_config
-from megatron_mtp.convert import serving
-from megatron_mtp.convert.to_hf import hf_configs, plan_export, serving_export
+from megatron_mtp.convert import serving, serving_text
+from megatron_mtp.convert.export_options import serving_export
+from megatron_mtp.convert.to_hf import hf_configs, plan_export
 from megatron_mtp.models.family import get_family
 from megatron_mtp.models.tensor_table import release_mtp_name
 
@@ -318,7 +319,7 @@ def flags(argv: list[str]) -> dict[str, str]:
 
 
 def vllm_served(e: serving.Export, files: dict[Path, tuple[dict, set]]) -> tuple[Load, Optional[Load]]:
-    argv = serving.vllm_argv(e, draft=e.depth > 0)
+    argv = serving_text.vllm_argv(e, draft=e.depth > 0)
     target_dir, opts = Path(argv[2]), flags(argv)
     target = dict(files[target_dir][0], **json.loads(opts.get("--hf-overrides", "{}")))
     loads = vllm_target(target, files[target_dir][1])
@@ -333,7 +334,7 @@ def vllm_served(e: serving.Export, files: dict[Path, tuple[dict, set]]) -> tuple
 
 
 def sglang_served(e: serving.Export, files: dict[Path, tuple[dict, set]]) -> tuple[Load, Optional[Load]]:
-    opts = flags(serving.sglang_argv(e, draft=e.depth > 0))
+    opts = flags(serving_text.sglang_argv(e, draft=e.depth > 0))
     target_dir = Path(opts["--model-path"])
     loads = sglang_target(*files[target_dir])
     if not e.depth:
@@ -351,17 +352,17 @@ def sglang_served(e: serving.Export, files: dict[Path, tuple[dict, set]]) -> tup
 
 
 def transformers_served(e: serving.Export, files: dict[Path, tuple[dict, set]]) -> tuple[Load, Optional[Load]]:
-    code = serving.transformers_code(e)
+    code = serving_text.transformers_code(e)
     target_dir = Path(json.loads(re.search(r"AutoModelForCausalLM\.from_pretrained\((\".*?\")\)", code).group(1)))
     config, names = files[target_dir]
     loads = transformers_target(config, names)
     if not e.depth:
         return loads, None
     if e.assistant:
-        code = serving.transformers_assistant_code(e)
+        code = serving_text.transformers_assistant_code(e)
         source = Path(json.loads(re.search(r"Gemma4AssistantForCausalLM\.from_pretrained\((\".*?\")\)", code).group(1)))
         return loads, assistant_draft(*files[source], config)
-    mtp = serving.transformers_mtp_code(e)
+    mtp = serving_text.transformers_mtp_code(e)
     config = dict(config)
     if m := re.search(r"model\.config\.num_mtp_layers = (\d+)", mtp):
         config["num_nextn_predict_layers"] = int(m.group(1))
@@ -450,10 +451,10 @@ def test_a_repeated_mtp_layer_exports_one_module_and_serves_the_depth_it_was_tra
     mtp = {n for n in layers if n >= decoder} if layout != "nextn" else layers  # NextN renumbers from 0
     assert config["num_nextn_predict_layers"] == 1 and mtp == ({0} if layout == "nextn" else {decoder})
     assert export.depth == 1 and export.repeats == 3
-    argv = serving.vllm_argv(export, True)
+    argv = serving_text.vllm_argv(export, True)
     assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 3
-    assert serving.sglang_steps(export) == 3
-    assert "1 MTP module trained to draft 3 tokens" in serving._draft_words(export)
+    assert serving_text.sglang_steps(export) == 3
+    assert "1 MTP module trained to draft 3 tokens" in serving_text._draft_words(export)
 
 
 def test_the_plan_is_what_the_export_writes(trained_run, export_fp32, tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from megatron_mtp.convert import serving
+from megatron_mtp.convert import serving, serving_text
 from megatron_mtp.convert.to_hf import export_to_hf
 from megatron_mtp.errors import UserError, is_one_sentence
 from tests.convert.helpers import megatron_cli
@@ -131,7 +131,7 @@ def test_glm_facts_differ_where_its_loaders_do():
     assert [p.fact for p in serving.problems("sglang", _export(hidden_size=128, depth=2, **glm))] == ["depth"]
     assert _export(num_layers=92, **glm).transformers_finds_mtp and _export(num_layers=46, **glm).transformers_finds_mtp
     assert not _export(num_layers=61, **glm).transformers_finds_mtp and _export(num_layers=61).transformers_finds_mtp
-    text = serving.serving_text(_export(num_layers=4, hidden_size=128, **glm), [])
+    text = serving_text.serving_text(_export(num_layers=4, hidden_size=128, **glm), [])
     assert "model._keys_to_ignore_on_load_unexpected" in text and "TRITON_MLA" not in text
     tied = serving.problems("vllm", _export(tied=True, **glm))
     assert [p.fact for p in tied] == ["tied-head"] and "Glm4MoeForCausalLM" in tied[0].sentence
@@ -197,13 +197,13 @@ def test_default_export_notes_serving_md_and_names_both_directories(trained_run,
 
 def test_sglang_commands_for_a_model_its_draft_kernel_takes():
     e = _export(out=Path("/x y"), layout="separate", dtype="fp32")
-    argv = serving.sglang_argv(e, draft=True)
+    argv = serving_text.sglang_argv(e, draft=True)
     assert argv[:6] == ["python", "-m", "sglang.launch_server", "--model-path", "/x y/main", "--dtype"]
     got = dict(zip(argv[3::2], argv[4::2]))
     assert got == {"--model-path": "/x y/main", "--dtype": "bfloat16", "--speculative-algorithm": "NEXTN",
                    "--speculative-draft-model-path": "/x y/mtp", "--speculative-num-steps": "3",
                    "--speculative-eagle-topk": "1", "--speculative-num-draft-tokens": "4"}
-    text = serving.serving_text(e, serving.problems("sglang", e))
+    text = serving_text.serving_text(e, serving.problems("sglang", e))
     assert _argv(_blocks(text, "bash")[3]) == argv  # quoted so that a path with a space survives
 
 

@@ -18,7 +18,7 @@ from recompute_settings import RECOMPUTE, SELECTIVE_MODULES
 from megatron_mtp.config import load_config, pipeline_layout
 from megatron_mtp.plan import activations as act
 from megatron_mtp.plan import memory
-from megatron_mtp.plan.gpus import parse_gpu
+from megatron_mtp.platform.gpus import parse_gpu
 from tests.workers.pool import POOL
 
 pytestmark = pytest.mark.dist

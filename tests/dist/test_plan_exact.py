@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from megatron_mtp.config import load_config
+from megatron_mtp.config.vocab import resolve_vocab
 from megatron_mtp.plan import comm, schedule
-from megatron_mtp.plan.gpus import parse_gpu
-from megatron_mtp.plan.memory import make_plan, model_stages, resolve_vocab, state_bytes
+from megatron_mtp.plan.memory import make_plan, model_stages, state_bytes
+from megatron_mtp.platform.gpus import parse_gpu
 from tests.workers.pool import POOL
 
 pytestmark = pytest.mark.dist

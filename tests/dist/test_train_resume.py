@@ -164,8 +164,8 @@ def test_a_resume_takes_the_new_schedule_layout_and_intervals(tmp_path, train, m
     # the logged model TFLOP/s per GPU is plan's FLOPs per token × the measured tokens/s over the 2 ranks
     from megatron_mtp.checkpoint.info import read_config
     from megatron_mtp.plan import report
-    from megatron_mtp.plan.gpus import parse_gpu
     from megatron_mtp.plan.memory import make_plan
+    from megatron_mtp.platform.gpus import parse_gpu
 
     planned = report.build(make_plan(read_config(run / "checkpoints" / "step_0000005"), 2, parse_gpu("h100"), cpu=True))
     per_token = planned["training_flops_per_step"] / planned["tokens_per_step"]

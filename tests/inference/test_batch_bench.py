@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from megatron_mtp.config import load_config
+from megatron_mtp.config.vocab import resolve_vocab
 from megatron_mtp.inference.mtp_module import mtp_module
 from megatron_mtp.inference.target import TargetModel
 from megatron_mtp.models.decoding.layers import MoE
 from megatron_mtp.models.deepseek_v3.hf_config import to_hf_config
-from megatron_mtp.plan.memory import resolve_vocab
-from megatron_mtp.plan.speculative import ServeLayout, distinct_experts, draft_step_bytes, main_forward_bytes
+from megatron_mtp.models.expert_reach import distinct_experts
+from megatron_mtp.plan.speculative import ServeLayout, draft_step_bytes, main_forward_bytes
 
 DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml"
 

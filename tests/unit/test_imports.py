@@ -17,8 +17,9 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "megatron_mtp"
 # lowest first; a package may import any package before it and none after it
-LAYERS = ["errors", "write_causes", "output", "rms_norm", "strict_json", "hf_dir", "config", "platform", "models",
-          "plan", "data", "checkpoint", "launch", "training", "convert", "inference", "cli", "__main__"]
+LAYERS = ["errors", "runtime", "write_causes", "output", "rms_norm", "strict_json", "hf_dir", "config", "platform",
+          "models", "plan", "data", "checkpoint", "training", "launch", "convert", "evaluate", "inference", "cli",
+          "__main__"]
 _MODULE_STRING = re.compile(r"^megatron_mtp(\.[A-Za-z_]\w*)+$")
 
 
@@ -185,3 +186,39 @@ def test_the_decoder_reads_hf_directories_through_hf_dir():
     assert uses == [], uses
     assert "convert" not in import_graph()["inference"]
     assert "hf_dir" in import_graph()["inference"] and "hf_dir" in import_graph()["convert"]
+
+
+def _imports_of(package: str) -> list[tuple[str, str]]:
+    """(file, module) for every megatron_mtp module the files of `package` name."""
+    return sorted((str(file.relative_to(PACKAGE)), name) for file in (PACKAGE / package).rglob("*.py")
+                  for name in imported_modules(file, file.read_text(), exact=True))
+
+
+PLAN_ENTRY_FOR_TRAINING = "megatron_mtp.plan.report"
+"""The planner's verdict the trainer prints at start (startup_line): training asks plan for it whole;
+the pieces both use (FLOPs, GPU data sheets, the default-corpus rule, expert reach) sit below both."""
+
+
+def test_training_and_inference_reach_plan_only_through_its_one_entry():
+    """training/ asks the planner only for its start-up verdict; inference/ not at all. What they share
+    with plan lives below all three (models/, platform/, config/)."""
+    reaches = [(file, name) for package in ("training", "inference") for file, name in _imports_of(package)
+               if name.startswith("megatron_mtp.plan") and not (package == "training" and name ==
+                                                                PLAN_ENTRY_FOR_TRAINING)]
+    assert reaches == [], reaches
+
+
+def test_training_does_not_import_the_launcher():
+    uses = [(file, name) for file, name in _imports_of("training") if name.startswith("megatron_mtp.launch")]
+    assert uses == [], uses
+
+
+MAX_LINES = 400
+OVER_LIMIT_FOR_NOW = {"plan/memory.py"}
+"""Files still over MAX_LINES while their style-specific parts move into the MTP style packages."""
+
+
+def test_no_module_is_over_400_lines():
+    over = {str(f.relative_to(PACKAGE)): n for f in PACKAGE.rglob("*.py")
+            if (n := len(f.read_text().splitlines())) > MAX_LINES}
+    assert set(over) <= OVER_LIMIT_FOR_NOW, {k: v for k, v in over.items() if k not in OVER_LIMIT_FOR_NOW}

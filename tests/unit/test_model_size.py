@@ -57,9 +57,9 @@ def _v3_flops_by_hand(cfg, vocab: int, experts_counted: int) -> float:
 
 
 def test_671b_training_flops_are_the_routed_experts_not_all_of_them():
-    """The trainer's and plan's FLOPs (plan/throughput.py) against an independent count: within 0.1% (the
+    """The trainer's and plan's FLOPs (models/throughput.py) against an independent count: within 0.1% (the
     function also counts MLA's two latent norm weights), and nowhere near a count of every expert."""
-    from megatron_mtp.plan.throughput import model_flops_per_token
+    from megatron_mtp.models.throughput import model_flops_per_token
 
     cfg = load_config(str(ROOT / "configs" / "deepseek_v3_671b.yaml"))
     vocab = padded_vocab_size(cfg.model.vocab_size, cfg)

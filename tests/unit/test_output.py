@@ -13,7 +13,8 @@ import pytest
 
 from megatron_mtp import output
 from megatron_mtp.errors import UserError
-from megatron_mtp.output import check_output_free, staged_dir, write_failures
+from megatron_mtp.output import check_output_free, staged_dir
+from megatron_mtp.write_causes import write_failures
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -19,9 +19,9 @@ from megatron_mtp.errors import UserError
 from megatron_mtp.launch.job_plan import SubmitRequest, build_plan
 from megatron_mtp.plan import activations as act
 from megatron_mtp.plan import comm, memory, report, schedule
-from megatron_mtp.plan.gpus import GIB, KNOWN, parse_gpu
 from megatron_mtp.plan.memory import make_plan
 from megatron_mtp.platform.detect import Platform
+from megatron_mtp.platform.gpus import GIB, KNOWN, parse_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 V3 = str(ROOT / "configs" / "deepseek_v3_671b.yaml")
@@ -169,7 +169,7 @@ def test_known_gpus_and_sizes():
 ])
 def test_a_cuda_device_name_gets_its_own_peak_or_none(device, key):
     """torch.cuda.get_device_name() strings: a PCIe or NVL H100 is not the SXM part, a GB200 not the B200."""
-    from megatron_mtp.plan.throughput import gpu_of_device
+    from megatron_mtp.models.throughput import gpu_of_device
 
     assert gpu_of_device(device) is (KNOWN[key] if key else None)
 

@@ -10,18 +10,18 @@ from pathlib import Path
 import pytest
 
 from megatron_mtp.config import load_config
+from megatron_mtp.config.vocab import resolve_vocab
 from megatron_mtp.models.deepseek_v3.size import parameter_counts
-from megatron_mtp.plan.gpus import parse_gpu
-from megatron_mtp.plan.memory import resolve_vocab
+from megatron_mtp.models.expert_reach import distinct_experts
 from megatron_mtp.plan.speculative import (
     ServeLayout,
     assistant_step_bytes,
-    distinct_experts,
     draft_step_bytes,
     main_forward_bytes,
     predict,
     tokens_per_round,
 )
+from megatron_mtp.platform.gpus import parse_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 V3 = str(ROOT / "configs" / "deepseek_v3_671b.yaml")

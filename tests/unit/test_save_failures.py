@@ -7,7 +7,7 @@ from pathlib import Path
 
 from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
 
-from megatron_mtp.output import describe_failure
+from megatron_mtp.write_causes import describe_failure
 
 
 def _wrapped(exc: Exception) -> CheckpointException:
@@ -76,7 +76,7 @@ _LIMITED = r"""
 import errno, json, resource, signal, sys
 from pathlib import Path
 import torch
-from megatron_mtp.output import describe_failure, write_failures
+from megatron_mtp.write_causes import describe_failure, write_failures
 from torch.distributed.checkpoint.api import CheckpointException
 out = Path(sys.argv[1])
 if sys.argv[2] == "limit":

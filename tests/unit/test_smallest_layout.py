@@ -18,8 +18,8 @@ def _search(*args: str) -> subprocess.CompletedProcess:
 
 def test_the_printed_layout_fits_and_one_node_fewer_does_not():
     from megatron_mtp.config import load_config
-    from megatron_mtp.plan.gpus import parse_gpu
     from megatron_mtp.plan.memory import make_plan
+    from megatron_mtp.platform.gpus import parse_gpu
 
     out = _search("configs/glm4_5.yaml", "--gpu", "h100", *FROZEN)
     assert out.returncode == 0, out.stderr
@@ -126,8 +126,8 @@ def test_the_671b_recipe_is_planned_though_its_61_layers_split_evenly_over_no_pi
 def test_uneven_splits_with_the_overlap_off_are_found_and_reproduce_with_plan():
     from megatron_mtp.config import load_config
     from megatron_mtp.config.pipeline_layout import stages
-    from megatron_mtp.plan.gpus import parse_gpu
     from megatron_mtp.plan.memory import make_plan
+    from megatron_mtp.platform.gpus import parse_gpu
 
     # 5 layers (no even split over PP2 or PP4), the overlap on, which the recipe's own layout string allows
     recipe = ["model.num_layers=5", "training.precision=bf16", "parallel.expert=2", "parallel.pipeline=2",

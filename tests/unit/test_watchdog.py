@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from megatron_mtp.launch.heartbeats import LAUNCHER_NAMES_DEAD_RANKS
+from megatron_mtp.runtime.heartbeats import LAUNCHER_NAMES_DEAD_RANKS
 from megatron_mtp.training import watchdog as wd
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # see the note

@@ -65,8 +65,8 @@ def predicted_speedup(cfg, vocab: int, batch: int, k: int, acceptance: list[floa
                       verify_experts: float, context: int, bandwidth: float, weight_bytes: int) -> dict:
     """plan/speculative.py's bytes model on this machine: memory time of a plain forward, a verify forward
     and k draft steps with the measured expert counts, and the speedup they predict."""
-    from megatron_mtp.plan.gpus import Gpu
     from megatron_mtp.plan.speculative import ServeLayout, draft_step_bytes, main_forward_bytes, tokens_per_round
+    from megatron_mtp.platform.gpus import Gpu
 
     cpu = Gpu("CPU", 0, hbm_bytes_per_s=bandwidth)
     serve = ServeLayout(weight_bytes=weight_bytes, kv_bytes=weight_bytes, context=context)
@@ -126,9 +126,9 @@ def model_config(path: str, gen):
 
 def bench_model(path: str, batches: list[int], ks: list[int], prompts: list[str], max_new: int, repeats: int,
                 bandwidth: float) -> list[dict]:
+    from megatron_mtp.config.vocab import resolve_vocab
     from megatron_mtp.errors import UserError
     from megatron_mtp.inference.generate import load_generator
-    from megatron_mtp.plan.memory import resolve_vocab
 
     gen = load_generator(path)
     if not gen.has_mtp:

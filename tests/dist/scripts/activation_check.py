@@ -37,7 +37,7 @@ def measure(config: str, case: dict) -> dict:
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
     from megatron_mtp.config import load_config
-    from megatron_mtp.plan.memory import resolve_vocab
+    from megatron_mtp.config.vocab import resolve_vocab
     from megatron_mtp.platform import setup
     from megatron_mtp.platform.megatron_core import reset_moe_tracker
     from megatron_mtp.training.components import build_components, unwrap

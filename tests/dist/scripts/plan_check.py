@@ -220,7 +220,7 @@ def main():
 
     from megatron_mtp.config import load_config
     from megatron_mtp.config.validate import validate
-    from megatron_mtp.plan.memory import resolve_vocab
+    from megatron_mtp.config.vocab import resolve_vocab
     from megatron_mtp.platform import setup
     from megatron_mtp.training.components import build_components
     from megatron_mtp.training.distributed import destroy, env_world, init_distributed

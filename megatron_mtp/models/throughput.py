@@ -14,7 +14,7 @@ there is no peak to hold it against.
 from __future__ import annotations
 
 from megatron_mtp.config import Config
-from megatron_mtp.plan.gpus import Gpu, gpu_of_device
+from megatron_mtp.platform.gpus import Gpu, gpu_of_device
 
 __all__ = ["gpu_of_device", "model_flops_per_token", "peak_tflops"]
 

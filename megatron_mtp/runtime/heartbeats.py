@@ -2,16 +2,16 @@
 
 RUN_DIR/logs/heartbeat/rank-NNNNN.json, rewritten every few seconds by a thread of each rank: its host,
 pid, the last step it finished, what it is doing and when it last made progress. Here sit the file's
-place and its readers, below both the trainer and the launcher.
+place and its readers, below both the trainer and the launcher (runtime/: what ranks and launchers share).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
 from pathlib import Path
 from typing import Optional
+
+from megatron_mtp.runtime.liveness import process_gone
 
 HEARTBEAT_DIR = Path("logs") / "heartbeat"
 LAUNCHER_NAMES_DEAD_RANKS = "MEGATRON_MTP_LAUNCHER_NAMES_DEAD_RANKS"
@@ -36,15 +36,9 @@ def read_heartbeats(run_dir: Path, world: int) -> dict[int, dict]:
 
 
 def pid_gone(record: dict) -> bool:
-    if record.get("host") != socket.gethostname():
-        return False
-    try:
-        os.kill(int(record["pid"]), 0)
-    except ProcessLookupError:
-        return True
-    except (OSError, KeyError, ValueError):
-        return False
-    return False
+    """Whether the rank that wrote ``record`` has certainly exited (runtime/liveness.py: decidable on its own
+    host only)."""
+    return record.get("host") is not None and process_gone(record["host"], record.get("pid"))
 
 
 def exit_note(run_dir: Path, world: int, rank: int) -> Optional[str]:

@@ -1,4 +1,4 @@
-"""GPU memory capacities the plan checks a layout against."""
+"""GPU data sheets: the memory the plan checks a layout against and the dense peaks MFU is measured by."""
 
 from __future__ import annotations
 

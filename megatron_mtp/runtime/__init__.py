@@ -1,0 +1,1 @@
+"""What processes share at run time, below every command: one file lock and one liveness check."""
