@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal, Mapping, Optional
 from megatron_mtp.config.assistant import AssistantShape
 from megatron_mtp.config.base import to_dict
 from megatron_mtp.config.moe_layers import MoeLayers
+from megatron_mtp.config.mtp_style import find_style
 from megatron_mtp.errors import UserError
 
 DEFAULT_FAMILY = "deepseek_v3"
@@ -264,7 +265,8 @@ class MTPConfig:
 
     def __post_init__(self):
         if self.freeze_base is None:  # an assistant always trains beside a frozen target
-            self.freeze_base = self.style == "assistant"
+            style = find_style(self.style)
+            self.freeze_base = style is not None and style.separate_drafter
 
     @property
     def modules(self) -> int:

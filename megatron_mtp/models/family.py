@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Mapping, Optional
 
+from megatron_mtp.config.lazy import lazy, lazy_object
 from megatron_mtp.config.model import (
     ModelConfig,
     load_installed_families,
@@ -29,34 +30,6 @@ from megatron_mtp.config.model import (
 )
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.tensor_table import Table
-
-
-def lazy_object(target: str) -> Callable[[], Any]:
-    """A callable returning ``"package.module:name"`` itself (a class to build or subclass), imported when first
-    called."""
-    module, _, name = target.partition(":")
-    cache: list[Any] = []
-
-    def resolve() -> Any:
-        if not cache:
-            cache.append(getattr(importlib.import_module(module), name))
-        return cache[0]
-
-    resolve.__qualname__ = resolve.__name__ = name
-    resolve.__doc__ = f"{target} (imported when first called)"
-    return resolve
-
-
-def lazy(target: str) -> Callable[..., Any]:
-    """A callable standing for ``"package.module:name"``, imported when first called."""
-    resolve = lazy_object(target)
-
-    def call(*args, **kwargs):
-        return resolve()(*args, **kwargs)
-
-    call.__qualname__ = call.__name__ = resolve.__name__
-    call.__doc__ = resolve.__doc__
-    return call
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "megatron_mtp"
 # lowest first; a package may import any package before it and none after it
 LAYERS = ["errors", "write_causes", "output", "rms_norm", "strict_json", "hf_dir", "config", "platform", "models",
-          "plan", "data", "checkpoint", "launch", "training", "convert", "inference", "cli", "__main__"]
+          "plan", "data", "checkpoint", "launch", "training", "convert", "inference", "mtp_styles", "cli", "__main__"]
 _MODULE_STRING = re.compile(r"^megatron_mtp(\.[A-Za-z_]\w*)+$")
 
 

@@ -1,0 +1,28 @@
+"""DeepSeek-V3's sequential MTP modules (``mtp.style: sequential``, the default): megatron-core's
+MultiTokenPredictionBlock inside the GPTModel; depth k reads depth k-1's hidden state and the embedding of
+token t+k through its own enorm, hnorm and eh_proj. The family gives the block its MTP spec."""
+
+from __future__ import annotations
+
+from megatron_mtp.config.mtp_style import MTPStyle, register_style
+from megatron_mtp.models.tensor_table import mcore_mtp_prefix
+
+
+def words(mtp) -> str:
+    return f"{mtp.modules} sequential MTP module{'s' if mtp.modules > 1 else ''}"
+
+
+def parts(mtp) -> list[str]:
+    """One prefix per module that holds weights (one for every depth with mtp.repeated_layer)."""
+    return [mcore_mtp_prefix(d) for d in range(mtp.modules)]
+
+
+def wrap(cfg, platform, family_parts) -> None:
+    """megatron-core's own MTP block: nothing replaces it."""
+    return None
+
+
+SEQUENTIAL = register_style(MTPStyle(
+    name="sequential", chains_modules=True, separate_drafter=False, soft_targets=True, head_by_head=False,
+    a2a_overlap=True, context_parallel=True, drafts=True, words=words, parts=parts, wrap=wrap,
+))
