@@ -34,3 +34,14 @@ def lazy(target: str) -> Callable[..., Any]:
     call.__qualname__ = call.__name__ = resolve.__name__
     call.__doc__ = resolve.__doc__
     return call
+
+
+def lazy_module(name: str) -> Callable[[], Any]:
+    """A callable returning the module ``name``, imported when first called."""
+
+    def resolve():
+        return importlib.import_module(name)
+
+    resolve.__qualname__ = resolve.__name__ = name.rpartition(".")[2]
+    resolve.__doc__ = f"{name} (imported when first called)"
+    return resolve

@@ -74,6 +74,19 @@ class MTPStyle:
     wrap: Callable[..., Optional[tuple[type, dict]]]
     """(cfg, platform, FamilyParts) -> (the GPTModel subclass, its extra arguments) that replaces megatron-core's MTP
     block, or None where the block stays (the family then gives the block its MTP spec)."""
+    own_rules: Callable[[], list]
+    """() -> the tensor rules (models/tensor_table.py) of what one MTP module or head holds besides its transformer
+    layer (the analytic sizes)."""
+    own_flops: Callable[[Any], float]
+    """cfg -> forward FLOPs per token of what one module or head computes besides its layer and the output head."""
+    plan: Callable[[], Any]
+    """() -> its ``plan`` module (mtp_styles/<name>/plan.py): ``params(cfg, sizes, stage, padded_vocab, te)`` its
+    parameters registered after GPTModel's own modules, ``saved(cfg, stage, d, k, mods, grouped_gemm,
+    head_grad_bytes)`` its (prefix, saved activations) on a stage, ``assumption(cfg)`` its sentence in the plan's
+    report (or None), ``draft_step_bytes(cfg, padded_vocab, batch, serve)`` one draft step's reads (a style that
+    drafts), ``drafter_tp(cfg, d)`` a separate drafter's tensor-parallel bytes on the loss stage."""
+    drafter_words: str
+    """How ``plan --speculative`` names what drafts (e.g. "the MTP module")."""
     check: Callable[[Any], None] = _no_checks
     """cfg -> its own checks (beyond the traits'), a UserError for the first failure."""
 
@@ -115,7 +128,7 @@ def get_style(name: str, where: str = "mtp.style") -> MTPStyle:
     """The style ``mtp.style=name`` picks; one sentence naming the styles otherwise."""
     style = find_style(name)
     if style is None:
-        raise UserError(f"{where} is {name!r}, which is not an MTP style here; use one of {', '.join(_load())}")
+        raise UserError(f"{where} is {name!r}; it must be one of {', '.join(repr(n) for n in _load())}")
     return style
 
 

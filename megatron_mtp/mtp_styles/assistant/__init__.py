@@ -5,10 +5,17 @@ values and its last hidden state, applied mtp.num_layers times; exported to a di
 from __future__ import annotations
 
 from megatron_mtp.config.assistant import check_assistant
+from megatron_mtp.config.lazy import lazy_module
 from megatron_mtp.config.mtp_style import MTPStyle, register_style
+from megatron_mtp.models.tensor_table import mtp_own_rules
 
 PREFIX = "mtp_assistant."
 """The checkpoint keys of the drafter (one part, whatever its depth)."""
+
+def _eh_proj_flops(cfg) -> float:
+    """A module's eh_proj: [2h] -> h per token."""
+    return 2 * 2 * cfg.model.hidden_size * cfg.model.hidden_size
+
 
 def words(mtp) -> str:
     return "an assistant"
@@ -28,5 +35,7 @@ def wrap(cfg, platform, family_parts):
 
 ASSISTANT = register_style(MTPStyle(
     name="assistant", chains_modules=False, separate_drafter=True, soft_targets=True, head_by_head=False,
-    a2a_overlap=False, context_parallel=False, drafts=True, words=words, parts=parts, wrap=wrap, check=check_assistant,
+    a2a_overlap=False, context_parallel=False, drafts=True, words=words,
+    own_rules=mtp_own_rules, own_flops=_eh_proj_flops, drafter_words="the assistant",
+    plan=lazy_module("megatron_mtp.mtp_styles.assistant.plan"), parts=parts, wrap=wrap, check=check_assistant,
 ))

@@ -4,9 +4,9 @@ own export format: models/parallel_heads_hf.py)."""
 
 from __future__ import annotations
 
-from megatron_mtp.config.lazy import lazy_object
+from megatron_mtp.config.lazy import lazy_module, lazy_object
 from megatron_mtp.config.mtp_style import MTPStyle, register_style
-from megatron_mtp.models.tensor_table import mcore_head_prefix
+from megatron_mtp.models.tensor_table import HEAD_NORM, mcore_head_prefix
 
 _model = lazy_object(  # torch and megatron-core: imported when a run builds it
     "megatron_mtp.models.parallel_heads:ParallelHeadsGPTModel")
@@ -28,5 +28,7 @@ def wrap(cfg, platform, family_parts):
 
 PARALLEL = register_style(MTPStyle(
     name="parallel", chains_modules=False, separate_drafter=False, soft_targets=False, head_by_head=True,
-    a2a_overlap=False, context_parallel=False, drafts=False, words=words, parts=parts, wrap=wrap,
+    a2a_overlap=False, context_parallel=False, drafts=False, words=words,
+    own_rules=lambda: [HEAD_NORM], own_flops=lambda cfg: 0.0, drafter_words="the heads",
+    plan=lazy_module("megatron_mtp.mtp_styles.parallel.plan"), parts=parts, wrap=wrap,
 ))

@@ -4,8 +4,14 @@ token t+k through its own enorm, hnorm and eh_proj. The family gives the block i
 
 from __future__ import annotations
 
+from megatron_mtp.config.lazy import lazy_module
 from megatron_mtp.config.mtp_style import MTPStyle, register_style
-from megatron_mtp.models.tensor_table import mcore_mtp_prefix
+from megatron_mtp.models.tensor_table import mcore_mtp_prefix, mtp_own_rules
+
+
+def _eh_proj_flops(cfg) -> float:
+    """A module's eh_proj: [2h] -> h per token."""
+    return 2 * 2 * cfg.model.hidden_size * cfg.model.hidden_size
 
 
 def words(mtp) -> str:
@@ -24,5 +30,7 @@ def wrap(cfg, platform, family_parts) -> None:
 
 SEQUENTIAL = register_style(MTPStyle(
     name="sequential", chains_modules=True, separate_drafter=False, soft_targets=True, head_by_head=False,
-    a2a_overlap=True, context_parallel=True, drafts=True, words=words, parts=parts, wrap=wrap,
+    a2a_overlap=True, context_parallel=True, drafts=True, words=words,
+    own_rules=mtp_own_rules, own_flops=_eh_proj_flops, drafter_words="the MTP module",
+    plan=lazy_module("megatron_mtp.mtp_styles.sequential.plan"), parts=parts, wrap=wrap,
 ))
