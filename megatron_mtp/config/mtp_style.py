@@ -74,6 +74,9 @@ class MTPStyle:
     wrap: Callable[..., Optional[tuple[type, dict]]]
     """(cfg, platform, FamilyParts) -> (the GPTModel subclass, its extra arguments) that replaces megatron-core's MTP
     block, or None where the block stays (the family then gives the block its MTP spec)."""
+    tensor_rows: Callable[..., list]
+    """(family table, model config, depth, spec, mtp_copies) -> its rows of the family's tensor table
+    (models/tensor_table.py), after the main model's: a separate drafter's are its family's drafter table's."""
     own_rules: Callable[[], list]
     """() -> the tensor rules (models/tensor_table.py) of what one MTP module or head holds besides its transformer
     layer (the analytic sizes)."""
@@ -85,6 +88,20 @@ class MTPStyle:
     head_grad_bytes)`` its (prefix, saved activations) on a stage, ``assumption(cfg)`` its sentence in the plan's
     report (or None), ``draft_step_bytes(cfg, padded_vocab, batch, serve)`` one draft step's reads (a style that
     drafts), ``drafter_tp(cfg, d)`` a separate drafter's tensor-parallel bytes on the loss stage."""
+    convert: Callable[[], Any]
+    """() -> its ``convert`` module (mtp_styles/<name>/convert.py): ``claims(config.json)`` whether an MTP
+    directory is its format (``from-hf``), ``drafter_params(cfg, vocab)`` a separate drafter's table rows,
+    ``import_shape(mtp config, directory, model config, vocab)``, ``mtp_config(cfg, vocab, full config.json, depth,
+    dtype, mtp_layout, family)`` mtp/'s config.json, ``check_export(mtp, mtp_layout, serve_for, has_mtp)`` the
+    --mtp it writes (one sentence for a layout it has not), ``serving_flags()`` convert/serving.py Export fields,
+    ``extra_files(cfg, vocab, speculative)`` mtp/'s other JSON files."""
+    decoder: Callable[[], Any]
+    """() -> its ``decoder`` module (mtp_styles/<name>/decoder.py): ``load_drafter(dirs, drafter_dir, target,
+    main_weights, dtype, chain_hidden)`` the inference/draft.py ``Drafter`` of an export whose mtp/ is its format
+    (``drafter_dir``: that directory where the style keeps a model of its own there), or None."""
+    hf_inline: bool
+    """Its Hugging Face tensors are the release's MTP layers (``model.layers.N`` after the decoder's, which
+    ``--no-mtp`` recognises); a style with its own format keeps them apart."""
     drafter_words: str
     """How ``plan --speculative`` names what drafts (e.g. "the MTP module")."""
     check: Callable[[Any], None] = _no_checks
@@ -130,6 +147,17 @@ def get_style(name: str, where: str = "mtp.style") -> MTPStyle:
     if style is None:
         raise UserError(f"{where} is {name!r}; it must be one of {', '.join(repr(n) for n in _load())}")
     return style
+
+
+def style_of_mtp_dir(config: Optional[dict]) -> MTPStyle:
+    """The style whose Hugging Face format an MTP directory's config.json is (its ``convert``'s ``claims``): the
+    first style when none claims it (the release's own MTP layers), or with no directory."""
+    every = styles()
+    if config is not None:
+        for style in every:
+            if style.convert().claims(config):
+                return style
+    return every[0]
 
 
 def style_names(trait: str) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from megatron_mtp.config.mtp_style import get_style
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.family import assistant_family, get_family
 from megatron_mtp.models.tensor_table import Param
@@ -32,7 +33,7 @@ def is_assistant_config(config: dict[str, Any]) -> bool:
 
 def assistant_params(cfg, vocab: int) -> list[Param]:
     """The assistant's table rows (module note); [] for a run without one."""
-    if cfg.mtp.style != "assistant" or not cfg.mtp.num_layers:
+    if not (cfg.mtp.num_layers and get_style(cfg.mtp.style).separate_drafter):
         return []
     tensors = get_family(cfg.model.family).assistant_tensors
     if tensors is None:
@@ -43,7 +44,7 @@ def assistant_params(cfg, vocab: int) -> list[Param]:
 def shapes(cfg, vocab: int) -> dict[str, tuple[int, ...]]:
     """megatron-core key -> global shape of every assistant tensor ({} for a run without one; the shape checks'
     ``drafter``, convert/shapes.py)."""
-    if cfg.mtp.style != "assistant" or not cfg.mtp.num_layers:
+    if not (cfg.mtp.num_layers and get_style(cfg.mtp.style).separate_drafter):
         return {}
     return {t.mcore: t.shape for t in get_family(cfg.model.family).assistant_tensors(cfg, vocab)}
 

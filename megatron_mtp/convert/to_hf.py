@@ -44,6 +44,7 @@ from megatron_mtp.checkpoint.info import read_config
 from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR, resolve_checkpoint
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.config import Config
+from megatron_mtp.config.mtp_style import get_style
 from megatron_mtp.convert import assistant_dir, fp8_export, serving
 from megatron_mtp.convert.hf_source import GENERATION_CONFIG, generation_config, source_config, source_generation_config
 from megatron_mtp.convert.progress import Progress
@@ -100,12 +101,11 @@ def select_params(reader: TorchDistReader, cfg: Config, step: Path) -> list[Para
 
 
 def _table(cfg: Config, vocab: int, spec=None) -> list[Param]:
-    """Every tensor of the checkpoint's model: the family's table, and a separate drafter's rows
-    (mtp.style assistant: convert/assistant_dir.py), in checkpoint order."""
-    family, assistant = get_family(cfg.model.family), assistant_dir.assistant_params(cfg, vocab)
-    depth = 0 if assistant else cfg.mtp.modules
-    style = "sequential" if assistant else cfg.mtp.style
-    return family.param_table(cfg.model, depth, spec=spec, style=style) + assistant
+    """Every tensor of the checkpoint's model: the family's table with the MTP style's rows, and a separate
+    drafter's rows (the style's ``drafter_params``), in checkpoint order."""
+    family, style = get_family(cfg.model.family), get_style(cfg.mtp.style)
+    return (family.param_table(cfg.model, cfg.mtp.modules, spec=spec, style=style.name)
+            + style.convert().drafter_params(cfg, vocab))
 
 
 def _check_shapes(reader: TorchDistReader, params: list[Param], cfg: Config, step: Path) -> None:
@@ -237,8 +237,8 @@ def hf_configs(
     """config.json of each part. main/ of the separate layouts says ``num_nextn_predict_layers: 0``:
     it holds no MTP layer, and an engine told otherwise would look for its draft there (SGLang
     silently loads nothing); SGLang's NextN directory is its one-module form (``num_hidden_layers: 1``)."""
-    assistant = cfg.mtp.style == "assistant"  # a model of its own: the target's config says no MTP layer
-    depth = cfg.mtp.modules if mode != "none" and not assistant else 0
+    style = get_style(cfg.mtp.style)  # a separate drafter: the target's config says no MTP layer
+    depth = cfg.mtp.modules if mode != "none" and not style.separate_drafter else 0
     family = get_family(cfg.model.family)
     full = family.to_hf_config(cfg.model, cfg.mtp, vocab_size=vocab, num_nextn_predict_layers=depth,
                         torch_dtype="float32" if dtype == "fp32" else "bfloat16",
@@ -249,18 +249,8 @@ def hf_configs(
         full = fp8_export.with_quantization(full)
     if mode in ("none", "inline"):
         return {"main": full}
-    if assistant:
-        torch_dtype = "float32" if dtype == "fp32" else "bfloat16"
-        return {"main": full, "mtp": assistant_dir.configs(cfg, vocab, torch_dtype, None)[0]}
-    if cfg.mtp.style == "parallel":  # the heads' own format (models/parallel_heads_hf.py)
-        from megatron_mtp.models.parallel_heads_hf import heads_config
-
-        main = dict(full, num_nextn_predict_layers=0)
-        return {"main": main, "mtp": heads_config(main, depth)}
-    mtp = full
-    if mtp_layout == "nextn":
-        mtp = dict(full, architectures=[family.architecture + "NextN"], num_hidden_layers=depth)
-    return {"main": dict(full, num_nextn_predict_layers=0), "mtp": mtp}
+    mtp = style.convert().mtp_config(cfg, vocab, full, depth, dtype, mtp_layout, family)
+    return {"main": full if style.separate_drafter else dict(full, num_nextn_predict_layers=0), "mtp": mtp}
 
 
 def serving_export(cfg: Config, out: Path, mode: MtpMode, mtp_layout: MtpLayout, dtype: str,
@@ -271,8 +261,7 @@ def serving_export(cfg: Config, out: Path, mode: MtpMode, mtp_layout: MtpLayout,
         out=out, layout=serving.layout_name(mode, mtp_layout), dtype=dtype, num_layers=m.num_layers,
         depth=cfg.mtp.modules if mode != "none" else 0, repeats=cfg.mtp.num_layers if cfg.mtp.repeated_layer else 1,
         hidden_size=m.hidden_size, moe=m.num_experts > 0,
-        tied=m.tie_embeddings, speculative=speculative, parallel_heads=cfg.mtp.style == "parallel",
-        assistant=cfg.mtp.style == "assistant",
+        tied=m.tie_embeddings, speculative=speculative, **get_style(cfg.mtp.style).convert().serving_flags(),
         family=cfg.model.family, architecture=family.architecture,
         mla_head_size=family.serving.mla_head_size(cfg) if family.serving.mla_head_size else None,
     )
@@ -333,17 +322,9 @@ def export_to_hf(
     cfg = read_config(step)
     reader = TorchDistReader(step)
     has_mtp = cfg.mtp.num_layers > 0 and any(k.startswith(MTP_KEY_PREFIXES) for k in reader.keys())
-    if has_mtp and cfg.mtp.style == "parallel" and mtp not in ("none", "only"):
-        from megatron_mtp.convert.heads_layout import refuse_layout
-
-        refuse_layout(serve_for, mtp or "separate", mtp_layout or "hf")
-    assistant = has_mtp and cfg.mtp.style == "assistant"
-    if assistant:  # its own model directory (convert/assistant_dir.py)
-        mtp = assistant_dir.check_layout(mtp, mtp_layout, serve_for)
+    style = get_style(cfg.mtp.style)
+    mtp = style.convert().check_export(mtp, mtp_layout, serve_for, has_mtp)  # the layouts its format has
     only = mtp == "only"  # the MTP directory of the separate layout, written as OUT itself
-    if only and cfg.mtp.style == "parallel":
-        raise UserError("--mtp only writes the Hugging Face directory of sequential MTP modules, and this "
-                        "checkpoint has parallel MTP heads; export with --mtp separate (OUT/mtp holds the heads)")
     mtp, mtp_layout, dtype = serving.choose_layout(serve_for, "separate" if only else mtp, mtp_layout, dtype,
                                                    has_mtp, cfg.model.num_layers, cfg.model.family)
     family = get_family(cfg.model.family)
@@ -435,9 +416,9 @@ def export_to_hf(
                 writer.abort()
         for dest, config in configs.items():
             (dirs[dest] / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        if assistant and "mtp" in dirs:  # how many tokens it drafts
-            drafts = assistant_dir.configs(cfg, vocab, "", speculative)[1]
-            (dirs["mtp"] / GENERATION_CONFIG).write_text(json.dumps(drafts, indent=2) + "\n")
+        for name, data in (style.convert().extra_files(cfg, vocab, speculative) if has_mtp and "mtp" in dirs
+                           else {}).items():  # e.g. how many tokens a separate drafter drafts
+            (dirs["mtp"] / name).write_text(json.dumps(data, indent=2) + "\n")
         if only:  # the base release keeps its tokenizer and serving files
             return out_dir
         if not copy_tokenizer(step / TOKENIZER_DIR, dirs["main"]):

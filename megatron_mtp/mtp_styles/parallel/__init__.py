@@ -29,6 +29,10 @@ def wrap(cfg, platform, family_parts):
 PARALLEL = register_style(MTPStyle(
     name="parallel", chains_modules=False, separate_drafter=False, soft_targets=False, head_by_head=True,
     a2a_overlap=False, context_parallel=False, drafts=False, words=words,
+    tensor_rows=lambda table, model, depth, spec, copies: table.parallel_head_params(model, depth, spec),
     own_rules=lambda: [HEAD_NORM], own_flops=lambda cfg: 0.0, drafter_words="the heads",
-    plan=lazy_module("megatron_mtp.mtp_styles.parallel.plan"), parts=parts, wrap=wrap,
+    plan=lazy_module("megatron_mtp.mtp_styles.parallel.plan"),
+    convert=lazy_module("megatron_mtp.mtp_styles.parallel.convert"),
+    decoder=lazy_module("megatron_mtp.mtp_styles.parallel.decoder"),
+    hf_inline=False, parts=parts, wrap=wrap,
 ))

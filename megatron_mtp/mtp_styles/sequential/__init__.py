@@ -31,6 +31,10 @@ def wrap(cfg, platform, family_parts) -> None:
 SEQUENTIAL = register_style(MTPStyle(
     name="sequential", chains_modules=True, separate_drafter=False, soft_targets=True, head_by_head=False,
     a2a_overlap=True, context_parallel=True, drafts=True, words=words,
+    tensor_rows=lambda table, *args: table.mtp_module_params(*args),
     own_rules=mtp_own_rules, own_flops=_eh_proj_flops, drafter_words="the MTP module",
-    plan=lazy_module("megatron_mtp.mtp_styles.sequential.plan"), parts=parts, wrap=wrap,
+    plan=lazy_module("megatron_mtp.mtp_styles.sequential.plan"),
+    convert=lazy_module("megatron_mtp.mtp_styles.sequential.convert"),
+    decoder=lazy_module("megatron_mtp.mtp_styles.sequential.decoder"),
+    hf_inline=True, parts=parts, wrap=wrap,
 ))
