@@ -104,6 +104,10 @@ class MTPStyle:
     ``--no-mtp`` recognises); a style with its own format keeps them apart."""
     drafter_words: str
     """How ``plan --speculative`` names what drafts (e.g. "the MTP module")."""
+    family_part: Optional[Callable[[str], Any]] = None
+    """package -> what a family gives the style beyond its layer spec, read from the package the family names for
+    it (models/family.py ``Family.style_parts``; the assistant's: its DrafterParts); None: the style needs nothing
+    more."""
     check: Callable[[Any], None] = _no_checks
     """cfg -> its own checks (beyond the traits'), a UserError for the first failure."""
 

@@ -122,20 +122,22 @@ def _mtp_dir_style(path: Path | None) -> MTPStyle:
 
 def load_assistant(path: str | Path, target: TargetModel, dtype: torch.dtype) -> Drafter:
     """A separate drafter's directory (a Gemma 4 assistant) drafting for ``target``: the family whose drafter its
-    config.json names (else the target's) builds and checks it (``Family.assistant_decoder``), its weights load
+    config.json names (else the target's) builds and checks it (the drafter in its ``style_parts``:
+    mtp_styles/assistant/family_part.py), its weights load
     here."""
     from megatron_mtp.hf_dir.safetensors_io import HFDir
     from megatron_mtp.inference.model_dir import _load_into
 
     weights = HFDir(Path(path))
     family = assistant_family(weights.config) or family_of_hf_config({"model_type": target.config.model_type})
-    if family.assistant_decoder is None or family.assistant_drafter is None:
+    drafter = next((p for p in family.style_parts.values() if hasattr(p, "decoder") and hasattr(p, "drafter")), None)
+    if drafter is None:
         raise UserError(f"'{path}' is not a separate drafter of {family.title} (its config.json's model_type is "
                         f"{weights.config.get('model_type')!r}), and {family.title} has none; draft with the "
                         "model's MTP modules instead")
-    model = family.assistant_decoder(weights.config, weights.path, target)
+    model = drafter.decoder(weights.config, weights.path, target)
     _load_into(model, weights, "", dtype, 0, aliases={})
-    return family.assistant_drafter(model.eval(), target)
+    return drafter.drafter(model.eval(), target)
 
 
 def load_generator(

@@ -122,5 +122,6 @@ def assistant_weights(family, cfg: Config, padded_vocab: int):
     import dataclasses
     import math
 
-    weights = sum(math.prod(t.shape) for t in family.assistant_tensors(cfg, padded_vocab) if not t.buffer)
-    return weights, dataclasses.replace(cfg, model=family.assistant_model(cfg))
+    drafter = family.style_part(cfg.mtp.style)
+    weights = sum(math.prod(t.shape) for t in drafter.tensors(cfg, padded_vocab) if not t.buffer)
+    return weights, dataclasses.replace(cfg, model=drafter.model(cfg))

@@ -85,7 +85,7 @@ def assistant_tp(cfg: Config, d: Dims) -> float:
     projection and MLP, post_projection into the next step, and its output table with the cross entropy's
     reductions."""
     family, t, a, h = get_family(cfg.model.family), d.tokens, d.act_bytes, d.hidden
-    width = family.assistant_model(cfg).hidden_size
+    width = family.style_part(cfg.mtp.style).model(cfg).hidden_size
     drafter = replace(d, hidden=width)
     steps = cfg.mtp.num_layers
     per_step = (t * h + sum(_column(2 * h, t)) + 2 * t * width

@@ -5,7 +5,7 @@ values and its last hidden state, applied mtp.num_layers times; exported to a di
 from __future__ import annotations
 
 from megatron_mtp.config.assistant import check_assistant
-from megatron_mtp.config.lazy import lazy_module
+from megatron_mtp.config.lazy import lazy, lazy_module
 from megatron_mtp.config.mtp_style import MTPStyle, register_style
 from megatron_mtp.models.tensor_table import mtp_own_rules
 
@@ -42,4 +42,5 @@ ASSISTANT = register_style(MTPStyle(
     convert=lazy_module("megatron_mtp.mtp_styles.assistant.convert"),
     decoder=lazy_module("megatron_mtp.mtp_styles.assistant.decoder"),
     hf_inline=False, parts=parts, wrap=wrap, check=check_assistant,
+    family_part=lazy("megatron_mtp.mtp_styles.assistant.family_part:family_part"),
 ))

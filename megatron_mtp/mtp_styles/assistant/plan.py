@@ -17,7 +17,7 @@ def params(cfg, sizes, stage, padded_vocab: int, te: bool) -> list[Param]:
     """Parameters of the drafter on the stage that holds it: its family's table of them."""
     if not stage.mtp_layers:
         return []
-    tensors = get_family(cfg.model.family).assistant_tensors(cfg, padded_vocab)
+    tensors = get_family(cfg.model.family).style_part(cfg.mtp.style).tensors(cfg, padded_vocab)
     return [Param(t.mcore, math.prod(t.shape) // (sizes.tp if t.tp else 1),
                   linear=".linear_" in t.mcore and t.mcore.endswith(".weight")) for t in tensors if not t.buffer]
 
