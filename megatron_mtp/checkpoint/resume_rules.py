@@ -32,9 +32,9 @@ from typing import Any
 
 from megatron_mtp.config import Config
 from megatron_mtp.config.model import ModelConfig
+from megatron_mtp.config.mtp_style import get_style
 from megatron_mtp.config.vocab import padded_vocab_size
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.tensor_table import mcore_head_prefix, mcore_mtp_prefix
 
 MEANING = (
     # the shapes of the tensors and what the layers compute
@@ -128,11 +128,7 @@ def refuse_tokenizer_change(step_dir: Path, tokenizer, run_dir: Path) -> None:
 def _mtp_words(mtp) -> str:
     if not mtp.num_layers:
         return "no MTP"
-    if mtp.style == "parallel":
-        return f"{mtp.num_layers} parallel MTP head{'s' if mtp.num_layers > 1 else ''}"
-    if mtp.style == "assistant":
-        return "an assistant"
-    return f"{mtp.modules} sequential MTP module{'s' if mtp.modules > 1 else ''}"
+    return get_style(mtp.style).words(mtp)
 
 
 def mtp_parts(mtp) -> list[str]:
@@ -140,11 +136,7 @@ def mtp_parts(mtp) -> list[str]:
     weights-only load draws anew where the checkpoint lacks them, or leaves out where the run lacks them."""
     if not mtp.num_layers:
         return []
-    if mtp.style == "assistant":
-        return ["mtp_assistant."]
-    if mtp.style == "parallel":
-        return [mcore_head_prefix(k) for k in range(mtp.num_layers)]
-    return [mcore_mtp_prefix(d) for d in range(mtp.modules)]
+    return get_style(mtp.style).parts(mtp)
 
 
 def refuse_load_changes(saved: Config, now: Config, src: Path, load_optimizer: bool) -> list[str]:

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal, Mapping, Optional
 from megatron_mtp.config.assistant import AssistantShape
 from megatron_mtp.config.base import to_dict
 from megatron_mtp.config.moe_layers import MoeLayers
+from megatron_mtp.config.mtp_style import get_style
 from megatron_mtp.errors import UserError
 
 DEFAULT_FAMILY = "deepseek_v3"
@@ -216,8 +217,9 @@ class MTPConfig:
     num_layers: int = 1
     """MTP depth D: D modules (style sequential), D heads (style parallel) or D recurrent draft steps of
     one assistant (style assistant) predicting tokens t+2 .. t+1+D (0 disables MTP)."""
-    style: Literal["sequential", "parallel", "assistant"] = "sequential"
-    """sequential: DeepSeek-V3's chained modules (depth k also reads the embedding of token t+k);
+    style: str = "sequential"
+    """A registered MTP style (mtp_styles/, one folder each). sequential: DeepSeek-V3's chained modules (depth k
+    also reads the embedding of token t+k);
     parallel: Gloeckle et al.'s independent heads, one decoder layer each on the trunk's last hidden
     state, sharing the output layer (models/parallel_heads.py); assistant: a separate small
     model of its own width (mtp.assistant) reading the frozen target's stored keys and values and last
@@ -263,8 +265,9 @@ class MTPConfig:
     consumed applies. DeepSeek-V3: [[0, 0.3], [10e12, 0.1]]. The objective is lm + (λ/D)·Σ_d CE_d."""
 
     def __post_init__(self):
-        if self.freeze_base is None:  # an assistant always trains beside a frozen target
-            self.freeze_base = self.style == "assistant"
+        style = get_style(self.style)
+        if self.freeze_base is None:  # a separate drafter always trains beside a frozen target
+            self.freeze_base = style.separate_drafter
 
     @property
     def modules(self) -> int:

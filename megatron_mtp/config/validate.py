@@ -10,7 +10,7 @@ import math
 from typing import Optional
 
 from megatron_mtp.config import pipeline_layout
-from megatron_mtp.config.assistant import check_assistant
+from megatron_mtp.config.mtp_style import get_style, style_names
 from megatron_mtp.config.parallel_sizes import ParallelSizes, parallel_sizes
 from megatron_mtp.config.performance import FAMILY_RECOMPUTE_MODULES, RECOMPUTE_MODULES
 from megatron_mtp.config.root import Config
@@ -117,8 +117,7 @@ def _context_parallel(cfg: Config) -> None:
                         "split again over the tensor-parallel ranks")
     unsupported = [
         (d.reset_attention_mask, "data.reset_attention_mask (attention within documents)"),
-        (mtp.num_layers and mtp.style == "parallel", "mtp.style=parallel"),
-        (mtp.num_layers and mtp.style == "assistant", "mtp.style=assistant"),
+        (mtp.num_layers and not get_style(mtp.style).context_parallel, f"mtp.style={mtp.style}"),
         (mtp.num_layers and mtp.freeze_base, "mtp.freeze_base"),
         (mtp.num_layers and d.eod_mask_loss, "data.eod_mask_loss with MTP layers (their masks run along the "
                                              "whole sequence)"),
@@ -270,15 +269,17 @@ def _mtp_and_numbers(cfg: Config) -> None:
 def _mtp_style(cfg: Config) -> None:
     """Options that only one MTP style has (models/parallel_heads.py)."""
     mtp = cfg.mtp
-    if mtp.repeated_layer and (mtp.num_layers == 0 or mtp.style != "sequential"):
+    style = get_style(mtp.style)
+    if mtp.repeated_layer and (mtp.num_layers == 0 or not style.chains_modules):
         raise UserError("mtp.repeated_layer applies one sequential MTP module at every depth and needs "
-                        "mtp.num_layers > 0 and mtp.style=sequential; set those or drop mtp.repeated_layer")
-    if mtp.head_by_head_backward and mtp.style != "parallel":
-        raise UserError("mtp.head_by_head_backward needs mtp.style=parallel (sequential modules chain their "
-                        "hidden states, so their losses cannot be back-propagated one at a time)")
-    if mtp.targets != "tokens" and (mtp.num_layers == 0 or mtp.style == "parallel"):
+                        f"mtp.num_layers > 0 and mtp.style={style_names('chains_modules')}; set those or drop "
+                        "mtp.repeated_layer")
+    if mtp.head_by_head_backward and not style.head_by_head:
+        raise UserError(f"mtp.head_by_head_backward needs mtp.style={style_names('head_by_head')} (sequential "
+                        "modules chain their hidden states, so their losses cannot be back-propagated one at a time)")
+    if mtp.targets != "tokens" and (mtp.num_layers == 0 or not style.soft_targets):
         raise UserError(f"mtp.targets={mtp.targets} needs sequential MTP modules or an assistant (mtp.num_layers > 0, "
-                        "mtp.style=sequential or assistant); set mtp.targets=tokens")
+                        f"mtp.style={style_names('soft_targets')}); set mtp.targets=tokens")
     if mtp.targets != "tokens" and cfg.parallel.moe_a2a_overlap:
         raise UserError(f"mtp.targets={mtp.targets} needs parallel.moe_a2a_overlap=false (megatron-core's overlapped "
                         "schedule computes the MTP losses in its own nodes, to the data tokens only)")
@@ -295,10 +296,11 @@ def _mtp_style(cfg: Config) -> None:
         if why:
             raise UserError(f"mtp.freeze_base trains only the MTP modules of an existing model and needs {why}; "
                             "set it or drop mtp.freeze_base")
-    if mtp.style == "assistant" and mtp.num_layers:
-        check_assistant(cfg)
-    if mtp.style == "parallel" and mtp.num_layers and cfg.parallel.moe_a2a_overlap:
-        raise UserError("parallel.moe_a2a_overlap needs mtp.style=sequential (megatron-core's overlapped "
+    if mtp.num_layers:
+        style.check(cfg)
+    if mtp.num_layers and not style.a2a_overlap and cfg.parallel.moe_a2a_overlap:
+        raise UserError(f"parallel.moe_a2a_overlap needs mtp.style={style_names('a2a_overlap')} (megatron-core's "
+                        "overlapped "
                         "schedule plan builds only the sequential MTP block)")
 
 
@@ -321,7 +323,8 @@ def _recompute(cfg: Config, sizes: ParallelSizes) -> None:
         if not 1 <= r.num_layers <= max(per_stage, 1):
             raise UserError(f"recompute.num_layers is {r.num_layers}; with full recompute it must be between 1 and "
                             f"the decoder layers per pipeline chunk ({per_stage})")
-        if cfg.mtp.num_layers and cfg.mtp.style == "sequential" and r.method == "uniform" and r.num_layers != 1:
+        chained = cfg.mtp.num_layers and get_style(cfg.mtp.style).chains_modules
+        if chained and r.method == "uniform" and r.num_layers != 1:
             raise UserError("full recompute with method=uniform recomputes MTP layers one at a time; set "
                             "recompute.num_layers=1 (or method=block, which leaves MTP layers as they are)")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from megatron_mtp.config.mtp_style import get_style
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.family import assistant_family, get_family
 from megatron_mtp.models.tensor_table import Param
@@ -26,26 +27,27 @@ RELEASE_DRAFT_TOKENS = 6
 
 
 def is_assistant_config(config: dict[str, Any]) -> bool:
-    """A config.json of a separate drafter (its model_type: a family's ``assistant_model_type``)."""
+    """A config.json of a separate drafter (its model_type: models/family.py ``assistant_family``)."""
     return assistant_family(config) is not None
 
 
 def assistant_params(cfg, vocab: int) -> list[Param]:
     """The assistant's table rows (module note); [] for a run without one."""
-    if cfg.mtp.style != "assistant" or not cfg.mtp.num_layers:
+    if not (cfg.mtp.num_layers and get_style(cfg.mtp.style).separate_drafter):
         return []
-    tensors = get_family(cfg.model.family).assistant_tensors
-    if tensors is None:
-        raise UserError(f"mtp.style=assistant is not built for model.family={cfg.model.family}")
-    return [Param(t.mcore, tuple(IN_DIR + h for h in t.hf), "mtp", integer=t.integer) for t in tensors(cfg, vocab)]
+    drafter = get_family(cfg.model.family).style_part(cfg.mtp.style)
+    if drafter is None:
+        raise UserError(f"mtp.style={cfg.mtp.style} is not built for model.family={cfg.model.family}")
+    return [Param(t.mcore, tuple(IN_DIR + h for h in t.hf), "mtp", integer=t.integer)
+            for t in drafter.tensors(cfg, vocab)]
 
 
 def shapes(cfg, vocab: int) -> dict[str, tuple[int, ...]]:
     """megatron-core key -> global shape of every assistant tensor ({} for a run without one; the shape checks'
     ``drafter``, convert/shapes.py)."""
-    if cfg.mtp.style != "assistant" or not cfg.mtp.num_layers:
+    if not (cfg.mtp.num_layers and get_style(cfg.mtp.style).separate_drafter):
         return {}
-    return {t.mcore: t.shape for t in get_family(cfg.model.family).assistant_tensors(cfg, vocab)}
+    return {t.mcore: t.shape for t in get_family(cfg.model.family).style_part(cfg.mtp.style).tensors(cfg, vocab)}
 
 
 def dir_name(name: str) -> str:
@@ -81,16 +83,23 @@ def shape_from_hf(raw: dict[str, Any], target, vocab: int, where: str):
     """The ``mtp.assistant`` shape of an assistant's config.json drafting for ``target`` (the reader of the family
     whose drafter it is)."""
     family = assistant_family(raw)
-    if family is None or family.assistant_shape_from_hf is None:
+    drafter = _drafter_of(family, raw)
+    if drafter is None:
         raise UserError(f"{where}: model_type {raw.get('model_type')!r} is not a separate drafter megatron-mtp reads")
-    return family.assistant_shape_from_hf(raw, target, vocab, where)
+    return drafter.shape_from_hf(raw, target, vocab, where)
+
+
+def _drafter_of(family, raw: dict[str, Any]):
+    """The separate drafter of ``family`` whose model_type ``raw`` has (None: none)."""
+    parts = family.style_parts.values() if family is not None else ()
+    return next((p for p in parts if getattr(p, "model_type", None) == raw.get("model_type")), None)
 
 
 def configs(cfg, vocab: int, torch_dtype: str, speculative: Optional[int]) -> tuple[dict, dict]:
     """(config.json, generation_config.json) of the assistant directory."""
-    make = get_family(cfg.model.family).assistant_hf_config
-    if make is None:
-        raise UserError(f"mtp.style=assistant is not built for model.family={cfg.model.family}")
-    return (make(cfg, vocab, torch_dtype),
+    drafter = get_family(cfg.model.family).style_part(cfg.mtp.style)
+    if drafter is None:
+        raise UserError(f"mtp.style={cfg.mtp.style} is not built for model.family={cfg.model.family}")
+    return (drafter.hf_config(cfg, vocab, torch_dtype),
             {"num_assistant_tokens": int(speculative or cfg.mtp.num_layers),
              "num_assistant_tokens_schedule": "constant"})

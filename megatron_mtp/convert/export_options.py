@@ -19,7 +19,8 @@ from megatron_mtp.checkpoint.info import read_config
 from megatron_mtp.checkpoint.run_dir import resolve_checkpoint
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.config import Config
-from megatron_mtp.convert import assistant_dir, serving
+from megatron_mtp.config.mtp_style import MTPStyle, get_style
+from megatron_mtp.convert import serving
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.family import Family, get_family
 from megatron_mtp.models.tensor_table import MTP_KEY_PREFIXES, release_mtp_name
@@ -49,8 +50,10 @@ class ExportOptions:
     """bf16, fp32 or fp8."""
     only: bool
     """Only the MTP directory of the separate layout is written, as OUT itself."""
-    assistant: bool
-    """The checkpoint holds an assistant drafter (its own model directory)."""
+    has_mtp: bool
+    """The checkpoint holds MTP weights (of its style)."""
+    style: MTPStyle
+    """The checkpoint's MTP style (its export format: mtp_styles/)."""
     family: Family
     """The checkpoint's model family."""
     export: serving.Export
@@ -69,8 +72,7 @@ def serving_export(cfg: Config, out: Path, mode: MtpMode, mtp_layout: MtpLayout,
         out=out, layout=serving.layout_name(mode, mtp_layout), dtype=dtype, num_layers=m.num_layers,
         depth=cfg.mtp.modules if mode != "none" else 0, repeats=cfg.mtp.num_layers if cfg.mtp.repeated_layer else 1,
         hidden_size=m.hidden_size, moe=m.num_experts > 0,
-        tied=m.tie_embeddings, speculative=speculative, parallel_heads=cfg.mtp.style == "parallel",
-        assistant=cfg.mtp.style == "assistant",
+        tied=m.tie_embeddings, speculative=speculative, **get_style(cfg.mtp.style).convert().serving_flags(),
         family=cfg.model.family, architecture=family.architecture,
         mla_head_size=family.serving.mla_head_size(cfg) if family.serving.mla_head_size else None,
     )
@@ -120,17 +122,9 @@ def resolve_export_options(
     cfg = read_config(step)
     reader = TorchDistReader(step)
     has_mtp = cfg.mtp.num_layers > 0 and any(k.startswith(MTP_KEY_PREFIXES) for k in reader.keys())
-    if has_mtp and cfg.mtp.style == "parallel" and mtp not in ("none", "only"):
-        from megatron_mtp.convert.heads_layout import refuse_layout
-
-        refuse_layout(serve_for, mtp or "separate", mtp_layout or "hf")
-    assistant = has_mtp and cfg.mtp.style == "assistant"
-    if assistant:  # its own model directory (convert/assistant_dir.py)
-        mtp = assistant_dir.check_layout(mtp, mtp_layout, serve_for)
+    style = get_style(cfg.mtp.style)
+    mtp = style.convert().check_export(mtp, mtp_layout, serve_for, has_mtp)  # the layouts its format has
     only = mtp == "only"  # the MTP directory of the separate layout, written as OUT itself
-    if only and cfg.mtp.style == "parallel":
-        raise UserError("--mtp only writes the Hugging Face directory of sequential MTP modules, and this "
-                        "checkpoint has parallel MTP heads; export with --mtp separate (OUT/mtp holds the heads)")
     mtp, mtp_layout, dtype = serving.choose_layout(serve_for, "separate" if only else mtp, mtp_layout, dtype,
                                                    has_mtp, cfg.model.num_layers, cfg.model.family)
     family = get_family(cfg.model.family)
@@ -158,4 +152,5 @@ def resolve_export_options(
     export = serving_export(cfg, out_dir.absolute(), mtp, mtp_layout, dtype, speculative)
     say = (lambda text: print(f"note: {text}", file=sys.stderr)) if warn is not None else None
     found = [] if only else check_serving(export, serve_for, say)
-    return ExportOptions(step, cfg, reader, mtp, mtp_layout, dtype, only, assistant, family, export, found, out_dir)
+    return ExportOptions(step, cfg, reader, mtp, mtp_layout, dtype, only, has_mtp, style, family, export, found,
+                         out_dir)

@@ -33,6 +33,7 @@ from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
 from megatron_mtp.config import Config
 from megatron_mtp.config.base import apply_override
 from megatron_mtp.config.model import MTPConfig
+from megatron_mtp.config.mtp_style import get_style, style_of_mtp_dir
 from megatron_mtp.config.root import config_from_dict
 from megatron_mtp.config.validate import check_family
 from megatron_mtp.convert import assistant_dir
@@ -206,19 +207,16 @@ def import_from_hf(
     model_cfg, _, vocab = family.from_hf_config(main.config, str(main.path / "config.json"))
     param_table = family.param_table
     depth = _mtp_depth(main, mtp, with_mtp)
-    assistant = mtp is not None and assistant_dir.is_assistant_config(mtp.config)
-    style = ("parallel" if mtp is not None and is_heads_config(mtp.config) else "assistant" if assistant
-             else "sequential")
-    if style != "sequential" and not with_mtp:
+    style = style_of_mtp_dir(mtp.config if mtp is not None else None)
+    if not style.hf_inline and not with_mtp:
         mtp = None  # its tensors are not model.layers.* names that --no-mtp would recognise
-    mtp_cfg = MTPConfig(num_layers=depth, style=style if depth else "sequential")
-    if style == "assistant" and depth:  # its shape; it trains on the frozen target (mtp.freeze_base)
-        where = str(mtp.path / "config.json")
-        mtp_cfg.assistant, mtp_cfg.freeze_base = assistant_dir.shape_from_hf(mtp.config, model_cfg, vocab, where), True
+    mtp_cfg = MTPConfig(num_layers=depth, style=style.name if depth else MTPConfig.style)
+    if depth:
+        style.convert().import_shape(mtp_cfg, mtp, model_cfg, vocab)
     cfg = _written_config(f"from_hf_{hf_dir.name}", model_cfg, mtp_cfg, overrides, vocab)
     model_cfg = cfg.model
     rename = family.import_names(main.config) if family.import_names is not None else None
-    src = _Sources(main, mtp, model_cfg.num_layers, rename, assistant=style == "assistant")
+    src = _Sources(main, mtp, model_cfg.num_layers, rename, assistant=style.separate_drafter)
     if src.left_out:
         towers = sorted({".".join(n.split(".")[:2]) for n in src.left_out})
         print(f"note: '{main.path}' is a multimodal {family.title} checkpoint; its text model is imported and "
@@ -228,9 +226,8 @@ def import_from_hf(
         print(f"note: '{main.path}' holds MTP weights inline ({layers}); the MTP directory '{mtp.path}' replaces "
               "them", file=sys.stderr, flush=True)
     # the trainer writes TE spellings on every platform
-    drafter = assistant_dir.assistant_params(cfg, vocab)
-    params = param_table(model_cfg, 0 if drafter else depth, spec="te", mtp_copies=False,
-                         style="sequential" if drafter else style) + drafter
+    drafter = get_style(cfg.mtp.style).convert().drafter_params(cfg, vocab)
+    params = param_table(model_cfg, depth, spec="te", mtp_copies=False, style=cfg.mtp.style) + drafter
     for p in params:
         for name in p.hf_names():
             if name not in src:
@@ -240,7 +237,7 @@ def import_from_hf(
                     "(config/weights mismatch or an incomplete download)"
                 )
     used = {n for p in params for n in p.hf_names()}
-    mtp_copies = {n for p in param_table(model_cfg, 0 if drafter else depth) if p.copy for n in p.hf_names()}
+    mtp_copies = {n for p in param_table(model_cfg, depth, style=cfg.mtp.style) if p.copy for n in p.hf_names()}
     for name in src.where:
         if name in used or name in mtp_copies:
             continue

@@ -43,6 +43,7 @@ from megatron_mtp.checkpoint.finite import bytes_are_finite, recorded_finite, re
 from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.config import Config
+from megatron_mtp.config.mtp_style import get_style
 from megatron_mtp.convert import assistant_dir, fp8_export, serving, serving_text
 from megatron_mtp.convert.export_options import DTYPES, MtpLayout, MtpMode, resolve_export_options
 from megatron_mtp.convert.hf_source import GENERATION_CONFIG, generation_config, source_config, source_generation_config
@@ -93,12 +94,11 @@ def select_params(reader: TorchDistReader, cfg: Config, step: Path) -> list[Para
 
 
 def _table(cfg: Config, vocab: int, spec=None) -> list[Param]:
-    """Every tensor of the checkpoint's model: the family's table, and a separate drafter's rows
-    (mtp.style assistant: convert/assistant_dir.py), in checkpoint order."""
-    family, assistant = get_family(cfg.model.family), assistant_dir.assistant_params(cfg, vocab)
-    depth = 0 if assistant else cfg.mtp.modules
-    style = "sequential" if assistant else cfg.mtp.style
-    return family.param_table(cfg.model, depth, spec=spec, style=style) + assistant
+    """Every tensor of the checkpoint's model: the family's table with the MTP style's rows, and a separate
+    drafter's rows (the style's ``drafter_params``), in checkpoint order."""
+    family, style = get_family(cfg.model.family), get_style(cfg.mtp.style)
+    return (family.param_table(cfg.model, cfg.mtp.modules, spec=spec, style=style.name)
+            + style.convert().drafter_params(cfg, vocab))
 
 
 def _check_shapes(reader: TorchDistReader, params: list[Param], cfg: Config, step: Path) -> None:
@@ -230,8 +230,8 @@ def hf_configs(
     """config.json of each part. main/ of the separate layouts says ``num_nextn_predict_layers: 0``:
     it holds no MTP layer, and an engine told otherwise would look for its draft there (SGLang
     silently loads nothing); SGLang's NextN directory is its one-module form (``num_hidden_layers: 1``)."""
-    assistant = cfg.mtp.style == "assistant"  # a model of its own: the target's config says no MTP layer
-    depth = cfg.mtp.modules if mode != "none" and not assistant else 0
+    style = get_style(cfg.mtp.style)  # a separate drafter: the target's config says no MTP layer
+    depth = cfg.mtp.modules if mode != "none" and not style.separate_drafter else 0
     family = get_family(cfg.model.family)
     full = family.to_hf_config(cfg.model, cfg.mtp, vocab_size=vocab, num_nextn_predict_layers=depth,
                         torch_dtype="float32" if dtype == "fp32" else "bfloat16",
@@ -242,18 +242,8 @@ def hf_configs(
         full = fp8_export.with_quantization(full)
     if mode in ("none", "inline"):
         return {"main": full}
-    if assistant:
-        torch_dtype = "float32" if dtype == "fp32" else "bfloat16"
-        return {"main": full, "mtp": assistant_dir.configs(cfg, vocab, torch_dtype, None)[0]}
-    if cfg.mtp.style == "parallel":  # the heads' own format (models/parallel_heads_hf.py)
-        from megatron_mtp.models.parallel_heads_hf import heads_config
-
-        main = dict(full, num_nextn_predict_layers=0)
-        return {"main": main, "mtp": heads_config(main, depth)}
-    mtp = full
-    if mtp_layout == "nextn":
-        mtp = dict(full, architectures=[family.architecture + "NextN"], num_hidden_layers=depth)
-    return {"main": dict(full, num_nextn_predict_layers=0), "mtp": mtp}
+    mtp = style.convert().mtp_config(cfg, vocab, full, depth, dtype, mtp_layout, family)
+    return {"main": full if style.separate_drafter else dict(full, num_nextn_predict_layers=0), "mtp": mtp}
 
 
 def export_to_hf(
@@ -341,9 +331,9 @@ def export_to_hf(
                 writer.abort()
         for dest, config in configs.items():
             (dirs[dest] / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        if o.assistant and "mtp" in dirs:  # how many tokens it drafts
-            drafts = assistant_dir.configs(cfg, vocab, "", speculative)[1]
-            (dirs["mtp"] / GENERATION_CONFIG).write_text(json.dumps(drafts, indent=2) + "\n")
+        for name, data in (o.style.convert().extra_files(cfg, vocab, speculative) if o.has_mtp and "mtp" in dirs
+                           else {}).items():  # e.g. how many tokens a separate drafter drafts
+            (dirs["mtp"] / name).write_text(json.dumps(data, indent=2) + "\n")
         if only:  # the base release keeps its tokenizer and serving files
             return out_dir
         if not copy_tokenizer(step / TOKENIZER_DIR, dirs["main"]):

@@ -12,9 +12,10 @@ from typing import Any, Literal
 
 import torch
 
+from megatron_mtp.config.mtp_style import MTPStyle, style_of_mtp_dir
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.batch_generate import BatchResult, OnText, generate_batch
-from megatron_mtp.inference.draft import Drafter, MTPDrafter
+from megatron_mtp.inference.draft import Drafter
 from megatron_mtp.inference.options import DecodeOptions
 from megatron_mtp.inference.results import GenerationResult
 from megatron_mtp.inference.target import TargetModel
@@ -107,32 +108,36 @@ class Generator:
         return result
 
 
-def _is_assistant_dir(path: Path) -> bool:
-    """mtp/ of an export holds a separate drafter (mtp.style assistant: convert/assistant_dir.py)."""
+def _mtp_dir_style(path: Path | None) -> MTPStyle:
+    """The MTP style whose format the export's mtp/ is (config/mtp_style.py ``style_of_mtp_dir``): the release's
+    MTP layers where it has none or no readable config.json."""
     import json
 
     try:
-        return assistant_family(json.loads((path / "config.json").read_text())) is not None
-    except (OSError, ValueError, AttributeError):
-        return False
+        config = json.loads((path / "config.json").read_text()) if path is not None else None
+    except (OSError, ValueError):
+        config = None
+    return style_of_mtp_dir(config if isinstance(config, dict) else None)
 
 
 def load_assistant(path: str | Path, target: TargetModel, dtype: torch.dtype) -> Drafter:
     """A separate drafter's directory (a Gemma 4 assistant) drafting for ``target``: the family whose drafter its
-    config.json names (else the target's) builds and checks it (``Family.assistant_decoder``), its weights load
+    config.json names (else the target's) builds and checks it (the drafter in its ``style_parts``:
+    mtp_styles/assistant/family_part.py), its weights load
     here."""
     from megatron_mtp.hf_dir.safetensors_io import HFDir
     from megatron_mtp.inference.model_dir import _load_into
 
     weights = HFDir(Path(path))
     family = assistant_family(weights.config) or family_of_hf_config({"model_type": target.config.model_type})
-    if family.assistant_decoder is None or family.assistant_drafter is None:
+    drafter = next((p for p in family.style_parts.values() if hasattr(p, "decoder") and hasattr(p, "drafter")), None)
+    if drafter is None:
         raise UserError(f"'{path}' is not a separate drafter of {family.title} (its config.json's model_type is "
                         f"{weights.config.get('model_type')!r}), and {family.title} has none; draft with the "
                         "model's MTP modules instead")
-    model = family.assistant_decoder(weights.config, weights.path, target)
+    model = drafter.decoder(weights.config, weights.path, target)
     _load_into(model, weights, "", dtype, 0, aliases={})
-    return family.assistant_drafter(model.eval(), target)
+    return drafter.drafter(model.eval(), target)
 
 
 def load_generator(
@@ -145,17 +150,15 @@ def load_generator(
     ``assistant``: a Gemma 4 assistant directory that drafts instead of the MTP modules
     (models/gemma4/assistant/decoder.py)."""
     from megatron_mtp.inference.checkpoint_source import hf_dir_for
-    from megatron_mtp.inference.model_dir import find_export_dirs, load_mtp_modules, load_target, parse_dtype
-    from megatron_mtp.inference.parallel_draft import load_parallel_heads
+    from megatron_mtp.inference.model_dir import find_export_dirs, load_target, parse_dtype
 
     torch_dtype = parse_dtype(dtype)
     dirs = find_export_dirs(hf_dir_for(Path(model_dir)))
-    if dirs.mtp_dir is not None and _is_assistant_dir(dirs.mtp_dir):  # an export of a trained assistant
-        assistant = assistant if assistant is not None else dirs.mtp_dir
-        dirs = dataclasses.replace(dirs, mtp_dir=None)
+    style, drafter_dir = _mtp_dir_style(dirs.mtp_dir), None
+    if style.separate_drafter:  # an export of a trained drafter: a model of its own, not the target's MTP layers
+        drafter_dir, dirs = dirs.mtp_dir, dataclasses.replace(dirs, mtp_dir=None)
     target, main_weights = load_target(dirs, torch_dtype)
-    parallel = load_parallel_heads(dirs, target, torch_dtype)  # mtp/ holding parallel heads (parallel_draft.py)
-    modules = [] if parallel is not None else load_mtp_modules(dirs, target, main_weights, torch_dtype)
+    drafter = style.decoder().load_drafter(dirs, drafter_dir, target, main_weights, torch_dtype, chain_hidden)
     tokenizer = None
     if dirs.tokenizer_file is not None:
         from tokenizers import Tokenizer
@@ -166,7 +169,6 @@ def load_generator(
             raise UserError(
                 f"{dirs.tokenizer_file} is not a readable tokenizer ({exc}); re-export the model."
             ) from exc
-    drafter = parallel if parallel is not None else MTPDrafter(modules, chain_hidden=chain_hidden) if modules else None
-    if assistant is not None:
+    if assistant is not None:  # told to draft with this drafter instead
         drafter = load_assistant(assistant, target, torch_dtype)
     return Generator(target, drafter, tokenizer, dirs.root)

@@ -16,47 +16,20 @@ class), so naming a family (``--help``, ``plan``, ``convert``'s checks) imports 
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Mapping, Optional
 
+from megatron_mtp.config.lazy import lazy, lazy_object
 from megatron_mtp.config.model import (
     ModelConfig,
     load_installed_families,
     model_config_class,
     register_model_config,
 )
+from megatron_mtp.config.mtp_style import get_style
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.tensor_table import Table
-
-
-def lazy_object(target: str) -> Callable[[], Any]:
-    """A callable returning ``"package.module:name"`` itself (a class to build or subclass), imported when first
-    called."""
-    module, _, name = target.partition(":")
-    cache: list[Any] = []
-
-    def resolve() -> Any:
-        if not cache:
-            cache.append(getattr(importlib.import_module(module), name))
-        return cache[0]
-
-    resolve.__qualname__ = resolve.__name__ = name
-    resolve.__doc__ = f"{target} (imported when first called)"
-    return resolve
-
-
-def lazy(target: str) -> Callable[..., Any]:
-    """A callable standing for ``"package.module:name"``, imported when first called."""
-    resolve = lazy_object(target)
-
-    def call(*args, **kwargs):
-        return resolve()(*args, **kwargs)
-
-    call.__qualname__ = call.__name__ = resolve.__name__
-    call.__doc__ = resolve.__doc__
-    return call
 
 
 @dataclass(frozen=True)
@@ -167,27 +140,17 @@ class Family:
     layer_attention_shape: Optional[Callable[[ModelConfig, Optional[int]], AttentionShape]] = None
     """(m, decoder layer index, None for an MTP layer) -> that layer's attention widths, for a family whose layers
     differ (``attention_shape`` is then its common kind's); None: every layer is ``attention_shape``."""
-    assistant_model: Optional[Callable[[Any], ModelConfig]] = None
-    """cfg -> the model config of the family's separate drafter (its layers, widths and the target's key widths)."""
-    assistant_stored: Optional[Callable[[Any], Mapping[str, int]]] = None
-    """cfg -> the target layers whose keys/values the drafter reads (its attention kind -> decoder layer)."""
-    assistant_tensors: Optional[Callable[[Any, int], list]] = None
-    """(cfg, padded vocab) -> the tensors of the family's separate drafter (mtp.style assistant) in registration
-    order (models/gemma4/assistant/hf.py), or None where the family has none."""
-    assistant_model_type: Optional[str] = None
-    """config.json's model_type of the family's separate drafter's directory; None where it has none."""
-    assistant_hf_config: Optional[Callable[[Any, int, str], dict]] = None
-    """(cfg, vocab, torch_dtype) -> the drafter directory's config.json (``to-hf``)."""
-    assistant_shape_from_hf: Optional[Callable[..., Any]] = None
-    """(config.json, target model config, vocab, where) -> the ``mtp.assistant`` shape it describes (``from-hf``)."""
-    assistant_decoder: Optional[Callable[..., Any]] = None
-    """(config.json, its directory, target) -> the drafter's decoder module on the meta device, checked against the
-    target (a TargetModel) it drafts for; inference loads its weights."""
-    assistant_drafter: Optional[Callable[..., Any]] = None
-    """(the loaded decoder module, target) -> its inference/draft.py ``Drafter``."""
+    style_parts: Mapping[str, Any] = field(default_factory=dict)
+    """MTP style name -> what the family gives that style beyond its MTP layer spec (the style's ``family_part`` of
+    the package the family names: the assistant style's is its separate drafter,
+    mtp_styles/assistant/family_part.py)."""
     import_names: Optional[Callable[[Mapping[str, Any]], Optional[Callable[[str], Optional[str]]]]] = None
     """config.json -> how the importer renames a file's tensors to the text model's names (None: a tensor it
     leaves out, as a multimodal checkpoint's towers), or None where the names are the text model's already."""
+
+    def style_part(self, style: str) -> Any:
+        """What the family gives MTP style ``style`` (``style_parts``), or None where it gives nothing."""
+        return self.style_parts.get(style)
 
     def param_table(self, model: ModelConfig, mtp_depth: int, spec=None, mtp_copies: bool = True,
                     style: str = "sequential"):
@@ -225,23 +188,17 @@ _REGISTRY: dict[str, Family] = {}
 def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], model_types: tuple[str, ...],
                       model_config: type, builders: str, size: ModuleType, hf_mapping: ModuleType,
                       hf_config: ModuleType, hf_config_json: ModuleType, decoder: str, activations: str,
-                      serving: ServingFacts, assistant: Optional[str] = None) -> Family:
+                      serving: ServingFacts, style_packages: Optional[Mapping[str, str]] = None) -> Family:
     """A Family from the modules a family folder holds, each with the names the Family reads: ``size``
     (attention_shape, layer_sizes, parameter_counts, training_flops_per_token, kv_cache_elements_per_token,
     decode_attention_flops), ``hf_mapping`` (TABLE, ATTENTION_ORDER), ``hf_config`` (to_hf_config,
     from_hf_config, carry_source_fields), ``hf_config_json`` (parse_hf_config); ``builders`` is the package
     whose ``transformer_config`` and ``model`` modules build it on megatron-core, ``decoder`` the decoder's
     layer class ("package.module:Class"), ``activations`` the module whose ``saved_layer`` is its activation
-    inventory, ``assistant`` the package of its separate drafter (``hf_config``: MODEL_TYPE,
-    assistant_hf_config, shape_from_hf; ``decoder``: assistant_model, AssistantDrafter); all but
-    the drafter's config.json module load when first used."""
-    drafter: dict[str, Any] = {}
-    if assistant is not None:
-        hf = importlib.import_module(f"{assistant}.hf_config")
-        drafter = dict(assistant_model_type=hf.MODEL_TYPE, assistant_hf_config=hf.assistant_hf_config,
-                       assistant_shape_from_hf=hf.shape_from_hf,
-                       assistant_decoder=lazy(f"{assistant}.decoder:assistant_model"),
-                       assistant_drafter=lazy(f"{assistant}.decoder:AssistantDrafter"))
+    inventory, ``style_packages`` MTP style name -> the package in the folder that style reads what the family
+    gives it from (its ``family_part``: the assistant's drafter); all load when first used, but the drafter's
+    config.json module."""
+    parts = {name: get_style(name).family_part(package) for name, package in (style_packages or {}).items()}
     return Family(
         name=name,
         title=title,
@@ -269,10 +226,7 @@ def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], 
         export_names=getattr(hf_config, "export_names", None),
         multimodal_config=getattr(hf_config, "multimodal_config", None),
         layer_attention_shape=getattr(size, "layer_attention_shape", None),
-        assistant_tensors=getattr(hf_mapping, "assistant_tensors", None),
-        assistant_model=getattr(hf_mapping, "assistant_model", None),
-        assistant_stored=getattr(hf_mapping, "assistant_stored", None),
-        **drafter,
+        style_parts=parts,
     )
 
 
@@ -317,7 +271,8 @@ def hf_family(raw: Any) -> Optional[Family]:
 def assistant_family(raw: Any) -> Optional[Family]:
     """The family whose separate drafter a config.json dict describes (its ``model_type``); None for any other."""
     model_type = raw.get("model_type") if hasattr(raw, "get") else None
-    return next((f for f in families() if model_type is not None and f.assistant_model_type == model_type), None)
+    return next((f for f in families() if model_type is not None
+                 and model_type in {getattr(p, "model_type", None) for p in f.style_parts.values()}), None)
 
 
 def supported_text() -> str:

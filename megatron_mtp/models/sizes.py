@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron_mtp.config import Config
-from megatron_mtp.models.tensor_table import HEAD_NORM, Table, moe_layer_count, mtp_is_moe, mtp_own_rules
+from megatron_mtp.config.mtp_style import get_style
+from megatron_mtp.models.tensor_table import Table, moe_layer_count, mtp_is_moe
 
 
 @dataclass(frozen=True)
@@ -52,9 +53,7 @@ def layer_sizes(cfg: Config, table: Table) -> LayerSizes:
 
 def mtp_own_size(cfg: Config) -> int:
     """What an MTP module or parallel head holds besides its transformer layer."""
-    if cfg.mtp.style == "parallel":
-        return HEAD_NORM.numel(cfg.model)
-    return sum(r.numel(cfg.model) for r in mtp_own_rules())
+    return sum(r.numel(cfg.model) for r in get_style(cfg.mtp.style).own_rules())
 
 
 def parameter_counts(cfg: Config, padded_vocab: int, table: Table) -> dict[str, int]:
@@ -94,8 +93,8 @@ def training_flops_per_token(cfg: Config, padded_vocab: int, mtp_layers: int, ta
     layer = lambda mlp: 2 * (s.attention + mlp) + attn_scores  # noqa: E731
     head = 2 * padded_vocab * m.hidden_size
     forward = dense_layers * layer(s.dense_mlp) + moe_layers * layer(s.moe_active) + head
-    eh_proj = 0 if cfg.mtp.style == "parallel" else 2 * 2 * m.hidden_size * m.hidden_size
-    forward += mtp_layers * (layer(mlp_active) + eh_proj + head)
+    own = get_style(cfg.mtp.style).own_flops(cfg)  # a module's eh_proj (a head has none)
+    forward += mtp_layers * (layer(mlp_active) + own + head)
     return 3.0 * forward
 
 
@@ -107,7 +106,7 @@ def mtp_only_flops_per_token(family, cfg: Config, padded_vocab: int, mtp_layers:
     are trainable MTP parameters. An assistant (mtp.style assistant) instead: each of its K steps forward and
     backward over all its weights (its output table included: it trains) and its attention over the stored keys."""
     base = family.training_flops_per_token(cfg, padded_vocab, 0) / 3.0
-    if cfg.mtp.style == "assistant":  # a separate drafter: its weights and its attention over the stored keys
+    if get_style(cfg.mtp.style).separate_drafter:  # its weights and its attention over the stored keys
         weights, drafter = assistant_weights(family, cfg, padded_vocab)
         scores = drafter.model.num_layers * family.decode_attention_flops(drafter, cfg.training.seq_length // 2)
         return base + 3.0 * mtp_layers * (2 * weights + scores)
@@ -123,5 +122,6 @@ def assistant_weights(family, cfg: Config, padded_vocab: int):
     import dataclasses
     import math
 
-    weights = sum(math.prod(t.shape) for t in family.assistant_tensors(cfg, padded_vocab) if not t.buffer)
-    return weights, dataclasses.replace(cfg, model=family.assistant_model(cfg))
+    drafter = family.style_part(cfg.mtp.style)
+    weights = sum(math.prod(t.shape) for t in drafter.tensors(cfg, padded_vocab) if not t.buffer)
+    return weights, dataclasses.replace(cfg, model=drafter.model(cfg))

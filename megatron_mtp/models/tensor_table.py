@@ -28,6 +28,7 @@ from typing import Callable, Iterator, Literal, Optional, Sequence
 
 from megatron_mtp.config.model import ModelConfig
 from megatron_mtp.config.moe_layers import MoeLayers  # noqa: F401  (re-exported: the one is-MoE rule)
+from megatron_mtp.config.mtp_style import get_style
 
 Part = Literal["main", "mtp"]
 Spec = Literal["local", "te"]
@@ -339,8 +340,9 @@ class Table:
 
     def param_table(self, model: ModelConfig, mtp_depth: int, spec: Optional[Spec] = None,
                     mtp_copies: bool = True, style: str = "sequential") -> list[Param]:
-        """Every tensor of ``model`` with ``mtp_depth`` MTP modules (``style`` parallel: heads), in
-        checkpoint order: embedding, layers, final norm, head, MTP.
+        """Every tensor of ``model`` with ``mtp_depth`` MTP depths of ``style`` (the MTP style's ``tensor_rows``:
+        modules, heads, or none of the family's own for a separate drafter), in checkpoint order: embedding,
+        layers, final norm, head, MTP.
 
         ``spec=None`` lists the local and TE spellings of fused norms side by side (for reading a
         checkpoint of either kind: keep the ones present); "local"/"te" lists exactly one model's keys.
@@ -352,8 +354,13 @@ class Table:
         table.append(Param(FINAL_NORM, ("model.norm.weight",), "main"))
         if not model.tie_embeddings:
             table.append(Param(OUTPUT_LAYER, ("lm_head.weight",), "main"))
-        if style == "parallel":
-            return table + self.parallel_head_params(model, mtp_depth, spec)
+        return table + get_style(style).tensor_rows(self, model, mtp_depth, spec, mtp_copies)
+
+    def mtp_module_params(self, model: ModelConfig, mtp_depth: int, spec: Optional[Spec] = None,
+                          mtp_copies: bool = True) -> list[Param]:
+        """The rows of ``mtp_depth`` sequential MTP modules (``mtp_copies``: with the copies of the embedding and
+        the output head the release format writes per module), in the family's naming."""
+        table: list[Param] = []
         mtp: list[Param] = []
         for d in range(mtp_depth):
             n = mtp_hf_layer(model, d)

@@ -109,7 +109,8 @@ def assistant(cfg: Config, d: Dims, k: Kernels, steps: int) -> Saved:
     and its output table's input; the steps' logits are output_and_loss's. Checked against real ranks
     (tests/dist/test_plan_exact.py, gemma4_assistant_tp2_ep2: 0.94 of measured)."""
     family, out = get_family(cfg.model.family), Saved()
-    drafter = replace(cfg, model=family.assistant_model(cfg))
+    parts = family.style_part(cfg.mtp.style)  # its separate drafter
+    drafter = replace(cfg, model=parts.model(cfg))
     a, n = d.act_bytes, d.local
     for _ in range(steps):
         out.add("pre_projection.input", 2 * d.hidden * n * a)
@@ -122,7 +123,7 @@ def assistant(cfg: Config, d: Dims, k: Kernels, steps: int) -> Saved:
         norm(out, "final_norm", drafter.model.hidden_size, n, d, k)
         out.add("post_projection.input", drafter.model.hidden_size * n * a)
         out.add("output_layer.input", drafter.model.hidden_size * d.tokens * a)
-    stored = {kind: i for kind, i in family.assistant_stored(cfg).items()}
+    stored = {kind: i for kind, i in parts.stored(cfg).items()}
     for kind, index in stored.items():  # the target's keys and values the steps' attention keeps for backward
         shape = layer_dims(cfg, d, index)
         out.add(f"stored_kv.{kind}", (1 if shape.shares_kv else 2) * d.tokens * shape.kv_heads * shape.qk_dim * a)

@@ -23,7 +23,7 @@ count once, pipeline activations go forward only, the frozen embedding is not ti
 and only MTP gradients are reduced (dp/edp from the MTP-only buffers, tp from the MTP norms and
 routers); the base layers' tp collectives count their forward alone (each input gathered, each output
 reduce-scattered once, the embedding's lookup once). A separate drafter (mtp.style assistant) counts its own
-steps (``_assistant_tp``).
+steps (``assistant_tp``, which the style asks for).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Optional
 
+from megatron_mtp.config.mtp_style import get_style
 from megatron_mtp.config.root import Config
 from megatron_mtp.models.family import get_family
 from megatron_mtp.models.tensor_table import is_moe_layer, mtp_is_moe
@@ -77,14 +78,14 @@ def _kv_width(d: Dims) -> float:
     return heads * (d.qk_dim + d.v_dim)
 
 
-def _assistant_tp(cfg: Config, d: Dims) -> float:
+def assistant_tp(cfg: Config, d: Dims) -> float:
     """Bytes of a separate drafter's K steps (mtp.style assistant) on the loss stage, forward and backward: per
     step the target-embedding lookup's reduce-scatter (frozen: no backward), pre_projection (a column-parallel
     [2 h] input, its output gathered over TP and re-split by sequence), each layer's query projection, output
     projection and MLP, post_projection into the next step, and its output table with the cross entropy's
     reductions."""
     family, t, a, h = get_family(cfg.model.family), d.tokens, d.act_bytes, d.hidden
-    width = family.assistant_model(cfg).hidden_size
+    width = family.style_part(cfg.mtp.style).model(cfg).hidden_size
     drafter = replace(d, hidden=width)
     steps = cfg.mtp.num_layers
     per_step = (t * h + sum(_column(2 * h, t)) + 2 * t * width
@@ -105,10 +106,11 @@ def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
     out: Counter = Counter()
     tp, ep, etp = sizes.tp > 1, sizes.ep > 1, sizes.etp > 1
     frozen = cfg.mtp.freeze_base  # the base runs forward only
-    assistant = cfg.mtp.style == "assistant"
+    style = get_style(cfg.mtp.style)
+    drafter = cfg.mtp.num_layers and style.separate_drafter  # a model of its own, not layers of the target's kind
     for s in mine:
         layers = ([(i, is_moe_layer(cfg.model, i), frozen) for i in s.layers]
-                  + [(None, mtp_is_moe(cfg.model), False)] * (0 if assistant else s.mtp_layers))
+                  + [(None, mtp_is_moe(cfg.model), False)] * (0 if drafter else s.mtp_layers))
         per_micro: Counter = Counter()
         for index, moe, forward_only in layers:
             passes = 1 if forward_only else 2
@@ -135,8 +137,8 @@ def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
             per_micro["tp"] += (1 if frozen else 2) * lookups * t * h * a  # reduce-scatter, and its backward gather
             # eh_proj: a column-parallel [2h] input, its output gathered over TP and re-split by sequence
             per_micro["tp"] += modules * (sum(_column(2 * h, t)) + 2 * t * h) * a
-            if s.loss and assistant:  # the frozen target's output layer gathers its input once
-                per_micro["tp"] += t * h * a + 3 * t * 4 + (_assistant_tp(cfg, d) if s.mtp_layers else 0)
+            if s.loss and drafter:  # the frozen target's output layer gathers its input once
+                per_micro["tp"] += t * h * a + 3 * t * 4 + (style.plan().drafter_tp(cfg, d) if s.mtp_layers else 0)
             elif s.loss:  # output layer per head, and the cross entropy's three fp32 reductions
                 per_micro["tp"] += (1 + cfg.mtp.num_layers) * (sum(_column(h, t)) * a + 3 * t * 4)
         if sizes.pp > 1:

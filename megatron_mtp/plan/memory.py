@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Optional
 
 from megatron_mtp.config import pipeline_layout
@@ -34,24 +34,20 @@ from megatron_mtp.errors import UserError
 from megatron_mtp.models.tensor_table import is_moe_layer, mtp_is_moe
 from megatron_mtp.plan import activations as act
 from megatron_mtp.plan import schedule
+from megatron_mtp.plan.assumptions import assumptions
 from megatron_mtp.plan.params import (
+    BYTES,
     Buffer,
     chunk_buffers,
     chunk_params,
     ddp_bucket_size,
-    has_final_norm,
-    parallel_head_params,
-    sequential_mtp,
     trains,
 )
+from megatron_mtp.plan.stage_activations import chunk_activations, head_grad_bytes, recompute_modules
 from megatron_mtp.platform.detect import Platform
 from megatron_mtp.platform.features import Features, resolve_features
-from megatron_mtp.platform.gpus import GIB, Gpu
+from megatron_mtp.platform.gpus import FIXED_ALLOWANCE, Gpu
 from megatron_mtp.platform.low_precision import check_recipe
-
-FIXED_ALLOWANCE = 3 * GIB
-"""CUDA context (~0.5 GiB), NCCL communicators and buffers, cuBLAS/TE workspaces, allocator slack."""
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)
@@ -192,61 +188,6 @@ def model_stages(cfg: Config) -> list[pipeline_layout.Stage]:
                                   p.pipeline_layout)
 
 
-def recompute_modules(cfg: Config) -> frozenset:
-    r = cfg.recompute
-    return frozenset(r.modules) if r.granularity == "selective" else frozenset()
-
-
-def chunk_activations(cfg: Config, stage: pipeline_layout.Stage, d: act.Dims, k: act.Kernels,
-                      grouped_gemm: bool, head_grad_bytes: float = 0.0) -> act.Saved:
-    """Bytes one micro-batch leaves saved on a chunk until its backward (`head_grad_bytes`: with
-    mtp.head_by_head_backward, the gradients of the heads' and output layer's parameters)."""
-    r, mods = cfg.recompute, recompute_modules(cfg)
-    out = act.Saved()
-    frozen = cfg.mtp.freeze_base  # the main model runs under no_grad: it saves nothing
-
-    def merge(prefix: str, saved: act.Saved) -> None:
-        for name, nbytes in saved.items.items():
-            out.add(f"{prefix}{name}", nbytes)
-
-    if stage.embedding and not frozen:
-        merge("", act.embedding(d))
-    for j, layer in enumerate([] if frozen else stage.layers):
-        moe = is_moe_layer(cfg.model, layer)
-        kind = "moe" if moe else "dense"
-        if r.granularity == "full" and (j < r.num_layers if r.method == "block" else True):
-            if r.method == "block" or j % r.num_layers == 0:
-                merge(f"{kind}_layers.", act.full_recompute_layer(d))
-            continue
-        merge(f"{kind}_layers.", act.decoder_layer(act.layer_dims(cfg, d, layer), k, mods, moe, grouped_gemm))
-    full_mtp = r.granularity == "full" and r.method == "uniform"
-    head_by_head = cfg.mtp.head_by_head_backward and not sequential_mtp(cfg)
-    if cfg.mtp.style == "assistant" and stage.mtp_layers:  # a separate drafter, K steps
-        merge("mtp_assistant.", act.assistant(cfg, d, k, cfg.mtp.num_layers))
-    for _ in range(stage.mtp_layers if cfg.mtp.style != "assistant" else 0):
-        if not sequential_mtp(cfg):  # parallel heads: never under full recompute (mods is empty then)
-            if not head_by_head:
-                merge("mtp_heads.", act.parallel_head(d, k))
-                merge("mtp_heads.", act.decoder_layer(d, k, mods, mtp_is_moe(cfg.model), grouped_gemm))
-            continue
-        merge("mtp.", act.mtp_wrapper(d, k, full_mtp))
-        if not full_mtp:
-            merge("mtp.", act.decoder_layer(act.layer_dims(cfg, d, None), k, mods, mtp_is_moe(cfg.model), grouped_gemm))
-    if head_by_head and stage.mtp_layers:
-        merge("mtp_heads.", act.head_by_head_held(d, head_grad_bytes))
-    if has_final_norm(cfg, stage, stage.loss) and not frozen:
-        merge("", act.final_norm(d, k))
-    if stage.loss:  # head by head: the heads' logits are freed in the forward
-        heads = bool(stage.mtp_layers) and not sequential_mtp(cfg) and not head_by_head
-        logits = replace(d, softcap=False) if cfg.mtp.style == "assistant" else d  # its logits are not capped
-        merge("", act.output_and_loss(logits, k, 0 if head_by_head else cfg.mtp.num_layers, main=not frozen,
-                                      soft=cfg.mtp.targets != "tokens",
-                                      trunk_saved=heads and act.heads_share_trunk(d, k)))
-    if not stage.embedding and k.norm == "torch" and d.act_bytes != act.FP32 and not frozen:
-        out.add("pipeline.input", d.hidden * d.local * d.act_bytes)  # held by the schedule, not by the norm
-    return out
-
-
 @dataclass
 class RankMemory:
     pp_rank: int
@@ -335,14 +276,6 @@ def make_plan(cfg: Config, world: int, gpu: Gpu, cpu: bool = False, imbalance: f
     return plan
 
 
-def head_grad_bytes(cfg: Config, sizes: ParallelSizes, stage: pipeline_layout.Stage, vocab: int, te: bool) -> float:
-    """With mtp.head_by_head_backward: the parameter gradients a micro-batch holds on the heads' stage."""
-    if not (cfg.mtp.head_by_head_backward and stage.mtp_layers and not sequential_mtp(cfg)):
-        return 0.0
-    heads = sum(p.numel for p in parallel_head_params(cfg, sizes, stage.mtp_layers, te))
-    return (heads + vocab // sizes.tp * cfg.model.hidden_size) * BYTES[cfg.training.precision]
-
-
 def _workspace(cfg: Config, mine, d: act.Dims, tgt: Target, grouped: bool) -> float:
     """The largest transient of the step on this rank, plus the fixed allowance."""
     k, mods = tgt.kernels, recompute_modules(cfg)
@@ -370,70 +303,6 @@ def _workspace(cfg: Config, mine, d: act.Dims, tgt: Target, grouped: bool) -> fl
                           act.output_and_loss(d, k, 0).total)
     fixed = FIXED_ALLOWANCE if not tgt.platform.is_cpu else 0
     return max(candidates) + fixed
-
-
-def assumptions(plan: Plan) -> list[str]:
-    cfg, s, k = plan.cfg, plan.sizes, plan.target.kernels
-    t, o = cfg.training, cfg.optimizer
-    where = "CPU (local specs, gloo)" if plan.target.platform.is_cpu else \
-        f"{plan.gpu.name} ({plan.gpu.memory_bytes / GIB:.1f} GiB), Transformer Engine specs"
-    out = [
-        f"target: {where}; world {s.world} = TP{s.tp} × PP{s.pp}" + (f" (VPP{s.vpp})" if s.vpp > 1 else "") +
-        (f" × CP{s.cp}" if s.cp > 1 else "") +
-        f" × DP{s.dp}; experts EP{s.ep} × ETP{s.etp} × EDP{s.edp}",
-        f"{plan.num_micro} micro-batches of {t.micro_batch_size} × {t.seq_length} tokens per step per data-parallel "
-        "rank (global batch / (micro batch × DP))",
-        "parameters, gradients and optimizer state: megatron-core 0.16.1 DDP buffers (64-element parameter "
-        "alignment, buckets padded to lcm(DP, 128)) and the " +
-        ("distributed optimizer's shard of each bucket on the worst data-parallel rank" if cfg.parallel.
-         distributed_optimizer else "unsharded optimizer"),
-        f"{t.precision} parameters, {'fp32' if t.precision == 'fp32' or t.grad_reduce_dtype == 'fp32' else 'bf16'} "
-        "gradients, " + ("fp32 main parameters, " if t.precision != "fp32" else "") +
-        f"{'bf16' if o.precision_aware and o.moment_dtype == 'bf16' else 'fp32'} Adam moments" +
-        (f", {o.offload_fraction:.0%} of optimizer state offloaded to host memory" if o.offload_fraction else ""),
-        f"attention kernel {k.attention}, RMSNorm {k.norm}, SwiGLU {k.swiglu}, RoPE {k.rope}, cross entropy " +
-        (f"chunked output loss ({k.output_chunk} tokens a chunk, no logits kept)" if k.output_chunk else
-         f"{k.cross_entropy or 'unfused (fp32 softmax kept)'}") + (", FP8 linear inputs (1 byte)" if k.fp8 else ""),
-        "activations: tensors saved for backward per layer (plan/activations.py), times the micro-batches "
-        "megatron-core's " + ("interleaved" if s.vpp > 1 else "1F1B" if s.pp > 1 else "") +
-        " schedule keeps in flight at its peak",
-        f"routing: each expert-parallel rank receives {plan.imbalance:g}× the balanced token count "
-        + ("(--routing-imbalance)" if cfg.model.moe_capacity_factor is None else
-           "(model.moe_capacity_factor " + ("pads every expert to it" if cfg.model.moe_pad_to_capacity else
-                                            "caps --routing-imbalance") + ")"),
-    ]
-    if t.fp8 is not None and not plan.target.platform.is_cpu:
-        out.append("FP8 weights: " + ("parameters stored in FP8 (1 byte) plus a column-wise FP8 copy (1 byte)"
-                                      if t.fp8_param_gather else
-                                      "row- and column-wise FP8 copies (2 bytes) of every linear weight kept per step"))
-    if s.pp > 1:
-        out.append("pipeline: each in-flight chunk output is kept until its backward (on CPU)"
-                   if plan.target.platform.is_cpu else
-                   "pipeline: a chunk's output is freed once sent (deallocate_pipeline_outputs); only its autograd "
-                   "node waits for the backward")
-    if cfg.mtp.num_layers and cfg.mtp.style == "assistant":
-        a = cfg.mtp.assistant
-        out.append(f"MTP: an assistant ({a.num_layers} layers of width {a.hidden_size}, its own output table) drafting "
-                   f"{cfg.mtp.num_layers} steps on the loss stage over the frozen target's stored keys/values "
-                   "(plan/activations.py assistant)")
-    elif cfg.mtp.num_layers and not sequential_mtp(cfg):
-        out.append(f"MTP: {cfg.mtp.num_layers} parallel heads on the loss stage, no embedding copy there" + (
-            "; head by head: each head's graph freed in the forward, its parameter gradients (and the output "
-            "layer's) held per micro-batch instead" if cfg.mtp.head_by_head_backward else ""))
-    if cfg.mtp.repeated_layer and sequential_mtp(cfg):
-        out.append(f"mtp.repeated_layer: one MTP module applied {cfg.mtp.num_layers} times: its weights, gradients "
-                   f"and optimizer state counted once, its activations {cfg.mtp.num_layers} times")
-    if cfg.mtp.freeze_base:
-        out.append("mtp.freeze_base: only the MTP modules take gradients and optimizer state and sit in DDP "
-                   "buffers; the main model runs forward only (no saved activations), so each rank holds the "
-                   "MTP graph of one micro-batch at most")
-    if cfg.parallel.token_dispatcher == "flex":
-        out.append("token dispatcher flex: planned as alltoall (same tokens per rank; DeepEP's own buffers are in "
-                   "the workspace allowance)")
-    if not plan.target.platform.is_cpu:
-        out.append(f"workspace: the largest transient (a recomputed layer, logits, dispatch buffers) + "
-                   f"{FIXED_ALLOWANCE / GIB:.0f} GiB for CUDA context, NCCL, library workspaces and fragmentation")
-    return out
 
 
 def with_overrides(cfg: Config, overrides: list[str]) -> Config:

@@ -22,12 +22,16 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from megatron_mtp.config.mtp_style import get_style
 from megatron_mtp.config.parallel_sizes import ParallelSizes
 from megatron_mtp.config.pipeline_layout import Stage
 from megatron_mtp.config.root import Config
 from megatron_mtp.models.family import get_family
-from megatron_mtp.models.tensor_table import HEAD_NORM, is_moe_layer, mtp_is_moe, mtp_own_rules
+from megatron_mtp.models.tensor_table import is_moe_layer, mtp_is_moe, mtp_own_rules
 from megatron_mtp.platform.megatron_core import MTP_LAYER_ATTR  # module names (plan mirrors named_parameters)
+
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+"""Bytes of a parameter (or gradient) of each training.precision."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ def _local(cfg: Config, sizes: ParallelSizes, rule, te: bool) -> int:
     return rule.numel(cfg.model) // ((sizes.etp if rule.experts else sizes.tp) if split else 1)
 
 
-def _param(cfg: Config, sizes: ParallelSizes, prefix: str, rule, te: bool, name: str = "") -> Param:
+def rule_param(cfg: Config, sizes: ParallelSizes, prefix: str, rule, te: bool, name: str = "") -> Param:
     module, leaf = rule.mcore.rsplit(".", 2)[-2:]
     linear = module.startswith("linear_") or module == "eh_proj"  # a TE linear weight (FP8 under training.fp8)
     return Param(prefix + (name or rule.mcore), _local(cfg, sizes, rule, te),
@@ -62,7 +66,7 @@ _DENSE_ORDER = {True: ("mlp.linear_fc1.layer_norm_weight", "mlp.linear_fc1.weigh
 _EXPERT_FC1, _EXPERT_FC2 = "mlp.experts.experts.linear_fc1.weight", "mlp.experts.experts.linear_fc2.weight"
 
 
-def _layer(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: bool) -> list[Param]:
+def layer_params(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: bool) -> list[Param]:
     family = get_family(cfg.model.family)
     sized: dict[int, Param] = {}
 
@@ -70,7 +74,7 @@ def _layer(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: bool) 
         # a rule's size and kind once per layer: a layer of 256 experts names the same two rules 512 times
         base = sized.get(id(rule))
         if base is None:
-            base = sized[id(rule)] = _param(cfg, sizes, "", rule, te)
+            base = sized[id(rule)] = rule_param(cfg, sizes, "", rule, te)
         return Param(prefix + (name or rule.mcore), base.numel, expert=base.expert, linear=base.linear)
 
     registration = getattr(family.table, "registration", None)
@@ -100,7 +104,7 @@ def _layer(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: bool) 
 def sequential_mtp(cfg: Config) -> bool:
     """DeepSeek's sequential MTP modules (each with an embedding lookup and eh_proj), as opposed to
     parallel heads (a transformer layer and a norm each, no embedding: models/parallel_heads.py)."""
-    return cfg.mtp.num_layers > 0 and cfg.mtp.style == "sequential"
+    return cfg.mtp.num_layers > 0 and get_style(cfg.mtp.style).chains_modules
 
 
 def has_final_norm(cfg: Config, stage: Stage, last: bool) -> bool:
@@ -126,39 +130,19 @@ def chunk_params(cfg: Config, sizes: ParallelSizes, stage: Stage, padded_vocab: 
         shared = sizes.pp > 1 and (sequential or m.tie_embeddings)
         out.append(Param("embedding.word_embeddings.weight", vocab_rows * h, shared_embedding=shared))
     for layer in stage.layers:
-        out += _layer(cfg, sizes, f"decoder.layers.{layer}.", is_moe_layer(cfg.model, layer), te)
+        out += layer_params(cfg, sizes, f"decoder.layers.{layer}.", is_moe_layer(cfg.model, layer), te)
     if has_final_norm(cfg, stage, last):
         out.append(Param("decoder.final_layernorm.weight", h))
     if sequential:
         for i in range(min(stage.mtp_layers, cfg.mtp.modules)):  # mtp.repeated_layer: one module for all depths
             p = f"mtp.layers.{i}."
             # enorm, hnorm, eh_proj, then the layer, then the module's final norm
-            own = [_param(cfg, sizes, p, rule, te) for rule in mtp_own_rules()]
-            out += own[:-1] + _layer(cfg, sizes, f"{p}{MTP_LAYER_ATTR}.", mtp_is_moe(cfg.model), te) + own[-1:]
+            own = [rule_param(cfg, sizes, p, rule, te) for rule in mtp_own_rules()]
+            out += own[:-1] + layer_params(cfg, sizes, f"{p}{MTP_LAYER_ATTR}.", mtp_is_moe(cfg.model), te) + own[-1:]
     if last and not (m.tie_embeddings and with_embedding):  # tied: the embedding's weight
         out.append(Param("output_layer.weight", vocab_rows * h, shared_embedding=m.tie_embeddings and sizes.pp > 1))
-    if cfg.mtp.style == "assistant" and stage.mtp_layers:  # registered after GPTModel's own modules
-        out += assistant_params(cfg, sizes, padded_vocab)
-    elif not sequential:  # the heads are registered after GPTModel's own modules
-        out += parallel_head_params(cfg, sizes, stage.mtp_layers, te)
-    return out
-
-
-def assistant_params(cfg: Config, sizes: ParallelSizes, padded_vocab: int) -> list[Param]:
-    """Parameters of a separate drafter (mtp.style assistant): its family's table of them."""
-    family = get_family(cfg.model.family)
-    tensors = family.assistant_tensors(cfg, padded_vocab)
-    return [Param(t.mcore, math.prod(t.shape) // (sizes.tp if t.tp else 1),
-                  linear=".linear_" in t.mcore and t.mcore.endswith(".weight")) for t in tensors if not t.buffer]
-
-
-def parallel_head_params(cfg: Config, sizes: ParallelSizes, heads: int, te: bool) -> list[Param]:
-    """Parameters of `heads` parallel MTP heads (mtp.style=parallel): a layer and a norm each."""
-    out: list[Param] = []
-    for i in range(heads):
-        p = f"mtp_heads.layers.{i}."
-        out += _layer(cfg, sizes, f"{p}{MTP_LAYER_ATTR}.", mtp_is_moe(cfg.model), te)
-        out.append(_param(cfg, sizes, p, HEAD_NORM, te))
+    if cfg.mtp.num_layers:  # a style's own modules (heads, a drafter) are registered after GPTModel's
+        out += get_style(cfg.mtp.style).plan().params(cfg, sizes, stage, padded_vocab, te)
     return out
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from megatron_mtp.config import Config
+from megatron_mtp.config.mtp_style import get_style, style_names
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.expert_reach import distinct_experts
 from megatron_mtp.models.family import get_family
@@ -163,9 +164,10 @@ def check_serve_layout(cfg: Config, serve: ServeLayout) -> None:
 
 def predict(cfg: Config, padded_vocab: int, gpu: Gpu, acceptance: list[float], serve: ServeLayout,
             batches=BATCHES, drafts=DRAFTS) -> list[Prediction]:
-    if not cfg.mtp.num_layers or cfg.mtp.style == "parallel":
+    style = get_style(cfg.mtp.style)
+    if not cfg.mtp.num_layers or not style.drafts:
         raise UserError("the speculative prediction needs a sequential MTP module or an assistant (mtp.num_layers ≥ "
-                        "1, mtp.style=sequential or assistant) to draft with")
+                        f"1, mtp.style={style_names('drafts')}) to draft with")
     if not gpu.hbm_bytes_per_s:
         raise UserError(f"the memory bandwidth of '{gpu.name}' is unknown; use --gpu h100, h200 or b200")
     if not acceptance or any(not 0.0 <= a <= 1.0 for a in acceptance):
@@ -178,8 +180,7 @@ def predict(cfg: Config, padded_vocab: int, gpu: Gpu, acceptance: list[float], s
         plain = main_forward_bytes(cfg, padded_vocab, b, b, serve)
         for k in drafts:
             verify = main_forward_bytes(cfg, padded_vocab, b, b * (k + 1), serve)
-            draft = (assistant_step_bytes if cfg.mtp.style == "assistant" else draft_step_bytes)(
-                cfg, padded_vocab, b, serve)
+            draft = style.plan().draft_step_bytes(cfg, padded_vocab, b, serve)
             out.append(Prediction(
                 batch=b, drafts=k, plain_ms=plain.seconds(gpu, fp8) * 1e3,
                 round_ms=(verify.seconds(gpu, fp8) + k * draft.seconds(gpu, fp8)) * 1e3,
@@ -193,7 +194,7 @@ def format_table(cfg: Config, gpu: Gpu, acceptance: list[float], serve: ServeLay
                  rows: list[Prediction]) -> str:
     m = cfg.model
     lines = [
-        f"speculative decoding with {'the assistant' if cfg.mtp.style == 'assistant' else 'the MTP module'} on "
+        f"speculative decoding with {get_style(cfg.mtp.style).drafter_words} on "
         f"{gpu.name} ({gpu.hbm_bytes_per_s / 1e12:.2f} TB/s), "
         f"serving layout TP{serve.tp} × EP{serve.ep}, weights {serve.weight_bytes:g} B/element, "
         f"{serve.context} cached tokens per sequence, acceptance {', '.join(f'{a:.2f}' for a in acceptance)}",

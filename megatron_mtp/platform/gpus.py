@@ -8,6 +8,9 @@ from dataclasses import dataclass
 from megatron_mtp.errors import UserError
 
 GIB = 1024**3
+FIXED_ALLOWANCE = 3 * GIB
+"""CUDA context (~0.5 GiB), NCCL communicators and buffers, cuBLAS/TE workspaces, allocator slack: what a GPU
+rank holds beside its tensors (the plan's workspace)."""
 
 
 @dataclass(frozen=True)

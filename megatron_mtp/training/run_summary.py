@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from megatron_mtp.config.mtp_style import find_style
 from megatron_mtp.errors import UserError
 
 RECENT = 10
@@ -97,7 +98,9 @@ def frozen_base(run_dir: Path) -> bool:
     except (OSError, yaml.YAMLError):  # none (yet), or not ours
         return False
     mtp = saved.get("mtp") or {} if isinstance(saved, dict) else {}
-    return bool(mtp.get("freeze_base")) or (mtp.get("style") == "assistant" and bool(mtp.get("num_layers")))
+    style = find_style(mtp.get("style")) if isinstance(mtp.get("style"), str) else None
+    drafter = style is not None and style.separate_drafter  # it always trains on a frozen base
+    return bool(mtp.get("freeze_base")) or (drafter and bool(mtp.get("num_layers")))
 
 
 def _duration(seconds: float) -> str:

@@ -83,7 +83,8 @@ def test_shipped_dense_config_is_the_31b_release_and_its_assistant_counts_as_tra
     counts = get_family("gemma4").parameter_counts(dataclasses.replace(cfg, mtp=dataclasses.replace(
         cfg.mtp, num_layers=0)), vocab)
     assert counts["main"] == sum(p.numel() for p in model.parameters()) and round(counts["main"] / 1e9, 1) == 30.7
-    ours = {t.hf[0] if len(t.hf) == 1 else t.hf: t.shape for t in get_family("gemma4").assistant_tensors(cfg, vocab)}
+    drafter = get_family("gemma4").style_part("assistant")
+    ours = {t.hf[0] if len(t.hf) == 1 else t.hf: t.shape for t in drafter.tensors(cfg, vocab)}
     state = {n: tuple(t.shape) for n, t in assistant.state_dict().items() if n != "lm_head.weight"}
     fused = {k: v for k, v in ours.items() if isinstance(k, tuple)}  # fc1: gate and up, stacked
     assert {k: v for k, v in ours.items() if isinstance(k, str)} == {k: v for k, v in state.items()

@@ -18,8 +18,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "megatron_mtp"
 # lowest first; a package may import any package before it and none after it
 LAYERS = ["errors", "runtime", "write_causes", "output", "rms_norm", "strict_json", "hf_dir", "config", "platform",
-          "models", "plan", "data", "checkpoint", "training", "launch", "convert", "evaluate", "inference", "cli",
-          "__main__"]
+          "models", "plan", "data", "checkpoint", "training", "launch", "convert", "evaluate", "inference",
+          "mtp_styles", "cli", "__main__"]
 _MODULE_STRING = re.compile(r"^megatron_mtp(\.[A-Za-z_]\w*)+$")
 
 

@@ -26,7 +26,7 @@ FAMILY = register(family_of_modules(
     hf_config_json=hf_config_json,
     decoder="megatron_mtp.models.gemma4.decoder:Gemma4DecoderLayer",
     activations="megatron_mtp.models.gemma4.activations",
-    assistant="megatron_mtp.models.gemma4.assistant",
+    style_packages={"assistant": "megatron_mtp.models.gemma4.assistant"},  # its separate drafter
     serving=ServingFacts(
         engine_facts={
             # The engines serve Gemma 4's own drafter (the assistant model), not a DeepSeek-style MTP module: none of

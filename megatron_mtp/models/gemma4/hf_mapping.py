@@ -17,8 +17,6 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from megatron_mtp.models.gemma4.assistant.hf import assistant_tensors  # noqa: F401  (the family's drafter)
-from megatron_mtp.models.gemma4.assistant.shape import assistant_model, assistant_stored  # noqa: F401
 from megatron_mtp.models.gemma4.model_config import (
     MTP_KIND,
     SLIDING,

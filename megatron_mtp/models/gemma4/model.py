@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from megatron_mtp.config import Config
+from megatron_mtp.config.mtp_style import FamilyParts, get_style
 from megatron_mtp.models.gemma4.hf_config_json import embedding_multiplier
 from megatron_mtp.models.gemma4.model_config import MTP_KIND
 from megatron_mtp.models.gemma4.specs import block_spec, layer_spec, mtp_spec
@@ -39,30 +40,23 @@ def _extend(module, mixin: type, **attrs) -> None:
         setattr(module, key, value)
 
 
+def _drafter_model() -> type:
+    from megatron_mtp.models.gemma4.assistant.model import AssistantGPTModel
+
+    return AssistantGPTModel
+
+
 def build_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_process: bool,
                 post_process: bool, vp_stage=None):
     """GPTModel for the current pipeline stage; `config` is the TransformerConfig."""
     from megatron_mtp.platform.features import resolve_features
 
     features = resolve_features(cfg, platform)
-    heads = None
-    if cfg.mtp.num_layers and cfg.mtp.style == "assistant":  # a drafter of its own on the frozen target
-        from megatron_mtp.models.gemma4.assistant.model import AssistantGPTModel
-
-        heads = (AssistantGPTModel, dict(run_config=cfg, platform=platform, step_weights=cfg.mtp.assistant.step_weights,
-                                         targets=cfg.mtp.targets, self_weight=cfg.mtp.self_weight,
-                                         self_temperature=cfg.mtp.self_temperature))
-        specs = (block_spec(cfg, config, platform, features, vp_stage), None)
-    elif cfg.mtp.num_layers and cfg.mtp.style == "parallel":  # Gloeckle-style heads, each a layer of the MTP kind
-        from megatron_mtp.models.parallel_heads import ParallelHeadsGPTModel
-
-        heads = (ParallelHeadsGPTModel, dict(head_layer_spec=layer_spec(cfg, platform, MTP_KIND, features.grouped_gemm),
-                                             head_by_head_backward=cfg.mtp.head_by_head_backward,
-                                             freeze_base=cfg.mtp.freeze_base))
-        specs = (block_spec(cfg, config, platform, features, vp_stage), None)
-    else:
-        specs = (block_spec(cfg, config, platform, features, vp_stage),
-                 mtp_spec(cfg, config, platform, features, vp_stage))
+    parts = FamilyParts(lambda: layer_spec(cfg, platform, MTP_KIND, features.grouped_gemm), _drafter_model)
+    heads = get_style(cfg.mtp.style).wrap(cfg, platform, parts) if cfg.mtp.num_layers else None
+    # the style's model in place of megatron-core's MTP block, or the block with the family's MTP spec
+    specs = (block_spec(cfg, config, platform, features, vp_stage),
+             None if heads else mtp_spec(cfg, config, platform, features, vp_stage))
     model = build_gpt_model(cfg, config, platform, vocab_size, pre_process, post_process, vp_stage, keys_as_te={},
                             position_embedding_type="none", specs=specs, heads=heads)
     if getattr(model, "embedding", None) is not None:

@@ -16,6 +16,7 @@ from typing import Any, ClassVar, Optional
 
 from megatron_mtp.config import pipeline_layout
 from megatron_mtp.config.moe_layers import MoeLayers
+from megatron_mtp.config.mtp_style import get_style
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.softmax_routing import SoftmaxRouting
 
@@ -155,7 +156,7 @@ def check(cfg) -> None:
     if cfg.data.reset_position_ids:
         raise UserError("data.reset_position_ids is not built for model.family=gemma4 (its attention numbers "
                         "positions from the start of each sequence); set it to false")
-    if cfg.mtp.num_layers and cfg.mtp.style == "assistant":
+    if cfg.mtp.num_layers and get_style(cfg.mtp.style).separate_drafter:
         check_assistant(cfg)
 
 
