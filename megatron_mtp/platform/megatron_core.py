@@ -240,3 +240,12 @@ def align_saved_param_groups(saved, live_groups: list) -> None:
                 walk(value)
 
     walk(saved)
+
+
+def require_dsa(title: str) -> None:
+    """DeepSeek Sparse Attention is built from megatron-core 0.19's DSA modules
+    (transformer/experimental_attention_variant/); 0.16 has none: one sentence there."""
+    if not is_019():
+        raise UserError(f"{title} (DeepSeek Sparse Attention) needs megatron-core 0.19, whose DSA modules build it, "
+                        f"and this environment has megatron-core {installed_version()}; run it on Python 3.12 with "
+                        "megatron-core 0.19 (tools/setup_env.sh python3.12)")
