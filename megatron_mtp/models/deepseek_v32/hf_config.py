@@ -45,6 +45,7 @@ def from_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> tuple[
     plain = {k: v for k, v in raw.items() if k not in (*INDEX_KEYS, "mlp_layer_types", "layer_types", "mlp_bias")}
     plain.update(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"])
     model, mtp_cfg, vocab = v3.from_hf_config(plain, where, DeepseekV32ModelConfig)
+    model.family = "deepseek_v32"
     for key in INDEX_KEYS:
         setattr(model, key, getattr(view, key))
     return model, mtp_cfg, vocab
