@@ -1,8 +1,11 @@
-"""DeepSeek-V3.2 (model.family deepseek_v32) checked against transformers' DeepseekV32ForCausalLM: a random
-model transformers built (MLA with the lightning indexer in every layer, a dense first layer, grouped
-sigmoid routing; index_topk below the sequence length, so the indexer decides what each query reads)
-imports with its logits and exports back to its own tensors bitwise, with no missing or unexpected key.
-Needs megatron-core 0.19 (its DSA modules build the model)."""
+"""DeepSeek-V3.2 (model.family deepseek_v32) trained with MTP and checked against transformers'
+DeepseekV32ForCausalLM. One short run (4 steps, one process) logs the indexer's KL loss and the MTP
+acceptance at every step, resumes exactly from its step-2 checkpoint, and exports a directory that
+transformers' class loads with no missing or unexpected key and our logits. A random model transformers
+built (MLA with the lightning indexer in every layer, a dense first layer, grouped sigmoid routing;
+index_topk below the sequence length, so the indexer decides what each query reads) imports with its
+logits and exports back to its own tensors bitwise, with no missing or unexpected key. Needs
+megatron-core 0.19 (its DSA modules build the model)."""
 
 from __future__ import annotations
 
@@ -15,12 +18,53 @@ from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.to_hf import export_to_hf
 from megatron_mtp.platform.megatron_core import is_019
 from tests.convert.conftest import megatron_forward
-from tests.convert.helpers import hf_tensors
+from tests.convert.helpers import hf_tensors, megatron_cli
+from tests.dist.conftest import metrics, run_as_of
 
 transformers = pytest.importorskip("transformers")
 
 pytestmark = [pytest.mark.mcore,
               pytest.mark.skipif(not is_019(), reason="DeepSeek-V3.2 needs megatron-core 0.19's DSA modules")]
+
+
+TRAIN = ["configs/deepseek_v32_tiny_cpu.yaml", "--max-steps", "4", "training.seq_length=32",
+         "training.micro_batch_size=2", "training.global_batch_size=2", "logging.eval_interval=0",
+         "logging.tensorboard=false", "logging.log_interval=1", "checkpoint.save_interval=2"]
+
+
+@pytest.fixture(scope="module")
+def dsa_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("dsa_run") / "run"
+    megatron_cli("train", "--run-dir", str(run_dir), *TRAIN)
+    return run_dir
+
+
+def test_training_logs_the_indexer_loss_and_mtp_acceptance_and_resumes_exactly(dsa_run, tmp_path):
+    rows = metrics(dsa_run)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        assert 0.0 < r["train/indexer_loss"] < 10.0  # the indexer's KL towards the main attention, each step
+        assert 0.0 <= r["train/mtp_acceptance_1"] <= 1.0 and r["train/mtp_loss_1"] > 0.0
+    assert "indexer_loss" in (dsa_run / "logs" / "train.log").read_text()
+    resumed = run_as_of(dsa_run, tmp_path / "resumed", 2)
+    megatron_cli("train", "--run-dir", str(resumed), *TRAIN)
+    keys = ("train/lm_loss", "train/mtp_loss_1", "train/indexer_loss", "train/grad_norm")
+    assert [[r[k] for k in keys] for r in metrics(resumed)[2:]] == [[r[k] for k in keys] for r in rows[2:]]
+
+
+def test_export_loads_in_transformers_with_our_logits(dsa_run, tokens, tmp_path):
+    ours = megatron_forward(dsa_run, tokens, tmp_path / "out.pt")
+    export = export_to_hf(dsa_run, tmp_path / "hf", mtp="separate", dtype="fp32")
+    model, info = transformers.DeepseekV32ForCausalLM.from_pretrained(
+        export / "main", dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert model.config.index_topk == 16 < model.config.max_position_embeddings
+    with torch.no_grad():
+        logits = model.eval()(torch.load(tokens)).logits
+    assert (logits - ours["logits"]).abs().max().item() < 1e-4
+    mtp_names = set(hf_tensors(export / "mtp"))  # the MTP layer has its own indexer, as the release's layer 61
+    assert {f"model.layers.3.self_attn.indexer.{n}" for n in
+            ("wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight")} <= mtp_names
 
 
 def _random_model(topk: int):
