@@ -37,3 +37,11 @@ def test_the_tiny_config_needs_megatron_core_019():
 def test_indexer_fields_are_checked(override, message):
     with pytest.raises(UserError, match=message):
         validate(load_config(CONFIG, [override]), world_size=2 if override.startswith("parallel") else 1)
+
+
+def test_the_decoder_refuses_a_dsa_model_in_one_sentence():
+    from megatron_mtp.models.family import get_family
+
+    with pytest.raises(UserError, match=r"^the decoder has no DeepSeek Sparse Attention layer yet, so it cannot run "
+                                        r"a DeepSeek-V3.2 model; serve the export with transformers"):
+        get_family("deepseek_v32").decoder_layer()(None, 0)
