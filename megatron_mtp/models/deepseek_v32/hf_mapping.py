@@ -38,12 +38,13 @@ def _attention(model: ModelConfig, spec: Optional[Spec]) -> list[Rule]:
 
 TABLE = Table(attention=_ATTENTION, attention_for=_attention)
 
-_ORDER = ("input_layernorm.weight", "self_attention.linear_proj.weight",
-          "self_attention.linear_q_down_proj.weight", "self_attention.linear_q_up_proj.weight",
-          "self_attention.linear_kv_down_proj.weight", "self_attention.linear_kv_up_proj.weight",
+_ORDER = ("input_layernorm.weight",  # the core attention, with its indexer, is built first
           _INDEXER + "linear_wq_b.weight", _INDEXER + "linear_wk.weight", _INDEXER + "k_norm.weight",
           _INDEXER + "k_norm.bias", _INDEXER + "linear_weights_proj.weight",
-          "self_attention.q_layernorm.weight", "self_attention.kv_layernorm.weight")
+          "self_attention.linear_proj.weight", "self_attention.linear_q_down_proj.weight",
+          "self_attention.linear_q_up_proj.weight", "self_attention.linear_kv_down_proj.weight",
+          "self_attention.linear_kv_up_proj.weight", "self_attention.q_layernorm.weight",
+          "self_attention.kv_layernorm.weight")
 ATTENTION_ORDER = {True: _ORDER, False: _ORDER}
 """The order megatron-core registers a DSA attention block's parameters in (same in both specs; checked
-against a built model by the family's test)."""
+against the built model by tests/dist/test_built_model.py)."""
