@@ -24,7 +24,8 @@ class DeepseekV32ModelConfig(MLAModelConfig):
     """Earlier tokens the main attention reads per query (HF index_topk): the indexer's best-scoring ones."""
     indexer_loss_coeff: float = 0.0
     """Weight of megatron-core's indexer KL loss (the indexer's scores towards the main attention's
-    distribution); 0: the indexer gets no gradient from it (it is still logged)."""
+    distribution, logged as train/indexer_loss); 0 (megatron-core's default): the loss is not computed and the
+    indexer does not learn at all, since its top-k selection passes no gradient (set it when training)."""
 
     def check(self, cfg: Any) -> None:
         check(cfg)
