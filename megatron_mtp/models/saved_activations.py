@@ -2,7 +2,7 @@
 tensors differ between platforms (``Kernels``), one micro-batch's per-rank shapes (``Dims``), one layer's saved
 tensors (``Saved``), and the parts every family's decoder layer shares: norms, linear inputs, the dense and the
 routed MLP. A family's attention inventory and its ``saved_layer`` (a ``Family`` member) live in its folder
-(models/deepseek_v3/activations.py: MLA; models/gqa/activations.py: grouped-query attention;
+(models/mla/activations.py: MLA; models/gqa/activations.py: grouped-query attention;
 models/gemma4/activations.py: the sandwich-norm layer); plan/activations.py's module note says which recompute
 setting drops what.
 """

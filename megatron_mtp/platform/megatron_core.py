@@ -253,3 +253,33 @@ def align_saved_param_groups(saved, live_groups: list) -> None:
                 walk(value)
 
     walk(saved)
+
+
+def require_dsa(title: str) -> None:
+    """DeepSeek Sparse Attention is built from megatron-core 0.19's DSA modules
+    (transformer/experimental_attention_variant/); 0.16 has none: one sentence there."""
+    if not is_019():
+        raise UserError(f"{title} (DeepSeek Sparse Attention) needs megatron-core 0.19, whose DSA modules build it, "
+                        f"and this environment has megatron-core {installed_version()}; run it on Python 3.12 with "
+                        "megatron-core 0.19 (tools/setup_env.sh python3.12)")
+
+
+# --- the DSA indexer loss tracker (0.19) ------------------------------------------------------------
+
+def dsa_indexer_loss_values(config):
+    """This rank's per-layer DSA indexer KL losses of the step, summed over its micro-batches and before
+    ``config.dsa_indexer_loss_coeff`` ([num_layers] tensor; an MTP layer's adds to its own layer number, 1),
+    or None where none was tracked (0.16, no DSA, or a coefficient of 0: the loss is then not computed)."""
+    if not is_019() or not getattr(config, "dsa_indexer_loss_coeff", None):
+        return None
+    from megatron.core.transformer.experimental_attention_variant.dsa import DSAIndexerLossLoggingHelper
+
+    values = DSAIndexerLossLoggingHelper.tracker.get("values")
+    return None if values is None else values / config.dsa_indexer_loss_coeff
+
+
+def clear_dsa_indexer_tracker() -> None:
+    if is_019():
+        from megatron.core.transformer.experimental_attention_variant.dsa import DSAIndexerLossLoggingHelper
+
+        DSAIndexerLossLoggingHelper.clean_loss_in_tracker()

@@ -9,7 +9,8 @@ TP/PP/EP/DP layout (tested in tests/dist/test_train_layouts.py).
     sequences); the parts sum to the layer's value. We sum
     over all ranks and divide by the number of TP-rank-0 ranks that saw the layer, i.e. the
     replicas, which is what megatron-core's reduce_aux_losses_tracker_across_ranks computes.
-  - The MoE scalars: moe_metrics.py.
+  - The MoE scalars: moe_metrics.py. DeepSeek Sparse Attention's indexer KL loss (megatron-core's DSA
+    tracker, before its coefficient) is averaged over layers as the balance loss is.
   - grad norm, λ and lr are the same on every rank.
   - Throughput: model TFLOP/s per GPU = model FLOPs per token × tokens/s / world size, with the FLOPs
     definition `plan --mfu` uses (models/throughput.py); MFU against the GPU's peak, on GPUs only.
@@ -46,6 +47,7 @@ class IntervalStats:
         # [sum, count] per layer of the MoE balance loss; every rank holds all layers (zeros for those on
         # other stages) so that every rank takes part in the same all-reduce
         self.aux = torch.zeros(2, total_layers, dtype=torch.float64)
+        self.indexer = torch.zeros(2, total_layers, dtype=torch.float64)  # the same for the DSA indexer loss
         self.lam = 0.0
         self.lr = 0.0
         self.global_batch = 0
@@ -73,6 +75,7 @@ class IntervalStats:
         """Forget the interval so far (its steps were undone by a rollback)."""
         self.reset()
         self.aux.zero_()
+        self.indexer.zero_()
         self.expert_load.reset()
 
     @property
@@ -99,18 +102,30 @@ class IntervalStats:
         self.clipped += int(0.0 < self.clip_grad < norm)
         self.lam, self.lr = lam, lr
 
-    def add_balance_loss(self, layer_values: torch.Tensor) -> None:
-        """Per-layer MoE balance loss of one step (megatron-core's tracker, before its coefficient)."""
+    def add_balance_loss(self, layer_values: torch.Tensor, into: torch.Tensor | None = None) -> None:
+        """Per-layer MoE balance loss of one step (megatron-core's tracker, before its coefficient); ``into``:
+        another [sum, count] accumulator of a per-layer loss tracked the same way (the DSA indexer's)."""
+        into = self.aux if into is None else into
         values = layer_values.detach().double().cpu() / self.num_micro
-        self.aux[0] += values
+        into[0, :values.numel()] += values
         if self.ranks.tp_rank == 0 and self.ranks.cp_rank == 0:  # TP and CP ranks hold parts of one value
-            self.aux[1] += (values != 0).double()
+            into[1, :values.numel()] += (values != 0).double()
 
-    def _balance_loss(self) -> float:
-        totals = all_reduce_sum(self.aux.clone())
-        self.aux.zero_()
+    def add_indexer_loss(self, layer_values: torch.Tensor) -> None:
+        """Per-layer DSA indexer KL loss of one step (megatron-core's tracker, before its coefficient)."""
+        self.add_balance_loss(layer_values, self.indexer)
+
+    def _balance_loss(self, of: torch.Tensor | None = None) -> float:
+        of = self.aux if of is None else of
+        totals = all_reduce_sum(of.clone())
+        of.zero_()
         seen = totals[1] > 0
         return float((totals[0][seen] / totals[1][seen]).mean()) if bool(seen.any()) else 0.0
+
+    def _indexer_loss(self) -> dict[str, float]:
+        """``train/indexer_loss`` where a DSA indexer loss was tracked on any rank (every rank all-reduces)."""
+        seen = bool(all_reduce_sum(self.indexer[1:].clone()).sum() > 0)
+        return {"train/indexer_loss": self._balance_loss(self.indexer)} if seen else {}
 
     def values(self, consumed_tokens: int, elapsed: float) -> dict[str, float]:
         """The interval's scalars (every rank must call: it all-reduces), then a reset."""
@@ -136,6 +151,7 @@ class IntervalStats:
             "perf/memory_gib": memory_gib(),
             **self.expert_load.interval_values(with_dropped=self.with_dropped),
             "moe/balance_loss": self._balance_loss(),
+            **self._indexer_loss(),
             "progress/consumed_tokens": float(consumed_tokens),
             "train/skipped_steps": float(self.skipped),
             **self.extra,

@@ -128,6 +128,7 @@ def format_step_line(step: int, max_steps: int, v: dict[str, float], depth: int,
         f"step_s {v['perf/step_time_s']:.3f}",
         f"moe_maxvio {v['moe/max_violation']:.3f}",
         *([] if frozen_base else [f"moe_balance {v['moe/balance_loss']:.3f}"]),
+        *([f"indexer_loss {v['train/indexer_loss']:.4f}"] if "train/indexer_loss" in v else []),
         f"mem_gib {v['perf/memory_gib']:.2f}",
     ]
     return " | ".join(parts)

@@ -253,6 +253,7 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.reset()
         megatron_core.clear_mtp_tracker()
+        megatron_core.clear_dsa_indexer_tracker()
         clear_aux_losses_tracker()  # megatron-core accumulates per-layer aux losses until cleared
         if outcome.stepped and self.spike is not None and agreed.lm_loss is not None:
             seen = agreed.lm_loss * (100.0 if state.step in self.inject_spike else 1.0)
@@ -317,10 +318,13 @@ class Trainer:
         self.interval.extra["train/rolled_back_from_step"] = float(start)
 
     def _collect_balance_loss(self) -> None:
-        from megatron_mtp.platform.megatron_core import moe_layer_values
+        from megatron_mtp.platform.megatron_core import dsa_indexer_loss_values, moe_layer_values
 
         for values in moe_layer_values("load_balancing"):
             self.interval.add_balance_loss(values)
+        indexer = dsa_indexer_loss_values(self.components.config)
+        if indexer is not None:
+            self.interval.add_indexer_loss(indexer)
 
     # ------------------------------------------------------------ logging
     def _log_published(self) -> None:

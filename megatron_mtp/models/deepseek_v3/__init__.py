@@ -19,7 +19,7 @@ FAMILY = register(family_of_modules(
     hf_config=hf_config,
     hf_config_json=hf_config_json,
     decoder="megatron_mtp.models.decoding.mla:MLADecoderLayer",
-    activations="megatron_mtp.models.deepseek_v3.activations",
+    activations="megatron_mtp.models.mla.activations",
     # transformers 5.24's DeepseekV3ForCausalLM knows layer 61 (the release's MTP layer); MLA caches
     # one latent + rotary key per token: the "head size" of vLLM's MLA kernels
     serving=ServingFacts(transformers_mtp_layers=(61,), mla_head_size=size.kv_cache_elements_per_token),

@@ -8,7 +8,7 @@ from typing import Optional
 from megatron_mtp.config import Config
 from megatron_mtp.models import sizes
 from megatron_mtp.models.deepseek_v3.hf_mapping import TABLE
-from megatron_mtp.models.family import AttentionShape
+from megatron_mtp.models.mla.size import attention_score_width, attention_shape  # noqa: F401  (the family interface)
 from megatron_mtp.models.sizes import LayerSizes, mtp_own_size  # noqa: F401  (the family interface)
 
 
@@ -20,12 +20,6 @@ def layer_sizes(cfg: Config) -> LayerSizes:
 def parameter_counts(cfg: Config, padded_vocab: int) -> dict[str, int]:
     """{'main': ..., 'mtp_unique': ..., 'main_active': ...} (MTP shares embedding and head)."""
     return sizes.parameter_counts(cfg, padded_vocab, TABLE)
-
-
-def attention_score_width(cfg: Config) -> int:
-    """MLA's per-token score width: each head's query-key (no-RoPE + RoPE part) and value dims."""
-    m = cfg.model
-    return m.num_attention_heads * (m.qk_head_dim + m.qk_pos_emb_head_dim + m.v_head_dim)
 
 
 def training_flops_per_token(cfg: Config, padded_vocab: int, mtp_layers: int) -> float:
@@ -44,10 +38,3 @@ def decode_attention_flops(cfg: Config, context: int) -> float:
     (MLA: per head, over the latent plus the rotary part, as the absorbed form computes it)."""
     m = cfg.model
     return 2 * m.num_attention_heads * (2 * m.kv_lora_rank + m.qk_pos_emb_head_dim) * context
-
-
-def attention_shape(m) -> AttentionShape:
-    """MLA's widths: each head's query-key (no-RoPE + RoPE part) and value, the shared rotary key, the
-    query and key/value latents."""
-    return AttentionShape(qk_dim=m.qk_head_dim + m.qk_pos_emb_head_dim, v_dim=m.v_head_dim,
-                          rope_dim=m.qk_pos_emb_head_dim, q_lora=m.q_lora_rank, kv_lora=m.kv_lora_rank)

@@ -1,0 +1,29 @@
+"""DeepSeek-V3.2 family (DeepSeek-V3's MLA with DeepSeek Sparse Attention's lightning indexer in every
+layer, DeepSeek MoE, sequential MTP; megatron-core 0.19's DSA modules): its ``Family``, registered once
+(models/family.py); the megatron-core pieces load when first used."""
+
+from __future__ import annotations
+
+from megatron_mtp.models.deepseek_v32 import hf_config, hf_config_json, hf_mapping, size
+from megatron_mtp.models.deepseek_v32.model_config import DeepseekV32ModelConfig
+from megatron_mtp.models.family import ServingFacts, family_of_modules, register
+
+FAMILY = register(family_of_modules(
+    name="deepseek_v32",
+    title="DeepSeek-V3.2",
+    architectures=(hf_config.ARCHITECTURE,),
+    model_types=("deepseek_v32",),
+    model_config=DeepseekV32ModelConfig,
+    builders="megatron_mtp.models.deepseek_v32",
+    size=size,
+    hf_mapping=hf_mapping,
+    hf_config=hf_config,
+    hf_config_json=hf_config_json,
+    decoder="megatron_mtp.models.deepseek_v32.decoder:DSADecoderLayer",
+    activations="megatron_mtp.models.mla.activations",
+    # transformers 5.25's DeepseekV32ForCausalLM ignores layer 61 (the release's MTP layer)
+    serving=ServingFacts(
+        transformers_mtp_layers=(61,), mla_head_size=size.kv_cache_elements_per_token,
+        notes=("The commands below are DeepSeek-V3's; the engines' DeepSeek-V3.2 loaders (their sparse-attention "
+               "kernels, the MTP layer's indexer) were not checked against this export.",)),
+))

@@ -1,0 +1,47 @@
+"""Translate our typed Config into megatron-core's MLATransformerConfig for the MLA families (the shared fields in
+models/megatron_config.py, MLA's here)."""
+
+from __future__ import annotations
+
+from megatron_mtp.config import Config
+from megatron_mtp.models.megatron_config import (  # noqa: F401  (the family interface and its tests)
+    common_kwargs,
+    megatron_layout,
+    moe_layer_pattern,
+    sequence_parallel,
+)
+from megatron_mtp.platform import Platform
+from megatron_mtp.platform.features import Features, resolve_features
+
+
+def build_transformer_config(cfg: Config, platform: Platform, mtp_loss_scale: float = 0.0,
+                             features: Features | None = None):
+    """megatron-core's MLATransformerConfig for this run; `features` defaults to the platform's."""
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    features = features or resolve_features(cfg, platform)
+    return MLATransformerConfig(**transformer_config_kwargs(cfg, platform, features, mtp_loss_scale))
+
+
+def transformer_config_kwargs(cfg: Config, platform: Platform, features: Features, mtp_loss_scale: float = 0.0) -> dict:
+    """The MLATransformerConfig fields of this run (tests check the GPU mapping without a GPU)."""
+    m = cfg.model
+    return dict(
+        common_kwargs(cfg, platform, features, mtp_loss_scale),
+        add_qkv_bias=False,
+        multi_latent_attention=True,
+        q_lora_rank=m.q_lora_rank,
+        kv_lora_rank=m.kv_lora_rank,
+        qk_head_dim=m.qk_head_dim,
+        qk_pos_emb_head_dim=m.qk_pos_emb_head_dim,
+        v_head_dim=m.v_head_dim,
+        qk_layernorm=True,
+        rope_type="yarn" if m.yarn.factor != 1.0 else "rope",
+        rotary_base=m.rope_theta,
+        rotary_scaling_factor=m.yarn.factor,
+        original_max_position_embeddings=m.yarn.original_max_position_embeddings,
+        beta_fast=m.yarn.beta_fast,
+        beta_slow=m.yarn.beta_slow,
+        mscale=m.yarn.mscale,
+        mscale_all_dim=m.yarn.mscale_all_dim,
+    )
