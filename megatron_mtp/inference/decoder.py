@@ -44,8 +44,8 @@ _OVER: dict[tuple[type, type], type] = {}
 def over_decoder_layer(parts: type, config: HFView, layer_index: int, *args, **kwargs):
     """An instance of ``parts`` (a mixin that adds its own modules in ``_init_parts(config, *args, **kwargs)``)
     over the family's decoder layer ``layer_index``; ``layer_forward`` is that layer's forward. An MTP module
-    (mtp_module.py) and a parallel head (parallel_draft.py) are built so. The class is made once per (parts,
-    layer class)."""
+    (mtp_module.py) and a parallel head (mtp_styles/parallel/drafter.py) are built so. The class is made once per
+    (parts, layer class)."""
     layer = layer_class(config)
     cls = _OVER.get((parts, layer))
     if cls is None:

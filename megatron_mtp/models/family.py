@@ -27,7 +27,7 @@ from megatron_mtp.config.model import (
     model_config_class,
     register_model_config,
 )
-from megatron_mtp.config.mtp_style import get_style
+from megatron_mtp.config.mtp_style import family_styles, get_style
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.tensor_table import Table
 
@@ -162,8 +162,9 @@ class Family:
 
     @property
     def mtp_styles(self) -> tuple[str, ...]:
-        """The ``mtp.style`` values it builds (its model config's ``MTP_STYLES``)."""
-        return self.model_config.MTP_STYLES
+        """The ``mtp.style`` values it builds: its model config's ``MTP_STYLES``, then every style that works for any
+        family (config/mtp_style.py ``family_styles``)."""
+        return family_styles(self.model_config.MTP_STYLES)
 
     @property
     def supports_a2a_overlap(self) -> bool:

@@ -17,6 +17,7 @@ from megatron_mtp.cli import main
 from megatron_mtp.config import load_config
 from megatron_mtp.errors import UserError
 from megatron_mtp.launch.job_plan import SubmitRequest, build_plan
+from megatron_mtp.mtp_styles.parallel import plan as heads_plan
 from megatron_mtp.plan import activations as act
 from megatron_mtp.plan import comm, memory, report, schedule
 from megatron_mtp.plan.memory import make_plan
@@ -262,12 +263,12 @@ def test_parallel_heads_plan_no_embedding_copy_and_head_by_head_holds_gradients(
     d = act.dims_of(plain.cfg, memory.resolve_vocab(plain.cfg), 1.0)
     grads = memory.head_grad_bytes(by_head.cfg, by_head.sizes, last, memory.resolve_vocab(by_head.cfg), te=True)
     k, mods = plain.target.kernels, memory.recompute_modules(plain.cfg)
-    heads = act.parallel_head(d, k).total + act.decoder_layer(d, k, mods, True, True).total
+    heads = heads_plan.parallel_head(d, k).total + act.decoder_layer(d, k, mods, True, True).total
     # plain: the heads' layers keep the trunk the main output layer reads; head by head: the output layer does
     logits = (act.output_and_loss(d, k, 1, trunk_saved=act.heads_share_trunk(d, k)).total -
               act.output_and_loss(d, k, 0).total)
     saved = by_head.ranks[-1].chunk_bytes[-1] - plain.ranks[-1].chunk_bytes[-1]
-    assert saved == pytest.approx(act.head_by_head_held(d, grads).total - heads - logits)
+    assert saved == pytest.approx(heads_plan.head_by_head_held(d, grads).total - heads - logits)
 
 
 def test_checkpoint_save_host_memory_per_optimizer_format():
