@@ -1,8 +1,10 @@
-"""Analytic sizes match the model megatron-core builds and the published sizes (DeepSeek-V3, Qwen3-MoE)."""
+"""Analytic sizes match the model megatron-core builds and the published sizes (DeepSeek-V3, Qwen3-MoE, GLM-5)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from megatron_mtp.config import load_config
 from megatron_mtp.config.vocab import padded_vocab_size
@@ -30,6 +32,31 @@ def test_qwen3_moe_release_shapes_match_their_published_sizes():
         assert abs(counts["main"] / total - 1) < 0.01, (name, counts)
         assert abs(counts["main_active"] / active - 1) < 0.02, (name, counts)
         assert cfg.model.moe_layer_rule().count == cfg.model.num_layers  # every layer MoE, as released
+
+
+def test_glm5_release_counts_as_transformers_does():
+    """configs/glm5.yaml is GLM-5's release shape: its main model has exactly the parameters transformers'
+    GlmMoeDsaForCausalLM builds for the default GlmMoeDsaConfig (GLM-5's, on the meta device: 743.9B, the card's
+    744B), and 39.9B of them active per token besides the embedding and the output head (the card's 40B)."""
+    import dataclasses
+
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "GlmMoeDsaForCausalLM"):
+        pytest.skip("this transformers has no GLM-5")
+    import torch
+
+    from megatron_mtp.models.family import get_family
+
+    cfg = load_config(str(ROOT / "configs" / "glm5.yaml"))
+    with torch.device("meta"):
+        model = transformers.GlmMoeDsaForCausalLM(transformers.GlmMoeDsaConfig())
+    assert model.config.num_hidden_layers == cfg.model.num_layers == 78 and len(model.model.layers) == 78
+    vocab = padded_vocab_size(cfg.model.vocab_size, cfg)
+    counts = get_family("glm_moe_dsa").parameter_counts(
+        dataclasses.replace(cfg, mtp=dataclasses.replace(cfg.mtp, num_layers=0)), vocab)
+    assert counts["main"] == sum(p.numel() for p in model.parameters())
+    assert round(counts["main"] / 1e9) == 744
+    assert round((counts["main_active"] - 2 * vocab * cfg.model.hidden_size) / 1e9) == 40
 
 
 def _v3_flops_by_hand(cfg, vocab: int, experts_counted: int) -> float:
