@@ -224,6 +224,32 @@ def test_table_and_cpu_summary():
     assert line.startswith("plan (CPU layout): worst pipeline rank 1") and "in flight" in line
 
 
+@pytest.mark.skipif(not megatron_core.is_019(), reason="GLM-5's DSA modules are megatron-core 0.19's")
+def test_dsa_activations_by_hand_and_the_report_puts_dsa_beside_dense_mla():
+    """configs/glm5_tiny_cpu.yaml on CPU (fp32, 8 × 128 tokens, 4 heads, kv_lora 32, rope 16, a 4 × 32 indexer
+    learning from its KL loss, top 16): layer 0 runs its indexer, layer 1 reuses its top-k and keeps none of it;
+    the unfused scores are three fp32 [8, 4, 128, 128] tensors and three bool masks of that shape. The table says
+    DSA's attention FLOPs beside dense MLA's; a dense family's has no such line."""
+    cfg = load_config(str(ROOT / "configs" / "glm5_tiny_cpu.yaml"), ["model.vocab_size=4096"])
+    d, k = act.dims_of(cfg, 4096), act.CPU_KERNELS
+    full, shared = (act.decoder_layer(act.layer_dims(cfg, d, i), k, frozenset(), False, False) for i in (0, 1))
+    t = 8 * 128
+    indexer = (t * 4 * 32 * 4 + t * 32 * 4 + t * 4 * 4  # its query, key and head weights
+               + t * (32 * 4 + 2 * 4)  # its key norm's input, mean and 1/std
+               + 4 * 128 * 16 * 4  # its RoPE's cos and sin for q and k
+               + t * 16 * 8  # the top-k indices (int64)
+               + t * (4 + 1) * (32 + 16) * 4)  # the absorbed query and the latent key its KL loss reads
+    assert full.total - shared.total == indexer
+    assert full.items["attn.probs"] == 3 * 8 * 4 * 128 * 128 * 4 and full.items["attn.masks"] == 3 * 8 * 4 * 128 * 128
+    built = report.build(make_plan(cfg, 1, parse_gpu("h100"), cpu=True))
+    table = report.format_table(built)
+    assert built["attention"]["indexer_layers"] == 2 and "dense MLA of the same model" in table
+    assert "DeepSeek Sparse Attention: megatron-core's unfused PyTorch path" in table
+    plain = report.build(make_plan(load_config(str(ROOT / "configs" / "tiny_cpu.yaml")), 1, parse_gpu("h100"),
+                                   cpu=True))
+    assert "attention" not in plain and "dense MLA of the same model" not in report.format_table(plain)
+
+
 def test_submit_refuses_a_layout_over_memory(tmp_path):
     over = ["recompute.granularity=none", "optimizer.precision_aware=false", "optimizer.moment_dtype=fp32",
             "training.fp8_param_gather=false"]
