@@ -25,7 +25,7 @@ def family_for(raw: Mapping[str, Any], where: Any) -> Family:
     if family is None:
         raise UserError(f"{where}: model_type {raw.get('model_type')!r} (architectures "
                         f"{list(raw.get('architectures') or [])}) is not a family megatron-mtp generate decodes; "
-                        f"it decodes {supported_text()} exports.")
+                        f"it decodes {supported_text(decoding=True)} exports.")
     return family
 
 

@@ -315,6 +315,11 @@ class Table:
             out.append(rule)
         return out
 
+    def rules_at(self, model: ModelConfig, prefix: str, moe: bool, spec: Optional[Spec]) -> list[Rule]:
+        """The tensors of the layer at megatron-core ``prefix`` (``decoder.layers.N.``, an MTP layer's): its
+        ``layer_rules``, unless the family's layers differ by index (GLM-5's layers without an indexer)."""
+        return self.layer_rules(model, moe, spec)
+
     def block_rules(self, model: ModelConfig, block: Literal["attention", "dense_mlp", "moe_mlp"],
                     spec: Optional[Spec]) -> list[Rule]:
         """The tensors of one block of a decoder layer: its attention, or its dense or routed MLP."""
@@ -331,7 +336,7 @@ class Table:
 
     def _params_for_layer(self, mcore_prefix: str, hf_prefix: str, moe: bool, model: ModelConfig, part: Part,
                           spec: Optional[Spec]) -> Iterator[Param]:
-        for rule in self.layer_rules(model, moe, spec):
+        for rule in self.rules_at(model, mcore_prefix, moe, spec):
             yield Param(
                 mcore=mcore_prefix + rule.mcore,
                 hf=tuple(hf_prefix + h for h in rule.hf),

@@ -66,7 +66,9 @@ def dims_of(cfg: Config, padded_vocab: int, imbalance: float = 1.0, seq: int | N
 
 def _attention_dims(a, tp: int) -> dict:
     return dict(qk_dim=a.qk_dim, v_dim=a.v_dim, rope_dim=a.rope_dim, q_lora=a.q_lora, kv_lora=a.kv_lora,
-                kv_heads=None if a.kv_heads is None else a.kv_heads // tp, qk_norm=a.qk_norm, shares_kv=a.shares_kv)
+                kv_heads=None if a.kv_heads is None else a.kv_heads // tp, qk_norm=a.qk_norm, shares_kv=a.shares_kv,
+                index_heads=a.index_heads, index_dim=a.index_dim, index_topk=a.index_topk,
+                index_trains=a.index_trains)
 
 
 def layer_dims(cfg: Config, d: Dims, layer: Optional[int]) -> Dims:

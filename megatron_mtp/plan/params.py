@@ -81,7 +81,8 @@ def layer_params(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: 
     if registration is not None:  # a family whose layers megatron-core's GPT specs do not build
         local = range(cfg.model.num_experts // sizes.ep)
         return [param(rule, name) for rule, name in registration(cfg.model, prefix, moe, te, local)]
-    rules = {r.mcore: r for r in family.layer_rules(cfg.model, moe, "te" if te else "local") if r.role != "buffer"}
+    spec = "te" if te else "local"
+    rules = {r.mcore: r for r in family.table.rules_at(cfg.model, prefix, moe, spec) if r.role != "buffer"}
     one = lambda name: [param(rules[name])] if name in rules else []  # noqa: E731
     out = [p for name in family.attention_order[te] for p in one(name)]
     if not moe:
