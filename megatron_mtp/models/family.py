@@ -186,13 +186,13 @@ _REGISTRY: dict[str, Family] = {}
 
 
 def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], model_types: tuple[str, ...],
-                      model_config: type, builders: str, size: ModuleType, hf_mapping: ModuleType,
-                      hf_config: ModuleType, hf_config_json: ModuleType, decoder: str, activations: str,
+                      model_config: type, builders: str, sizes: ModuleType, hf_mapping: ModuleType,
+                      hf_config: ModuleType, hf_view: ModuleType, decoder: str, activations: str,
                       serving: ServingFacts, style_packages: Optional[Mapping[str, str]] = None) -> Family:
-    """A Family from the modules a family folder holds, each with the names the Family reads: ``size``
+    """A Family from the modules a family folder holds, each with the names the Family reads: ``sizes``
     (attention_shape, layer_sizes, parameter_counts, training_flops_per_token, kv_cache_elements_per_token,
     decode_attention_flops), ``hf_mapping`` (TABLE, ATTENTION_ORDER), ``hf_config`` (to_hf_config,
-    from_hf_config, carry_source_fields), ``hf_config_json`` (parse_hf_config); ``builders`` is the package
+    from_hf_config, carry_source_fields), ``hf_view`` (parse_hf_config); ``builders`` is the package
     whose ``transformer_config`` and ``model`` modules build it on megatron-core, ``decoder`` the decoder's
     layer class ("package.module:Class"), ``activations`` the module whose ``saved_layer`` is its activation
     inventory, ``style_packages`` MTP style name -> the package in the folder that style reads what the family
@@ -207,25 +207,25 @@ def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], 
         model_config=model_config,
         table=hf_mapping.TABLE,
         attention_order=hf_mapping.ATTENTION_ORDER,
-        attention_shape=size.attention_shape,
+        attention_shape=sizes.attention_shape,
         build_transformer_config=lazy(f"{builders}.transformer_config:build_transformer_config"),
         build_model=lazy(f"{builders}.model:build_model"),
-        layer_sizes=size.layer_sizes,
-        parameter_counts=size.parameter_counts,
-        training_flops_per_token=size.training_flops_per_token,
-        kv_cache_elements_per_token=size.kv_cache_elements_per_token,
-        decode_attention_flops=size.decode_attention_flops,
+        layer_sizes=sizes.layer_sizes,
+        parameter_counts=sizes.parameter_counts,
+        training_flops_per_token=sizes.training_flops_per_token,
+        kv_cache_elements_per_token=sizes.kv_cache_elements_per_token,
+        decode_attention_flops=sizes.decode_attention_flops,
         to_hf_config=hf_config.to_hf_config,
         from_hf_config=hf_config.from_hf_config,
         carry_source_fields=hf_config.carry_source_fields,
-        hf_view=hf_config_json.parse_hf_config,
+        hf_view=hf_view.parse_hf_config,
         decoder_layer=lazy_object(decoder),
         saved_layer=lazy(f"{activations}:saved_layer"),
         serving=serving,
         import_names=getattr(hf_config, "import_names", None),
         export_names=getattr(hf_config, "export_names", None),
         multimodal_config=getattr(hf_config, "multimodal_config", None),
-        layer_attention_shape=getattr(size, "layer_attention_shape", None),
+        layer_attention_shape=getattr(sizes, "layer_attention_shape", None),
         style_parts=parts,
     )
 

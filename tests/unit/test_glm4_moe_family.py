@@ -153,7 +153,7 @@ def test_glm_release_shapes_match_their_published_sizes():
 def test_converter_and_decoder_read_a_config_json_alike():
     """One reader: where a file spells the rotary settings twice (top level and transformers 5's
     rope_parameters), the importer and the decoder take the same values, transformers' (rope_parameters)."""
-    from megatron_mtp.models.glm4_moe.hf_config_json import parse_hf_config
+    from megatron_mtp.models.glm4_moe.hf_view import parse_hf_config
 
     cfg = load_config(TINY)
     raw = to_hf_config(cfg.model, cfg.mtp, vocab_size=4096, num_nextn_predict_layers=1).to_dict()

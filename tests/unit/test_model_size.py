@@ -6,7 +6,7 @@ from pathlib import Path
 
 from megatron_mtp.config import load_config
 from megatron_mtp.config.vocab import padded_vocab_size
-from megatron_mtp.models.deepseek_v3.size import parameter_counts
+from megatron_mtp.models.deepseek_v3.sizes import parameter_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -3,7 +3,7 @@ and MTP rules every family shares (models/tensor_table.py).
 
 Both conversion directions (convert/to_hf.py, convert/from_hf.py), drop-mtp, the converter's shape
 checks (convert/shapes.py), plan's per-rank parameter sizes (plan/params.py) and the analytic
-parameter and FLOP counts (size.py) use this table and nothing else, so a new tensor is added in
+parameter and FLOP counts (sizes.py) use this table and nothing else, so a new tensor is added in
 one place; whether a layer is MoE is decided in models/tensor_table.py (``is_moe_layer``, ``mtp_is_moe``).
 
 The table is built from the typed model config (``ModelConfig``) and the MTP depth. MTP module d
@@ -17,7 +17,7 @@ layer norms) and ``heads.{i}.norm.weight`` (the head's final norm); they share t
 
 from __future__ import annotations
 
-from megatron_mtp.models.mla.attention_table import ATTENTION_ORDER, MLA_RULES, mla_attention  # noqa: F401
+from megatron_mtp.models.mla.hf_mapping import ATTENTION_ORDER, MLA_RULES, mla_attention  # noqa: F401
 from megatron_mtp.models.tensor_table import (  # noqa: F401  (the family's table interface)
     EMBEDDING,
     FINAL_NORM,

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any, Mapping, Optional
 
 from megatron_mtp.config.model import MTPConfig
-from megatron_mtp.models.deepseek_v32.hf_config_json import INDEX_KEYS, DeepseekV32HFConfig, parse_hf_config
+from megatron_mtp.models.deepseek_v32.hf_view import INDEX_KEYS, DeepseekV32HFConfig, parse_hf_config
 from megatron_mtp.models.deepseek_v32.model_config import DeepseekV32ModelConfig
 from megatron_mtp.models.hf_common import carry_source_fields as _carry
 from megatron_mtp.models.mla import hf_config as v3

@@ -1,4 +1,4 @@
-"""THE tensor table of DeepSeek-V3.2: MLA's rules (models/mla/attention_table.py) with
+"""THE tensor table of DeepSeek-V3.2: MLA's rules (models/mla/hf_mapping.py) with
 the latent norms under one name in both specs (DSA never fuses them), and the lightning indexer's
 five tensors under megatron-core's ``self_attention.core_attention.indexer.`` (transformers:
 ``self_attn.indexer.``), whole on every tensor-parallel rank. Every layer has an indexer, the MTP
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Optional
 
 from megatron_mtp.config.model import ModelConfig
-from megatron_mtp.models.mla.attention_table import MLA_RULES
+from megatron_mtp.models.mla.hf_mapping import MLA_RULES
 from megatron_mtp.models.tensor_table import Rule, Spec, Table
 
 _INDEXER = "self_attention.core_attention.indexer."

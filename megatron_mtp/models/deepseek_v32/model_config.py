@@ -1,4 +1,4 @@
-"""DeepSeek-V3.2's own model fields: the MLA families' (models/mla/model_fields.py: MLA, YaRN) and the
+"""DeepSeek-V3.2's own model fields: the MLA families' (models/mla/model_config.py: MLA, YaRN) and the
 lightning indexer of DeepSeek Sparse Attention (``model.family=deepseek_v32`` builds this class)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.mla.model_fields import MLAModelConfig
-from megatron_mtp.models.mla.model_fields import check as check_mla
+from megatron_mtp.models.mla.model_config import MLAModelConfig
+from megatron_mtp.models.mla.model_config import check as check_mla
 
 
 @dataclass

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Optional
 
 from megatron_mtp.config.model import ModelConfig
-from megatron_mtp.models.gqa.model_fields import head_dim, query_groups
+from megatron_mtp.models.gqa.model_config import head_dim, query_groups
 from megatron_mtp.models.tensor_table import (  # noqa: F401  (the family's table interface)
     EMBEDDING,
     FINAL_NORM,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_mtp.models.gemma4.assistant.shape import assistant_model
+from megatron_mtp.models.gemma4.assistant.model_config import assistant_model
 from megatron_mtp.models.gemma4.model_config import kind_head_dim
 
 PREFIX = "mtp_assistant."
