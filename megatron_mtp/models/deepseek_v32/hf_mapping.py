@@ -6,6 +6,7 @@ layer too (the release's layer 61), so the MTP rules need nothing of their own."
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 from megatron_mtp.config.model import ModelConfig
@@ -28,7 +29,7 @@ INDEXER = (
 )
 
 _MLA = tuple(r for r in MLA_RULES if r.spec != "te" and not r.mcore.startswith("self_attention.linear_q_proj"))
-_ATTENTION = tuple(r if r.spec is None else Rule(r.mcore, r.hf, r.shape, r.split, r.role) for r in _MLA) + INDEXER
+_ATTENTION = tuple(r if r.spec is None else dataclasses.replace(r, spec=None) for r in _MLA) + INDEXER
 
 
 def _attention(model: ModelConfig, spec: Optional[Spec]) -> list[Rule]:

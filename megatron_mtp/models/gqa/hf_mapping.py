@@ -38,6 +38,7 @@ from megatron_mtp.models.tensor_table import (  # noqa: F401  (the family's tabl
     mtp_own_rules,
     nextn_name,
 )
+from megatron_mtp.models.tensor_transforms import QKVFusion
 
 
 def _qkv_rows(m: ModelConfig) -> int:
@@ -50,13 +51,14 @@ def qkv_layout(m: ModelConfig) -> tuple[int, int, int]:
 
 
 _QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+_FUSED = QKVFusion(layout=qkv_layout)
 ATTENTION_RULES = (
     Rule("input_layernorm.weight", ("input_layernorm.weight",), hidden, "none", "block_norm", spec="local"),
     Rule("self_attention.linear_qkv.layer_norm_weight", ("input_layernorm.weight",), hidden, "none", "block_norm",
          spec="te"),
-    Rule("self_attention.linear_qkv.weight", _QKV, lambda m: (_qkv_rows(m), m.hidden_size), fuse="qkv"),
+    Rule("self_attention.linear_qkv.weight", _QKV, lambda m: (_qkv_rows(m), m.hidden_size), transform=_FUSED),
     Rule("self_attention.linear_qkv.bias", tuple(n.replace(".weight", ".bias") for n in _QKV),
-         lambda m: (_qkv_rows(m),), fuse="qkv"),
+         lambda m: (_qkv_rows(m),), transform=_FUSED),
     Rule("self_attention.q_layernorm.weight", ("self_attn.q_norm.weight",), lambda m: (head_dim(m),), "none", "norm"),
     Rule("self_attention.k_layernorm.weight", ("self_attn.k_norm.weight",), lambda m: (head_dim(m),), "none", "norm"),
     Rule("self_attention.linear_proj.weight", ("self_attn.o_proj.weight",),
@@ -79,7 +81,7 @@ def attention_rules(model: ModelConfig, spec: Optional[Spec]) -> list[Rule]:
     return out
 
 
-TABLE = Table(attention=ATTENTION_RULES, attention_for=attention_rules, qkv=qkv_layout)
+TABLE = Table(attention=ATTENTION_RULES, attention_for=attention_rules)
 layer_rules = TABLE.layer_rules
 block_rules = TABLE.block_rules
 rule_for_key = TABLE.rule_for_key
