@@ -11,7 +11,7 @@ from megatron_mtp.models import sizes
 from megatron_mtp.models.deepseek_v32.hf_mapping import TABLE
 from megatron_mtp.models.mla.sizes import attention_score_width as mla_score_width
 from megatron_mtp.models.mla.sizes import attention_shape  # noqa: F401  (the family interface)
-from megatron_mtp.models.sizes import LayerSizes, mtp_own_size  # noqa: F401  (the family interface)
+from megatron_mtp.models.sizes import LayerSizes
 
 
 def layer_sizes(cfg: Config) -> LayerSizes:

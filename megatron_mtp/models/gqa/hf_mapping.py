@@ -18,26 +18,7 @@ from typing import Optional
 
 from megatron_mtp.config.model import ModelConfig
 from megatron_mtp.models.gqa.model_config import head_dim, query_groups
-from megatron_mtp.models.tensor_table import (  # noqa: F401  (the family's table interface)
-    EMBEDDING,
-    FINAL_NORM,
-    HEAD_NORM,
-    MODEL_KEY_PREFIXES,
-    MTP_KEY_PREFIXES,
-    OUTPUT_LAYER,
-    Param,
-    Rule,
-    Spec,
-    Table,
-    extra_state_keys,
-    hidden,
-    is_moe_layer,
-    is_mtp_hf_name,
-    moe_layer_count,
-    mtp_is_moe,
-    mtp_own_rules,
-    nextn_name,
-)
+from megatron_mtp.models.tensor_table import Rule, Spec, Table, hidden
 from megatron_mtp.models.tensor_transforms import QKVFusion
 
 
@@ -82,10 +63,6 @@ def attention_rules(model: ModelConfig, spec: Optional[Spec]) -> list[Rule]:
 
 
 TABLE = Table(attention=ATTENTION_RULES, attention_for=attention_rules)
-layer_rules = TABLE.layer_rules
-block_rules = TABLE.block_rules
-rule_for_key = TABLE.rule_for_key
-param_table = TABLE.param_table
 
 ATTENTION_ORDER = {
     True: ("self_attention.linear_proj.weight", "self_attention.linear_qkv.layer_norm_weight",

@@ -10,7 +10,7 @@ from megatron_mtp.models import sizes
 from megatron_mtp.models.family import AttentionShape
 from megatron_mtp.models.gqa.hf_mapping import TABLE
 from megatron_mtp.models.gqa.model_config import head_dim, query_groups, rotary_percent
-from megatron_mtp.models.sizes import LayerSizes, mtp_own_size  # noqa: F401  (the family interface)
+from megatron_mtp.models.sizes import LayerSizes
 
 
 def layer_sizes(cfg: Config) -> LayerSizes:
