@@ -5,7 +5,7 @@ A family gives only its attention block (``Table(attention=...)``); the MLP bloc
 (``enorm``/``hnorm``/``eh_proj``/``shared_head``, HF layer ``num_hidden_layers + d``) are shared (a family
 whose layer differs, Gemma 4, subclasses ``Table`` with its own layer rules and keeps the MTP module's), and
 so are the parallel heads' keys in the families that build them (``mtp.style`` parallel: DeepSeek-V3 and
-Gemma 4; GLM-4.5 and Qwen3-MoE refuse it) (models/README.md).
+Gemma 4; DeepSeek-V3.2, GLM-4.5 and Qwen3-MoE refuse it) (models/README.md).
 
 Keys are the *global* sharded-checkpoint keys (torch_dist ``.metadata``), which do not depend on the
 training layout: decoder layers carry their global index in the key (``decoder.layers.N.``), routed
