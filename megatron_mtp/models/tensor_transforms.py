@@ -1,7 +1,7 @@
 """How one megatron-core tensor becomes its Hugging Face tensor(s) and back: the transform a tensor rule holds
 (models/tensor_table.py), one named class per kind, as Megatron-Bridge names its mappings (its QKV mapping,
-its gated-MLP mapping, ...). The converters (convert/to_hf.py, convert/from_hf.py) call a row's transform and
-branch on none of its kinds.
+its gated-MLP mapping, ...). The converters (convert/to_hf.py, convert/from_hf.py) call a row's transform to cut,
+join and type its tensors; they ask its kind only to pass over a ``Copy`` on import.
 
 A transform works on one megatron-core tensor, or on one expert's slice of a tensor with a leading expert axis
 whose Hugging Face names hold ``{e}``: its Hugging Face tensors are the parts of its dim 0, in the rule's ``hf``
