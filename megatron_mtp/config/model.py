@@ -84,8 +84,9 @@ def _owners(key: str) -> list[tuple[str, type]]:
 class ModelConfig:
     family: str = DEFAULT_FAMILY
     """Model family (models/<family>/): its layers, tensor names, Hugging Face format and its own fields
-    (deepseek_v3: MLA and YaRN; glm4_moe: GLM-4.5's grouped-query attention; ``train --help-config``
-    lists them under the family's name). Every family shares the fields here and the MoE and MTP ones.
+    (deepseek_v3: MLA and YaRN; deepseek_v32: those and the lightning indexer; glm4_moe, qwen3_moe: grouped-query
+    attention; gemma4: its layer kinds; ``train --help-config`` lists them under the family's name). Every family
+    shares the fields here and the MoE and MTP ones.
     Recorded in every checkpoint; a resume can't change it. models/README.md says how a family is added."""
     num_layers: int = 4
     """Number of main-model decoder layers (MTP layers are extra, see mtp.num_layers)."""

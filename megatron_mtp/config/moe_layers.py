@@ -1,10 +1,10 @@
 """Which decoder layers have a routed MLP: the one rule every family, run config and config.json view
 reads (a ModelConfig's ``moe_layer_rule()``, a family's HF view's ``moe_layers``).
 
-DeepSeek-V3 and GLM-4.5 spell it ``first_k_dense_replace`` (and DeepSeek ``moe_layer_freq``: MoE where
-``index % freq == 0``); Qwen3-MoE spells it ``decoder_sparse_step`` (MoE where ``(index + 1) % step == 0``)
-and ``mlp_only_layers`` (dense whatever the step). One dataclass holds all three, so "is layer i MoE"
-is answered in one place.
+DeepSeek-V3, DeepSeek-V3.2 and GLM-4.5 spell it ``first_k_dense_replace`` (and DeepSeek ``moe_layer_freq``:
+MoE where ``index % freq == 0``); Qwen3-MoE spells it ``decoder_sparse_step`` (MoE where
+``(index + 1) % step == 0``) and ``mlp_only_layers`` (dense whatever the step); Gemma 4 has its MoE block in
+every layer or none. One dataclass holds all three, so "is layer i MoE" is answered in one place.
 """
 
 from __future__ import annotations

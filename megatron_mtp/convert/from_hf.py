@@ -45,6 +45,7 @@ from megatron_mtp.hf_dir.safetensors_io import HFDir
 from megatron_mtp.hf_dir.tokenizer_files import TOKENIZER_FILES
 from megatron_mtp.models.family import family_of_hf_config
 from megatron_mtp.models.tensor_table import Param, extra_state_keys, is_mtp_hf_name
+from megatron_mtp.models.tensor_transforms import Copy
 from megatron_mtp.output import staged_dir, tree_bytes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -123,12 +124,12 @@ def _shape_of(param: Param, src: _Sources) -> tuple[int, ...]:
     names = [n.format(e=0) for n in param.hf]
     shapes = [src.shape(n) for n in names]
     if len(shapes) > 1:
-        if param.qkv is None and shapes[0] != shapes[1]:
+        if not param.transform.interleaved and shapes[0] != shapes[1]:
             raise UserError(f"'{names[0]}' {shapes[0]} and '{names[1]}' {shapes[1]} must have the same shape")
         if any(s[1:] != shapes[0][1:] for s in shapes):
             raise UserError(f"{', '.join(names)} must have the same shape past their first dimension, not {shapes}")
         rows = (sum(s[0] for s in shapes), *shapes[0][1:])
-        if param.part_rows(rows[0]) != [s[0] for s in shapes]:
+        if param.transform.part_rows(rows[0]) != [s[0] for s in shapes]:
             raise UserError(f"{', '.join(names)} have {[s[0] for s in shapes]} rows, which the config.json's heads "
                             "do not imply (config/weights mismatch)")
     else:
@@ -142,8 +143,8 @@ def _assemble(param: Param, src: _Sources, dtype: torch.dtype, expert: Optional[
     for name, part in zip(names, parts):
         if not tensor_is_finite(part):
             refuse_nonfinite(name, "the Hugging Face model")
-    parts = [part.to(torch.int64 if param.integer else torch.float32 if param.keep_fp32 else dtype) for part in parts]
-    tensor = param.join(parts)
+    parts = [part.to(param.transform.dtype(dtype)) for part in parts]
+    tensor = param.transform.from_hf(parts)
     return tensor.unsqueeze(0) if expert is not None else tensor
 
 
@@ -221,7 +222,8 @@ def import_from_hf(
                     "(config/weights mismatch or an incomplete download)"
                 )
     used = {n for p in params for n in p.hf_names()}
-    mtp_copies = {n for p in param_table(model_cfg, depth, style=cfg.mtp.style) if p.copy for n in p.hf_names()}
+    mtp_copies = {n for p in param_table(model_cfg, depth, style=cfg.mtp.style) if isinstance(p.transform, Copy)
+                  for n in p.hf_names()}
     for name in src.where:
         if name in used or name in mtp_copies:
             continue
@@ -250,7 +252,7 @@ def import_from_hf(
                 for p in params:
                     shape = shapes[p.mcore]
                     if p.per_expert:
-                        writer.declare(p.mcore, shape, torch.float32 if p.keep_fp32 else torch_dtype)
+                        writer.declare(p.mcore, shape, p.transform.dtype(torch_dtype))
                         for e in range(p.num_experts):
                             chunk = _assemble(p, src, torch_dtype, e)
                             writer.write_chunk(p.mcore, (e,) + (0,) * (len(shape) - 1), chunk)

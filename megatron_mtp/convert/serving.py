@@ -39,9 +39,6 @@ from typing import Callable, Optional
 from megatron_mtp.models.family import get_family
 
 ENGINES = ("vllm", "sglang", "transformers")
-LAYOUTS = ("inline", "separate", "nextn", "none")
-"""inline: OUT holds main + MTP (release layout); separate: OUT/main + OUT/mtp (release naming);
-nextn: OUT/main + OUT/mtp in SGLang's NextN naming; none: OUT holds the main model only."""
 
 SERVING_FILE = "SERVING.md"
 SGLANG_DEFAULT_STEPS = 3
@@ -137,6 +134,8 @@ class Export:
 
     out: Path
     layout: str
+    """inline: OUT holds main + MTP (release layout); separate: OUT/main + OUT/mtp (release naming);
+    nextn: OUT/main + OUT/mtp in SGLang's NextN naming; none: OUT holds the main model only."""
     dtype: str
     num_layers: int
     depth: int

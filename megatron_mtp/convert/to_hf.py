@@ -168,12 +168,12 @@ def plan_export(cfg: Config, vocab: int, mode: MtpMode, mtp_layout: MtpLayout = 
 def _split_outputs(dest: str, names: list[Optional[str]], shape: tuple[int, ...], param: Param):
     if len(names) == 1:
         return ((dest, names[0], tuple(shape)),) if names[0] is not None else ()
-    rows = param.part_rows(shape[0])
+    rows = param.transform.part_rows(shape[0])
     return tuple((dest, n, (r, *shape[1:])) for n, r in zip(names, rows) if n is not None)
 
 
 def _out_dtype(param: Param, dtype: torch.dtype) -> torch.dtype:
-    return torch.int64 if param.integer else torch.float32 if param.keep_fp32 else dtype
+    return param.transform.dtype(dtype)
 
 
 def _has_fp8(piece: Piece) -> bool:
@@ -187,14 +187,14 @@ def _tensors_of(piece: Piece, tensor: torch.Tensor, dtype: torch.dtype,
     if piece.rows is not None:
         tensor = tensor[0]
     if fp8 and _has_fp8(piece):
-        parts = piece.param.split(tensor)
+        parts = piece.param.transform.to_hf(tensor)
         for (dest, name, _), part in zip(piece.outputs, parts):
             for out_name, out in fp8_export.quantized(name, part):
                 yield dest, out_name, out
         return
     tensor = tensor.to(_out_dtype(piece.param, dtype))
     if len(piece.param.hf) > 1:
-        for (dest, name, _), part in zip(piece.outputs, piece.param.split(tensor)):
+        for (dest, name, _), part in zip(piece.outputs, piece.param.transform.to_hf(tensor)):
             yield dest, name, part.contiguous()
     else:
         for dest, name, _ in piece.outputs:
@@ -206,7 +206,7 @@ def _direct_ranges(reader: TorchDistReader, piece: Piece, dtype: torch.dtype, fp
     entry = reader.entry(piece.param.mcore)
     if entry.dtype != _out_dtype(piece.param, dtype) or len(piece.outputs) != len(piece.param.hf):
         return None
-    if piece.param.qkv is not None:  # q, k and v rows interleave per group: not contiguous ranges
+    if piece.param.transform.interleaved:  # q, k and v rows interleave per group: not contiguous ranges
         return None
     if fp8 and _has_fp8(piece):
         return None

@@ -153,7 +153,7 @@ class Family:
     """Whether the decoder (``generate``) runs it; false where its decoder layer refuses (the DSA families)."""
     attention_costs: Optional[Callable[[Any], Mapping[str, Any]]] = None
     """cfg -> a sparse attention's training FLOPs per token beside dense attention's for the same model (``plan``;
-    models/dsa/size.py); None: the attention is dense."""
+    models/dsa/sizes.py); None: the attention is dense."""
     style_parts: Mapping[str, Any] = field(default_factory=dict)
     """MTP style name -> what the family gives that style beyond its MTP layer spec (the style's ``family_part`` of
     the package the family names: the assistant style's is its separate drafter,
@@ -201,14 +201,14 @@ _REGISTRY: dict[str, Family] = {}
 
 
 def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], model_types: tuple[str, ...],
-                      model_config: type, builders: str, size: ModuleType, hf_mapping: ModuleType,
-                      hf_config: ModuleType, hf_config_json: ModuleType, decoder: str, activations: str,
+                      model_config: type, builders: str, sizes: ModuleType, hf_mapping: ModuleType,
+                      hf_config: ModuleType, hf_view: ModuleType, decoder: str, activations: str,
                       serving: ServingFacts, style_packages: Optional[Mapping[str, str]] = None,
                       decodes: bool = True) -> Family:
-    """A Family from the modules a family folder holds, each with the names the Family reads: ``size``
+    """A Family from the modules a family folder holds, each with the names the Family reads: ``sizes``
     (attention_shape, layer_sizes, parameter_counts, training_flops_per_token, kv_cache_elements_per_token,
     decode_attention_flops), ``hf_mapping`` (TABLE, ATTENTION_ORDER), ``hf_config`` (to_hf_config,
-    from_hf_config, carry_source_fields), ``hf_config_json`` (parse_hf_config); ``builders`` is the package
+    from_hf_config, carry_source_fields), ``hf_view`` (parse_hf_config); ``builders`` is the package
     whose ``transformer_config`` and ``model`` modules build it on megatron-core, ``decoder`` the decoder's
     layer class ("package.module:Class"), ``activations`` the module whose ``saved_layer`` is its activation
     inventory, ``style_packages`` MTP style name -> the package in the folder that style reads what the family
@@ -223,27 +223,27 @@ def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], 
         model_config=model_config,
         table=hf_mapping.TABLE,
         attention_order=hf_mapping.ATTENTION_ORDER,
-        attention_shape=size.attention_shape,
+        attention_shape=sizes.attention_shape,
         build_transformer_config=lazy(f"{builders}.transformer_config:build_transformer_config"),
         build_model=lazy(f"{builders}.model:build_model"),
-        layer_sizes=size.layer_sizes,
-        parameter_counts=size.parameter_counts,
-        training_flops_per_token=size.training_flops_per_token,
-        kv_cache_elements_per_token=size.kv_cache_elements_per_token,
-        decode_attention_flops=size.decode_attention_flops,
+        layer_sizes=sizes.layer_sizes,
+        parameter_counts=sizes.parameter_counts,
+        training_flops_per_token=sizes.training_flops_per_token,
+        kv_cache_elements_per_token=sizes.kv_cache_elements_per_token,
+        decode_attention_flops=sizes.decode_attention_flops,
         to_hf_config=hf_config.to_hf_config,
         from_hf_config=hf_config.from_hf_config,
         carry_source_fields=hf_config.carry_source_fields,
-        hf_view=hf_config_json.parse_hf_config,
+        hf_view=hf_view.parse_hf_config,
         decoder_layer=lazy_object(decoder),
         saved_layer=lazy(f"{activations}:saved_layer"),
         serving=serving,
         import_names=getattr(hf_config, "import_names", None),
         export_names=getattr(hf_config, "export_names", None),
         multimodal_config=getattr(hf_config, "multimodal_config", None),
-        layer_attention_shape=getattr(size, "layer_attention_shape", None),
+        layer_attention_shape=getattr(sizes, "layer_attention_shape", None),
         decodes=decodes,
-        attention_costs=getattr(size, "attention_costs", None),
+        attention_costs=getattr(sizes, "attention_costs", None),
         style_parts=parts,
     )
 

@@ -139,7 +139,7 @@ IGNORED_ANY_FAMILY = frozenset({
 @dataclasses.dataclass(frozen=True)
 class HFConfigFile:
     """A config.json as an export writes it (``values``, in the release's key order); the family's typed
-    view (hf_config_json.py) is what every reader uses."""
+    view (hf_view.py) is what every reader uses."""
 
     values: dict
 
@@ -269,7 +269,7 @@ class YarnScaling:
 @runtime_checkable
 class HFView(Protocol):
     """What every family's typed config.json view holds under the same names (models/<family>/
-    hf_config_json.py): the decoder's shared layers (norms, dense MLP, MoE, MTP module) read these and
+    hf_view.py): the decoder's shared layers (norms, dense MLP, MoE, MTP module) read these and
     nothing else; the attention class reads the family's own fields."""
 
     model_type: str

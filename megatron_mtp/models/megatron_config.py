@@ -1,6 +1,7 @@
 """What every family gives megatron-core's TransformerConfig: size, MLP, MoE routing, parallelism,
-precision, kernels, recompute and MTP; a family adds its attention fields (deepseek_v3: MLA,
-glm4_moe: grouped-query attention with partial RoPE) and picks the config class."""
+precision, kernels, recompute and MTP; a family adds its attention fields (mla/: MLA, DeepSeek-V3's, and
+DeepSeek-V3.2's with its indexer; gqa/: grouped-query attention, GLM-4.5's and Qwen3-MoE's; Gemma 4's
+sliding-layer widths) and picks the config class."""
 
 from __future__ import annotations
 

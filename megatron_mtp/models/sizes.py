@@ -4,7 +4,7 @@ Used to check configs against published sizes and by benchmarks to predict cost 
 (e.g. the MTP overhead: step time with D=1 over D=0 should follow the FLOPs ratio).
 Counts follow the module structure built by megatron-core (models/megatron_model.py); vocabulary
 rows are counted padded, as they are allocated. A family binds its table and its attention's score
-width (deepseek_v3/size.py, gqa/size.py).
+width (deepseek_v3/sizes.py, gqa/sizes.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A family gives only its attention block (``Table(attention=...)``); the MLP bloc
 (``enorm``/``hnorm``/``eh_proj``/``shared_head``, HF layer ``num_hidden_layers + d``) are shared (a family
 whose layer differs, Gemma 4, subclasses ``Table`` with its own layer rules and keeps the MTP module's), and
 so are the parallel heads' keys in the families that build them (``mtp.style`` parallel: DeepSeek-V3 and
-Gemma 4; GLM-4.5 and Qwen3-MoE refuse it) (models/README.md).
+Gemma 4; DeepSeek-V3.2, GLM-4.5 and Qwen3-MoE refuse it) (models/README.md).
 
 Keys are the *global* sharded-checkpoint keys (torch_dist ``.metadata``), which do not depend on the
 training layout: decoder layers carry their global index in the key (``decoder.layers.N.``), routed
@@ -15,8 +15,9 @@ checkpoint factory splits every TP shard into its gate and up halves and places 
 global halves). A fused attention projection (megatron-core's ``linear_qkv``) is stored globally as
 its TP shards one after the other, each holding whole key/value groups: [group 0: its query heads,
 its key head, its value head; group 1: ...]. So a rule is one mcore key <-> one HF name, or <-> HF
-names fused on dim 0 (``fuse``: "concat" for [gate; up], "qkv" for the group-interleaved q, k, v),
-optionally repeated over the expert axis.
+names fused on dim 0, optionally repeated over the expert axis: how, its transform says
+(models/tensor_transforms.py: ``GatedFusion`` for [gate; up], ``QKVFusion`` for the group-interleaved q, k, v,
+``StackedExperts``, ``Copy``, ``Fp32``, ``Int64``; ``Direct`` by default).
 """
 
 from __future__ import annotations
@@ -24,18 +25,18 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator, Literal, Optional, Sequence
+from typing import Callable, Iterator, Literal, Optional
 
 from megatron_mtp.config.model import ModelConfig
 from megatron_mtp.config.moe_layers import MoeLayers  # noqa: F401  (re-exported: the one is-MoE rule)
 from megatron_mtp.config.mtp_style import get_style, styles
+from megatron_mtp.models.tensor_transforms import DIRECT, GATED, Copy, Fp32, Transform
 
 Part = Literal["main", "mtp"]
 Spec = Literal["local", "te"]
 Shape = Callable[[ModelConfig], tuple]
 Split = Literal["tp", "none", "local"]
 Role = Literal["weight", "norm", "block_norm", "buffer"]
-Fuse = Literal["concat", "qkv"]
 
 
 @dataclass(frozen=True)
@@ -54,16 +55,16 @@ class Rule:
     "buffer": not a parameter (no gradient, no optimizer state)."""
     experts: bool = False
     spec: Optional[Spec] = None  # None: same name in both specs
-    keep_fp32: bool = False
-    fuse: Fuse = "concat"
-    """How several HF names make the one mcore tensor (dim 0): "concat" in equal parts, "qkv"
-    interleaved per key/value group (``Param.qkv``)."""
-    stacked: bool = False
-    """Routed experts in one HF tensor with a leading expert axis (Gemma 4's ``experts.gate_up_proj``),
-    not one HF tensor per expert."""
+    transform: Transform = DIRECT
+    """How the mcore tensor becomes its HF tensor(s) and back (models/tensor_transforms.py)."""
 
     def numel(self, model: ModelConfig) -> int:
         return math.prod(self.shape(model))
+
+    def param(self, mcore_prefix: str, hf_prefix: str, part: Part, model: ModelConfig) -> Param:
+        """This rule's row in a layer (or MTP module, or head) under these prefixes, for ``model``."""
+        return Param(mcore_prefix + self.mcore, tuple(hf_prefix + h for h in self.hf), part,
+                     num_experts=model.num_experts if self.experts else 0, transform=self.transform.for_model(model))
 
 
 @dataclass(frozen=True)
@@ -72,65 +73,28 @@ class Param:
 
     mcore: str
     hf: tuple[str, ...]
-    """One name, or the parts of dim 0: (gate, up) halves, or (q, k, v) when ``qkv`` is set
-    (per expert when num_experts > 0)."""
+    """One name, or the parts of dim 0 (its transform's: (gate, up), (q, k, v)), per expert when the names
+    hold ``{e}``."""
     part: Part
     num_experts: int = 0
-    """>0: the mcore tensor has a leading expert axis and the HF names hold ``{e}``."""
-    keep_fp32: bool = False
-    """Stored in fp32 even in a bf16 export (the router's e_score_correction_bias)."""
-    copy: bool = False
-    """An MTP copy of the main embedding/head: written on export, not read back on import."""
-    qkv: Optional[tuple[int, int, int]] = None
-    """(key/value groups, query heads per group, head dim) of a fused q/k/v projection."""
-    stacked: bool = False
-    """With ``num_experts``: the HF tensor holds every expert along its first axis, as the mcore one does."""
-    integer: bool = False
-    """An integer buffer (an assistant's ``token_ordering``): written and read as int64, never cast."""
+    """>0: the mcore tensor has a leading expert axis."""
+    transform: Transform = DIRECT
+    """How it becomes its HF tensor(s) and back (models/tensor_transforms.py)."""
+
+    def __post_init__(self) -> None:
+        if len(self.hf) != self.transform.parts:
+            raise ValueError(f"{self.mcore}: {type(self.transform).__name__} makes {self.transform.parts} HF "
+                             f"tensor(s), not {len(self.hf)}")
 
     @property
     def per_expert(self) -> bool:
         """Routed experts written as one HF tensor per expert (``{e}`` in the names), not stacked."""
-        return bool(self.num_experts) and not self.stacked
+        return bool(self.num_experts) and self.transform.per_expert
 
     def hf_names(self) -> list[str]:
         if not self.per_expert:
             return list(self.hf)
         return [name.format(e=e) for e in range(self.num_experts) for name in self.hf]
-
-    def part_rows(self, rows: int) -> list[int]:
-        """Rows (dim 0) of each HF tensor, for an mcore tensor (one expert's) of ``rows`` rows."""
-        if self.qkv is None:
-            return [rows // len(self.hf)] * len(self.hf)
-        groups, per_group, head = self.qkv
-        return [groups * per_group * head, groups * head, groups * head]
-
-    def split(self, tensor):
-        """The HF tensors of one mcore tensor (one expert's), in ``hf`` order."""
-        if len(self.hf) == 1:
-            return [tensor]
-        if self.qkv is None:
-            return list(tensor.chunk(len(self.hf), dim=0))
-        groups, per_group, head = self.qkv
-        grouped = tensor.reshape(groups, per_group + 2, head, *tensor.shape[1:])
-        rest = tuple(tensor.shape[1:])
-        q, k, v = grouped.split([per_group, 1, 1], dim=1)
-        return [q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)]
-
-    def join(self, parts: Sequence):
-        """The inverse of ``split``: one mcore tensor from its HF tensors."""
-        import torch
-
-        if len(parts) == 1:
-            return parts[0]
-        if self.qkv is None:
-            return torch.cat(list(parts), dim=0)
-        groups, per_group, head = self.qkv
-        q, k, v = parts
-        rest = tuple(q.shape[1:])
-        grouped = torch.cat([q.reshape(groups, per_group, head, *rest), k.reshape(groups, 1, head, *rest),
-                             v.reshape(groups, 1, head, *rest)], dim=1)
-        return grouped.reshape(-1, *rest)
 
 
 def hidden(m: ModelConfig) -> tuple:
@@ -142,22 +106,22 @@ DENSE_MLP = (
     Rule("mlp.linear_fc1.layer_norm_weight", ("post_attention_layernorm.weight",), hidden, "none", "block_norm",
          spec="te"),
     Rule("mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
-         lambda m: (2 * m.ffn_hidden_size, m.hidden_size)),
+         lambda m: (2 * m.ffn_hidden_size, m.hidden_size), transform=GATED),
     Rule("mlp.linear_fc2.weight", ("mlp.down_proj.weight",), lambda m: (m.hidden_size, m.ffn_hidden_size)),
 )
 MOE_MLP = (
     Rule("pre_mlp_layernorm.weight", ("post_attention_layernorm.weight",), hidden, "none", "block_norm"),
     Rule("mlp.router.weight", ("mlp.gate.weight",), lambda m: (m.num_experts, m.hidden_size), "none"),
     Rule("mlp.router.expert_bias", ("mlp.gate.e_score_correction_bias",), lambda m: (m.num_experts,), "none",
-         "buffer", keep_fp32=True),
+         "buffer", transform=Fp32()),
     Rule("mlp.experts.experts.linear_fc1.weight",
          ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight"),
-         lambda m: (2 * m.moe_ffn_hidden_size, m.hidden_size), experts=True),
+         lambda m: (2 * m.moe_ffn_hidden_size, m.hidden_size), experts=True, transform=GATED),
     Rule("mlp.experts.experts.linear_fc2.weight", ("mlp.experts.{e}.down_proj.weight",),
          lambda m: (m.hidden_size, m.moe_ffn_hidden_size), experts=True),
     Rule("mlp.shared_experts.linear_fc1.weight",
          ("mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight"),
-         lambda m: (2 * m.moe_ffn_hidden_size * m.num_shared_experts, m.hidden_size)),
+         lambda m: (2 * m.moe_ffn_hidden_size * m.num_shared_experts, m.hidden_size), transform=GATED),
     Rule("mlp.shared_experts.linear_fc2.weight", ("mlp.shared_experts.down_proj.weight",),
          lambda m: (m.hidden_size, m.moe_ffn_hidden_size * m.num_shared_experts)),
 )
@@ -276,7 +240,7 @@ def extra_state_keys(param: Param) -> list[str]:
     name = module.rsplit(".", 1)[-1]
     linear = name.startswith("linear_") or name in ("eh_proj", "pre_projection", "post_projection") \
         or module in drafter_output_layers()  # a separate drafter's projections and output table
-    if param.copy or leaf != "weight" or not linear:
+    if isinstance(param.transform, Copy) or leaf != "weight" or not linear:
         return []
     if param.num_experts:
         return [f"{module}._extra_state/shard_{e}_{param.num_experts}" for e in range(param.num_experts)]
@@ -295,8 +259,6 @@ class Table:
     """Every attention rule the family knows (``rule_for_key`` looks here)."""
     attention_for: AttentionRules
     """The attention rules of one model, in one spec's spelling (None: both)."""
-    qkv: Optional[Callable[[ModelConfig], tuple[int, int, int]]] = None
-    """(groups, query heads per group, head dim) of the family's fused q/k/v rules."""
     mtp_names: Callable[[str, int], Optional[str]] = release_mtp_name
     """(release name, num_layers) -> the family's HF name of an MTP tensor (None: not written). The
     release naming (``model.layers.{num_hidden_layers + d}.*``, ``release_mtp_name``) is the default;
@@ -337,15 +299,7 @@ class Table:
     def _params_for_layer(self, mcore_prefix: str, hf_prefix: str, moe: bool, model: ModelConfig, part: Part,
                           spec: Optional[Spec]) -> Iterator[Param]:
         for rule in self.rules_at(model, mcore_prefix, moe, spec):
-            yield Param(
-                mcore=mcore_prefix + rule.mcore,
-                hf=tuple(hf_prefix + h for h in rule.hf),
-                part=part,
-                num_experts=model.num_experts if rule.experts else 0,
-                keep_fp32=rule.keep_fp32,
-                qkv=self.qkv(model) if rule.fuse == "qkv" and self.qkv is not None else None,
-                stacked=rule.stacked,
-            )
+            yield rule.param(mcore_prefix, hf_prefix, part, model)
 
     def parallel_head_params(self, model: ModelConfig, num_heads: int, spec: Optional[Spec] = None) -> list[Param]:
         """The tensors of ``num_heads`` parallel MTP heads (part "mtp"); a head is built like the
@@ -354,7 +308,7 @@ class Table:
         for i in range(num_heads):
             mp, hp = mcore_head_prefix(i), hf_head_prefix(i)
             table += self._params_for_layer(mp + "transformer_layer.", hp, mtp_is_moe(model), model, "mtp", spec)
-            table.append(Param(mp + HEAD_NORM.mcore, (hp + HEAD_NORM.hf[0],), "mtp"))
+            table.append(HEAD_NORM.param(mp, hp, "mtp", model))
         return table
 
     def param_table(self, model: ModelConfig, mtp_depth: int, spec: Optional[Spec] = None,
@@ -385,13 +339,13 @@ class Table:
             n = mtp_hf_layer(model, d)
             mp, hp = mcore_mtp_prefix(d), f"model.layers.{n}."
             if mtp_copies:
-                mtp.append(Param(EMBEDDING, (hp + "embed_tokens.weight",), "mtp", copy=True))
+                mtp.append(Param(EMBEDDING, (hp + "embed_tokens.weight",), "mtp", transform=Copy()))
             for rule in MTP_OWN:
-                mtp.append(Param(mp + rule.mcore, (hp + rule.hf[0],), "mtp"))
+                mtp.append(rule.param(mp, hp, "mtp", model))
             mtp += self._params_for_layer(mp + "transformer_layer.", hp, mtp_is_moe(model), model, "mtp", spec)
             if mtp_copies:
                 head = OUTPUT_LAYER if not model.tie_embeddings else EMBEDDING
-                mtp.append(Param(head, (hp + "shared_head.head.weight",), "mtp", copy=True))
+                mtp.append(Param(head, (hp + "shared_head.head.weight",), "mtp", transform=Copy()))
         for param in mtp:  # in the family's naming (``mtp_names``): a tensor it names None is not written
             names = tuple(self.mtp_names(name, model.num_layers) for name in param.hf)
             if None not in names:

@@ -85,7 +85,7 @@ def build(plan: Plan, mfu: Optional[float] = None, with_suggestions: bool = True
         "assumptions": list(plan.assumptions),
     }
     costs = get_family(cfg.model.family).attention_costs
-    if costs is not None:  # a sparse attention's FLOPs beside dense attention's (models/dsa/size.py)
+    if costs is not None:  # a sparse attention's FLOPs beside dense attention's (models/dsa/sizes.py)
         out["attention"] = {**costs(cfg), "model_flops_per_token": flops / tokens}
     corpus, note = _corpus_tokens(plan)
     if note:

@@ -65,7 +65,7 @@ class KnownLogLine:
 KNOWN_LOG_LINES = (
     KnownLogLine("megatron.core.models.gpt.gpt_model", r"GPTModel IS DEPRECATED",
                  "megatron-core 0.19 asks new code to use HybridModel, whose migration is for Mamba-style hybrid "
-                 "stacks; GPTModel still builds the DeepSeek-V3/GLM decoder and MTP block, on 0.16 as on 0.19"),
+                 "stacks; GPTModel still builds every family's decoder and MTP block, on 0.16 as on 0.19"),
     KnownLogLine("megatron.core.distributed.distributed_data_parallel", r"DistributedDataParallel: full_param_layout",
                  "megatron-core 0.19 then computes the layout itself, exactly as a caller would "
                  "(DistributedOptimizer.compute_full_param_layout with DDP's own bucket and group sizes)"),

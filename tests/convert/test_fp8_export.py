@@ -20,7 +20,7 @@ from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.to_hf import export_to_hf, plan_export
 from megatron_mtp.hf_dir.fp8 import dequantize_blockwise
 from megatron_mtp.hf_dir.safetensors_io import HFDir
-from megatron_mtp.models.deepseek_v3.hf_mapping import EMBEDDING
+from megatron_mtp.models.tensor_table import EMBEDDING
 from tests.convert.helpers import hf_tensors, reference_fp8_quantize, same_tree
 
 pytestmark = pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="torch without float8")
@@ -216,7 +216,8 @@ def aligned_checkpoint(trained_run, tmp_path_factory):
     from megatron_mtp.checkpoint.info import read_train_state, write_checkpoint_info
     from megatron_mtp.checkpoint.torch_dist_writer import TorchDistWriter
     from megatron_mtp.convert.shapes import expected_shape
-    from megatron_mtp.models.deepseek_v3.hf_mapping import extra_state_keys, param_table
+    from megatron_mtp.models.deepseek_v3.hf_mapping import param_table
+    from megatron_mtp.models.tensor_table import extra_state_keys
 
     step = resolve_checkpoint(trained_run).path
     cfg = read_config(step)

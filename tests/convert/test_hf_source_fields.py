@@ -11,7 +11,7 @@ import pytest
 from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.to_hf import export_to_hf
 from megatron_mtp.models.deepseek_v3.hf_config import NOT_CARRIED, carry_source_fields, to_hf_config
-from megatron_mtp.models.deepseek_v3.hf_config_json import parse_hf_config
+from megatron_mtp.models.deepseek_v3.hf_view import parse_hf_config
 
 from .test_hf_config import V3_RELEASE
 

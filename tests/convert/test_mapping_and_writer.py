@@ -8,8 +8,9 @@ from safetensors import safe_open
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.hf_dir.safetensors_io import HFDir, PlannedTensor, ShardedSafetensorsWriter
-from megatron_mtp.models.deepseek_v3.hf_mapping import extra_state_keys, is_mtp_hf_name, nextn_name, param_table
+from megatron_mtp.models.deepseek_v3.hf_mapping import param_table
 from megatron_mtp.models.deepseek_v3.model_config import DeepseekV3ModelConfig as ModelConfig
+from megatron_mtp.models.tensor_table import extra_state_keys, is_mtp_hf_name, nextn_name
 
 
 @pytest.mark.parametrize("layers, depth", [(61, 1), (7, 2), (3, 0)])

@@ -11,7 +11,7 @@ import pytest
 from megatron_mtp.config import load_config, pipeline_layout
 from megatron_mtp.config.validate import validate
 from megatron_mtp.models.deepseek_v3.hf_mapping import param_table
-from megatron_mtp.models.deepseek_v3.size import parameter_counts
+from megatron_mtp.models.deepseek_v3.sizes import parameter_counts
 from megatron_mtp.plan.params import chunk_params
 from megatron_mtp.platform import megatron_core
 

@@ -188,7 +188,7 @@ def test_unsupported_glm_configs_are_one_sentence(tmp_path, changes, words):
 
 
 def test_config_view_reads_old_and_new_rope_spellings():
-    from megatron_mtp.models.glm4_moe.hf_config_json import parse_hf_config
+    from megatron_mtp.models.glm4_moe.hf_view import parse_hf_config
 
     base = {"vocab_size": 8, "hidden_size": 64, "intermediate_size": 8, "num_hidden_layers": 1,
             "num_attention_heads": 4, "num_key_value_heads": 2, "num_mtp_layers": 1}

@@ -59,7 +59,7 @@ def test_glm5_index_share_is_transformers_and_megatron_cores():
     numbers (the MTP layers numbering their own), for a frequency and offset alike."""
     from megatron.core.transformer.experimental_attention_variant import dsa
 
-    from megatron_mtp.models.glm_moe_dsa.hf_config_json import index_share_of, share_types
+    from megatron_mtp.models.glm_moe_dsa.hf_view import index_share_of, share_types
 
     transformers = pytest.importorskip("transformers")
     if not hasattr(transformers, "GlmMoeDsaConfig"):
@@ -85,7 +85,7 @@ def test_glm5_index_share_is_transformers_and_megatron_cores():
     ({"indexer_rope_interleave": False}, r"indexer_rope_interleave is false; GLM-5's indexer rotates interleaved"),
 ])
 def test_a_glm5_config_json_megatron_core_cannot_build_is_one_sentence(change, message):
-    from megatron_mtp.models.glm_moe_dsa.hf_config_json import parse_hf_config
+    from megatron_mtp.models.glm_moe_dsa.hf_view import parse_hf_config
 
     with pytest.raises(UserError, match=message) as err:
         parse_hf_config({"model_type": "glm_moe_dsa", "num_hidden_layers": 3, **change})
@@ -95,7 +95,7 @@ def test_a_glm5_config_json_megatron_core_cannot_build_is_one_sentence(change, m
 def test_glm5_config_json_reads_what_it_leaves_out_as_transformers_does():
     """A field a GLM-5 config.json leaves out is transformers' GlmMoeDsaConfig default; the IndexShare pattern of a
     pattern string, or of a frequency and offset, is the list transformers derives."""
-    from megatron_mtp.models.glm_moe_dsa.hf_config_json import TRANSFORMERS_DEFAULTS, parse_hf_config
+    from megatron_mtp.models.glm_moe_dsa.hf_view import TRANSFORMERS_DEFAULTS, parse_hf_config
 
     transformers = pytest.importorskip("transformers")
     if not hasattr(transformers, "GlmMoeDsaConfig"):

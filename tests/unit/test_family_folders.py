@@ -94,3 +94,32 @@ def test_the_rule_sees_every_way_of_naming_a_family(tmp_path):
     found, named = crossings(root, ["fam"]), family_named(root, ["fam"])
     assert sorted({line.split(" ")[0] for line in found}) == sorted(forms), found
     assert named == ["inference/fam_assistant.py"]
+
+
+BASES = ("mla", "dsa", "gqa")
+"""The shared bases, named as a family folder is."""
+OWN_MODULES = {"gemma4": {"attention", "feed_forward", "specs", "rope"}, "gemma4/assistant": {"attention", "block",
+                                                                                                "centroids"}}
+"""Modules a folder holds beside the folder table's, each named for what it builds (models/README.md)."""
+
+
+def folder_table() -> set[str]:
+    """The module names of models/README.md's folder table (its section "A family folder")."""
+    text = (PACKAGE / "models" / "README.md").read_text().split("## A family folder\n", 1)[1]
+    rows = text.split("\n|---|---|\n", 1)[1].split("\n\n", 1)[0]
+    return set(re.findall(r"^\| `(\w+)(?:\.py|/)` \|", rows, re.M))
+
+
+def test_every_family_folder_names_its_modules_as_the_readme_table_does():
+    """One module name per concept across the families and the bases (``sizes.py`` in each, never ``size.py``
+    beside it): every module of a family folder, a base or a drafter package in one is named in the table or is
+    one of the folder's own (OWN_MODULES)."""
+    shape = folder_table()
+    assert {"model_config", "hf_mapping", "hf_config", "hf_view", "sizes", "transformer_config", "model"} <= shape
+    folders = [f.name for f in families()] + list(BASES)
+    folders += [f"{name}/{sub.name}" for name in folders for sub in (PACKAGE / "models" / name).iterdir()
+                if (sub / "__init__.py").is_file()]
+    stray = [f"models/{folder}/{entry.name}" for folder in folders for entry in (PACKAGE / "models" / folder).iterdir()
+             if (entry.suffix == ".py" or (entry / "__init__.py").is_file())
+             and entry.stem not in shape | OWN_MODULES.get(folder, set())]
+    assert not stray, stray

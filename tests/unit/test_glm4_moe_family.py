@@ -11,6 +11,7 @@ from megatron_mtp.config import load_config
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.family import family_of_hf_config, get_family
 from megatron_mtp.models.glm4_moe.hf_config import carry_source_fields, from_hf_config, to_hf_config
+from megatron_mtp.models.tensor_transforms import QKVFusion
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs" / "glm4_moe_tiny_cpu.yaml")
@@ -58,13 +59,13 @@ def test_gqa_fields_are_refused_for_mla():
 def test_tensor_table_fuses_qkv_per_group_both_ways():
     cfg = load_config(TINY)
     table = get_family("glm4_moe").param_table(cfg.model, 1, spec="te")
-    qkv = next(p for p in table if p.mcore == "decoder.layers.0.self_attention.linear_qkv.weight")
-    assert qkv.qkv == (2, 2, 48) and qkv.part_rows(384) == [192, 96, 96]
+    qkv = next(p for p in table if p.mcore == "decoder.layers.0.self_attention.linear_qkv.weight").transform
+    assert qkv == QKVFusion(2, 2, 48) and qkv.part_rows(384) == [192, 96, 96]
     # megatron-core's rows: [group 0: q heads 0 and 1, k head 0, v head 0; group 1: q 2 and 3, k 1, v 1]
     rows = torch.arange(8).repeat_interleave(48)[:, None].float()
-    q, k, v = qkv.split(rows)
+    q, k, v = qkv.to_hf(rows)
     assert q[::48, 0].tolist() == [0, 1, 4, 5] and k[::48, 0].tolist() == [2, 6] and v[::48, 0].tolist() == [3, 7]
-    assert torch.equal(qkv.join([q, k, v]), rows)
+    assert torch.equal(qkv.from_hf([q, k, v]), rows)
     names = {n for p in table for n in p.hf_names()}
     assert {"model.layers.4.self_attn.q_proj.bias", "model.layers.4.self_attn.k_norm.weight",
             "model.layers.4.eh_proj.weight", "model.layers.3.mlp.gate.e_score_correction_bias"} <= names
@@ -154,7 +155,7 @@ def test_glm_release_shapes_match_their_published_sizes():
 def test_converter_and_decoder_read_a_config_json_alike():
     """One reader: where a file spells the rotary settings twice (top level and transformers 5's
     rope_parameters), the importer and the decoder take the same values, transformers' (rope_parameters)."""
-    from megatron_mtp.models.glm4_moe.hf_config_json import parse_hf_config
+    from megatron_mtp.models.glm4_moe.hf_view import parse_hf_config
 
     cfg = load_config(TINY)
     raw = to_hf_config(cfg.model, cfg.mtp, vocab_size=4096, num_nextn_predict_layers=1).to_dict()

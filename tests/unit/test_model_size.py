@@ -8,7 +8,7 @@ import pytest
 
 from megatron_mtp.config import load_config
 from megatron_mtp.config.vocab import padded_vocab_size
-from megatron_mtp.models.deepseek_v3.size import parameter_counts
+from megatron_mtp.models.deepseek_v3.sizes import parameter_counts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,7 +60,7 @@ def test_glm5_release_counts_as_transformers_does():
 
 
 def test_dsa_indexer_and_sparse_attention_counted_by_hand():
-    """The DSA families' indexer parameters and attention FLOPs from the widths alone (models/dsa/size.py's
+    """The DSA families' indexer parameters and attention FLOPs from the widths alone (models/dsa/sizes.py's
     module note): configs/glm5_tiny_cpu.yaml has 3 layers of which layer 1 reuses layer 0's top-k, one MTP layer
     with its own indexer, 4 heads, kv_lora 32, rope 16, qk 32, v 32, a 4 × 32 indexer on q_lora 64 and hidden
     128, the top 16 of 128 tokens; the same model as DeepSeek-V3 (no indexer, dense MLA) is the reference."""

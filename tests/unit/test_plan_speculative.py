@@ -11,7 +11,7 @@ import pytest
 
 from megatron_mtp.config import load_config
 from megatron_mtp.config.vocab import resolve_vocab
-from megatron_mtp.models.deepseek_v3.size import parameter_counts
+from megatron_mtp.models.deepseek_v3.sizes import parameter_counts
 from megatron_mtp.models.expert_reach import distinct_experts
 from megatron_mtp.plan.speculative import (
     ServeLayout,

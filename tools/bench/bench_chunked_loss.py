@@ -100,7 +100,7 @@ def predicted_step_ratio(depth: int, target: str) -> float:
     """1 + the chunked path's extra output-layer FLOPs over the training FLOPs per token, DeepSeek-V3 671B."""
     from megatron_mtp.config import load_config
     from megatron_mtp.config.vocab import padded_vocab_size
-    from megatron_mtp.models.deepseek_v3.size import training_flops_per_token
+    from megatron_mtp.models.deepseek_v3.sizes import training_flops_per_token
 
     cfg = load_config(str(ROOT / "configs" / "deepseek_v3_671b.yaml"), [f"mtp.num_layers={depth}"])
     vocab = padded_vocab_size(cfg.model.vocab_size, cfg)

@@ -1,5 +1,5 @@
 """MTP overhead: training step time with MTP depth D=1 over D=0 on the same model, beside the
-ratio predicted from FLOPs (models/deepseek_v3/size.py). Target: within 3% of predicted.
+ratio predicted from FLOPs (models/deepseek_v3/sizes.py). Target: within 3% of predicted.
 
     .venv/bin/python tools/bench/bench_mtp_overhead.py [--hidden 512 --layers 4 --seq 512 ...]
 
@@ -30,7 +30,7 @@ def main() -> None:
     import torch
     from _train_bench import RandomTokens, interleaved, scratch_dir, single_process_setup, trainer_step
 
-    from megatron_mtp.models.deepseek_v3.size import training_flops_per_token
+    from megatron_mtp.models.deepseek_v3.sizes import training_flops_per_token
     from megatron_mtp.training.distributed import destroy
 
     base, plat, vocab = single_process_setup(args)

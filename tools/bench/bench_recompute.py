@@ -29,7 +29,7 @@ MODES = {
 
 def recomputed_flops_per_token(cfg, modules: set[str], full: bool) -> float:
     """Forward FLOPs per token that the mode runs again in backward (decoder and MTP layers)."""
-    from megatron_mtp.models.deepseek_v3.size import layer_sizes
+    from megatron_mtp.models.deepseek_v3.sizes import layer_sizes
 
     m, s = cfg.model, layer_sizes(cfg)
     seq, n = cfg.training.seq_length, m.num_attention_heads
@@ -89,7 +89,7 @@ def main() -> None:
     from megatron.core.transformer.moe.moe_utils import get_moe_layer_wise_logging_tracker
 
     from megatron_mtp.config import load_config
-    from megatron_mtp.models.deepseek_v3.size import training_flops_per_token
+    from megatron_mtp.models.deepseek_v3.sizes import training_flops_per_token
     from megatron_mtp.training.batches import MicroBatchIterator
     from megatron_mtp.training.distributed import destroy
 

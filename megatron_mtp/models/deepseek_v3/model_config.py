@@ -1,4 +1,4 @@
-"""DeepSeek-V3's own model fields: multi-head latent attention and YaRN (models/mla/model_fields.py, over
+"""DeepSeek-V3's own model fields: multi-head latent attention and YaRN (models/mla/model_config.py, over
 config.model.ModelConfig's shared ones; ``model.family=deepseek_v3`` builds this class)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from megatron_mtp.models.mla.model_fields import MLAModelConfig, YarnConfig, check  # noqa: F401  (the family interface)
+from megatron_mtp.models.mla.model_config import MLAModelConfig, YarnConfig, check  # noqa: F401  (the family interface)
 
 
 @dataclass

@@ -2,9 +2,7 @@
 
 from megatron_mtp.models.mla.transformer_config import (  # noqa: F401  (the family interface and its tests)
     build_transformer_config,
-    common_kwargs,
     megatron_layout,
     moe_layer_pattern,
-    sequence_parallel,
     transformer_config_kwargs,
 )

@@ -4,7 +4,7 @@ layer, DeepSeek MoE, sequential MTP; megatron-core 0.19's DSA modules): its ``Fa
 
 from __future__ import annotations
 
-from megatron_mtp.models.deepseek_v32 import hf_config, hf_config_json, hf_mapping, size
+from megatron_mtp.models.deepseek_v32 import hf_config, hf_mapping, hf_view, sizes
 from megatron_mtp.models.deepseek_v32.model_config import DeepseekV32ModelConfig
 from megatron_mtp.models.family import ServingFacts, family_of_modules, register
 
@@ -15,15 +15,15 @@ FAMILY = register(family_of_modules(
     model_types=("deepseek_v32",),
     model_config=DeepseekV32ModelConfig,
     builders="megatron_mtp.models.deepseek_v32",
-    size=size,
+    sizes=sizes,
     hf_mapping=hf_mapping,
     hf_config=hf_config,
-    hf_config_json=hf_config_json,
+    hf_view=hf_view,
     decoder="megatron_mtp.models.deepseek_v32.decoder:DSADecoderLayer",
     activations="megatron_mtp.models.dsa.activations",
     # transformers 5.25's DeepseekV32ForCausalLM ignores layer 61 (the release's MTP layer)
     serving=ServingFacts(
-        transformers_mtp_layers=(61,), mla_head_size=size.kv_cache_elements_per_token,
+        transformers_mtp_layers=(61,), mla_head_size=sizes.kv_cache_elements_per_token,
         notes=("The commands below are DeepSeek-V3's; the engines' DeepSeek-V3.2 loaders (their sparse-attention "
                "kernels, the MTP layer's indexer) were not checked against this export.",)),
     decodes=False,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from megatron_mtp.config.model import MTPConfig
-from megatron_mtp.models.deepseek_v32.hf_config_json import DeepseekV32HFConfig, parse_hf_config
+from megatron_mtp.models.deepseek_v32.hf_view import DeepseekV32HFConfig, parse_hf_config
 from megatron_mtp.models.deepseek_v32.model_config import DeepseekV32ModelConfig
 from megatron_mtp.models.dsa import hf_config as dsa
 from megatron_mtp.models.hf_common import carry_source_fields as _carry

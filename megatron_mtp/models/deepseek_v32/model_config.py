@@ -1,4 +1,4 @@
-"""DeepSeek-V3.2's own model fields: the DSA families' (models/dsa/model_fields.py: MLA, YaRN, the lightning
+"""DeepSeek-V3.2's own model fields: the DSA families' (models/dsa/model_config.py: MLA, YaRN, the lightning
 indexer in every layer) under DeepSeek-V3.2's name and RoPE (``model.family=deepseek_v32`` builds this class)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from megatron_mtp.models.dsa.model_fields import DSAModelConfig, check  # noqa: F401  (the family interface)
+from megatron_mtp.models.dsa.model_config import DSAModelConfig, check  # noqa: F401  (the family interface)
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.dsa.hf_view import INDEX_KEYS, LIST_KEYS, DSAHFConfig
-from megatron_mtp.models.dsa.model_fields import DSAModelConfig
+from megatron_mtp.models.dsa.model_config import DSAModelConfig
 from megatron_mtp.models.mla import hf_config as v3
 
 NOT_CARRIED = {

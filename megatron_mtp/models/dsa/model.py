@@ -11,7 +11,7 @@ config). DSA keeps the q/kv latent norms apart from the up-projections under TE 
 reads the normed query latent), so the checkpoint keys need no TE renames for the attention. The MTP
 layers are built from a DSA layer of the kind the engines build (models/megatron_specs.py), so each
 MTP layer has its own indexer, as the releases' MTP layers do. With IndexShare (GLM-5) DSAttention
-itself leaves the indexer out of a layer that reuses an earlier top-k (models/dsa/model_fields.py says
+itself leaves the indexer out of a layer that reuses an earlier top-k (models/dsa/model_config.py says
 which); a pipeline stage must start on a layer with its own (megatron-core's check, and the family's in
 one sentence before). On the CPU path DSAttention runs its unfused PyTorch attention and indexer loss
 (``dsa_kernel_backend`` "none").

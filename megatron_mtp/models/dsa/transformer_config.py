@@ -7,33 +7,25 @@ indexers leave it out for the same reason); it exists for FP8 scoring kernels, a
 (fast_hadamard_transform) is a CUDA build. The indexer's RoPE is the family's (``INDEXER_ROPE_INTERLEAVED``:
 DeepSeek-V3.2 rotates halves, GLM-5 interleaved pairs, as transformers' classes do) while MLA's own is
 interleaved in both. IndexShare's frequency and offset are megatron-core's own numbers
-(models/dsa/model_fields.py).
+(models/dsa/model_config.py).
 """
 
 from __future__ import annotations
 
 from megatron_mtp.config import Config
-from megatron_mtp.models.megatron_config import (  # noqa: F401  (the family interface and its tests)
-    common_kwargs,
-    megatron_layout,
-    moe_layer_pattern,
-    sequence_parallel,
-)
-from megatron_mtp.models.mla.transformer_config import transformer_config_kwargs as mla_kwargs
+from megatron_mtp.models.mla import transformer_config as mla
 from megatron_mtp.platform import Platform
-from megatron_mtp.platform.features import Features, resolve_features
+from megatron_mtp.platform.features import Features
 
 
 def build_transformer_config(cfg: Config, platform: Platform, mtp_loss_scale: float = 0.0,
                              features: Features | None = None):
-    """megatron-core's MLATransformerConfig with DeepSeek Sparse Attention for this run."""
-    from megatron.core.transformer.transformer_config import MLATransformerConfig
-
+    """megatron-core's MLATransformerConfig with DeepSeek Sparse Attention for this run (MLA's build, with the
+    indexer's fields)."""
     from megatron_mtp.platform.megatron_core import require_dsa
 
     require_dsa(type(cfg.model).TITLE)
-    features = features or resolve_features(cfg, platform)
-    return MLATransformerConfig(**transformer_config_kwargs(cfg, platform, features, mtp_loss_scale))
+    return mla.build_transformer_config(cfg, platform, mtp_loss_scale, features, kwargs=transformer_config_kwargs)
 
 
 def transformer_config_kwargs(cfg: Config, platform: Platform, features: Features, mtp_loss_scale: float = 0.0) -> dict:
@@ -41,7 +33,7 @@ def transformer_config_kwargs(cfg: Config, platform: Platform, features: Feature
     m = cfg.model
     freq, offset = m.index_share()
     return dict(
-        mla_kwargs(cfg, platform, features, mtp_loss_scale),
+        mla.transformer_config_kwargs(cfg, platform, features, mtp_loss_scale),
         experimental_attention_variant="dsa",
         dsa_indexer_n_heads=m.index_n_heads,
         dsa_indexer_head_dim=m.index_head_dim,

@@ -8,7 +8,7 @@ registered once (models/family.py); the megatron-core pieces load when first use
 from __future__ import annotations
 
 from megatron_mtp.models.family import ServingFacts, family_of_modules, register
-from megatron_mtp.models.gemma4 import hf_config, hf_config_json, hf_mapping, size
+from megatron_mtp.models.gemma4 import hf_config, hf_mapping, hf_view, sizes
 from megatron_mtp.models.gemma4.model_config import Gemma4ModelConfig
 
 _NO_MTP = "{engine} has no DeepSeek-style MTP draft model for Gemma4ForCausalLM"
@@ -20,10 +20,10 @@ FAMILY = register(family_of_modules(
     model_types=("gemma4_text", "gemma4"),
     model_config=Gemma4ModelConfig,
     builders="megatron_mtp.models.gemma4",
-    size=size,
+    sizes=sizes,
     hf_mapping=hf_mapping,
     hf_config=hf_config,
-    hf_config_json=hf_config_json,
+    hf_view=hf_view,
     decoder="megatron_mtp.models.gemma4.decoder:Gemma4DecoderLayer",
     activations="megatron_mtp.models.gemma4.activations",
     style_packages={"assistant": "megatron_mtp.models.gemma4.assistant"},  # its separate drafter

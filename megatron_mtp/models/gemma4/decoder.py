@@ -27,7 +27,7 @@ from torch import nn
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.decoding.kv_cache import KVCache, Rows
 from megatron_mtp.models.decoding.layers import GatedMLP, RMSNorm, Rotary, StackedExperts
-from megatron_mtp.models.gemma4.hf_config_json import FULL, Gemma4HFConfig
+from megatron_mtp.models.gemma4.hf_view import FULL, Gemma4HFConfig
 from megatron_mtp.models.gemma4.rope import apply_rope, rope_cos_sin, rope_inv_freq
 from megatron_mtp.rms_norm import rms_norm
 

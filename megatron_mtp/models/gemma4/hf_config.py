@@ -5,7 +5,7 @@ ways, never lossy.
 ``text_config``: ``global_head_dim``, ``num_global_key_value_heads``, ``rope_parameters`` per layer type,
 ``layer_types``, ``enable_moe_block``, ``top_k_experts``) with per-layer embeddings off, plus
 ``num_nextn_predict_layers`` for the MTP modules an export holds. ``from_hf_config`` reads a text
-config.json or a multimodal one's ``text_config`` through the typed view (hf_config_json.py) and refuses
+config.json or a multimodal one's ``text_config`` through the typed view (hf_view.py) and refuses
 in one sentence what our model does not compute: per-layer embeddings, key/value sharing inside the
 model, the double-wide MLP, bidirectional attention, attention bias or dropout, another activation.
 """
@@ -17,7 +17,7 @@ from typing import Any, Mapping, Optional
 
 from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.gemma4.hf_config_json import FULL, SLIDING, parse_hf_config, text_config
+from megatron_mtp.models.gemma4.hf_view import FULL, SLIDING, parse_hf_config, text_config
 from megatron_mtp.models.gemma4.model_config import Gemma4ModelConfig as ModelConfig
 from megatron_mtp.models.hf_common import (
     IGNORED_ANY_FAMILY,

@@ -5,7 +5,7 @@ A Gemma 4 layer's tensors depend on its kind (sliding or full attention: head wi
 and no value projection where keys are values), so the rules of layer i are those of
 ``model.layer_kinds()[i]`` and an MTP layer's or parallel head's are those of its kind (``MTP_KIND``); ``rule_for_key``
 reads the model to tell. The routed experts are one HF tensor per layer with a leading expert axis,
-as megatron-core's global checkpoint tensor is (``stacked``): ``experts.gate_up_proj`` [E, 2I, H] (gate
+as megatron-core's global checkpoint tensor is (``StackedExperts``): ``experts.gate_up_proj`` [E, 2I, H] (gate
 rows, then up rows, as megatron-core's fc1) and ``experts.down_proj`` [E, H, I]. ``layer_scalar`` is a
 buffer. MTP modules use the release naming (layer ``num_hidden_layers + d``, DeepSeek-V3's sub-names):
 transformers' Gemma 4 has none, and the release ships none.
@@ -24,7 +24,8 @@ from megatron_mtp.models.gemma4.model_config import (
     kind_head_dim,
     kind_shares_kv,
 )
-from megatron_mtp.models.tensor_table import MTP_OWN, Param, Rule, Spec, Table, hidden
+from megatron_mtp.models.tensor_table import MTP_OWN, Rule, Spec, Table, hidden
+from megatron_mtp.models.tensor_transforms import GATED, StackedExperts
 
 
 def _attention(kind: str) -> tuple[Rule, ...]:
@@ -51,7 +52,7 @@ LAYER = (Rule("layer_scalar", ("layer_scalar",), lambda m: (1,), "none", "buffer
 DENSE = (
     Rule("mlp.pre_feedforward_layernorm.weight", ("pre_feedforward_layernorm.weight",), hidden, "none", "block_norm"),
     Rule("mlp.mlp.linear_fc1.weight", ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
-         lambda m: (2 * m.ffn_hidden_size, m.hidden_size)),
+         lambda m: (2 * m.ffn_hidden_size, m.hidden_size), transform=GATED),
     Rule("mlp.mlp.linear_fc2.weight", ("mlp.down_proj.weight",), lambda m: (m.hidden_size, m.ffn_hidden_size)),
     Rule("mlp.post_feedforward_layernorm.weight", ("post_feedforward_layernorm.weight",), hidden, "none", "norm"),
 )
@@ -64,9 +65,9 @@ MOE = (
     Rule("mlp.moe.router.scale", ("router.scale",), hidden, "none", "norm"),
     Rule("mlp.moe.router.per_expert_scale", ("router.per_expert_scale",), lambda m: (m.num_experts,), "none", "norm"),
     Rule(_EXPERTS_FC1, ("experts.gate_up_proj",),
-         lambda m: (2 * m.moe_ffn_hidden_size, m.hidden_size), experts=True, stacked=True),
+         lambda m: (2 * m.moe_ffn_hidden_size, m.hidden_size), experts=True, transform=StackedExperts()),
     Rule(_EXPERTS_FC2, ("experts.down_proj",),
-         lambda m: (m.hidden_size, m.moe_ffn_hidden_size), experts=True, stacked=True),
+         lambda m: (m.hidden_size, m.moe_ffn_hidden_size), experts=True, transform=StackedExperts()),
     Rule("mlp.post_feedforward_layernorm_2.weight", ("post_feedforward_layernorm_2.weight",), hidden, "none", "norm"),
 )
 _LAYER = re.compile(r"(?:decoder\.layers\.(\d+)|mtp(?:_heads)?\.layers\.\d+\.(?:transformer_layer|mtp_model_layer))\.")
@@ -97,8 +98,7 @@ class Gemma4Table(Table):
 
     def _params_for_layer(self, mcore_prefix: str, hf_prefix: str, moe: bool, model, part, spec):
         for rule in rules_of_kind(model, kind_of_prefix(model, mcore_prefix), moe):
-            yield Param(mcore=mcore_prefix + rule.mcore, hf=tuple(hf_prefix + h for h in rule.hf), part=part,
-                        num_experts=model.num_experts if rule.experts else 0, stacked=rule.stacked)
+            yield rule.param(mcore_prefix, hf_prefix, part, model)
 
     def rule_for_key(self, key: str, model=None) -> Rule:
         if _LAYER.match(key) is None or model is None:  # the final norm, an MTP module's own tensors

@@ -11,7 +11,7 @@ import torch
 
 from megatron_mtp.config import Config
 from megatron_mtp.config.mtp_style import FamilyParts
-from megatron_mtp.models.gemma4.hf_config_json import embedding_multiplier
+from megatron_mtp.models.gemma4.hf_view import embedding_multiplier
 from megatron_mtp.models.gemma4.model_config import MTP_KIND
 from megatron_mtp.models.gemma4.specs import block_spec, layer_spec, mtp_spec
 from megatron_mtp.models.megatron_model import build_gpt_model

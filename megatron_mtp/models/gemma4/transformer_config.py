@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 
 from megatron_mtp.config import Config
-from megatron_mtp.models.megatron_config import common_kwargs, megatron_layout  # noqa: F401  (the interface)
+from megatron_mtp.models.megatron_config import common_kwargs
 from megatron_mtp.platform import Platform
 from megatron_mtp.platform.features import Features, resolve_features
 

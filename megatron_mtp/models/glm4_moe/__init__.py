@@ -5,9 +5,9 @@ Its ``Family``, registered once (models/family.py); the megatron-core pieces loa
 from __future__ import annotations
 
 from megatron_mtp.models.family import ServingFacts, register
-from megatron_mtp.models.glm4_moe import hf_config, hf_config_json
+from megatron_mtp.models.glm4_moe import hf_config, hf_view
 from megatron_mtp.models.glm4_moe.model_config import Glm4MoeModelConfig
-from megatron_mtp.models.gqa import attention_table
+from megatron_mtp.models.gqa import hf_mapping
 from megatron_mtp.models.gqa.family import grouped_query_family
 
 FAMILY = register(grouped_query_family(
@@ -15,9 +15,9 @@ FAMILY = register(grouped_query_family(
     title="GLM-4.5/4.6/4.7",
     architecture="Glm4MoeForCausalLM",
     model_config=Glm4MoeModelConfig,
-    hf_mapping=attention_table,
+    hf_mapping=hf_mapping,
     hf_config=hf_config,
-    hf_config_json=hf_config_json,
+    hf_view=hf_view,
     serving=ServingFacts(
         # transformers 5.24's Glm4MoeForCausalLM knows layers 92 and 46 (the 355B's and the Air's MTP layer)
         transformers_mtp_layers=(92, 46),

@@ -16,10 +16,10 @@ from typing import Any, Mapping, Optional
 
 from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.glm4_moe.hf_config_json import READ_KEYS, parse_hf_config
+from megatron_mtp.models.glm4_moe.hf_view import READ_KEYS, parse_hf_config
 from megatron_mtp.models.glm4_moe.model_config import Glm4MoeModelConfig as ModelConfig
-from megatron_mtp.models.gqa.hf_values import hf_values, model_values
-from megatron_mtp.models.gqa.model_fields import rotary_percent
+from megatron_mtp.models.gqa.hf_config import hf_values, model_values
+from megatron_mtp.models.gqa.model_config import rotary_percent
 from megatron_mtp.models.hf_common import (
     IGNORED_ANY_FAMILY,
     NOT_CARRIED_ANY_FAMILY,
@@ -38,7 +38,7 @@ NOT_CARRIED = {
 }
 _IGNORED = IGNORED_ANY_FAMILY
 _READ = READ_KEYS
-"""What the converter reads: the typed view's keys (hf_config_json.READ_KEYS)."""
+"""What the converter reads: the typed view's keys (hf_view.READ_KEYS)."""
 
 
 def to_hf_config(model: ModelConfig, mtp: MTPConfig, *, vocab_size: int, num_nextn_predict_layers: int,
@@ -75,7 +75,7 @@ def to_hf_config(model: ModelConfig, mtp: MTPConfig, *, vocab_size: int, num_nex
 
 def from_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> tuple[ModelConfig, MTPConfig, int]:
     """(model section, mtp section, vocab size) for an HF GLM-4.5 config.json dict, read through the
-    typed view the decoder reads too (hf_config_json.parse_hf_config: transformers' defaults and rope
+    typed view the decoder reads too (hf_view.parse_hf_config: transformers' defaults and rope
     precedence), plus what only the converter refuses (other architectures, unknown fields)."""
     check_keys(raw, where, "Glm4MoeForCausalLM", _READ | _IGNORED)
     view = parse_hf_config(raw, where)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from megatron_mtp.models.gqa.model_fields import GroupedQueryModelConfig
+from megatron_mtp.models.gqa.model_config import GroupedQueryModelConfig
 
 
 @dataclass

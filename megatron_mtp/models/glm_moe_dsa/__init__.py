@@ -5,7 +5,7 @@ modules): its ``Family``, registered once (models/family.py); the megatron-core 
 from __future__ import annotations
 
 from megatron_mtp.models.family import ServingFacts, family_of_modules, register
-from megatron_mtp.models.glm_moe_dsa import hf_config, hf_config_json, hf_mapping, size
+from megatron_mtp.models.glm_moe_dsa import hf_config, hf_mapping, hf_view, sizes
 from megatron_mtp.models.glm_moe_dsa.model_config import GlmMoeDsaModelConfig
 
 FAMILY = register(family_of_modules(
@@ -15,15 +15,15 @@ FAMILY = register(family_of_modules(
     model_types=("glm_moe_dsa",),
     model_config=GlmMoeDsaModelConfig,
     builders="megatron_mtp.models.glm_moe_dsa",
-    size=size,
+    sizes=sizes,
     hf_mapping=hf_mapping,
     hf_config=hf_config,
-    hf_config_json=hf_config_json,
+    hf_view=hf_view,
     decoder="megatron_mtp.models.glm_moe_dsa.decoder:DSADecoderLayer",
     activations="megatron_mtp.models.dsa.activations",
     # transformers 5.25's GlmMoeDsaForCausalLM ignores layer 78 (the release's MTP layer)
     serving=ServingFacts(
-        transformers_mtp_layers=(78,), mla_head_size=size.mla_head_size,
+        transformers_mtp_layers=(78,), mla_head_size=sizes.mla_head_size,
         notes=("The commands below are DeepSeek-V3's; the engines' GLM-5 loaders (their sparse-attention kernels, "
                "IndexShare, the MTP layer's indexer) were not checked against this export.",
                "transformers' GlmMoeDsaForCausalLM normalises the query and key/value latents with eps 1e-6 whatever "

@@ -1,6 +1,6 @@
 """Our model config <-> Hugging Face GLM-5 config (``GlmMoeDsaHFConfig``, transformers' GlmMoeDsaForCausalLM),
 both ways: the DSA families' conversion (models/dsa/hf_config.py: DeepSeek-V3's, and the indexer's fields),
-IndexShare and transformers' GLM-5 defaults for what a file leaves out (hf_config_json.py). An export writes
+IndexShare and transformers' GLM-5 defaults for what a file leaves out (hf_view.py). An export writes
 ``indexer_types`` (what transformers reads first) beside the frequency and offset that give it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any, Mapping, Optional
 
 from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.models.dsa import hf_config as dsa
-from megatron_mtp.models.glm_moe_dsa.hf_config_json import SHARE_KEYS, GlmMoeDsaHFConfig, parse_hf_config, with_defaults
+from megatron_mtp.models.glm_moe_dsa.hf_view import SHARE_KEYS, GlmMoeDsaHFConfig, parse_hf_config, with_defaults
 from megatron_mtp.models.glm_moe_dsa.model_config import GlmMoeDsaModelConfig
 from megatron_mtp.models.hf_common import carry_source_fields as _carry
 

@@ -1,4 +1,4 @@
-"""GLM-5's own model fields: the DSA families' (models/dsa/model_fields.py: MLA, YaRN, the lightning indexer)
+"""GLM-5's own model fields: the DSA families' (models/dsa/model_config.py: MLA, YaRN, the lightning indexer)
 with GLM-5's indexer (32 heads, interleaved RoPE) and IndexShare: a layer may reuse the top-k of the last layer
 that ran its indexer (transformers' ``indexer_types``; ``model.family=glm_moe_dsa`` builds this class)."""
 
@@ -9,8 +9,8 @@ from typing import Any, ClassVar
 
 from megatron_mtp.config import pipeline_layout
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.dsa.model_fields import DSAModelConfig
-from megatron_mtp.models.dsa.model_fields import check as check_dsa
+from megatron_mtp.models.dsa.model_config import DSAModelConfig
+from megatron_mtp.models.dsa.model_config import check as check_dsa
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The config.json fields every grouped-query family's typed view shares, and how they are read.
 
-A family's view (models/<family>/hf_config_json.py) derives from ``GroupedQueryHFConfig``, redeclares
+A family's view (models/<family>/hf_view.py) derives from ``GroupedQueryHFConfig``, redeclares
 the fields whose transformers default differs (each family's ``*Config`` class has its own), adds its
 own, and parses through ``read_grouped_query`` (the shared fields and checks) and ``read_rope`` (the
 rotary settings: ``rope_scaling`` or ``rope_parameters`` over the top-level keys of older files, as

@@ -4,7 +4,7 @@ attention and partial (or full) RoPE."""
 from __future__ import annotations
 
 from megatron_mtp.config import Config
-from megatron_mtp.models.gqa.model_fields import rotary_percent
+from megatron_mtp.models.gqa.model_config import rotary_percent
 from megatron_mtp.models.megatron_model import build_gpt_model
 from megatron_mtp.platform import Platform
 

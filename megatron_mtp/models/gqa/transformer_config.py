@@ -11,8 +11,8 @@ width (``hidden_size_per_attention_head``) and applied per head before RoPE, as 
 from __future__ import annotations
 
 from megatron_mtp.config import Config
-from megatron_mtp.models.gqa.model_fields import head_dim, query_groups
-from megatron_mtp.models.megatron_config import common_kwargs, megatron_layout  # noqa: F401  (the interface)
+from megatron_mtp.models.gqa.model_config import head_dim, query_groups
+from megatron_mtp.models.megatron_config import common_kwargs
 from megatron_mtp.platform import Platform
 from megatron_mtp.platform.features import Features, resolve_features
 

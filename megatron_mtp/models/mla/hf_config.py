@@ -20,11 +20,11 @@ from typing import Any, Mapping, Optional
 
 from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.hf_common import TOKEN_ID_KEYS, check_group_routing, check_mtp_export, merge_token_id  # noqa: F401
 from megatron_mtp.models.hf_common import carry_source_fields as _carry
+from megatron_mtp.models.hf_common import check_group_routing, check_mtp_export
 from megatron_mtp.models.mla.hf_view import READ_KEYS, DeepseekV3HFConfig, YarnScaling, parse_hf_config
-from megatron_mtp.models.mla.model_fields import MLAModelConfig as ModelConfig
-from megatron_mtp.models.mla.model_fields import YarnConfig
+from megatron_mtp.models.mla.model_config import MLAModelConfig as ModelConfig
+from megatron_mtp.models.mla.model_config import YarnConfig
 
 # Keys any HF config may carry that say nothing about the architecture (the view does not read them).
 _IGNORED_HF_KEYS = frozenset(

@@ -3,24 +3,27 @@ models/megatron_config.py, MLA's here)."""
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 from megatron_mtp.config import Config
-from megatron_mtp.models.megatron_config import (  # noqa: F401  (the family interface and its tests)
+from megatron_mtp.models.megatron_config import (  # noqa: F401  (megatron_layout, moe_layer_pattern: DeepSeek-V3's tests)
     common_kwargs,
     megatron_layout,
     moe_layer_pattern,
-    sequence_parallel,
 )
 from megatron_mtp.platform import Platform
 from megatron_mtp.platform.features import Features, resolve_features
 
 
 def build_transformer_config(cfg: Config, platform: Platform, mtp_loss_scale: float = 0.0,
-                             features: Features | None = None):
-    """megatron-core's MLATransformerConfig for this run; `features` defaults to the platform's."""
+                             features: Features | None = None, kwargs: Optional[Callable[..., dict]] = None):
+    """megatron-core's MLATransformerConfig for this run; `features` defaults to the platform's, `kwargs` (the
+    fields of the run, as ``transformer_config_kwargs`` takes its arguments) to MLA's: a family over MLA gives
+    its own, MLA's and more (the DSA families' indexer)."""
     from megatron.core.transformer.transformer_config import MLATransformerConfig
 
     features = features or resolve_features(cfg, platform)
-    return MLATransformerConfig(**transformer_config_kwargs(cfg, platform, features, mtp_loss_scale))
+    return MLATransformerConfig(**(kwargs or transformer_config_kwargs)(cfg, platform, features, mtp_loss_scale))
 
 
 def transformer_config_kwargs(cfg: Config, platform: Platform, features: Features, mtp_loss_scale: float = 0.0) -> dict:

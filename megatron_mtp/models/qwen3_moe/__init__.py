@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from megatron_mtp.models.family import ServingFacts, register
 from megatron_mtp.models.gqa.family import grouped_query_family
-from megatron_mtp.models.qwen3_moe import hf_config, hf_config_json, hf_mapping
+from megatron_mtp.models.qwen3_moe import hf_config, hf_mapping, hf_view
 from megatron_mtp.models.qwen3_moe.model_config import Qwen3MoeModelConfig
 
 _NO_MTP = "{engine} has no MTP draft model for Qwen3MoeForCausalLM"
@@ -20,7 +20,7 @@ FAMILY = register(grouped_query_family(
     model_config=Qwen3MoeModelConfig,
     hf_mapping=hf_mapping,
     hf_config=hf_config,
-    hf_config_json=hf_config_json,
+    hf_view=hf_view,
     serving=ServingFacts(
         engine_facts={
             # vLLM's MTP model types (deepseek_mtp, glm4_moe_mtp, qwen3_next_mtp, ... in the sources read) have

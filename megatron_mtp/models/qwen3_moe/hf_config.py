@@ -4,7 +4,7 @@
 ``decoder_sparse_step``, ``mlp_only_layers``, ``norm_topk_prob``, ``head_dim``, top-level ``rope_theta``)
 plus ``num_nextn_predict_layers`` for the MTP modules an export holds (the releases have none).
 ``from_hf_config`` reads the file through the typed view the decoder reads too
-(hf_config_json.parse_hf_config). A field whose value our model cannot reproduce is a ``UserError``
+(hf_view.parse_hf_config). A field whose value our model cannot reproduce is a ``UserError``
 naming it.
 
 Routing: softmax over every expert, top k, renormalised over the k when ``norm_topk_prob`` (megatron-core:
@@ -18,7 +18,7 @@ from typing import Any, Mapping, Optional
 
 from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.gqa.hf_values import hf_values, model_values
+from megatron_mtp.models.gqa.hf_config import hf_values, model_values
 from megatron_mtp.models.hf_common import (
     IGNORED_ANY_FAMILY,
     NOT_CARRIED_ANY_FAMILY,
@@ -27,7 +27,7 @@ from megatron_mtp.models.hf_common import (
     check_mtp_export,
 )
 from megatron_mtp.models.hf_common import carry_source_fields as _carry
-from megatron_mtp.models.qwen3_moe.hf_config_json import READ_KEYS, parse_hf_config
+from megatron_mtp.models.qwen3_moe.hf_view import READ_KEYS, parse_hf_config
 from megatron_mtp.models.qwen3_moe.model_config import Qwen3MoeModelConfig as ModelConfig
 
 NOT_CARRIED = {
@@ -90,7 +90,7 @@ def to_hf_config(model: ModelConfig, mtp: MTPConfig, *, vocab_size: int, num_nex
 
 def from_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> tuple[ModelConfig, MTPConfig, int]:
     """(model section, mtp section, vocab size) for an HF Qwen3-MoE config.json dict, read through the typed
-    view (hf_config_json.parse_hf_config), plus what only the converter refuses (other architectures,
+    view (hf_view.parse_hf_config), plus what only the converter refuses (other architectures,
     unknown fields, what our model cannot compute)."""
     check_keys(raw, where, "Qwen3MoeForCausalLM", READ_KEYS | _IGNORED)
     view = parse_hf_config(raw, where)

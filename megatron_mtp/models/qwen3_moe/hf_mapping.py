@@ -1,5 +1,5 @@
 """THE tensor table of the Qwen3-MoE family (``qwen3_moe``): the grouped-query attention rules
-(models/gqa/attention_table.py; Qwen3 always has the q/k norms and never the bias) around the shared
+(models/gqa/hf_mapping.py; Qwen3 always has the q/k norms and never the bias) around the shared
 MoE, dense MLP and MTP rules (models/tensor_table.py), and Qwen3's MTP naming.
 
 The MTP naming. The Qwen3-MoE releases ship no MTP module, so the names are those of the one engine
@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from megatron_mtp.models.gqa.attention_table import ATTENTION_ORDER, ATTENTION_RULES, attention_rules, qkv_layout  # noqa: F401
+from megatron_mtp.models.gqa.hf_mapping import ATTENTION_ORDER, ATTENTION_RULES, attention_rules  # noqa: F401
 from megatron_mtp.models.tensor_table import Table
 
 MTP_OWN_NAMES = {
@@ -49,4 +49,4 @@ def mtp_name(name: str, num_layers: int) -> Optional[str]:
     return prefix + MTP_OWN_NAMES.get(rest, "layers.0." + rest)
 
 
-TABLE = Table(attention=ATTENTION_RULES, attention_for=attention_rules, qkv=qkv_layout, mtp_names=mtp_name)
+TABLE = Table(attention=ATTENTION_RULES, attention_for=attention_rules, mtp_names=mtp_name)

@@ -17,8 +17,8 @@ from typing import Any, ClassVar, Optional
 
 from megatron_mtp.config.moe_layers import MoeLayers
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.gqa.model_fields import GroupedQueryModelConfig
-from megatron_mtp.models.gqa.model_fields import check as check_grouped_query
+from megatron_mtp.models.gqa.model_config import GroupedQueryModelConfig
+from megatron_mtp.models.gqa.model_config import check as check_grouped_query
 from megatron_mtp.models.softmax_routing import SoftmaxRouting
 
 

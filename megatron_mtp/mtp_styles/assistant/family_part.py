@@ -1,7 +1,8 @@
 """What a family gives the assistant style: its separate drafter (``DrafterParts``), read from the package of it in
-the family's folder (models/gemma4/assistant/ for Gemma 4), which holds ``shape`` (assistant_model,
-assistant_stored), ``hf`` (assistant_tensors), ``hf_config`` (MODEL_TYPE, assistant_hf_config, shape_from_hf) and
-``decoder`` (assistant_model, AssistantDrafter); all but the config.json module load when first used."""
+the family's folder (models/gemma4/assistant/ for Gemma 4), which holds ``model_config`` (assistant_model,
+assistant_stored), ``hf_mapping`` (assistant_tensors), ``hf_config`` (MODEL_TYPE, assistant_hf_config,
+shape_from_hf) and ``decoder`` (assistant_model, AssistantDrafter); all but the config.json module load when first
+used."""
 
 from __future__ import annotations
 
@@ -38,9 +39,9 @@ class DrafterParts:
 def family_part(package: str) -> DrafterParts:
     """The DrafterParts of the drafter package ``package``."""
     hf = importlib.import_module(f"{package}.hf_config")
-    return DrafterParts(model=lazy(f"{package}.shape:assistant_model"),
-                        stored=lazy(f"{package}.shape:assistant_stored"),
-                        tensors=lazy(f"{package}.hf:assistant_tensors"), model_type=hf.MODEL_TYPE,
+    return DrafterParts(model=lazy(f"{package}.model_config:assistant_model"),
+                        stored=lazy(f"{package}.model_config:assistant_stored"),
+                        tensors=lazy(f"{package}.hf_mapping:assistant_tensors"), model_type=hf.MODEL_TYPE,
                         hf_config=hf.assistant_hf_config, shape_from_hf=hf.shape_from_hf,
                         decoder=lazy(f"{package}.decoder:assistant_model"),
                         drafter=lazy(f"{package}.decoder:AssistantDrafter"))

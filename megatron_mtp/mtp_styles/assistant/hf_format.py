@@ -2,7 +2,7 @@
 an unchanged target, both ways.
 
 Design note. The converters stream tensors through one table of ``Param`` rows; the assistant's rows
-(the family's ``assistant_tensors``, models/gemma4/assistant/hf.py) are part "mtp" and name their HF
+(the family's ``assistant_tensors``, models/gemma4/assistant/hf_mapping.py) are part "mtp" and name their HF
 tensors as a separate drafter's (convert/drafter_dir.py): apart from the target's tensors of the same name
 while the table is one list, under their own names in the assistant directory (``to-hf``: OUT/mtp, or OUT with
 ``--mtp only``; ``from-hf --mtp-dir``). Its config.json is transformers'
@@ -36,7 +36,7 @@ def assistant_params(cfg, vocab: int) -> list[Param]:
     drafter = get_family(cfg.model.family).style_part(cfg.mtp.style)
     if drafter is None:
         raise UserError(f"mtp.style={cfg.mtp.style} is not built for model.family={cfg.model.family}")
-    return [Param(t.mcore, tuple(table_name(h) for h in t.hf), "mtp", integer=t.integer)
+    return [Param(t.mcore, tuple(table_name(h) for h in t.hf), "mtp", transform=t.transform)
             for t in drafter.tensors(cfg, vocab)]
 
 

@@ -34,7 +34,7 @@ import torch
 from megatron.core.transformer.module import MegatronModule
 
 from megatron_mtp.models.gemma4.assistant.attention import QueryOnlyAttention, QueryOnlySubmodules
-from megatron_mtp.models.gemma4.assistant.shape import assistant_model
+from megatron_mtp.models.gemma4.assistant.model_config import assistant_model
 from megatron_mtp.models.gemma4.model_config import SLIDING, kind_groups, kind_head_dim, kind_rope
 
 

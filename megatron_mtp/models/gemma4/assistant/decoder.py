@@ -32,7 +32,7 @@ from megatron_mtp.models.decoding.drafting import HiddenBuffer, PickFn
 from megatron_mtp.models.decoding.layers import RMSNorm, embed
 from megatron_mtp.models.gemma4.assistant.hf_config import AssistantConfig
 from megatron_mtp.models.gemma4.decoder import Gemma4DecoderLayer, layer_kind
-from megatron_mtp.models.gemma4.hf_config_json import FULL, Gemma4HFConfig
+from megatron_mtp.models.gemma4.hf_view import FULL, Gemma4HFConfig
 from megatron_mtp.models.gemma4.model_config import last_of_each_kind
 from megatron_mtp.models.gemma4.rope import apply_rope, rope_cos_sin, rope_inv_freq
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from megatron_mtp.config.assistant import AssistantShape
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.gemma4.assistant.shape import assistant_model
-from megatron_mtp.models.gemma4.hf_config_json import Gemma4HFConfig, parse_hf_config
+from megatron_mtp.models.gemma4.assistant.model_config import assistant_model
+from megatron_mtp.models.gemma4.hf_view import Gemma4HFConfig, parse_hf_config
 from megatron_mtp.models.gemma4.model_config import kind_head_dim
 
 MODEL_TYPE = "gemma4_assistant"

@@ -21,8 +21,8 @@ import torch
 from megatron.core import parallel_state
 
 from megatron_mtp.models.gemma4.assistant.block import AssistantBlock
-from megatron_mtp.models.gemma4.assistant.shape import assistant_stored
-from megatron_mtp.models.gemma4.hf_config_json import embedding_multiplier
+from megatron_mtp.models.gemma4.assistant.model_config import assistant_stored
+from megatron_mtp.models.gemma4.hf_view import embedding_multiplier
 from megatron_mtp.models.mtp_objective import MTPObjectiveGPTModel
 
 

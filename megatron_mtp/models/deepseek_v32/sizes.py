@@ -1,14 +1,12 @@
-"""Analytic sizes of DeepSeek-V3.2: the DSA families' (models/dsa/size.py: MLA, the indexer in every layer,
+"""Analytic sizes of DeepSeek-V3.2: the DSA families' (models/dsa/sizes.py: MLA, the indexer in every layer,
 sparse attention's cost beside dense MLA's)."""
 
-from megatron_mtp.models.dsa.size import (  # noqa: F401  (the family interface)
-    LayerSizes,
+from megatron_mtp.models.dsa.sizes import (  # noqa: F401  (the family interface)
     attention_costs,
     attention_shape,
     decode_attention_flops,
     kv_cache_elements_per_token,
     layer_sizes,
-    mtp_own_size,
     parameter_counts,
     training_flops_per_token,
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from megatron_mtp.models.gqa.model_fields import head_dim, query_groups
+from megatron_mtp.models.gqa.model_config import head_dim, query_groups
 
 
 def hf_values(model, *, architecture: str, model_type: str, vocab_size: int, num_nextn_predict_layers: int,

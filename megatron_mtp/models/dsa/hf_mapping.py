@@ -1,4 +1,4 @@
-"""THE tensor table of the DSA families: MLA's rules (models/mla/attention_table.py) with the latent norms
+"""THE tensor table of the DSA families: MLA's rules (models/mla/hf_mapping.py) with the latent norms
 under one name in both specs (DSA never fuses them), and the lightning indexer's five tensors under
 megatron-core's ``self_attention.core_attention.indexer.`` (transformers: ``self_attn.indexer.``), whole on
 every tensor-parallel rank, in each layer that runs its own indexer (``runs_indexer``: every layer, the MTP
@@ -6,12 +6,13 @@ layers too, but where GLM-5's IndexShare reuses an earlier layer's top-k: that l
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Optional
 
 from megatron_mtp.config.model import ModelConfig
-from megatron_mtp.models.mla.attention_table import MLA_RULES
+from megatron_mtp.models.mla.hf_mapping import MLA_RULES
 from megatron_mtp.models.tensor_table import Rule, Spec, Table
 
 _INDEXER = "self_attention.core_attention.indexer."
@@ -30,7 +31,7 @@ INDEXER = (
 )
 
 _MLA = tuple(r for r in MLA_RULES if r.spec != "te" and not r.mcore.startswith("self_attention.linear_q_proj"))
-_ATTENTION = tuple(r if r.spec is None else Rule(r.mcore, r.hf, r.shape, r.split, r.role) for r in _MLA) + INDEXER
+_ATTENTION = tuple(r if r.spec is None else dataclasses.replace(r, spec=None) for r in _MLA) + INDEXER
 _LAYER = re.compile(r"(?:decoder\.layers\.(\d+)|mtp\.layers\.(\d+)\.(?:transformer_layer|mtp_model_layer))\.")
 
 
@@ -40,7 +41,7 @@ def _attention(model: ModelConfig, spec: Optional[Spec]) -> list[Rule]:
 
 
 def layer_number(prefix: str) -> int:
-    """megatron-core's 1-based number of the layer at ``prefix`` (models/dsa/model_fields.py): decoder layer i
+    """megatron-core's 1-based number of the layer at ``prefix`` (models/dsa/model_config.py): decoder layer i
     is i + 1, MTP depth d is d + 1."""
     match = _LAYER.match(prefix)
     if match is None:

@@ -8,8 +8,8 @@ from typing import Optional
 from megatron_mtp.config import Config
 from megatron_mtp.models import sizes
 from megatron_mtp.models.deepseek_v3.hf_mapping import TABLE
-from megatron_mtp.models.mla.size import attention_score_width, attention_shape  # noqa: F401  (the family interface)
-from megatron_mtp.models.sizes import LayerSizes, mtp_own_size  # noqa: F401  (the family interface)
+from megatron_mtp.models.mla.sizes import attention_score_width, attention_shape  # noqa: F401  (the family interface)
+from megatron_mtp.models.sizes import LayerSizes
 
 
 def layer_sizes(cfg: Config) -> LayerSizes:

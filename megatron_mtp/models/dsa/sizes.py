@@ -24,10 +24,10 @@ from typing import Optional
 
 from megatron_mtp.config import Config
 from megatron_mtp.models import sizes
-from megatron_mtp.models.dsa.attention_table import INDEXER, TABLE
-from megatron_mtp.models.mla.size import attention_score_width as mla_score_width
-from megatron_mtp.models.mla.size import attention_shape as mla_shape
-from megatron_mtp.models.sizes import LayerSizes, mtp_own_size  # noqa: F401  (the family interface)
+from megatron_mtp.models.dsa.hf_mapping import INDEXER, TABLE
+from megatron_mtp.models.mla.sizes import attention_score_width as mla_score_width
+from megatron_mtp.models.mla.sizes import attention_shape as mla_shape
+from megatron_mtp.models.sizes import LayerSizes
 
 
 def attention_shape(m):

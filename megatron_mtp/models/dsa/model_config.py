@@ -1,4 +1,4 @@
-"""The model fields of DeepSeek Sparse Attention's lightning indexer (over MLA's, models/mla/model_fields.py),
+"""The model fields of DeepSeek Sparse Attention's lightning indexer (over MLA's, models/mla/model_config.py),
 which the DSA families share, which layers run their own indexer, and their checks.
 
 Which layers run the indexer. Every layer does in DeepSeek-V3.2; GLM-5's IndexShare lets a layer reuse the
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.mla.model_fields import MLAModelConfig
-from megatron_mtp.models.mla.model_fields import check as check_mla
+from megatron_mtp.models.mla.model_config import MLAModelConfig
+from megatron_mtp.models.mla.model_config import check as check_mla
 
 
 @dataclass

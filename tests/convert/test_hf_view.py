@@ -8,7 +8,7 @@ import pytest
 from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3.hf_config import to_hf_config
-from megatron_mtp.models.deepseek_v3.hf_config_json import mtp_depth, parse_hf_config
+from megatron_mtp.models.deepseek_v3.hf_view import mtp_depth, parse_hf_config
 from megatron_mtp.models.deepseek_v3.model_config import DeepseekV3ModelConfig as ModelConfig
 from megatron_mtp.models.deepseek_v3.model_config import YarnConfig
 

@@ -8,9 +8,9 @@ from typing import Optional
 from megatron_mtp.config import Config
 from megatron_mtp.models import sizes
 from megatron_mtp.models.family import AttentionShape
-from megatron_mtp.models.gqa.attention_table import TABLE
-from megatron_mtp.models.gqa.model_fields import head_dim, query_groups, rotary_percent
-from megatron_mtp.models.sizes import LayerSizes, mtp_own_size  # noqa: F401  (the family interface)
+from megatron_mtp.models.gqa.hf_mapping import TABLE
+from megatron_mtp.models.gqa.model_config import head_dim, query_groups, rotary_percent
+from megatron_mtp.models.sizes import LayerSizes
 
 
 def layer_sizes(cfg: Config) -> LayerSizes:

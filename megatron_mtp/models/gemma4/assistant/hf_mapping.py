@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from megatron_mtp.models.gemma4.assistant.shape import assistant_model
+from megatron_mtp.models.gemma4.assistant.model_config import assistant_model
 from megatron_mtp.models.gemma4.model_config import kind_head_dim
+from megatron_mtp.models.tensor_transforms import DIRECT, GATED, Int64, Transform
 
 PREFIX = "mtp_assistant."
 
@@ -21,14 +22,15 @@ PREFIX = "mtp_assistant."
 class AssistantTensor:
     mcore: str
     hf: tuple[str, ...]
-    """One name, or the (gate, up) halves of dim 0."""
+    """One name, or the (gate, up) halves of dim 0 (``transform``)."""
     shape: tuple[int, ...]
     tp: bool = False
     """Split over the tensor-parallel ranks."""
     buffer: bool = False
     """Not a parameter (``layer_scalar``, ``token_ordering``)."""
-    integer: bool = False
-    """Stored as int64 (``token_ordering``)."""
+    transform: Transform = DIRECT
+    """How it becomes its HF tensor(s) and back (models/tensor_transforms.py: the fc1's ``GatedFusion``,
+    ``token_ordering``'s ``Int64``)."""
 
 
 def assistant_tensors(cfg, vocab: int) -> list[AssistantTensor]:
@@ -49,7 +51,7 @@ def assistant_tensors(cfg, vocab: int) -> list[AssistantTensor]:
             AssistantTensor(m + "mlp.pre_feedforward_layernorm.weight", (hf + "pre_feedforward_layernorm.weight",),
                             (h,)),
             AssistantTensor(m + "mlp.mlp.linear_fc1.weight", (hf + "mlp.gate_proj.weight", hf + "mlp.up_proj.weight"),
-                            (2 * a.ffn_hidden_size, h), True),
+                            (2 * a.ffn_hidden_size, h), True, transform=GATED),
             AssistantTensor(m + "mlp.mlp.linear_fc2.weight", (hf + "mlp.down_proj.weight",), (h, a.ffn_hidden_size),
                             True),
             AssistantTensor(m + "mlp.post_feedforward_layernorm.weight", (hf + "post_feedforward_layernorm.weight",),
@@ -63,5 +65,5 @@ def assistant_tensors(cfg, vocab: int) -> list[AssistantTensor]:
     ] + ([  # the centroid-masked output (models/gemma4/assistant/centroids.py)
         AssistantTensor(PREFIX + "centroids.weight", ("masked_embedding.centroids.weight",), (clusters, h), True),
         AssistantTensor(PREFIX + "token_ordering", ("masked_embedding.token_ordering",), (vocab,), buffer=True,
-                        integer=True),
+                        transform=Int64()),
     ] if (clusters := cfg.mtp.assistant.num_centroids) else [])

@@ -17,25 +17,9 @@ from __future__ import annotations
 from typing import Optional
 
 from megatron_mtp.config.model import ModelConfig
-from megatron_mtp.models.gqa.model_fields import head_dim, query_groups
-from megatron_mtp.models.tensor_table import (  # noqa: F401  (the family's table interface)
-    EMBEDDING,
-    FINAL_NORM,
-    HEAD_NORM,
-    OUTPUT_LAYER,
-    Param,
-    Rule,
-    Spec,
-    Table,
-    extra_state_keys,
-    hidden,
-    is_moe_layer,
-    is_mtp_hf_name,
-    moe_layer_count,
-    mtp_is_moe,
-    mtp_own_rules,
-    nextn_name,
-)
+from megatron_mtp.models.gqa.model_config import head_dim, query_groups
+from megatron_mtp.models.tensor_table import Rule, Spec, Table, hidden
+from megatron_mtp.models.tensor_transforms import QKVFusion
 
 
 def _qkv_rows(m: ModelConfig) -> int:
@@ -48,13 +32,14 @@ def qkv_layout(m: ModelConfig) -> tuple[int, int, int]:
 
 
 _QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+_FUSED = QKVFusion(layout=qkv_layout)
 ATTENTION_RULES = (
     Rule("input_layernorm.weight", ("input_layernorm.weight",), hidden, "none", "block_norm", spec="local"),
     Rule("self_attention.linear_qkv.layer_norm_weight", ("input_layernorm.weight",), hidden, "none", "block_norm",
          spec="te"),
-    Rule("self_attention.linear_qkv.weight", _QKV, lambda m: (_qkv_rows(m), m.hidden_size), fuse="qkv"),
+    Rule("self_attention.linear_qkv.weight", _QKV, lambda m: (_qkv_rows(m), m.hidden_size), transform=_FUSED),
     Rule("self_attention.linear_qkv.bias", tuple(n.replace(".weight", ".bias") for n in _QKV),
-         lambda m: (_qkv_rows(m),), fuse="qkv"),
+         lambda m: (_qkv_rows(m),), transform=_FUSED),
     Rule("self_attention.q_layernorm.weight", ("self_attn.q_norm.weight",), lambda m: (head_dim(m),), "none", "norm"),
     Rule("self_attention.k_layernorm.weight", ("self_attn.k_norm.weight",), lambda m: (head_dim(m),), "none", "norm"),
     Rule("self_attention.linear_proj.weight", ("self_attn.o_proj.weight",),
@@ -77,11 +62,7 @@ def attention_rules(model: ModelConfig, spec: Optional[Spec]) -> list[Rule]:
     return out
 
 
-TABLE = Table(attention=ATTENTION_RULES, attention_for=attention_rules, qkv=qkv_layout)
-layer_rules = TABLE.layer_rules
-block_rules = TABLE.block_rules
-rule_for_key = TABLE.rule_for_key
-param_table = TABLE.param_table
+TABLE = Table(attention=ATTENTION_RULES, attention_for=attention_rules)
 
 ATTENTION_ORDER = {
     True: ("self_attention.linear_proj.weight", "self_attention.linear_qkv.layer_norm_weight",
