@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 from megatron_mtp.errors import UserError
 
-BUILT_IN = ("sequential", "parallel", "assistant")
+BUILT_IN = ("sequential", "parallel", "assistant", "eagle3")
 """The folders of mtp_styles/, in the order messages list them (the first is mtp.style's default): adding a style
 is its folder and its name here."""
 STYLES_PACKAGE = "megatron_mtp" + ".mtp_styles"

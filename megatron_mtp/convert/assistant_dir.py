@@ -45,9 +45,10 @@ def assistant_params(cfg, vocab: int) -> list[Param]:
 def shapes(cfg, vocab: int) -> dict[str, tuple[int, ...]]:
     """megatron-core key -> global shape of every assistant tensor ({} for a run without one; the shape checks'
     ``drafter``, convert/shapes.py)."""
-    if not (cfg.mtp.num_layers and get_style(cfg.mtp.style).separate_drafter):
-        return {}
-    return {t.mcore: t.shape for t in get_family(cfg.model.family).style_part(cfg.mtp.style).tensors(cfg, vocab)}
+    drafter = get_family(cfg.model.family).style_part(cfg.mtp.style)
+    if not (cfg.mtp.num_layers and get_style(cfg.mtp.style).separate_drafter) or drafter is None:
+        return {}  # none, or one the family does not build (an EAGLE-3 drafter: to-hf leaves it out)
+    return {t.mcore: t.shape for t in drafter.tensors(cfg, vocab)}
 
 
 def dir_name(name: str) -> str:

@@ -106,7 +106,8 @@ def mtp_only_flops_per_token(family, cfg: Config, padded_vocab: int, mtp_layers:
     are trainable MTP parameters. An assistant (mtp.style assistant) instead: each of its K steps forward and
     backward over all its weights (its output table included: it trains) and its attention over the stored keys."""
     base = family.training_flops_per_token(cfg, padded_vocab, 0) / 3.0
-    if get_style(cfg.mtp.style).separate_drafter:  # its weights and its attention over the stored keys
+    if get_style(cfg.mtp.style).separate_drafter and family.style_part(cfg.mtp.style) is not None:
+        # a family's drafter (the assistant): its weights and its attention over the stored keys
         weights, drafter = assistant_weights(family, cfg, padded_vocab)
         scores = drafter.model.num_layers * family.decode_attention_flops(drafter, cfg.training.seq_length // 2)
         return base + 3.0 * mtp_layers * (2 * weights + scores)

@@ -289,4 +289,4 @@ def ddp_bucket_size(cfg: Config, sizes: ParallelSizes, pp_rank: int, vp_stage: i
 def trains(cfg: Config, param: Param) -> bool:
     """Whether a parameter takes gradients: all of them, or with mtp.freeze_base the MTP modules' alone
     (models/mtp_objective.py)."""
-    return not cfg.mtp.freeze_base or param.name.startswith(("mtp.", "mtp_heads.", "mtp_assistant."))
+    return not cfg.mtp.freeze_base or param.name.startswith(("mtp.", "mtp_heads.", "mtp_assistant.", "mtp_eagle3."))

@@ -18,7 +18,9 @@ def attach_metrics(model_chunks: list, cfg, ranks) -> tuple[MTPMetrics | None, E
     if ranks.is_last_stage and cfg.mtp.num_layers > 0:
         cp_group = parallel_state.get_context_parallel_group() if ranks.cp > 1 else None
         metrics = MTPMetrics(cfg.mtp.num_layers, parallel_state.get_tensor_model_parallel_group(), cp_group)
-        if getattr(last, "output_chunk", None):  # no logits are made: the chunked loss reports its argmaxes
+        # no logits are made (the chunked loss), or the model scores its drafts itself (an EAGLE-3 drafter's draft
+        # vocabulary): it reports the argmaxes
+        if getattr(last, "output_chunk", None) or getattr(last, "observes_predictions", False):
             last.prediction_observer = metrics
         else:
             last.output_layer.register_forward_hook(metrics.output_hook)
