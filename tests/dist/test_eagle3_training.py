@@ -1,5 +1,6 @@
 """An EAGLE-3 drafter (mtp.style eagle3) trains on a frozen DeepSeek-V3-style target in one process: its K steps'
-losses fall to well under half in a few steps while the target's weights (router expert biases included) are saved
+losses (the KL to the target over the draft vocabulary, held out too) fall to well under half and its
+acceptance rises in a few steps, while the target's weights (router expert biases included) are saved
 bitwise as loaded; a new drafter's draft vocabulary is the corpus' most frequent tokens and its output head the
 target's output rows of them (frozen, as speculators keeps it). The trained checkpoint exports as a target
 (`to-hf --mtp none`) and a speculators directory that speculators' Eagle3DraftModel loads with no missing or
@@ -32,7 +33,8 @@ def runs(tmp_path_factory, train):
     root = tmp_path_factory.mktemp("eagle3")
     train(root / "target", steps=10, overrides=("mtp.num_layers=0", "checkpoint.save_interval=10"))
     train(root / "draft", steps=8, overrides=(*EAGLE3, f"checkpoint.load={root / 'target'}",
-                                              "checkpoint.save_interval=8"))
+                                              "checkpoint.save_interval=8", "logging.eval_interval=8",
+                                              "logging.eval_steps=1"))
     return root / "target", root / "draft"
 
 
@@ -43,8 +45,13 @@ def test_the_drafter_learns_and_the_target_stays_bitwise(runs, metrics):
     rows = [r for r in metrics(draft) if "train/mtp_loss_1" in r]
     for k in range(1, K + 1):
         first, last = rows[0][f"train/mtp_loss_{k}"], rows[-1][f"train/mtp_loss_{k}"]
-        print(f"eagle3 step {k}: KL {first:.4f} -> {last:.4f} in {len(rows)} steps")
+        accepted = rows[0][f"train/mtp_acceptance_{k}"], rows[-1][f"train/mtp_acceptance_{k}"]
+        print(f"eagle3 step {k}: KL {first:.4f} -> {last:.4f}, acceptance {accepted[0]:.3f} -> {accepted[1]:.3f} in "
+              f"{len(rows)} steps")
         assert last < 0.5 * first, (k, first, last)
+        assert accepted[1] > accepted[0] + 0.05, accepted  # its argmax, mapped to target ids, meets the target's
+    valid = next(r for r in metrics(draft) if "valid/mtp_loss_1" in r)
+    assert 0 < valid["valid/mtp_loss_1"] < 2 * rows[-1]["train/mtp_loss_1"]  # the same KL, held out
     with TorchDistReader(_latest(target)) as src, TorchDistReader(_latest(draft)) as out:
         main = [k for k in src.keys() if not k.startswith("optimizer")]
         changed = [k for k in main if not torch.equal(src.read(k), out.read(k))]

@@ -10,7 +10,8 @@ Each step's teacher is the target's own next-token distribution one step further
 vocabulary: the main logits at the draft ids, softmaxed there (speculators' verifier_lm_head over t2d's rows), and
 step k's loss is γ^k · (λ/K) · the mean KL(teacher ‖ draft) over the step's loss mask, logged as mtp_loss_{k+1}.
 The token embeddings are the target's table (frozen, read where it lives: no copy). The MTP metrics see each
-step's argmax mapped to target ids, then the main model's (``observes_predictions``: training/metric_hooks.py).
+step's argmax mapped to target ids, then the main model's (``observes_predictions``: training/metric_hooks.py), and
+in evaluation each step's KL, so valid/mtp_loss_k is the same measure as train/mtp_loss_k.
 
 A new drafter (one its checkpoint.load does not hold) picks its draft vocabulary from the training data and starts
 its output head from the target's output rows of it (``prepare_after_load``, as speculators starts its lm_head); a
@@ -84,8 +85,8 @@ class Eagle3GPTModel(MTPObjectiveGPTModel):
         output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
         main_logits, _ = self.output_layer(hidden_states, weight=output_weight,
                                            runtime_gather_output=kw.get("runtime_gather_output"))
-        self._observe(step_logits, main_logits, labels)
         teacher = main_logits.detach()[..., drafter.draft_ids]
+        self._observe(step_logits, main_logits, teacher)
 
         def step_loss(logits, shifted_labels):
             nonlocal teacher
@@ -99,9 +100,9 @@ class Eagle3GPTModel(MTPObjectiveGPTModel):
         # after the teacher: megatron-core's cross entropy overwrites the logits it is given
         return self.compute_language_model_loss(labels, main_logits).detach()
 
-    def _observe(self, step_logits: list, main_logits: torch.Tensor, labels: torch.Tensor) -> None:
-        """Each step's argmax as target ids (and in evaluation its cross entropy to the data token, where the draft
-        vocabulary is the whole one), then the main model's, to the MTP metrics."""
+    def _observe(self, step_logits: list, main_logits: torch.Tensor, teacher: torch.Tensor) -> None:
+        """Each step's argmax as target ids (and in evaluation its KL to the target, what it trains on and
+        train/mtp_loss_k logs: the per-depth loss of valid/), then the main model's, to the MTP metrics."""
         observer = self.prediction_observer
         if observer is None or not observer.wants_predictions():
             return
@@ -109,15 +110,12 @@ class Eagle3GPTModel(MTPObjectiveGPTModel):
 
         from megatron_mtp.models.soft_cross_entropy import argmax_over_shards
 
-        drafter = self.mtp_eagle3
+        ids = self.mtp_eagle3.draft_ids
         with torch.no_grad():
-            ids, target = drafter.draft_ids, labels
             for logits in step_logits:
-                target = torch.cat([target[:, 1:], torch.zeros_like(target[:, :1])], dim=1)  # the token k ahead
-                ce = None
-                if observer.compute_ce and not drafter.shape.restricted:
-                    ce = torch.nn.functional.cross_entropy(logits.float().permute(1, 2, 0), target, reduction="none")
-                observer.observe(ids[logits.argmax(-1)].t(), ce)
+                teacher = torch.cat([teacher[1:], torch.zeros_like(teacher[:1])])  # one position further
+                kl = draft_kl(logits, teacher).t() if observer.compute_ce else None
+                observer.observe(ids[logits.argmax(-1)].t(), kl)
             observer.observe(argmax_over_shards(main_logits, parallel_state.get_tensor_model_parallel_group()).t())
 
     def prepare_after_load(self) -> None:
