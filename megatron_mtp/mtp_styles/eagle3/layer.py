@@ -109,7 +109,8 @@ class DraftLayer(MegatronModule):
             self.hidden_norm = RMSNorm(config, width, eps)
         self.self_attention = DraftAttention(config, 2 * width if first else width, heads, groups, head_dim)
         self.pre_mlp_layernorm = RMSNorm(config, width, eps)
-        self.mlp = MLP(config, MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear))
+        self.mlp = MLP(config, MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear),
+                       ffn_hidden_size=config.ffn_hidden_size)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: list) -> torch.Tensor:
         if self.first:
