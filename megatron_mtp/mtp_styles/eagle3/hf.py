@@ -77,8 +77,8 @@ def from_speculators(theirs: dict[str, torch.Tensor], shape: DrafterShape,
     else:  # the whole vocabulary: identity tables
         out["d2t"] = torch.zeros(shape.vocab, dtype=torch.long)
         out["t2d"] = torch.ones(shape.vocab, dtype=torch.bool)
-    if embedding is not None and EMBEDDING in theirs and not torch.equal(
-            theirs[EMBEDDING].to(embedding.dtype), embedding[:shape.vocab]):
+    if embedding is not None and EMBEDDING in theirs and not torch.equal(  # in the precision it was written in
+            theirs[EMBEDDING], embedding[:shape.vocab].to(theirs[EMBEDDING].dtype)):
         raise UserError(f"{where}: its embed_tokens.weight is not the target's embedding table, which the drafter "
                         "reads here; export it from a drafter trained for this target")
     return out
