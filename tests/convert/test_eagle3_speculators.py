@@ -215,6 +215,7 @@ def test_a_speculators_drafter_imports_and_exports_back_bitwise(mcore, tmp_path)
     assert hf.shape_of(hf.read_dir(again)[0]) == shape
     worst = _assert_same_logits(_ours(shape, ours), _speculators_model(source), embedding, g)
     print(f"speculators -> eagle3 import: max |logit diff| over {K} steps = {worst:.2e}")
+    hf.from_speculators({**tensors, hf.EMBEDDING: embedding.bfloat16()}, shape, embedding)  # a bf16 export: same
     with pytest.raises(UserError, match="embed_tokens.weight is not the target's embedding"):
         hf.from_speculators(tensors, shape, embedding + 1, where="theirs")
 
