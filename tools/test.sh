@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Lint and the test suite on both tested megatron-core lines (what .ci/run runs):
-#   lane 1, Python 3.11 + megatron-core 0.16: ruff and the whole default suite (its Slurm tests in a
-#           pytest of their own beside the rest: they wait on the local cluster more than they compute);
+#   lane 1, Python 3.11 + megatron-core 0.16: ruff and the whole default suite, in three pytest processes at
+#           once (its Slurm tests, which wait on the local cluster more than they compute; the in-process tests
+#           and a few long multi-rank files; the rest of the multi-rank tests);
 #   lane 2, Python 3.12 + megatron-core 0.19: the tests marked `mcore` (model build, train layouts,
 #           MTP loss and acceptance, frozen base, save/resume/reshard, conversion; README "Tests");
 #   then tests/lines, which runs both environments side by side (losses, MTP gradients, acceptance,
@@ -38,8 +39,19 @@ export MEGATRON_MTP_BOTH_LINES=1
 # the local cluster's scheduling (a requeue, a job's start), so the rest of lane 1 keeps the CPU meanwhile
 .venv/bin/python -m pytest -m "not slow" -q -p no:cacheprovider tests/slurm >"$logs/slurm" 2>&1 &
 slurm_lane=$!
+# the rest of lane 1 in two pytest processes at once, each with its own warm ranks: the multi-rank tests wait on
+# process start-ups and rendezvous for about half their time, which the in-process tests (unit, conversion,
+# decoding, data) and a few long multi-rank files fill; the two halves took about 1,300 s and 600 s of the
+# 1,900 s the suite took in one process (pytest --durations, 2026-12-07)
+side=(tests/unit tests/convert tests/inference tests/data
+      tests/dist/test_scale_controls.py tests/dist/test_plan_exact.py tests/dist/test_worker_pool.py)
+.venv/bin/python -m pytest -m "not slow" -q -p no:cacheprovider "${side[@]}" >"$logs/side" 2>&1 &
+side_lane=$!
 echo "== lane 1: $(.venv/bin/python --version), megatron-core $(.venv/bin/python -c 'from importlib.metadata import version; print(version("megatron-core"))')"
-.venv/bin/python -m pytest -m "not slow" -q --ignore=tests/lines --ignore=tests/slurm || status=1
+.venv/bin/python -m pytest -m "not slow" -q --ignore=tests/lines --ignore=tests/slurm "${side[@]/#/--ignore=}" || status=1
+wait "$side_lane" || status=1
+echo "== lane 1, ${side[*]} (beside the rest of lane 1)"
+cat "$logs/side"
 wait "$slurm_lane" || status=1
 echo "== lane 1, tests/slurm (beside the rest of lane 1)"
 cat "$logs/slurm"

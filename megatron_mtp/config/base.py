@@ -255,10 +255,13 @@ def load_yaml(path: str) -> dict[str, Any]:
 
 
 def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, type, docstring) for every leaf field: used by `megatron-mtp train --help-config`."""
+    """(dotted key, type, docstring) for every leaf field: used by `megatron-mtp train --help-config`. A class's
+    ``field_help()`` (field -> text), where it has one, adds what its docstrings cannot know (the registered
+    choices)."""
     rows = []
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
+    more = cls.field_help() if hasattr(cls, "field_help") else {}
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
         key = f"{prefix}{f.name}"
@@ -269,5 +272,5 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
                 rows.extend((k, t, f"[{f.name}.family={name}] {d}") for k, t, d in describe(sub, key + ".")
                             if k[len(key) + 1:].split(".")[0] not in {g.name for g in dataclasses.fields(tp)})
         else:
-            rows.append((key, _type_name(tp), docs.get(f.name, "")))
+            rows.append((key, _type_name(tp), " ".join(d for d in (docs.get(f.name, ""), more.get(f.name)) if d)))
     return rows

@@ -21,7 +21,7 @@ from megatron_mtp.config.assistant import AssistantShape
 from megatron_mtp.config.base import to_dict
 from megatron_mtp.config.eagle3 import Eagle3Shape
 from megatron_mtp.config.moe_layers import MoeLayers
-from megatron_mtp.config.mtp_style import get_style
+from megatron_mtp.config.mtp_style import get_style, styles
 from megatron_mtp.errors import UserError
 
 DEFAULT_FAMILY = "deepseek_v3"
@@ -154,7 +154,8 @@ class ModelConfig:
     """Share the input embedding with the output head (DeepSeek-V3: false)."""
 
     MTP_STYLES: ClassVar[tuple[str, ...]] = ("sequential",)
-    """The ``mtp.style`` values the family builds."""
+    """The ``mtp.style`` values the family builds that need something of it (a style that works for any family,
+    ``MTPStyle.any_family``, is built by every family without being named here)."""
     RECOMPUTE_MODULES: ClassVar[tuple[str, ...]] = ()
     """``recompute.modules`` names only some attentions have (config/performance.py) that the family has."""
 
@@ -219,12 +220,8 @@ class MTPConfig:
     """MTP depth D: D modules (style sequential), D heads (style parallel) or D recurrent draft steps of
     one assistant (style assistant) predicting tokens t+2 .. t+1+D (0 disables MTP)."""
     style: str = "sequential"
-    """A registered MTP style (mtp_styles/, one folder each). sequential: DeepSeek-V3's chained modules (depth k
-    also reads the embedding of token t+k);
-    parallel: Gloeckle et al.'s independent heads, one decoder layer each on the trunk's last hidden
-    state, sharing the output layer (models/parallel_heads.py); assistant: a separate small
-    model of its own width (mtp.assistant) reading the frozen target's stored keys and values and last
-    hidden state, applied D times (Gemma 4; models/gemma4/assistant/)."""
+    """A registered MTP style (mtp_styles/, one folder each), which the model's family builds (its MTP_STYLES, or a
+    style for any family); the first is the default. The styles:"""
     assistant: AssistantShape = field(default_factory=AssistantShape)
     """The assistant's shape (mtp.style assistant)."""
     eagle3: Eagle3Shape = field(default_factory=Eagle3Shape)
@@ -267,6 +264,11 @@ class MTPConfig:
     loss_weight_schedule: list[tuple[int, float]] = field(default_factory=lambda: [(0, 0.3)])
     """λ by consumed training tokens: [[tokens, λ], ...]; λ of the last entry whose start ≤ tokens
     consumed applies. DeepSeek-V3: [[0, 0.3], [10e12, 0.1]]. The objective is lm + (λ/D)·Σ_d CE_d."""
+
+    @staticmethod
+    def field_help() -> dict[str, str]:
+        """``train --help-config``'s words on the registered styles (config/base.py ``describe``)."""
+        return {"style": "; ".join(s.name + (f": {s.summary}" if s.summary else "") for s in styles()) + "."}
 
     def __post_init__(self):
         style = get_style(self.style)

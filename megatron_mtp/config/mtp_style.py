@@ -69,6 +69,10 @@ class MTPStyle:
     """``plan --speculative`` models its speculative decoding."""
     words: Callable[[Any], str]
     """mtp -> how messages name a run's MTP part (e.g. "2 sequential MTP modules")."""
+    key_prefix: str
+    """The checkpoint-key prefix of everything it holds (``parts`` divide it): what drop-mtp removes, what trains on
+    a frozen base, what an export calls MTP weights (models/tensor_table.py ``mtp_key_prefixes``). A separate
+    drafter's output table is ``<key_prefix>output_layer``."""
     parts: Callable[[Any], list[str]]
     """mtp -> the checkpoint-key prefixes of its parts, one per module or head (one for a separate drafter)."""
     wrap: Callable[..., Optional[tuple[type, dict]]]
@@ -90,11 +94,13 @@ class MTPStyle:
     drafts), ``drafter_tp(cfg, d)`` a separate drafter's tensor-parallel bytes on the loss stage."""
     convert: Callable[[], Any]
     """() -> its ``convert`` module (mtp_styles/<name>/convert.py): ``claims(config.json)`` whether an MTP
-    directory is its format (``from-hf``), ``drafter_params(cfg, vocab)`` a separate drafter's table rows,
-    ``import_shape(mtp config, directory, model config, vocab)``, ``mtp_config(cfg, vocab, full config.json, depth,
-    dtype, mtp_layout, family)`` mtp/'s config.json, ``check_export(mtp, mtp_layout, serve_for, has_mtp)`` the
-    --mtp it writes (one sentence for a layout it has not), ``serving_flags()`` convert/serving.py Export fields,
-    ``extra_files(cfg, vocab, speculative)`` mtp/'s other JSON files."""
+    directory is its format (``from-hf``), ``import_depth(main, mtp, with_mtp)`` the depth an import of the HF
+    directories main and mtp (HFDir, or None) has, ``drafter_params(cfg, vocab)`` a separate drafter's table rows
+    (convert/drafter_dir.py), ``drafter_shapes(cfg, vocab)`` their global shapes by key, ``import_shape(mtp config,
+    directory, model config, vocab)``, ``mtp_config(cfg, vocab, full config.json, depth, dtype, mtp_layout,
+    family)`` mtp/'s config.json, ``check_export(mtp, mtp_layout, serve_for, has_mtp)`` the --mtp it writes (one
+    sentence for a layout it has not), ``serving_flags()`` convert/serving.py Export fields (``draft``: how the
+    engines serve it, a DraftServing), ``extra_files(cfg, vocab, speculative)`` mtp/'s other JSON files."""
     decoder: Callable[[], Any]
     """() -> its ``decoder`` module (mtp_styles/<name>/decoder.py): ``load_drafter(dirs, drafter_dir, target,
     main_weights, dtype, chain_hidden)`` the inference/draft.py ``Drafter`` of an export whose mtp/ is its format
@@ -104,6 +110,16 @@ class MTPStyle:
     ``--no-mtp`` recognises); a style with its own format keeps them apart."""
     drafter_words: str
     """How ``plan --speculative`` names what drafts (e.g. "the MTP module")."""
+    drafter_flops: Optional[Callable[..., float]] = None
+    """(family, cfg, padded vocab) -> forward FLOPs per token of one step of a separate drafter, all its weights and
+    its attention included (an MTP-only step's count, models/sizes.py ``mtp_only_flops_per_token``); None: it
+    has none."""
+    summary: str = ""
+    """What it is, in a few words (``train --help-config`` lists it under mtp.style)."""
+    any_family: bool = False
+    """It reads only what every family's model gives (the target's hidden states, its output layer), so every
+    family builds it: the config checks accept it whatever a family's ``MTP_STYLES`` declare (``family_styles``),
+    and the family gives it the default ``FamilyParts`` where it gives none (models/megatron_model.py)."""
     family_part: Optional[Callable[[str], Any]] = None
     """package -> what a family gives the style beyond its layer spec, read from the package the family names for
     it (models/family.py ``Family.style_parts``; the assistant's: its DrafterParts); None: the style needs nothing
@@ -162,6 +178,12 @@ def style_of_mtp_dir(config: Optional[dict]) -> MTPStyle:
             if style.convert().claims(config):
                 return style
     return every[0]
+
+
+def family_styles(declared: tuple[str, ...]) -> tuple[str, ...]:
+    """The styles a family builds: those its model config declares (``MTP_STYLES``), then every style that works for
+    any family (``any_family``)."""
+    return tuple(dict.fromkeys([*declared, *(s.name for s in styles() if s.any_family)]))
 
 
 def style_names(trait: str) -> str:

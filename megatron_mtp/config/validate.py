@@ -10,7 +10,7 @@ import math
 from typing import Optional
 
 from megatron_mtp.config import pipeline_layout
-from megatron_mtp.config.mtp_style import get_style, style_names
+from megatron_mtp.config.mtp_style import family_styles, get_style, style_names
 from megatron_mtp.config.parallel_sizes import ParallelSizes, parallel_sizes
 from megatron_mtp.config.performance import FAMILY_RECOMPUTE_MODULES, RECOMPUTE_MODULES
 from megatron_mtp.config.root import Config
@@ -166,12 +166,12 @@ def _rampup(t, per_step: int, interleave: int) -> None:
 
 def check_family(cfg: Config) -> None:
     """The family's own checks (its model config class's ``check``: models/<family>/validate.py) and
-    the MTP styles it builds."""
-    m = cfg.model
+    the MTP styles it builds (those it declares, and every style that works for any family)."""
+    m, built = cfg.model, family_styles(cfg.model.MTP_STYLES)
     m.check(cfg)
-    if cfg.mtp.style not in m.MTP_STYLES:
+    if cfg.mtp.style not in built:
         raise UserError(f"mtp.style={cfg.mtp.style} is not built for model.family={m.family} (it builds "
-                        f"{', '.join(m.MTP_STYLES)}); set mtp.style={m.MTP_STYLES[0]}")
+                        f"{', '.join(built)}); set mtp.style={built[0]}")
 
 
 def _moe_counts(cfg: Config) -> None:
@@ -267,7 +267,7 @@ def _mtp_and_numbers(cfg: Config) -> None:
 
 
 def _mtp_style(cfg: Config) -> None:
-    """Options that only one MTP style has (models/parallel_heads.py)."""
+    """Options that only some MTP styles have (their traits), then the run's style's own checks."""
     mtp = cfg.mtp
     style = get_style(mtp.style)
     if mtp.repeated_layer and (mtp.num_layers == 0 or not style.chains_modules):

@@ -30,7 +30,7 @@ from megatron_mtp.convert.serving import SERVING_FILE
 from megatron_mtp.errors import UserError
 from megatron_mtp.hf_dir.safetensors_io import INDEX_NAME, HFDir, PlannedTensor, ShardedSafetensorsWriter
 from megatron_mtp.models.hf_common import mtp_depth
-from megatron_mtp.models.tensor_table import MODEL_KEY_PREFIXES, MTP_KEY_PREFIXES, is_mtp_hf_name
+from megatron_mtp.models.tensor_table import MAIN_KEY_PREFIXES, is_mtp_hf_name, mtp_key_prefixes
 from megatron_mtp.output import staged_dir, tree_bytes
 
 _HF_WEIGHT_SUFFIXES = (".safetensors", ".bin")
@@ -98,14 +98,13 @@ def _drop_mcore(src: Path, out: Path) -> Path:
     step = resolve_checkpoint(src, what="drop-mtp source").path
     state, cfg = read_checkpoint_info(step)
     reader = TorchDistReader(step)
-    mtp_keys = [k for k in reader.keys() if k.startswith(MTP_KEY_PREFIXES)]
+    prefixes = mtp_key_prefixes()
+    mtp_keys = [k for k in reader.keys() if k.startswith(prefixes)]
     if cfg.mtp.num_layers == 0 or not mtp_keys:
         raise UserError(f"checkpoint '{step}' has no MTP layers; there is nothing to drop")
-    keys = [k for k in reader.keys() if k.startswith(MODEL_KEY_PREFIXES) and not k.startswith(MTP_KEY_PREFIXES)]
-    objects = [
-        k for k in reader.object_keys()
-        if k.startswith(MODEL_KEY_PREFIXES) and not k.startswith(MTP_KEY_PREFIXES) and "._extra_state/" in k
-    ]
+    # the main model's weights (no MTP style's key prefix starts like one of them)
+    keys = [k for k in reader.keys() if k.startswith(MAIN_KEY_PREFIXES)]
+    objects = [k for k in reader.object_keys() if k.startswith(MAIN_KEY_PREFIXES) and "._extra_state/" in k]
     reader.validate(keys, tuple(objects))
     size = sum(reader.entry(k).nbytes for k in keys)
     with staged_dir(out, needed_bytes=size + tree_bytes(step / TOKENIZER_DIR)) as tmp, reader:

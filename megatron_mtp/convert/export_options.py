@@ -23,7 +23,7 @@ from megatron_mtp.config.mtp_style import MTPStyle, get_style
 from megatron_mtp.convert import serving
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.family import Family, get_family
-from megatron_mtp.models.tensor_table import MTP_KEY_PREFIXES, release_mtp_name
+from megatron_mtp.models.tensor_table import mtp_key_prefixes, release_mtp_name
 from megatron_mtp.output import check_output_free
 
 MtpMode = Literal["separate", "inline", "none", "only"]
@@ -121,7 +121,8 @@ def resolve_export_options(
         print(f"note: {resolved.note}", file=sys.stderr)
     cfg = read_config(step)
     reader = TorchDistReader(step)
-    has_mtp = cfg.mtp.num_layers > 0 and any(k.startswith(MTP_KEY_PREFIXES) for k in reader.keys())
+    mtp_keys = mtp_key_prefixes()
+    has_mtp = cfg.mtp.num_layers > 0 and any(k.startswith(mtp_keys) for k in reader.keys())
     style = get_style(cfg.mtp.style)
     mtp = style.convert().check_export(mtp, mtp_layout, serve_for, has_mtp)  # the layouts its format has
     only = mtp == "only"  # the MTP directory of the separate layout, written as OUT itself

@@ -4,7 +4,7 @@ The family is config.json's ``model_type`` (models/family.py ``family_of_hf_conf
 
 Inputs: one HF directory (main only, or the release layout with MTP layers inline), a separate
 export (``DIR/main`` + ``DIR/mtp``), or ``mtp_dir`` given explicitly (release or SGLang NextN
-naming, or parallel MTP heads: models/parallel_heads_hf.py, imported as mtp.style parallel);
+naming, or the format of another MTP style, which claims the directory: mtp_styles/<name>/convert.py);
 weights in bf16/fp16/fp32 or DeepSeek's FP8 release format (dequantised per 128x128 block).
 
 Output ``OUT`` is one self-contained checkpoint directory: torch_dist files holding only model
@@ -36,7 +36,7 @@ from megatron_mtp.config.model import MTPConfig
 from megatron_mtp.config.mtp_style import get_style, style_of_mtp_dir
 from megatron_mtp.config.root import config_from_dict
 from megatron_mtp.config.validate import check_family
-from megatron_mtp.convert import assistant_dir
+from megatron_mtp.convert.drafter_dir import table_name
 from megatron_mtp.convert.hf_source import record_source
 from megatron_mtp.convert.progress import Progress
 from megatron_mtp.convert.shapes import check_shape
@@ -44,8 +44,6 @@ from megatron_mtp.errors import UserError
 from megatron_mtp.hf_dir.safetensors_io import HFDir
 from megatron_mtp.hf_dir.tokenizer_files import TOKENIZER_FILES
 from megatron_mtp.models.family import family_of_hf_config
-from megatron_mtp.models.hf_common import mtp_depth
-from megatron_mtp.models.parallel_heads_hf import is_heads_config, read_heads_config
 from megatron_mtp.models.tensor_table import Param, extra_state_keys, is_mtp_hf_name
 from megatron_mtp.output import staged_dir, tree_bytes
 
@@ -56,7 +54,7 @@ class _Sources:
     """HF tensor names -> (directory, name there), over a main dir and an optional MTP dir (whose MTP
     tensors replace any the main dir holds inline: a new draft paired with an unchanged release)."""
 
-    def __init__(self, main: HFDir, mtp: Optional[HFDir], num_layers: int, rename=None, assistant: bool = False
+    def __init__(self, main: HFDir, mtp: Optional[HFDir], num_layers: int, rename=None, drafter: bool = False
                  ) -> None:
         self.dirs = {"main": main}
         self.where: dict[str, tuple[str, str]] = {}
@@ -70,9 +68,9 @@ class _Sources:
                 self.where[ours] = ("main", n)
         self.replaced: set[int] = set()
         """MTP modules (0-based) the main directory holds inline and the MTP directory replaces."""
-        if mtp is not None and assistant:  # a separate drafter's own tensors (convert/assistant_dir.py)
+        if mtp is not None and drafter:  # a separate drafter's own tensors (convert/drafter_dir.py)
             self.dirs["mtp"] = mtp
-            self.where.update({assistant_dir.IN_DIR + name: ("mtp", name) for name in mtp.names()})
+            self.where.update({table_name(name): ("mtp", name) for name in mtp.names()})
         elif mtp is not None:
             self.dirs["mtp"] = mtp
             nextn = any(str(a).endswith("NextN") for a in mtp.config.get("architectures") or [])
@@ -103,30 +101,16 @@ def _open_inputs(hf_dir: Path, mtp_dir: Optional[Path]) -> tuple[HFDir, Optional
             mtp_dir = hf_dir / "mtp"
         hf_dir = hf_dir / "main"
     main, mtp = HFDir(hf_dir), HFDir(mtp_dir) if mtp_dir is not None else None
-    # a draft of another model would only show up as missing or left-over tensors (an assistant's shape is checked
-    # against the model where it is read: convert/assistant_dir.py)
-    if mtp is not None and not assistant_dir.is_assistant_config(mtp.config):
-        keys = ("hidden_size", "vocab_size") + (() if is_heads_config(mtp.config) else ("model_type",))
+    # a draft of another model would only show up as missing or left-over tensors (a separate drafter's shape is
+    # checked against the model where its style reads it); a style's own format has a model_type of its own
+    style = style_of_mtp_dir(mtp.config) if mtp is not None else None
+    if style is not None and not style.separate_drafter:
+        keys = ("hidden_size", "vocab_size") + (("model_type",) if style.hf_inline else ())
         for key in keys:
             if key in mtp.config and mtp.config.get(key) != main.config.get(key):
                 raise UserError(f"the MTP directory '{mtp.path}' has {key} {mtp.config.get(key)!r} but the model "
                                 f"'{main.path}' has {main.config.get(key)!r}; pass the MTP directory of this model")
     return main, mtp
-
-
-def _mtp_depth(main: HFDir, mtp: Optional[HFDir], with_mtp: bool) -> int:
-    if mtp is not None and assistant_dir.is_assistant_config(mtp.config):  # the tokens it drafts per round
-        return assistant_dir.draft_tokens(mtp.path) if with_mtp else 0
-    declared = mtp_depth(main.config, str(main.path / "config.json"))
-    if mtp is not None and is_heads_config(mtp.config):  # parallel MTP heads (models/parallel_heads_hf.py)
-        return read_heads_config(mtp.config, str(mtp.path / "config.json"), main.config).num_heads if with_mtp else 0
-    if mtp is not None:
-        declared = mtp_depth(mtp.config, str(mtp.path / "config.json"))
-        if declared == 0:
-            raise UserError(f"MTP directory '{mtp.path}' has num_nextn_predict_layers 0; it holds no MTP layers")
-    if not with_mtp:
-        return 0
-    return declared
 
 
 def _vocab_multiple(vocab: int, tp: int) -> int:
@@ -206,8 +190,8 @@ def import_from_hf(
     family = family_of_hf_config(main.config, str(main.path / "config.json"))
     model_cfg, _, vocab = family.from_hf_config(main.config, str(main.path / "config.json"))
     param_table = family.param_table
-    depth = _mtp_depth(main, mtp, with_mtp)
-    style = style_of_mtp_dir(mtp.config if mtp is not None else None)
+    style = style_of_mtp_dir(mtp.config if mtp is not None else None)  # the MTP directory's format
+    depth = style.convert().import_depth(main, mtp, with_mtp)
     if not style.hf_inline and not with_mtp:
         mtp = None  # its tensors are not model.layers.* names that --no-mtp would recognise
     mtp_cfg = MTPConfig(num_layers=depth, style=style.name if depth else MTPConfig.style)
@@ -216,7 +200,7 @@ def import_from_hf(
     cfg = _written_config(f"from_hf_{hf_dir.name}", model_cfg, mtp_cfg, overrides, vocab)
     model_cfg = cfg.model
     rename = family.import_names(main.config) if family.import_names is not None else None
-    src = _Sources(main, mtp, model_cfg.num_layers, rename, assistant=style.separate_drafter)
+    src = _Sources(main, mtp, model_cfg.num_layers, rename, drafter=style.separate_drafter)
     if src.left_out:
         towers = sorted({".".join(n.split(".")[:2]) for n in src.left_out})
         print(f"note: '{main.path}' is a multimodal {family.title} checkpoint; its text model is imported and "
@@ -253,7 +237,7 @@ def import_from_hf(
         )
     torch_dtype = DTYPES[dtype]
     shapes = {p.mcore: _shape_of(p, src) for p in params}
-    drafter_shapes = assistant_dir.shapes(cfg, vocab)
+    drafter_shapes = get_style(cfg.mtp.style).convert().drafter_shapes(cfg, vocab)
     for key, shape in shapes.items():
         check_shape(key, shape, model_cfg, vocab, f"'{hf_dir}'", drafter_shapes)
     total = sum(math.prod(s) for s in shapes.values()) * torch_dtype.itemsize

@@ -24,6 +24,9 @@ the planned export of every shipped config.
   directory; it knows MTP layers only at literal layer indices (DeepSeek-V3: 61; GLM-4.5: 92 and 46,
   the 355B's and the Air's), so other shapes name theirs.
 - Every engine builds the MTP block as a MoE layer: a dense model cannot have a draft.
+
+An MTP style whose draft is not the release's MTP modules says how the engines take it (``DraftServing``, from its
+``convert.serving_flags``: mtp_styles/<name>/convert.py).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from megatron_mtp.models.family import get_family
 
@@ -104,6 +107,31 @@ def transformers_mtp_layers(family: str) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
+class DraftServing:
+    """How the serving engines take an MTP style's draft (its ``convert.serving_flags``). The default is the
+    release's own MTP modules, which each engine's facts (``EngineFacts``) judge."""
+
+    kind: str = "mtp-modules"
+    """What the draft is, as the fact of an engine's problem with it names it (``unserved``)."""
+    own_model: bool = False
+    """The draft is a model of its own in mtp/ beside the unchanged target, which every engine here loads from
+    there as it is: no engine fact about MTP modules applies, vLLM's speculative config names mtp/, SGLang runs
+    the steps it was trained for, and the family's notes on its MTP layers are left out of SERVING.md."""
+    layout_words: Optional[str] = None
+    """How SERVING.md names the export's layout (None: the layout's own words)."""
+    words: Optional[Callable[["Export"], str]] = None
+    """Export -> how SERVING.md names the draft it holds (None: its MTP modules)."""
+    unserved: Optional[Callable[[str], str]] = None
+    """engine title -> why that engine cannot draft with it (the engine's one problem with the draft: ``--for``
+    refuses the export); None: the engines draft with it."""
+    sglang_how: str = "NEXTN: the MTP module"
+    """How SERVING.md says SGLang drafts with it."""
+    transformers_code: Optional[Callable[["Export"], str]] = None
+    """Export -> the lines after ``transformers_code`` (serving_text.py) that generate with it as transformers'
+    assistant model (None: the model's own MTP layers, ``use_mtp=True``)."""
+
+
+@dataclass(frozen=True)
 class Export:
     """What serving needs to know about one export."""
 
@@ -126,11 +154,8 @@ class Export:
     """The model family (models/<family>/)."""
     architecture: str = "DeepseekV3ForCausalLM"
     """What config.json's architectures says."""
-    parallel_heads: bool = False
-    """The MTP part is parallel heads (mtp.style parallel, models/parallel_heads_hf.py), which no
-    engine loads."""
-    assistant: bool = False
-    """The MTP part is a separate drafter model (mtp.style assistant: Gemma 4's assistant in mtp/)."""
+    draft: DraftServing = DraftServing()
+    """How the engines take its MTP part (its MTP style's: the release's MTP modules by default)."""
 
     @property
     def draft_tokens(self) -> int:
@@ -191,13 +216,6 @@ def choose_layout(
     return mtp, mtp_layout or "hf", dtype or "bf16"
 
 
-def parallel_heads_sentence(title: str) -> str:
-    """Why ``--for`` refuses parallel MTP heads (and the SERVING.md note without it)."""
-    return (f"{title} drafts only with DeepSeek-V3's sequential MTP modules, and this checkpoint has parallel MTP "
-            "heads; export without --for (OUT/mtp then holds the heads, which megatron-mtp generate --speculative "
-            "K drafts with) or with --mtp none")
-
-
 def layout_name(mtp: str, mtp_layout: str) -> str:
     return "nextn" if mtp == "separate" and mtp_layout == "nextn" else mtp
 
@@ -216,10 +234,10 @@ def problems(engine: str, export: Export) -> list[Problem]:
             "head to the embedding, so the export has none", "model")
     if e.depth == 0:
         return found
-    if e.assistant:  # every engine here drafts Gemma 4 with its assistant (convert/assistant_dir.py)
+    if e.draft.own_model:  # every engine here loads the drafter from its own directory
         return found
-    if e.parallel_heads:
-        add("parallel-heads", parallel_heads_sentence(name))
+    if e.draft.unserved is not None:
+        add(e.draft.kind, e.draft.unserved(name))
         return found
     if e.layout == "inline" and not facts.skips_mtp_in_main:
         add("inline-main", f"{name}'s {e.architecture} loader stops at tensor names it has no module for, and an "

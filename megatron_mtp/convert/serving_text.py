@@ -30,11 +30,11 @@ def vllm_argv(e: Export, draft: bool) -> list[str]:
     if not draft:
         return argv
     spec: dict = {"method": "mtp"}
-    if e.layout == "separate" and not e.assistant:
+    if e.layout == "separate" and not e.draft.own_model:
         # the draft's depth comes from the target's config.json, which says 0 in main/
         argv += ["--hf-overrides", json.dumps({"num_nextn_predict_layers": e.depth})]
         spec["model"] = str(e.mtp_dir)
-    if e.assistant:  # vLLM's Gemma 4 MTP proposer reads the assistant's own config.json
+    if e.draft.own_model:  # vLLM's proposer reads the drafter's own config.json
         spec["model"] = str(e.mtp_dir)
     spec["num_speculative_tokens"] = e.draft_tokens
     return argv + ["--speculative-config", json.dumps(spec)]
@@ -42,7 +42,7 @@ def vllm_argv(e: Export, draft: bool) -> list[str]:
 
 def sglang_steps(e: Export) -> int:
     """NEXTN steps: --speculative, else the depth a repeated module was trained for, else SGLang's default."""
-    if e.assistant:  # the steps it was trained for
+    if e.draft.own_model:  # the steps it was trained for
         return e.speculative or e.depth
     return e.speculative or (e.repeats if e.repeats > 1 else SGLANG_DEFAULT_STEPS)
 
@@ -98,17 +98,6 @@ def transformers_code(e: Export) -> str:
     ])
 
 
-def transformers_assistant_code(e: Export) -> str:
-    """What follows ``transformers_code`` to generate with an assistant drafter (Gemma 4)."""
-    return "\n".join([
-        "from transformers import Gemma4AssistantForCausalLM",
-        "",
-        f"assistant = Gemma4AssistantForCausalLM.from_pretrained({json.dumps(str(e.mtp_dir))})",
-        "out = model.generate(ids, max_new_tokens=32, do_sample=False, assistant_model=assistant)",
-        "print(tokenizer.decode(out[0]))",
-    ])
-
-
 def transformers_mtp_code(e: Export) -> str:
     """What follows ``transformers_code`` to generate with the MTP draft."""
     lines = []
@@ -142,12 +131,8 @@ def _block(text: str, lang: str = "bash") -> list[str]:
 
 
 def _draft_words(e: Export) -> str:
-    if e.assistant:
-        return (f"an assistant drafter in mtp/ (Gemma4AssistantForCausalLM, trained for {e.depth} draft "
-                f"step{'s' if e.depth > 1 else ''}; the target is unchanged in main/)")
-    if e.parallel_heads:
-        return (f"{e.depth} parallel MTP head" + ("s" if e.depth > 1 else "") + " in mtp/ (no engine below loads "
-                f"them; `megatron-mtp generate {e.out} --speculative K` drafts K <= {e.depth} tokens with them)")
+    if e.draft.words is not None:  # its MTP style's
+        return e.draft.words(e)
     if e.repeats > 1:
         return f"1 MTP module trained to draft {e.repeats} tokens by applying it again (mtp.repeated_layer)"
     return f"{e.depth} MTP module" + ("s" if e.depth > 1 else "")
@@ -160,7 +145,7 @@ def _section_vllm(e: Export, blocked: list[Problem]) -> list[str]:
         where = "read from mtp/" if e.layout == "separate" else "read from the same directory"
         out += [f"With the MTP draft ({k} draft token{'s' if k > 1 else ''} per step, {where}):", "",
                 *_block(render_vllm(e, True))]
-        if e.layout == "separate" and not e.assistant:
+        if e.layout == "separate" and not e.draft.own_model:
             out += ["vLLM builds the draft from the target's config.json, and main/config.json says "
                     "`num_nextn_predict_layers: 0` (main/ holds no MTP layer), hence `--hf-overrides`.", ""]
     out.append("Add `--tensor-parallel-size N` to spread the model over N GPUs.")
@@ -175,8 +160,7 @@ def _section_sglang(e: Export, blocked: list[Problem]) -> list[str]:
     if e.depth and not any(p.blocks == "draft" for p in blocked):
         steps = sglang_steps(e)
         where = "read from mtp/" if e.layout in ("separate", "nextn") else "read from the same directory"
-        how = ("the assistant, FROZEN_KV_MTP" if e.assistant else "NEXTN: the MTP module")
-        out += [f"With the MTP draft ({how} applied {steps} times per step, {where}):", "",
+        out += [f"With the MTP draft ({e.draft.sglang_how} applied {steps} times per step, {where}):", "",
                 *_block(render_sglang(e, True))]
     if e.dtype == "fp32":
         out.append("`--dtype bfloat16`: with `--dtype auto` SGLang would run an fp32 export in float16.")
@@ -193,9 +177,9 @@ def _section_transformers(e: Export, blocked: list[Problem]) -> list[str]:
     elif e.layout == "inline" and not e.transformers_finds_mtp:
         out += [f"transformers reports the MTP layers (`model.layers.{e.num_layers}.*`...) as unexpected keys "
                 f"when it loads the main model: it skips only the literal layer {known}. The model is complete.", ""]
-    if e.depth and e.assistant:
+    if e.depth and e.draft.transformers_code is not None:  # a model of its own as transformers' assistant model
         out += ["With the assistant drafting (transformers' assisted decoding, one sequence at a time):", "",
-                *_block(transformers_assistant_code(e), "python")]
+                *_block(e.draft.transformers_code(e), "python")]
     elif e.depth and not any(p.blocks == "draft" for p in blocked):
         out += ["With the MTP draft, continue with the lines below. `generate(..., use_mtp=True)` is assisted "
                 f"decoding with the model's own MTP layers: one draft token per MTP module ({e.depth} per step "
@@ -213,7 +197,7 @@ def serving_text(e: Export, found: list[Problem]) -> str:
     lines = [
         "# Serving this export", "",
         f"Written by `megatron-mtp convert to-hf`. Layout: "
-        f"{'separate: main/ holds the target, mtp/ its assistant' if e.assistant else _LAYOUT_WORDS[e.layout]}; "
+        f"{e.draft.layout_words or _LAYOUT_WORDS[e.layout]}; "
         f"{e.dtype}; "
         f"{e.num_layers} main layer{'s' if e.num_layers > 1 else ''}"
         + (f", {_draft_words(e)}." if e.depth else "."),
@@ -223,7 +207,7 @@ def serving_text(e: Export, found: list[Problem]) -> str:
         "layout.",
         "",
     ]
-    lines += [*get_family(e.family).serving.notes, ""] if e.depth and not e.assistant else []
+    lines += [*get_family(e.family).serving.notes, ""] if e.depth and not e.draft.own_model else []
     if found:
         lines += ["What does not work:", ""]
         lines += [f"- {p.sentence}." for p in found]

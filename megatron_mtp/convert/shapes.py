@@ -18,8 +18,8 @@ from megatron_mtp.models.tensor_table import EMBEDDING, OUTPUT_LAYER
 
 def expected_shape(key: str, model: ModelConfig, vocab: int,
                    drafter: Optional[Mapping[str, tuple[int, ...]]] = None) -> tuple[int, ...]:
-    """The global shape of ``key``: the family's table, or ``drafter`` (a separate drafter's own tensors,
-    convert/assistant_dir.py ``shapes``)."""
+    """The global shape of ``key``: the family's table, or ``drafter`` (a separate drafter's own tensors, its MTP
+    style's ``convert.drafter_shapes``)."""
     if drafter and key in drafter:
         return tuple(drafter[key])
     if key in (EMBEDDING, OUTPUT_LAYER):

@@ -12,8 +12,8 @@ Layouts (``mtp``):
   only      OUT = the MTP directory of ``separate`` alone (its tensors, index and config.json): a new
             draft (e.g. from mtp.freeze_base training) to ship next to an unchanged base release;
             ``from-hf BASE OUT2 --mtp-dir OUT`` pairs them again.
-Parallel MTP heads (mtp.style parallel) have no HF format: separate only, OUT/mtp in their own format
-(models/parallel_heads_hf.py); inline, nextn and ``--for`` are refused in one sentence each.
+An MTP style with a format of its own (parallel heads, a separate drafter: its ``convert`` module,
+mtp_styles/<name>/convert.py) says which of these it has and what its mtp/ config.json is.
 
 Serving: ``serve_for`` (``--for``) picks the layout an engine loads with the fewest flags and
 refuses, before anything is written, what it cannot load or run (convert/serving.py); without it
@@ -44,7 +44,8 @@ from megatron_mtp.checkpoint.run_dir import TOKENIZER_DIR
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.config import Config
 from megatron_mtp.config.mtp_style import get_style
-from megatron_mtp.convert import assistant_dir, fp8_export, serving, serving_text
+from megatron_mtp.convert import fp8_export, serving, serving_text
+from megatron_mtp.convert.drafter_dir import dir_name, in_drafter_dir
 from megatron_mtp.convert.export_options import DTYPES, MtpLayout, MtpMode, resolve_export_options
 from megatron_mtp.convert.hf_source import GENERATION_CONFIG, generation_config, source_config, source_generation_config
 from megatron_mtp.convert.progress import Progress
@@ -54,12 +55,7 @@ from megatron_mtp.hf_dir.safetensors_io import PlannedTensor, ShardedSafetensors
 from megatron_mtp.hf_dir.tokenizer_files import copy_tokenizer, special_token_ids
 from megatron_mtp.models.family import get_family
 from megatron_mtp.models.hf_common import TOKEN_ID_KEYS
-from megatron_mtp.models.tensor_table import (
-    EMBEDDING,
-    MODEL_KEY_PREFIXES,
-    Param,
-    nextn_name,
-)
+from megatron_mtp.models.tensor_table import EMBEDDING, Param, model_key_prefixes, nextn_name
 from megatron_mtp.output import staged_dir, tree_bytes
 
 
@@ -75,9 +71,9 @@ class Piece:
 def select_params(reader: TorchDistReader, cfg: Config, step: Path) -> list[Param]:
     """The table rows present in the checkpoint; every model tensor must be claimed by one."""
     table = [p for p in _table(cfg, reader.entry(EMBEDDING).shape[0]) if p.mcore in reader]
-    claimed = {p.mcore for p in table}
+    claimed, model_keys = {p.mcore for p in table}, model_key_prefixes()
     for key in reader.keys():
-        if key.startswith(MODEL_KEY_PREFIXES) and key not in claimed:
+        if key.startswith(model_keys) and key not in claimed:
             raise UserError(
                 f"checkpoint '{step}' holds '{key}', which its config.yaml does not describe "
                 "(config/weights mismatch); the export would drop it"
@@ -103,7 +99,7 @@ def _table(cfg: Config, vocab: int, spec=None) -> list[Param]:
 
 def _check_shapes(reader: TorchDistReader, params: list[Param], cfg: Config, step: Path) -> None:
     vocab = reader.entry(EMBEDDING).shape[0]
-    drafter = assistant_dir.shapes(cfg, vocab)
+    drafter = get_style(cfg.mtp.style).convert().drafter_shapes(cfg, vocab)
     for p in params:
         check_shape(p.mcore, reader.entry(p.mcore).shape, cfg.model, vocab, f"checkpoint '{step}'", drafter)
 
@@ -128,8 +124,8 @@ def plan_pieces(
         shape = shape_of(p.mcore)
 
         def rename(name: str, dest: str = dest) -> Optional[str]:
-            if name.startswith(assistant_dir.IN_DIR):  # a separate drafter's own directory
-                return assistant_dir.dir_name(name)
+            if in_drafter_dir(name):  # a separate drafter's own directory
+                return dir_name(name)
             if dest == "mtp" and mtp_layout == "nextn":
                 return nextn_name(name, num_layers)
             return name
@@ -163,7 +159,7 @@ def plan_export(cfg: Config, vocab: int, mode: MtpMode, mtp_layout: MtpLayout = 
     """The tensors ("main"/"mtp" part -> planned tensors) an export of a checkpoint with this config
     writes, from the config alone (the export of a real checkpoint plans the same from its metadata)."""
     params = _table(cfg, vocab, spec="te")
-    drafter = assistant_dir.shapes(cfg, vocab)
+    drafter = get_style(cfg.mtp.style).convert().drafter_shapes(cfg, vocab)
     pieces = plan_pieces(params, lambda key: expected_shape(key, cfg.model, vocab, drafter), cfg.model.num_layers,
                          mode, mtp_layout)
     return _plans(pieces, DTYPES[dtype], dtype == "fp8")

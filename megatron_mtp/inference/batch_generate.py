@@ -5,7 +5,7 @@ Up to ``batch_size`` sequences decode together, each in a cache slot (models/dec
 1. admit: free slots take the next prompts; their prefills run as one forward of rows of different
    lengths (not counted as decode forwards);
 2. draft: each sequence gets its own K = min(--speculative, tokens it may still emit - 1); draft step
-   j runs once over the sequences with K >= j (draft.py, parallel_draft.py);
+   j runs once over the sequences with K >= j (draft.py, mtp_styles/parallel/drafter.py);
 3. verify: ONE target forward over every active sequence, row b = [pending_b, d_b1..d_bK_b]
    (B·(K+1) tokens; ``seq[N-1]`` is the pending token, the target cache holds N-1 positions); with
    --speculative 0, or when every K is 0, this is a plain step of B tokens;

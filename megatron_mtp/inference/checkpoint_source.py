@@ -158,7 +158,8 @@ def hf_dir_for(path: Path) -> Path:
     """``path`` itself for HF exports; a cached HF export for megatron-mtp checkpoints."""
     if not path.exists():
         raise UserError(
-            f"model directory {path} does not exist; pass an exported Hugging Face directory of {supported_text()}."
+            f"model directory {path} does not exist; pass an exported Hugging Face directory of "
+            f"{supported_text(decoding=True)}."
         )
     for _ in range(ATTEMPTS):
         ckpt = checkpoint_dir_of(path)

@@ -25,9 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "generate",
         help="generate text, optionally with MTP speculative decoding",
-        description=f"Generate from an exported Hugging Face directory of a {supported_text()} model (main/ + "
-        "mtp/, inline, or plain; the MTP layers draft) or from a megatron-mtp checkpoint/run directory (exported "
-        "on the fly).",
+        description=f"Generate from an exported Hugging Face directory of a {supported_text(decoding=True)} model "
+        "(main/ + mtp/, inline, or plain; the MTP layers draft) or from a megatron-mtp checkpoint/run directory "
+        "(exported on the fly).",
     )
     parser.add_argument("model", help="exported model directory, or a megatron-mtp checkpoint/run directory")
     source = parser.add_mutually_exclusive_group(required=True)

@@ -25,7 +25,7 @@ def family_for(raw: Mapping[str, Any], where: Any) -> Family:
     if family is None:
         raise UserError(f"{where}: model_type {raw.get('model_type')!r} (architectures "
                         f"{list(raw.get('architectures') or [])}) is not a family megatron-mtp generate decodes; "
-                        f"it decodes {supported_text()} exports.")
+                        f"it decodes {supported_text(decoding=True)} exports.")
     return family
 
 
@@ -44,8 +44,8 @@ _OVER: dict[tuple[type, type], type] = {}
 def over_decoder_layer(parts: type, config: HFView, layer_index: int, *args, **kwargs):
     """An instance of ``parts`` (a mixin that adds its own modules in ``_init_parts(config, *args, **kwargs)``)
     over the family's decoder layer ``layer_index``; ``layer_forward`` is that layer's forward. An MTP module
-    (mtp_module.py) and a parallel head (parallel_draft.py) are built so. The class is made once per (parts,
-    layer class)."""
+    (mtp_module.py) and a parallel head (mtp_styles/parallel/drafter.py) are built so. The class is made once per
+    (parts, layer class)."""
     layer = layer_class(config)
     cls = _OVER.get((parts, layer))
     if cls is None:

@@ -56,11 +56,13 @@ def find_export_dirs(path: str | Path) -> ExportDirs:
     root = Path(path).expanduser()
     if not root.exists():
         raise UserError(
-            f"model directory {root} does not exist; pass an exported Hugging Face directory of {supported_text()}."
+            f"model directory {root} does not exist; pass an exported Hugging Face directory of "
+            f"{supported_text(decoding=True)}."
         )
     if not root.is_dir():
         raise UserError(
-            f"model path {root} is not a directory; pass an exported Hugging Face directory of {supported_text()}."
+            f"model path {root} is not a directory; pass an exported Hugging Face directory of "
+            f"{supported_text(decoding=True)}."
         )
     if (root / "main" / "config.json").is_file():
         main_dir = root / "main"
@@ -70,7 +72,7 @@ def find_export_dirs(path: str | Path) -> ExportDirs:
     else:
         raise UserError(
             f"{root} has neither config.json nor main/config.json; pass an exported Hugging Face directory of "
-            f"{supported_text()} (or a megatron-mtp checkpoint/run directory)."
+            f"{supported_text(decoding=True)} (or a megatron-mtp checkpoint/run directory)."
         )
     tokenizer_file = None
     for candidate in (main_dir, root, mtp_dir):

@@ -27,7 +27,7 @@ from megatron_mtp.config.model import (
     model_config_class,
     register_model_config,
 )
-from megatron_mtp.config.mtp_style import get_style
+from megatron_mtp.config.mtp_style import family_styles, get_style
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.tensor_table import Table
 
@@ -53,6 +53,15 @@ class AttentionShape:
     """A norm on each query and key head (saved for the backward)."""
     shares_kv: bool = False
     """The keys are the values (no value projection; Gemma 4's full-attention layers)."""
+    index_heads: int = 0
+    """DeepSeek Sparse Attention's lightning indexer heads in the layer (0: none, not DSA or a layer that reuses
+    an earlier layer's top-k)."""
+    index_dim: int = 0
+    """Width of one indexer head."""
+    index_topk: int = 0
+    """DSA: earlier tokens each query's attention reads (0: all of them, dense attention)."""
+    index_trains: bool = False
+    """DSA: the indexer learns from its KL loss, so its tensors are kept for the backward."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +149,11 @@ class Family:
     layer_attention_shape: Optional[Callable[[ModelConfig, Optional[int]], AttentionShape]] = None
     """(m, decoder layer index, None for an MTP layer) -> that layer's attention widths, for a family whose layers
     differ (``attention_shape`` is then its common kind's); None: every layer is ``attention_shape``."""
+    decodes: bool = True
+    """Whether the decoder (``generate``) runs it; false where its decoder layer refuses (the DSA families)."""
+    attention_costs: Optional[Callable[[Any], Mapping[str, Any]]] = None
+    """cfg -> a sparse attention's training FLOPs per token beside dense attention's for the same model (``plan``;
+    models/dsa/size.py); None: the attention is dense."""
     style_parts: Mapping[str, Any] = field(default_factory=dict)
     """MTP style name -> what the family gives that style beyond its MTP layer spec (the style's ``family_part`` of
     the package the family names: the assistant style's is its separate drafter,
@@ -162,8 +176,9 @@ class Family:
 
     @property
     def mtp_styles(self) -> tuple[str, ...]:
-        """The ``mtp.style`` values it builds (its model config's ``MTP_STYLES``)."""
-        return self.model_config.MTP_STYLES
+        """The ``mtp.style`` values it builds: its model config's ``MTP_STYLES``, then every style that works for any
+        family (config/mtp_style.py ``family_styles``)."""
+        return family_styles(self.model_config.MTP_STYLES)
 
     @property
     def supports_a2a_overlap(self) -> bool:
@@ -188,7 +203,8 @@ _REGISTRY: dict[str, Family] = {}
 def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], model_types: tuple[str, ...],
                       model_config: type, builders: str, size: ModuleType, hf_mapping: ModuleType,
                       hf_config: ModuleType, hf_config_json: ModuleType, decoder: str, activations: str,
-                      serving: ServingFacts, style_packages: Optional[Mapping[str, str]] = None) -> Family:
+                      serving: ServingFacts, style_packages: Optional[Mapping[str, str]] = None,
+                      decodes: bool = True) -> Family:
     """A Family from the modules a family folder holds, each with the names the Family reads: ``size``
     (attention_shape, layer_sizes, parameter_counts, training_flops_per_token, kv_cache_elements_per_token,
     decode_attention_flops), ``hf_mapping`` (TABLE, ATTENTION_ORDER), ``hf_config`` (to_hf_config,
@@ -196,8 +212,8 @@ def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], 
     whose ``transformer_config`` and ``model`` modules build it on megatron-core, ``decoder`` the decoder's
     layer class ("package.module:Class"), ``activations`` the module whose ``saved_layer`` is its activation
     inventory, ``style_packages`` MTP style name -> the package in the folder that style reads what the family
-    gives it from (its ``family_part``: the assistant's drafter); all load when first used, but the drafter's
-    config.json module."""
+    gives it from (its ``family_part``: the assistant's drafter), ``decodes`` whether ``generate`` runs it; all
+    load when first used, but the drafter's config.json module."""
     parts = {name: get_style(name).family_part(package) for name, package in (style_packages or {}).items()}
     return Family(
         name=name,
@@ -226,6 +242,8 @@ def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], 
         export_names=getattr(hf_config, "export_names", None),
         multimodal_config=getattr(hf_config, "multimodal_config", None),
         layer_attention_shape=getattr(size, "layer_attention_shape", None),
+        decodes=decodes,
+        attention_costs=getattr(size, "attention_costs", None),
         style_parts=parts,
     )
 
@@ -275,9 +293,10 @@ def assistant_family(raw: Any) -> Optional[Family]:
                  and model_type in {getattr(p, "model_type", None) for p in f.style_parts.values()}), None)
 
 
-def supported_text() -> str:
-    """The families as messages list them: "DeepSeek-V3 (model_type deepseek_v3) and ..."."""
-    names = [f"{f.title} (model_type {f.hf_model_types[0]})" for f in families()]
+def supported_text(decoding: bool = False) -> str:
+    """The families as messages list them: "DeepSeek-V3 (model_type deepseek_v3) and ..."; ``decoding``: only
+    those the decoder runs (``Family.decodes``)."""
+    names = [f"{f.title} (model_type {f.hf_model_types[0]})" for f in families() if f.decodes or not decoding]
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 

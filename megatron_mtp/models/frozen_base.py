@@ -2,7 +2,7 @@
 
 Design note. The whole forward runs under torch.no_grad(); the model's ``_postprocess`` turns gradients
 back on for its MTP part alone (sequential modules: models/mtp_objective.py; parallel heads:
-models/parallel_heads.py; an assistant: models/gemma4/assistant/model.py), whose input hidden
+mtp_styles/parallel/model.py; an assistant: models/gemma4/assistant/model.py), whose input hidden
 states are therefore detached. Autograd records nothing of the main model (no saved activations; its
 routers neither count tokens for their bias update nor make aux losses: both only happen with grad
 enabled), and the embedding and output head are frozen parameters. The MTP part's objective of the

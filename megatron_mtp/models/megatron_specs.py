@@ -138,7 +138,7 @@ def mtp_block_spec(config, platform: Platform, keys_as_te: KeysAsTe, vp_stage=No
 
 
 def parallel_head_layer_spec(config, platform: Platform, keys_as_te: KeysAsTe, moe: bool = True):
-    """The layer spec of a parallel MTP head (models/parallel_heads.py): of the kind
+    """The layer spec of a parallel MTP head (mtp_styles/parallel/model.py): of the kind
     mtp_block_spec builds each sequential MTP layer."""
     layer = _layer_spec_of_kind(config, platform, moe)
     return layer if platform.use_te else swap_local_modules(layer, keys_as_te)

@@ -84,6 +84,14 @@ class Dims:
     """The keys are the values (no value projection; Gemma 4's full-attention layers)."""
     softcap: bool = False
     """The logits are soft-capped, c·tanh(z / c): tanh keeps its output for the backward."""
+    index_heads: int = 0
+    """DeepSeek Sparse Attention: the layer's lightning indexer heads (0: none; models/dsa/activations.py)."""
+    index_dim: int = 0
+    """DSA: width of one indexer head."""
+    index_topk: int = 0
+    """DSA: earlier tokens each query reads (0: dense attention)."""
+    index_trains: bool = False
+    """DSA: the indexer learns from its KL loss (its tensors are kept for the backward)."""
 
     @property
     def tokens(self) -> int:

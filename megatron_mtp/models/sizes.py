@@ -69,7 +69,7 @@ def parameter_counts(cfg: Config, padded_vocab: int, table: Table) -> dict[str, 
     head = 0 if m.tie_embeddings else padded_vocab * m.hidden_size
     main = m.num_layers * per_layer_common + mlp_total + embed + head + m.hidden_size
     mtp_mlp = s.moe_total if mtp_is_moe(m) else s.dense_mlp
-    # a head: one layer and its final norm (parallel_heads.py); a module: enorm, hnorm, eh_proj, final norm
+    # a head: one layer and its final norm (mtp_styles/parallel/model.py); a module: enorm, hnorm, eh_proj, final norm
     mtp_layer = per_layer_common + mtp_mlp + mtp_own_size(cfg)
     return {
         "main": main,
@@ -103,14 +103,13 @@ def mtp_only_flops_per_token(family, cfg: Config, padded_vocab: int, mtp_layers:
     ``training_flops_per_token``): the main model's forward, then each sequential MTP module forward
     and backward, except the frozen output head's weight gradient (its backward takes only the input
     gradient: 2 × its forward in all). eh_proj's input gradient stays: enorm and hnorm, before it,
-    are trainable MTP parameters. An assistant (mtp.style assistant) instead: each of its K steps forward and
-    backward over all its weights (its output table included: it trains) and its attention over the stored keys."""
+    are trainable MTP parameters. A separate drafter instead (its style's ``drafter_flops``): each of its K steps
+    forward and backward over all its weights (its output table included: it trains) and its attention over the
+    stored keys."""
     base = family.training_flops_per_token(cfg, padded_vocab, 0) / 3.0
-    if get_style(cfg.mtp.style).separate_drafter and family.style_part(cfg.mtp.style) is not None:
-        # a family's drafter (the assistant): its weights and its attention over the stored keys
-        weights, drafter = assistant_weights(family, cfg, padded_vocab)
-        scores = drafter.model.num_layers * family.decode_attention_flops(drafter, cfg.training.seq_length // 2)
-        return base + 3.0 * mtp_layers * (2 * weights + scores)
+    style = get_style(cfg.mtp.style)
+    if style.separate_drafter:  # its weights and its attention over the stored keys (the style's count)
+        return base + 3.0 * mtp_layers * style.drafter_flops(family, cfg, padded_vocab)
     full = family.training_flops_per_token(cfg, padded_vocab, mtp_layers) / 3.0
     head = 2 * padded_vocab * cfg.model.hidden_size
     mtp_forward = full - base  # per module: its layer, eh_proj and the head

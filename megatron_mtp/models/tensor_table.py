@@ -28,7 +28,7 @@ from typing import Callable, Iterator, Literal, Optional, Sequence
 
 from megatron_mtp.config.model import ModelConfig
 from megatron_mtp.config.moe_layers import MoeLayers  # noqa: F401  (re-exported: the one is-MoE rule)
-from megatron_mtp.config.mtp_style import get_style
+from megatron_mtp.config.mtp_style import get_style, styles
 
 Part = Literal["main", "mtp"]
 Spec = Literal["local", "te"]
@@ -174,11 +174,25 @@ EMBEDDING = "embedding.word_embeddings.weight"
 FINAL_NORM = "decoder.final_layernorm.weight"
 OUTPUT_LAYER = "output_layer.weight"
 
-# Megatron-core keys under these prefixes are model weights; anything else (optimizer state,
-# RNG, ``_extra_state`` objects) is never read by the converter.
-MODEL_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.", "mtp.", "mtp_heads.", "mtp_assistant.")
-MTP_KEY_PREFIXES = ("mtp.", "mtp_heads.", "mtp_assistant.")
-"""Keys of the sequential MTP block, of the parallel heads and of a separate drafter (Gemma 4's assistant)."""
+MAIN_KEY_PREFIXES = ("embedding.", "decoder.", "output_layer.")
+"""Keys of the main model's weights."""
+
+
+def mtp_key_prefixes() -> tuple[str, ...]:
+    """Keys of every MTP style's weights (each style's ``key_prefix``: the sequential MTP block's, the parallel
+    heads', a separate drafter's)."""
+    return tuple(dict.fromkeys(s.key_prefix for s in styles()))
+
+
+def model_key_prefixes() -> tuple[str, ...]:
+    """Megatron-core keys under these prefixes are model weights; anything else (optimizer state, RNG,
+    ``_extra_state`` objects) is never read by the converter."""
+    return MAIN_KEY_PREFIXES + mtp_key_prefixes()
+
+
+def drafter_output_layers() -> tuple[str, ...]:
+    """The modules of the separate drafters' own output tables (``<key_prefix>output_layer``)."""
+    return tuple(s.key_prefix + "output_layer" for s in styles() if s.separate_drafter)
 
 
 def moe_layers(model: ModelConfig) -> MoeLayers:
@@ -261,7 +275,7 @@ def extra_state_keys(param: Param) -> list[str]:
     module, _, leaf = param.mcore.rpartition(".")
     name = module.rsplit(".", 1)[-1]
     linear = name.startswith("linear_") or name in ("eh_proj", "pre_projection", "post_projection") \
-        or module == "mtp_assistant.output_layer"  # a separate drafter's projections and output table
+        or module in drafter_output_layers()  # a separate drafter's projections and output table
     if param.copy or leaf != "weight" or not linear:
         return []
     if param.num_experts:
@@ -301,6 +315,11 @@ class Table:
             out.append(rule)
         return out
 
+    def rules_at(self, model: ModelConfig, prefix: str, moe: bool, spec: Optional[Spec]) -> list[Rule]:
+        """The tensors of the layer at megatron-core ``prefix`` (``decoder.layers.N.``, an MTP layer's): its
+        ``layer_rules``, unless the family's layers differ by index (GLM-5's layers without an indexer)."""
+        return self.layer_rules(model, moe, spec)
+
     def block_rules(self, model: ModelConfig, block: Literal["attention", "dense_mlp", "moe_mlp"],
                     spec: Optional[Spec]) -> list[Rule]:
         """The tensors of one block of a decoder layer: its attention, or its dense or routed MLP."""
@@ -317,7 +336,7 @@ class Table:
 
     def _params_for_layer(self, mcore_prefix: str, hf_prefix: str, moe: bool, model: ModelConfig, part: Part,
                           spec: Optional[Spec]) -> Iterator[Param]:
-        for rule in self.layer_rules(model, moe, spec):
+        for rule in self.rules_at(model, mcore_prefix, moe, spec):
             yield Param(
                 mcore=mcore_prefix + rule.mcore,
                 hf=tuple(hf_prefix + h for h in rule.hf),

@@ -3,9 +3,9 @@
 Every layer type is an inventory of the tensors its ops keep for backward (names in `Saved`),
 sized from the config and the kernels that run (`Kernels`: the GPU plan and the CPU validation
 differ only there). A decoder layer's is its family's (``Family.saved_layer``: models/<family>/activations.py,
-models/gqa/activations.py, built of models/saved_activations.py's shared parts); the MTP styles' own tensors,
-the embedding and the output layer are here. Recompute settings drop or replace entries the way megatron-core
-0.16.1 does:
+models/gqa/activations.py, built of models/saved_activations.py's shared parts), an MTP style's own tensors its
+``plan`` module's (mtp_styles/<name>/plan.py ``saved``); the embedding and the output layer are here. Recompute
+settings drop or replace entries the way megatron-core 0.16.1 does:
   mla_up_proj  CheckpointWithoutOutput around the q/kv up-projections and RoPE: it keeps the
                compressed q/kv (already saved) and frees q, k, v after core attention used them;
   core_attn    checkpoints core attention: keeps q, k, v, drops the kernel's own tensors;
@@ -29,7 +29,7 @@ from typing import Optional
 
 from megatron_mtp.config.root import Config
 from megatron_mtp.models.family import get_family
-from megatron_mtp.models.saved_activations import FP32, Dims, Kernels, Saved, linear_input, norm
+from megatron_mtp.models.saved_activations import FP32, Dims, Kernels, Saved, norm
 
 CPU_KERNELS = Kernels(attention="sdpa_math", norm="torch", swiglu="torch", rope="torch", cross_entropy=None,
                       fp8=False, te_layers=False)
@@ -66,7 +66,9 @@ def dims_of(cfg: Config, padded_vocab: int, imbalance: float = 1.0, seq: int | N
 
 def _attention_dims(a, tp: int) -> dict:
     return dict(qk_dim=a.qk_dim, v_dim=a.v_dim, rope_dim=a.rope_dim, q_lora=a.q_lora, kv_lora=a.kv_lora,
-                kv_heads=None if a.kv_heads is None else a.kv_heads // tp, qk_norm=a.qk_norm, shares_kv=a.shares_kv)
+                kv_heads=None if a.kv_heads is None else a.kv_heads // tp, qk_norm=a.qk_norm, shares_kv=a.shares_kv,
+                index_heads=a.index_heads, index_dim=a.index_dim, index_topk=a.index_topk,
+                index_trains=a.index_trains)
 
 
 def layer_dims(cfg: Config, d: Dims, layer: Optional[int]) -> Dims:
@@ -87,65 +89,8 @@ def full_recompute_layer(d: Dims) -> Saved:
     return out
 
 
-def mtp_wrapper(d: Dims, k: Kernels, full_recompute: bool) -> Saved:
-    """An MTP layer's own tensors around its transformer layer: embedding lookup, enorm and hnorm,
-    the eh_proj input [embedding; hidden], its final norm."""
-    out, n = Saved(), d.local
-    out.add("mtp.token_ids", d.tokens * 8)
-    if full_recompute:  # the checkpoint keeps its hidden-state and embedding inputs
-        out.add("mtp.inputs", 2 * d.hidden * n * d.act_bytes)
-        return out
-    norm(out, "mtp.enorm", d.hidden, n, d, k)
-    norm(out, "mtp.hnorm", d.hidden, n, d, k)
-    out.add("mtp.eh_proj_input", 2 * d.hidden * n * linear_input(d, k))
-    norm(out, "mtp.final_norm", d.hidden, n, d, k)
-    return out
 
 
-def assistant(cfg: Config, d: Dims, k: Kernels, steps: int) -> Saved:
-    """A separate drafter's K steps on the loss stage (mtp.style assistant, models/gemma4/assistant/): per step
-    its projections' inputs, its sandwich layers at its own width with query-only attention (no key/value
-    norms; the target's stored keys and values, counted once, are what the query attends to), its final norm
-    and its output table's input; the steps' logits are output_and_loss's. Checked against real ranks
-    (tests/dist/test_plan_exact.py, gemma4_assistant_tp2_ep2: 0.94 of measured)."""
-    family, out = get_family(cfg.model.family), Saved()
-    parts = family.style_part(cfg.mtp.style)  # its separate drafter
-    drafter = replace(cfg, model=parts.model(cfg))
-    a, n = d.act_bytes, d.local
-    for _ in range(steps):
-        out.add("pre_projection.input", 2 * d.hidden * n * a)
-        for i in range(drafter.model.num_layers):
-            layer = layer_dims(drafter, dims_of(drafter, d.vocab * d.tp, seq=d.seq, batch=d.batch), i)
-            saved = family.saved_layer(layer, k, frozenset(), False, False)  # a sandwich layer without experts
-            saved.drop("k_norm", "v_norm", "qkv.k", "qkv.v", "attn.k_copy", "attn.v_copy")
-            for name, nbytes in saved.items.items():
-                out.add(f"layers.{name}", nbytes)
-        norm(out, "final_norm", drafter.model.hidden_size, n, d, k)
-        out.add("post_projection.input", drafter.model.hidden_size * n * a)
-        out.add("output_layer.input", drafter.model.hidden_size * d.tokens * a)
-    stored = {kind: i for kind, i in parts.stored(cfg).items()}
-    for kind, index in stored.items():  # the target's keys and values the steps' attention keeps for backward
-        shape = layer_dims(cfg, d, index)
-        out.add(f"stored_kv.{kind}", (1 if shape.shares_kv else 2) * d.tokens * shape.kv_heads * shape.qk_dim * a)
-    return out
-
-
-def parallel_head(d: Dims, k: Kernels) -> Saved:
-    """A parallel MTP head's own tensor around its transformer layer: its final norm (the layer's
-    input is the trunk output, which the main output layer saves too)."""
-    out = Saved()
-    norm(out, "head.final_norm", d.hidden, d.local, d, k)
-    return out
-
-
-def head_by_head_held(d: Dims, head_grad_bytes: float) -> Saved:
-    """mtp.head_by_head_backward: what a micro-batch holds from the forward to its backward instead
-    of the heads' activations: the trunk-output gradient and the gradients of the heads' and the
-    output layer's parameters (taken in the forward)."""
-    out = Saved()
-    out.add("heads.trunk_grad", d.hidden * d.local * d.act_bytes)
-    out.add("heads.parameter_grads", head_grad_bytes)
-    return out
 
 
 def embedding(d: Dims) -> Saved:

@@ -53,6 +53,10 @@ def assumptions(plan) -> list[str]:
         out.append("mtp.freeze_base: only the MTP modules take gradients and optimizer state and sit in DDP "
                    "buffers; the main model runs forward only (no saved activations), so each rank holds the "
                    "MTP graph of one micro-batch at most")
+    if hasattr(cfg.model, "index_topk"):  # the DSA families (models/dsa/activations.py)
+        out.append("DeepSeek Sparse Attention: megatron-core's unfused PyTorch path (dsa_kernel_backend none, the "
+                   "one wired) keeps three fp32 [batch, heads, seq, seq] score tensors per layer and the top-k as a "
+                   "mask; the indexer keeps its tensors only where it learns (model.indexer_loss_coeff > 0)")
     if cfg.parallel.token_dispatcher == "flex":
         out.append("token dispatcher flex: planned as alltoall (same tokens per rank; DeepEP's own buffers are in "
                    "the workspace allowance)")

@@ -27,7 +27,7 @@ from megatron_mtp.config.parallel_sizes import ParallelSizes
 from megatron_mtp.config.pipeline_layout import Stage
 from megatron_mtp.config.root import Config
 from megatron_mtp.models.family import get_family
-from megatron_mtp.models.tensor_table import is_moe_layer, mtp_is_moe, mtp_own_rules
+from megatron_mtp.models.tensor_table import is_moe_layer, mtp_is_moe, mtp_key_prefixes, mtp_own_rules
 from megatron_mtp.platform.megatron_core import MTP_LAYER_ATTR  # module names (plan mirrors named_parameters)
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -81,7 +81,8 @@ def layer_params(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: 
     if registration is not None:  # a family whose layers megatron-core's GPT specs do not build
         local = range(cfg.model.num_experts // sizes.ep)
         return [param(rule, name) for rule, name in registration(cfg.model, prefix, moe, te, local)]
-    rules = {r.mcore: r for r in family.layer_rules(cfg.model, moe, "te" if te else "local") if r.role != "buffer"}
+    spec = "te" if te else "local"
+    rules = {r.mcore: r for r in family.table.rules_at(cfg.model, prefix, moe, spec) if r.role != "buffer"}
     one = lambda name: [param(rules[name])] if name in rules else []  # noqa: E731
     out = [p for name in family.attention_order[te] for p in one(name)]
     if not moe:
@@ -103,7 +104,7 @@ def layer_params(cfg: Config, sizes: ParallelSizes, prefix: str, moe: bool, te: 
 
 def sequential_mtp(cfg: Config) -> bool:
     """DeepSeek's sequential MTP modules (each with an embedding lookup and eh_proj), as opposed to
-    parallel heads (a transformer layer and a norm each, no embedding: models/parallel_heads.py)."""
+    parallel heads (a transformer layer and a norm each, no embedding: mtp_styles/parallel/model.py)."""
     return cfg.mtp.num_layers > 0 and get_style(cfg.mtp.style).chains_modules
 
 
@@ -289,4 +290,4 @@ def ddp_bucket_size(cfg: Config, sizes: ParallelSizes, pp_rank: int, vp_stage: i
 def trains(cfg: Config, param: Param) -> bool:
     """Whether a parameter takes gradients: all of them, or with mtp.freeze_base the MTP modules' alone
     (models/mtp_objective.py)."""
-    return not cfg.mtp.freeze_base or param.name.startswith(("mtp.", "mtp_heads.", "mtp_assistant.", "mtp_eagle3."))
+    return not cfg.mtp.freeze_base or param.name.startswith(mtp_key_prefixes())

@@ -10,6 +10,7 @@ from typing import Optional
 from megatron_mtp.config import pipeline_layout
 from megatron_mtp.config.vocab import resolve_vocab
 from megatron_mtp.models.default_corpus_rule import default_corpus_refusal
+from megatron_mtp.models.family import get_family
 from megatron_mtp.models.throughput import model_flops_per_token, peak_tflops
 from megatron_mtp.plan import comm, schedule
 from megatron_mtp.plan.memory import Plan, suggestions
@@ -83,6 +84,9 @@ def build(plan: Plan, mfu: Optional[float] = None, with_suggestions: bool = True
         "suggestions": [],
         "assumptions": list(plan.assumptions),
     }
+    costs = get_family(cfg.model.family).attention_costs
+    if costs is not None:  # a sparse attention's FLOPs beside dense attention's (models/dsa/size.py)
+        out["attention"] = {**costs(cfg), "model_flops_per_token": flops / tokens}
     corpus, note = _corpus_tokens(plan)
     if note:
         out["notes"].append(note)
@@ -163,6 +167,8 @@ def format_table(report: dict) -> str:
                                                              for k in kinds))
     else:
         lines.append("  none (a single process)")
+    if report.get("attention"):
+        lines += ["", attention_line(report["attention"])]
     time = report["time"]
     if time:
         epochs = f", {time['epochs']:.2f} epochs" if time["epochs"] else ""
@@ -181,6 +187,18 @@ def format_table(report: dict) -> str:
         lines += [""] + [f"note: {n}" for n in report["notes"]]
     lines += ["", "assumptions:"] + [f"  - {a}" for a in report["assumptions"]]
     return "\n".join(lines)
+
+
+def attention_line(a: dict) -> str:
+    """DSA's attention FLOPs per token beside dense MLA's (the report's ``attention``)."""
+    g, unit = (1e9, "GFLOP") if a["model_flops_per_token"] >= 1e9 else (1e6, "MFLOP")
+    dsa = a["indexer_flops_per_token"] + a["sparse_mla_flops_per_token"]
+    return (f"attention (training FLOPs per token at {a['seq_length']:,} tokens, {a['layers']} layers): DSA "
+            f"{dsa / g:,.1f} {unit} = indexer {a['indexer_flops_per_token'] / g:,.1f} ({a['indexer_layers']} layers "
+            f"run one) + MLA over the top {a['index_topk']:,} {a['sparse_mla_flops_per_token'] / g:,.1f}, "
+            f"{dsa / a['model_flops_per_token']:.0%} of the model's {a['model_flops_per_token'] / g:,.1f}; dense MLA "
+            f"of the same model {a['dense_mla_flops_per_token'] / g:,.1f} {unit} "
+            f"({a['dense_mla_flops_per_token'] / dsa:.1f}× DSA's)")
 
 
 def summary_line(report: dict) -> str:

@@ -16,6 +16,7 @@ import torch
 from megatron_mtp.config import Config
 from megatron_mtp.models.family import get_family
 from megatron_mtp.models.initialization import initialize_layout_invariant
+from megatron_mtp.models.tensor_table import mtp_key_prefixes
 from megatron_mtp.platform import Platform
 from megatron_mtp.platform.features import Features, resolve_features
 from megatron_mtp.platform.optimizers import use_fused_torch_adam, use_optimizers
@@ -175,9 +176,10 @@ def build_components(cfg: Config, platform: Platform, vocab_size: int, with_opti
 def _keeping_base_expert_bias(finalize, chunks: list):
     """finalize_model_grads that leaves the frozen main model's router expert biases as loaded, bit for
     bit (megatron-core updates every router's bias; a frozen base counts no tokens, so its update would
-    be +0, which still turns a -0.0 into +0.0). The MTP layers' routers keep their update."""
+    be +0, which still turns a -0.0 into +0.0). The MTP layers' routers (any style's) keep their update."""
+    trained = mtp_key_prefixes()  # every MTP style's modules (the sequential block, parallel heads, a drafter)
     biases = [module.expert_bias for chunk in chunks for name, module in unwrap(chunk).named_modules()
-              if getattr(module, "expert_bias", None) is not None and not name.startswith("mtp.")]
+              if getattr(module, "expert_bias", None) is not None and not (name + ".").startswith(trained)]
 
     def finalize_keeping(*args, **kwargs):
         kept = [b.clone() for b in biases]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from megatron_mtp.models.tensor_table import drafter_output_layers
 from megatron_mtp.training.components import unwrap
 from megatron_mtp.training.metrics import MTPMetrics
 from megatron_mtp.training.moe_metrics import ExpertLoad
@@ -24,8 +25,10 @@ def attach_metrics(model_chunks: list, cfg, ranks) -> tuple[MTPMetrics | None, E
             last.prediction_observer = metrics
         else:
             last.output_layer.register_forward_hook(metrics.output_hook)
-        if getattr(last, "mtp_assistant", None) is not None:  # a drafter's steps, before the main logits
-            last.mtp_assistant.output_layer.register_forward_hook(metrics.output_hook)
+        modules = dict(last.named_modules())
+        for name in drafter_output_layers():  # a separate drafter's steps, before the main logits
+            if name in modules:
+                modules[name].register_forward_hook(metrics.output_hook)
     total_layers = cfg.model.num_layers + cfg.mtp.num_layers
     m = cfg.model
     load = ExpertLoad(total_layers, m.num_experts, m.router_topk, m.moe_pad_to_capacity, m.router_enable_expert_bias)

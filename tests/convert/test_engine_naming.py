@@ -32,8 +32,8 @@ from megatron_mtp.models.tensor_table import release_mtp_name
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p for p in (REPO / "configs").glob("*.yaml")
-                 # the engines' DeepSeek-V3.2 loaders are not modelled here (its SERVING.md says so)
-                 if not p.stem.startswith("deepseek_v32"))
+                 # the engines' DeepSeek-V3.2 and GLM-5 loaders are not modelled here (their SERVING.md says so)
+                 if not p.stem.startswith(("deepseek_v32", "glm5")))
 VARIANTS = {  # the default model, changed where an engine has a limit
     "one_layer": ["model.num_layers=1", "model.first_k_dense=0"],
     "two_mtp_modules": ["mtp.num_layers=2"],
@@ -330,7 +330,7 @@ def vllm_served(e: serving.Export, files: dict[Path, tuple[dict, set]]) -> tuple
     spec = json.loads(opts["--speculative-config"])
     assert spec["method"] == "mtp"
     draft_config, draft_names = files[Path(spec.get("model", target_dir))]
-    if e.assistant:
+    if e.draft.own_model:
         return loads, assistant_draft(draft_config, draft_names, target)
     return loads, vllm_draft(target, draft_config, draft_names, spec["num_speculative_tokens"])
 
@@ -344,7 +344,7 @@ def sglang_served(e: serving.Export, files: dict[Path, tuple[dict, set]]) -> tup
     assert opts["--speculative-algorithm"] == "NEXTN"
     assert int(opts["--speculative-num-draft-tokens"]) == int(opts["--speculative-num-steps"]) + 1
     draft_config, draft_names = files[Path(opts.get("--speculative-draft-model-path", target_dir))]
-    if e.assistant:  # promoted to FROZEN_KV_MTP by the draft's architecture
+    if e.draft.own_model:  # promoted to FROZEN_KV_MTP by the draft's architecture
         assert draft_config["architectures"] == ["Gemma4AssistantForCausalLM"]
         return loads, assistant_draft(draft_config, draft_names, files[target_dir][0])
     arch = draft_config["architectures"][0]  # SGLang maps the target's name to its NextN class
@@ -360,8 +360,8 @@ def transformers_served(e: serving.Export, files: dict[Path, tuple[dict, set]]) 
     loads = transformers_target(config, names)
     if not e.depth:
         return loads, None
-    if e.assistant:
-        code = serving_text.transformers_assistant_code(e)
+    if e.draft.own_model:
+        code = e.draft.transformers_code(e)
         source = Path(json.loads(re.search(r"Gemma4AssistantForCausalLM\.from_pretrained\((\".*?\")\)", code).group(1)))
         return loads, assistant_draft(*files[source], config)
     mtp = serving_text.transformers_mtp_code(e)

@@ -119,22 +119,26 @@ def test_glm_table_and_counts_describe_the_built_model(tmp_path, script):
     assert counts["mtp_unique"] == sum(c for n, c in params if n.startswith("mtp."))
 
 
-@pytest.mark.skipif(not megatron_core.is_019(), reason="DeepSeek-V3.2 needs megatron-core 0.19's DSA modules")
-def test_deepseek_v32_table_counts_and_plan_describe_the_built_model(tmp_path, script):
-    """DeepSeek-V3.2's table (MLA's latent norms apart in both spellings, the indexer's five tensors in every
-    layer and the MTP layer) is the checkpoint's keys, its analytic counts the built parameters, and plan's
-    inventory the built parameters in megatron-core's registration order."""
+@pytest.mark.skipif(not megatron_core.is_019(), reason="the DSA families need megatron-core 0.19's DSA modules")
+def test_dsa_table_counts_and_plan_describe_the_built_model(tmp_path, script):
+    """The DSA families' table (MLA's latent norms apart in both spellings, the indexer's five tensors in each layer
+    that runs its own: GLM-5's layers 0 and 2 and the MTP layer, not layer 1, which reuses layer 0's top-k; every
+    layer in DeepSeek-V3.2, the same table code) is the checkpoint's keys, its analytic counts the built
+    parameters, and plan's inventory the built parameters in megatron-core's registration order."""
     from megatron_mtp.models.family import get_family
 
-    config = str(ROOT / "configs" / "deepseek_v32_tiny_cpu.yaml")
+    config = str(ROOT / "configs" / "glm5_tiny_cpu.yaml")
     out = tmp_path / "dsa.json"
     proc = script("built_model.py", config, out, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     built = json.loads(out.read_text())
     keys = {k for k in built["sharded_keys"] if not k.endswith("_extra_state")}
-    assert "mtp.layers.0.transformer_layer.self_attention.core_attention.indexer.k_norm.bias" in keys
+    indexer = "self_attention.core_attention.indexer.k_norm.bias"
+    assert {f"decoder.layers.{i}.{indexer}" for i in range(3)} & keys == {f"decoder.layers.{i}.{indexer}"
+                                                                         for i in (0, 2)}
+    assert f"mtp.layers.0.transformer_layer.{indexer}" in keys
     cfg = load_config(config, ["model.vocab_size=256"])
-    family = get_family("deepseek_v32")
+    family = get_family("glm_moe_dsa")
     table = {p.mcore for p in family.param_table(cfg.model, 1, spec="te", mtp_copies=False)}
     assert keys == table | {k for k in keys if k.startswith("mtp.") and "embedding" in k}, sorted(keys ^ table)
     counts = family.parameter_counts(cfg, 256)

@@ -135,6 +135,9 @@ def test_mtp_only_training_keeps_the_base_bitwise(mtp_only, base, layout):
         with TorchDistReader(steps[0]) as first, TorchDistReader(steps[-1]) as last:
             mtp = [k for k in last.keys() if k.startswith(trained) and "layernorm" not in k]
             assert mtp and any(not torch.equal(first.read(k), last.read(k)) for k in mtp)  # the MTP part learns
+            # its routers' expert biases keep their own update (only the base's are held as loaded)
+            biases = [k for k in mtp if k.endswith("expert_bias")]
+            assert biases and all(not torch.equal(first.read(k), last.read(k)) for k in biases), biases
             # the optimizer holds the MTP parameters alone
             params = {k.split(".", 3)[3] for k in last.keys() if k.startswith("optimizer.state.")}
             assert params and all(p.startswith(trained) for p in params), sorted(params)[:5]

@@ -16,6 +16,8 @@ import pytest
 from recompute_settings import RECOMPUTE, SELECTIVE_MODULES
 
 from megatron_mtp.config import load_config, pipeline_layout
+from megatron_mtp.mtp_styles.parallel import plan as heads_plan
+from megatron_mtp.mtp_styles.sequential import plan as modules_plan
 from megatron_mtp.plan import activations as act
 from megatron_mtp.plan import memory
 from megatron_mtp.platform.gpus import parse_gpu
@@ -69,14 +71,14 @@ def expected(size: str, mode: str, style: str) -> dict:
     grads = memory.head_grad_bytes(cfg, sizes, stage, vocab, te=False)
     output = act.final_norm(d, k).total
     if style in ("sequential", "chunked", "chunked_self"):
-        mtp = n * (act.mtp_wrapper(d, k, full).total + (0 if full else layer(True)))
+        mtp = n * (modules_plan.mtp_wrapper(d, k, full).total + (0 if full else layer(True)))
         output += act.output_and_loss(d, k, n, soft=cfg.mtp.targets != "tokens").total
     elif style in ("parallel", "chunked_parallel"):  # heads are not recomputed under full recompute
-        mtp = n * (act.parallel_head(d, k).total + act.decoder_layer(d, k, mods, True, grouped_gemm=False).total)
+        mtp = n * (heads_plan.parallel_head(d, k).total + act.decoder_layer(d, k, mods, True, grouped_gemm=False).total)
         output += act.output_and_loss(d, k, n, trunk_saved=act.heads_share_trunk(d, k)).total
     else:  # the held gradients are saved by the model itself, outside the heads
         mtp = 0
-        output += act.output_and_loss(d, k, 0).total + act.head_by_head_held(d, grads).total
+        output += act.output_and_loss(d, k, 0).total + heads_plan.head_by_head_held(d, grads).total
     return {
         "dense": layer(False), "moe": layer(True), "mtp": mtp, "output": output,
         "total": memory.chunk_activations(cfg, stage, d, k, grouped_gemm=False, head_grad_bytes=grads).total,

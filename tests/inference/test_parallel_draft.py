@@ -13,7 +13,7 @@ from target_joint import exact_joint, first_tokens_counts, joint_pvalue
 
 from megatron_mtp.errors import UserError
 from megatron_mtp.inference.sampling import SamplingParams, probabilities
-from megatron_mtp.models.parallel_heads_hf import heads_config
+from megatron_mtp.mtp_styles.parallel.hf_format import heads_config
 
 PROMPT = "def add(a, b):\n    return"
 HEADS = 3
@@ -63,7 +63,7 @@ def make_heads_export(root, heads: int = HEADS, seed: int = 0, std: float = 0.08
 @pytest.fixture(scope="module")
 def gen_heads(tmp_path_factory):
     from megatron_mtp.inference.generate import load_generator
-    from megatron_mtp.inference.parallel_draft import ParallelHeadsDrafter
+    from megatron_mtp.mtp_styles.parallel.drafter import ParallelHeadsDrafter
 
     gen = load_generator(make_heads_export(tmp_path_factory.mktemp("heads")))
     assert isinstance(gen.drafter, ParallelHeadsDrafter) and gen.drafter.depth == HEADS

@@ -25,7 +25,8 @@ NO_IDS = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
     (("recompute.granularity=selective", "recompute.modules=[mla_up_proj]"),
      "recomputes MLA's up-projections, which model.family=glm4_moe does not have"),
     (("mtp.style=parallel",), "mtp.style=parallel is not built for model.family=glm4_moe"),
-    (("model.yarn.factor=4",), "model.yarn is a field of model.family=deepseek_v3 or model.family=deepseek_v32, "
+    (("model.yarn.factor=4",), "model.yarn is a field of model.family=deepseek_v3 or model.family=deepseek_v32 or "
+                               "model.family=glm_moe_dsa, "
                                "not of model.family=glm4_moe"),
     (("model.num_query_groups=0",), "model.num_query_groups is 0; set a positive number, or null for one key/value"),
     (("model.head_dim=-48",), r"model.head_dim is -48; set a positive number, or null for model.hidden_size /"),

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_installed_families_are_registered_once_and_typed():
     names = [f.name for f in families()]
-    assert names == ["deepseek_v3", "deepseek_v32", "gemma4", "glm4_moe", "qwen3_moe"]
+    assert names == ["deepseek_v3", "deepseek_v32", "gemma4", "glm4_moe", "glm_moe_dsa", "qwen3_moe"]
     for family in families():
         assert isinstance(family, Family) and get_family(family.name) is family
         for f in dataclasses.fields(Family):
@@ -57,7 +57,8 @@ def test_the_family_fields_live_with_the_family():
                                         r"model.family=deepseek_v3; remove it or set model.family=gemma4$"):
         load_config(None, ["model.num_query_groups=2"])
     with pytest.raises(UserError, match=r"model.yarn is a field of model.family=deepseek_v3 or "
-                                        r"model.family=deepseek_v32, not of model.family=glm4_moe"):
+                                        r"model.family=deepseek_v32 or model.family=glm_moe_dsa, not of "
+                                        r"model.family=glm4_moe"):
         load_config(str(ROOT / "configs" / "glm4_moe_tiny_cpu.yaml"), ["model.yarn.factor=4"])
     old = load_config(str(ROOT / "configs" / "glm4_moe_tiny_cpu.yaml")).to_dict()
     old["model"].update(q_lora_rank=64, kv_lora_rank=32, qk_head_dim=32, qk_pos_emb_head_dim=16, v_head_dim=32,

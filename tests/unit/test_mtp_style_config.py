@@ -78,3 +78,35 @@ def test_mapping_table_lists_the_heads():
     sequential = [p for p in param_table(cfg.model, 2, spec="te") if p.part == "mtp"]
     # a head is a sequential module without enorm/hnorm/eh_proj and the embedding/head copies
     assert len(sequential) - len(heads) == 2 * 5
+
+
+def test_a_style_for_any_family_is_built_by_every_family_without_naming_it(monkeypatch):
+    """A style with ``any_family`` (one that reads only the target's hidden states, as EAGLE-3 does) passes every
+    family's check without being in its MTP_STYLES; one without the trait is refused where it is not named. The
+    toy styles leave the registry as they came. (The family's own checks are not the point: DeepSeek-V3.2 refuses
+    megatron-core 0.16 there.)"""
+    from dataclasses import replace
+
+    from megatron_mtp.config import mtp_style
+    from megatron_mtp.config.validate import check_family
+    from megatron_mtp.models.family import families
+
+    parallel = mtp_style.get_style("parallel")
+    toy = mtp_style.register_style(replace(parallel, name="toy_any", key_prefix="mtp_toy.", any_family=True))
+    narrow = mtp_style.register_style(replace(parallel, name="toy_narrow", key_prefix="mtp_toy."))
+    try:
+        for family in families():
+            config = ROOT / "configs" / f"{family.name}_tiny_cpu.yaml"
+            cfg = load_config(str(config) if config.is_file() else TINY, [f"mtp.style={toy.name}"])
+            assert cfg.model.family == family.name and toy.name not in cfg.model.MTP_STYLES
+            monkeypatch.setattr(type(cfg.model), "check", lambda self, cfg: None)
+            check_family(cfg)
+            assert toy.name in family.mtp_styles and narrow.name not in family.mtp_styles
+            cfg.mtp.style = narrow.name
+            with pytest.raises(UserError, match=f"mtp.style=toy_narrow is not built for model.family={family.name} "
+                                                f"\\(it builds .*toy_any\\)"):
+                check_family(cfg)
+    finally:
+        for style in (toy, narrow):
+            mtp_style._REGISTRY.pop(style.name, None)
+    assert [s.name for s in mtp_style.styles()] == list(mtp_style.BUILT_IN)

@@ -17,9 +17,11 @@ from megatron_mtp.cli import main
 from megatron_mtp.config import load_config
 from megatron_mtp.errors import UserError
 from megatron_mtp.launch.job_plan import SubmitRequest, build_plan
+from megatron_mtp.mtp_styles.parallel import plan as heads_plan
 from megatron_mtp.plan import activations as act
 from megatron_mtp.plan import comm, memory, report, schedule
 from megatron_mtp.plan.memory import make_plan
+from megatron_mtp.platform import megatron_core
 from megatron_mtp.platform.detect import Platform
 from megatron_mtp.platform.gpus import GIB, KNOWN, parse_gpu
 
@@ -61,12 +63,15 @@ RECIPES = {  # config, nodes x GPUs per node, GPU, overrides (README "Plan befor
     "671b_h200": (V3, 128, 8, "h200", ["recompute.granularity=none"]),
     "proxy_2x8": (str(ROOT / "configs" / "proxy_16b.yaml"), 2, 8, "h100", []),
     "proxy_1node": (str(ROOT / "configs" / "proxy_16b_1node.yaml"), 1, 8, "h100", []),
+    "glm5_h100": (str(ROOT / "configs" / "glm5.yaml"), 128, 8, "h100", []),
 }
 
 
 @pytest.mark.parametrize("name", list(RECIPES))
 def test_shipped_recipes_fit(name):
     config, nodes, per_node, gpu, overrides = RECIPES[name]
+    if name.startswith("glm5") and not megatron_core.is_019():
+        pytest.skip("GLM-5's DSA modules are megatron-core 0.19's")
     plan = make_plan(load_config(config, overrides), nodes * per_node, parse_gpu(gpu))
     assert plan.fits, (name, plan.worst.total / GIB)
     assert plan.worst.total < 0.9 * plan.gpu.memory_bytes  # headroom for routing imbalance and fragmentation
@@ -220,6 +225,32 @@ def test_table_and_cpu_summary():
     assert line.startswith("plan (CPU layout): worst pipeline rank 1") and "in flight" in line
 
 
+@pytest.mark.skipif(not megatron_core.is_019(), reason="GLM-5's DSA modules are megatron-core 0.19's")
+def test_dsa_activations_by_hand_and_the_report_puts_dsa_beside_dense_mla():
+    """configs/glm5_tiny_cpu.yaml on CPU (fp32, 8 × 128 tokens, 4 heads, kv_lora 32, rope 16, a 4 × 32 indexer
+    learning from its KL loss, top 16): layer 0 runs its indexer, layer 1 reuses its top-k and keeps none of it;
+    the unfused scores are three fp32 [8, 4, 128, 128] tensors and three bool masks of that shape. The table says
+    DSA's attention FLOPs beside dense MLA's; a dense family's has no such line."""
+    cfg = load_config(str(ROOT / "configs" / "glm5_tiny_cpu.yaml"), ["model.vocab_size=4096"])
+    d, k = act.dims_of(cfg, 4096), act.CPU_KERNELS
+    full, shared = (act.decoder_layer(act.layer_dims(cfg, d, i), k, frozenset(), False, False) for i in (0, 1))
+    t = 8 * 128
+    indexer = (t * 4 * 32 * 4 + t * 32 * 4 + t * 4 * 4  # its query, key and head weights
+               + t * (32 * 4 + 2 * 4)  # its key norm's input, mean and 1/std
+               + 4 * 128 * 16 * 4  # its RoPE's cos and sin for q and k
+               + t * 16 * 8  # the top-k indices (int64)
+               + t * (4 + 1) * (32 + 16) * 4)  # the absorbed query and the latent key its KL loss reads
+    assert full.total - shared.total == indexer
+    assert full.items["attn.probs"] == 3 * 8 * 4 * 128 * 128 * 4 and full.items["attn.masks"] == 3 * 8 * 4 * 128 * 128
+    built = report.build(make_plan(cfg, 1, parse_gpu("h100"), cpu=True))
+    table = report.format_table(built)
+    assert built["attention"]["indexer_layers"] == 2 and "dense MLA of the same model" in table
+    assert "DeepSeek Sparse Attention: megatron-core's unfused PyTorch path" in table
+    plain = report.build(make_plan(load_config(str(ROOT / "configs" / "tiny_cpu.yaml")), 1, parse_gpu("h100"),
+                                   cpu=True))
+    assert "attention" not in plain and "dense MLA of the same model" not in report.format_table(plain)
+
+
 def test_submit_refuses_a_layout_over_memory(tmp_path):
     over = ["recompute.granularity=none", "optimizer.precision_aware=false", "optimizer.moment_dtype=fp32",
             "training.fp8_param_gather=false"]
@@ -262,12 +293,12 @@ def test_parallel_heads_plan_no_embedding_copy_and_head_by_head_holds_gradients(
     d = act.dims_of(plain.cfg, memory.resolve_vocab(plain.cfg), 1.0)
     grads = memory.head_grad_bytes(by_head.cfg, by_head.sizes, last, memory.resolve_vocab(by_head.cfg), te=True)
     k, mods = plain.target.kernels, memory.recompute_modules(plain.cfg)
-    heads = act.parallel_head(d, k).total + act.decoder_layer(d, k, mods, True, True).total
+    heads = heads_plan.parallel_head(d, k).total + act.decoder_layer(d, k, mods, True, True).total
     # plain: the heads' layers keep the trunk the main output layer reads; head by head: the output layer does
     logits = (act.output_and_loss(d, k, 1, trunk_saved=act.heads_share_trunk(d, k)).total -
               act.output_and_loss(d, k, 0).total)
     saved = by_head.ranks[-1].chunk_bytes[-1] - plain.ranks[-1].chunk_bytes[-1]
-    assert saved == pytest.approx(act.head_by_head_held(d, grads).total - heads - logits)
+    assert saved == pytest.approx(heads_plan.head_by_head_held(d, grads).total - heads - logits)
 
 
 def test_checkpoint_save_host_memory_per_optimizer_format():

@@ -30,6 +30,11 @@ RSS_LIMIT = 2 << 30
 # keeps gloo threads that wake up on their own, and hundreds of them load 2 cores (the worker cuts the
 # known causes; this bounds any new one)
 THREAD_LIMIT = 150
+# before a new job starts, the least recently used other jobs are closed while the machine has less memory
+# available than this per rank of the new job (plus the headroom): the suite runs in several pytest
+# processes at once (tools/test.sh), each with its own warm jobs, and together they must not exhaust memory
+MEMORY_PER_RANK = 1536 << 20
+MEMORY_HEADROOM = 3 << 30
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -195,6 +200,13 @@ class WorkerJob:
 class WorkerPool:
     def __init__(self):
         self.jobs: dict[int, WorkerJob] = {}
+        self.used: dict[int, float] = {}  # when each job last served a command
+
+    def _make_room(self, nproc: int) -> None:
+        """Close this pool's least recently used jobs while the machine lacks memory for ``nproc`` more ranks."""
+        while self.jobs and _available_memory() < nproc * MEMORY_PER_RANK + MEMORY_HEADROOM:
+            oldest = min(self.jobs, key=lambda n: self.used.get(n, 0.0))
+            self.jobs.pop(oldest).close()
 
     def run(self, argv: list[str], nproc: int = 1, timeout: float = 900, sync_timeout: float = 60,
             check: bool = False, env: dict | None = None, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
@@ -207,7 +219,10 @@ class WorkerPool:
         if job is None or not job.alive() or job.rss > RSS_LIMIT or job.threads > THREAD_LIMIT:
             if job is not None:
                 job.close()
+                del self.jobs[nproc]
+            self._make_room(nproc)
             job = self.jobs[nproc] = WorkerJob(nproc)
+        self.used[nproc] = time.monotonic()
         try:
             proc = job.run(argv, timeout, sync_timeout, env, cwd)
         except PoolJobFailed:
@@ -223,6 +238,18 @@ class WorkerPool:
         for job in self.jobs.values():
             job.close()
         self.jobs.clear()
+
+
+def _available_memory() -> int:
+    """MemAvailable of /proc/meminfo in bytes (as much as asked for where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) << 10
+    except OSError:
+        pass
+    return 1 << 62
 
 
 POOL = WorkerPool()

@@ -9,8 +9,8 @@ one place; whether a layer is MoE is decided in models/tensor_table.py (``is_moe
 The table is built from the typed model config (``ModelConfig``) and the MTP depth. MTP module d
 (0-based) is HF layer ``num_hidden_layers + d``; the index always comes from the config.
 
-Parallel MTP heads (``mtp.style: parallel``, models/parallel_heads.py) have no Hugging Face
-format; they are exported to their own ``mtp/`` directory (models/parallel_heads_hf.py) as
+Parallel MTP heads (``mtp.style: parallel``, mtp_styles/parallel/model.py) have no Hugging Face
+format; they are exported to their own ``mtp/`` directory (mtp_styles/parallel/hf_format.py) as
 ``heads.{i}.`` + the decoder-layer names of ``model.layers.N.`` (``self_attn.*``, ``mlp.*``, the two
 layer norms) and ``heads.{i}.norm.weight`` (the head's final norm); they share the main ``lm_head``.
 """
@@ -22,8 +22,6 @@ from megatron_mtp.models.tensor_table import (  # noqa: F401  (the family's tabl
     EMBEDDING,
     FINAL_NORM,
     HEAD_NORM,
-    MODEL_KEY_PREFIXES,
-    MTP_KEY_PREFIXES,
     OUTPUT_LAYER,
     Param,
     Rule,

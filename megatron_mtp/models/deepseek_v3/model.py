@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 from megatron_mtp.config import Config
-from megatron_mtp.config.mtp_style import FamilyParts, get_style
 from megatron_mtp.models.megatron_model import build_gpt_model
-from megatron_mtp.models.megatron_specs import parallel_head_layer_spec
-from megatron_mtp.models.tensor_table import mtp_is_moe
 from megatron_mtp.platform import Platform
 
 MLA_KEYS_AS_TE = {
@@ -19,8 +16,6 @@ MLA_KEYS_AS_TE = {
 def build_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_process: bool,
                 post_process: bool, vp_stage=None):
     """GPTModel for the current pipeline stage; `config` is the MLATransformerConfig."""
-    parts = FamilyParts(lambda: parallel_head_layer_spec(config, platform, MLA_KEYS_AS_TE, mtp_is_moe(cfg.model)))
-    heads = get_style(cfg.mtp.style).wrap(cfg, platform, parts) if cfg.mtp.num_layers else None
     return build_gpt_model(cfg, config, platform, vocab_size, pre_process, post_process, vp_stage,
-                           keys_as_te=MLA_KEYS_AS_TE, heads=heads,
+                           keys_as_te=MLA_KEYS_AS_TE,
                            position_embedding_type="none")  # MLA applies its own (YaRN) rotary embedding

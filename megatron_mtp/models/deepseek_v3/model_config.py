@@ -11,7 +11,7 @@ from megatron_mtp.models.mla.model_fields import MLAModelConfig, YarnConfig, che
 
 @dataclass
 class DeepseekV3ModelConfig(MLAModelConfig):
-    MTP_STYLES: ClassVar[tuple[str, ...]] = ("sequential", "parallel", "eagle3")
+    MTP_STYLES: ClassVar[tuple[str, ...]] = ("sequential", "parallel")
     RECOMPUTE_MODULES: ClassVar[tuple[str, ...]] = ("mla_up_proj",)
 
     def check(self, cfg: Any) -> None:

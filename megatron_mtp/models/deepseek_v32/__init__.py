@@ -20,10 +20,11 @@ FAMILY = register(family_of_modules(
     hf_config=hf_config,
     hf_config_json=hf_config_json,
     decoder="megatron_mtp.models.deepseek_v32.decoder:DSADecoderLayer",
-    activations="megatron_mtp.models.mla.activations",
+    activations="megatron_mtp.models.dsa.activations",
     # transformers 5.25's DeepseekV32ForCausalLM ignores layer 61 (the release's MTP layer)
     serving=ServingFacts(
         transformers_mtp_layers=(61,), mla_head_size=size.kv_cache_elements_per_token,
         notes=("The commands below are DeepSeek-V3's; the engines' DeepSeek-V3.2 loaders (their sparse-attention "
                "kernels, the MTP layer's indexer) were not checked against this export.",)),
+    decodes=False,
 ))

@@ -1,57 +1,21 @@
-"""Typed view of a Hugging Face DeepSeek-V3.2 ``config.json``: DeepSeek-V3's view
-(models/mla/hf_view.py, which the decoder and the importer read) with the indexer's
-three fields, and transformers' per-layer lists (``mlp_layer_types``, ``layer_types``) checked
-against what the scalar fields say."""
+"""Typed view of a Hugging Face DeepSeek-V3.2 ``config.json``: the DSA families' view (models/dsa/hf_view.py:
+DeepSeek-V3's fields, the indexer's three, transformers' per-layer lists checked) as DeepSeek-V3.2 names it."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from megatron_mtp.errors import UserError
-from megatron_mtp.models.hf_common import read_value
-from megatron_mtp.models.mla.hf_view import READ_KEYS as V3_READ_KEYS
-from megatron_mtp.models.mla.hf_view import DeepseekV3HFConfig
-from megatron_mtp.models.mla.hf_view import parse_hf_config as parse_v3
+from megatron_mtp.models.dsa.hf_view import INDEX_KEYS, READ_KEYS, DSAHFConfig, parse_dsa_config  # noqa: F401
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeepseekV32HFConfig(DeepseekV3HFConfig):
+class DeepseekV32HFConfig(DSAHFConfig):
     """DeepSeek-V3's fields and the lightning indexer's (transformers' defaults)."""
 
     model_type: str = "deepseek_v32"
-    index_n_heads: int = 64
-    index_head_dim: int = 128
-    index_topk: int = 2048
-
-
-INDEX_KEYS = ("index_n_heads", "index_head_dim", "index_topk")
-READ_KEYS = V3_READ_KEYS | set(INDEX_KEYS) | {"mlp_layer_types", "layer_types", "mlp_bias"}
-"""Every config.json key the view reads."""
 
 
 def parse_hf_config(raw: Mapping[str, Any], where: str = "config.json") -> DeepseekV32HFConfig:
     """The view of a DeepSeek-V3.2 config.json dict; a malformed or contradicting field is a UserError."""
-    v3 = parse_v3(raw, where)
-    index = {k: read_value(raw, k, int, DeepseekV32HFConfig.__dataclass_fields__[k].default, where)
-             for k in INDEX_KEYS}
-    for key, value in index.items():
-        if value < 1:
-            raise UserError(f"{where}: field '{key}' is {value}; it must be a positive integer; "
-                            "correct it in that file.")
-    view = DeepseekV32HFConfig(**{f.name: getattr(v3, f.name) for f in dataclasses.fields(v3)}, **index)
-    layers = view.num_hidden_layers
-    mlp_types = raw.get("mlp_layer_types")
-    if mlp_types is not None:
-        expected = ["sparse" if view.is_moe_layer(i) else "dense" for i in range(layers)]
-        if list(mlp_types) != expected:
-            raise UserError(f"{where}: mlp_layer_types {list(mlp_types)} is not what first_k_dense_replace "
-                            f"({view.first_k_dense_replace}) gives, {expected}; only that pattern can be represented")
-    layer_types = raw.get("layer_types")
-    if layer_types is not None and list(layer_types) != ["indexed_attention"] * layers:
-        raise UserError(f"{where}: layer_types {list(layer_types)} is not 'indexed_attention' for every layer; "
-                        "only DSA in every layer can be represented")
-    if raw.get("mlp_bias"):
-        raise UserError(f"{where}: mlp_bias is true; the MLPs have no bias, so it cannot be represented")
-    return view
+    return parse_dsa_config(raw, where, DeepseekV32HFConfig)

@@ -2,7 +2,7 @@
 separate q/k/v projections with per-head q/k/v norms and the layer's own RoPE, norms after attention and after
 the feed-forward block, a dense GELU-GLU MLP beside the MoE block. The recompute settings leave it as it is
 (``sandwich_layer``); the assistant's layers are this layer without its key/value tensors
-(plan/activations.py ``assistant``)."""
+(mtp_styles/assistant/plan.py ``assistant``)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from megatron_mtp.config import Config
-from megatron_mtp.config.mtp_style import FamilyParts, get_style
+from megatron_mtp.config.mtp_style import FamilyParts
 from megatron_mtp.models.gemma4.hf_config_json import embedding_multiplier
 from megatron_mtp.models.gemma4.model_config import MTP_KIND
 from megatron_mtp.models.gemma4.specs import block_spec, layer_spec, mtp_spec
@@ -53,12 +53,11 @@ def build_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_pr
 
     features = resolve_features(cfg, platform)
     parts = FamilyParts(lambda: layer_spec(cfg, platform, MTP_KIND, features.grouped_gemm), _drafter_model)
-    heads = get_style(cfg.mtp.style).wrap(cfg, platform, parts) if cfg.mtp.num_layers else None
     # the style's model in place of megatron-core's MTP block, or the block with the family's MTP spec
     specs = (block_spec(cfg, config, platform, features, vp_stage),
-             None if heads else mtp_spec(cfg, config, platform, features, vp_stage))
+             lambda: mtp_spec(cfg, config, platform, features, vp_stage))
     model = build_gpt_model(cfg, config, platform, vocab_size, pre_process, post_process, vp_stage, keys_as_te={},
-                            position_embedding_type="none", specs=specs, heads=heads)
+                            position_embedding_type="none", specs=specs, parts=parts)
     if getattr(model, "embedding", None) is not None:
         _extend(model.embedding, _ScaledEmbedding, embedding_scale=embedding_multiplier(cfg.model.hidden_size))
     if post_process and cfg.model.final_logit_softcapping is not None:

@@ -22,8 +22,6 @@ from megatron_mtp.models.tensor_table import (  # noqa: F401  (the family's tabl
     EMBEDDING,
     FINAL_NORM,
     HEAD_NORM,
-    MODEL_KEY_PREFIXES,
-    MTP_KEY_PREFIXES,
     OUTPUT_LAYER,
     Param,
     Rule,

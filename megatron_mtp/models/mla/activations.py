@@ -1,6 +1,6 @@
-"""What a multi-head latent attention decoder layer (DeepSeek-V3, DeepSeek-V3.2) saves for the backward
-(the families' ``saved_layer``): MLA with its input norm, then the shared MLP inventories
-(models/saved_activations.py); DeepSeek-V3.2's indexer is not counted yet. Recompute: ``mla_up_proj`` frees
+"""What a multi-head latent attention decoder layer (DeepSeek-V3) saves for the backward (the family's
+``saved_layer``): MLA with its input norm, then the shared MLP inventories (models/saved_activations.py); the DSA
+families' absorbed attention and indexer are models/dsa/activations.py's. Recompute: ``mla_up_proj`` frees
 q, k, v after core attention (the compressed q/kv stay), ``core_attn`` keeps q, k, v and drops the kernel's
 own tensors, ``layernorm`` keeps the norm's input only (plan/activations.py's note).
 """

@@ -35,12 +35,15 @@ def wrap(cfg, platform, family_parts):
 
 ASSISTANT = register_style(MTPStyle(
     name="assistant", chains_modules=False, separate_drafter=True, soft_targets=True, head_by_head=False,
-    a2a_overlap=False, context_parallel=False, drafts=True, words=words,
+    a2a_overlap=False, context_parallel=False, drafts=True, words=words, key_prefix=PREFIX,
     tensor_rows=lambda *args: [],
     own_rules=mtp_own_rules, own_flops=_eh_proj_flops, drafter_words="the assistant",
     plan=lazy_module("megatron_mtp.mtp_styles.assistant.plan"),
     convert=lazy_module("megatron_mtp.mtp_styles.assistant.convert"),
     decoder=lazy_module("megatron_mtp.mtp_styles.assistant.decoder"),
     hf_inline=False, parts=parts, wrap=wrap, check=check_assistant,
+    summary="a separate small model of its own width (mtp.assistant) reading the frozen target's stored keys and "
+            "values and last hidden state, applied D times (Gemma 4)",
     family_part=lazy("megatron_mtp.mtp_styles.assistant.family_part:family_part"),
+    drafter_flops=lazy("megatron_mtp.mtp_styles.assistant.plan:step_flops"),
 ))

@@ -5,7 +5,7 @@ format (hf.py, export.py)."""
 
 from __future__ import annotations
 
-from megatron_mtp.config.lazy import lazy_module, lazy_object
+from megatron_mtp.config.lazy import lazy, lazy_module, lazy_object
 from megatron_mtp.config.mtp_style import MTPStyle, register_style
 from megatron_mtp.mtp_styles.eagle3.shape import PREFIX, check
 
@@ -27,8 +27,8 @@ def wrap(cfg, platform, family_parts):
 
 
 def own_flops(cfg) -> float:
-    """Per token, what a step computes besides a layer of the target's kind and the output head (the analytic
-    estimate counts it so): fc, once per token, shared out over the steps."""
+    """Per token, what a step computes besides a layer and the output head: fc, once per token, shared out over the
+    steps (a step's whole count, which an MTP-only step uses, is ``drafter_flops``: plan.py ``step_flops``)."""
     e, h = cfg.mtp.eagle3, cfg.model.hidden_size
     aux = len(e.aux_layers) if e.aux_layers is not None else 3
     return 2 * aux * h * h / max(cfg.mtp.num_layers, 1)
@@ -36,10 +36,13 @@ def own_flops(cfg) -> float:
 
 EAGLE3 = register_style(MTPStyle(
     name="eagle3", chains_modules=False, separate_drafter=True, soft_targets=False, head_by_head=False,
-    a2a_overlap=False, context_parallel=False, drafts=False, words=words,
+    a2a_overlap=False, context_parallel=False, drafts=False, words=words, key_prefix=PREFIX, any_family=True,
     tensor_rows=lambda *args: [], own_rules=lambda: [], own_flops=own_flops, drafter_words="the EAGLE-3 drafter",
     plan=lazy_module("megatron_mtp.mtp_styles.eagle3.plan"),
     convert=lazy_module("megatron_mtp.mtp_styles.eagle3.convert"),
     decoder=lazy_module("megatron_mtp.mtp_styles.eagle3.decoder"),
     hf_inline=False, parts=parts, wrap=wrap, check=check,
+    summary="an EAGLE-3 drafter (mtp.eagle3): a small decoder on the frozen target's hidden states at a few layers, "
+            "D training-time-test steps over a draft vocabulary, in speculators' format",
+    drafter_flops=lazy("megatron_mtp.mtp_styles.eagle3.plan:step_flops"),
 ))

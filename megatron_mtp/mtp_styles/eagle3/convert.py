@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from megatron_mtp.errors import UserError
+from megatron_mtp.models.tensor_table import Param
 from megatron_mtp.mtp_styles.eagle3.hf import MODEL_TYPE
+from megatron_mtp.mtp_styles.eagle3.shape import BUFFERS, tensor_shapes
 
 _EXPORT = ("export the target with --mtp none and the drafter with `python -m megatron_mtp.mtp_styles.eagle3.export "
            "CHECKPOINT OUT --verifier TARGET_DIR`")
@@ -17,9 +19,23 @@ def claims(config: dict[str, Any]) -> bool:
     return config.get("speculators_model_type") == MODEL_TYPE
 
 
+def import_depth(main, mtp, with_mtp: bool) -> int:
+    """An EAGLE-3 drafter is not imported yet (one sentence); without --mtp-dir's drafter, none."""
+    if with_mtp:
+        import_shape(None, mtp, None, 0)
+    return 0
+
+
 def drafter_params(cfg, vocab: int) -> list:
-    """None in the converter's table: to-hf writes the target alone (its keys are outside the table's prefixes)."""
-    return []
+    """The drafter's tensors in the converter's table with no Hugging Face name: to-hf claims and checks them and
+    writes the target alone (the speculators directory is export.py's)."""
+    if not cfg.mtp.num_layers:
+        return []
+    return [Param(key, (), "mtp", integer=key in BUFFERS) for key in tensor_shapes(cfg, vocab)]
+
+
+def drafter_shapes(cfg, vocab: int) -> dict[str, tuple[int, ...]]:
+    return tensor_shapes(cfg, vocab) if cfg.mtp.num_layers else {}
 
 
 def import_shape(mtp_cfg, mtp_dir, model_cfg, vocab: int) -> None:

@@ -1,11 +1,13 @@
 """What ``plan`` counts of an EAGLE-3 drafter: its parameters (registered after GPTModel's own modules, on the loss
-stage), its K steps' saved activations and its sentence. The steps' logits are counted by the shared output-and-loss
-inventory at the target's vocabulary (an over-count with a smaller draft vocabulary)."""
+stage), a step's FLOPs, its K steps' saved activations and its sentence. The steps' logits are counted by the shared
+output-and-loss inventory at the target's vocabulary (an over-count with a smaller draft vocabulary)."""
 
 from __future__ import annotations
 
+import math
+
 from megatron_mtp.models.saved_activations import FP32, Saved
-from megatron_mtp.mtp_styles.eagle3.shape import PREFIX, drafter_shape
+from megatron_mtp.mtp_styles.eagle3.shape import BUFFERS, PREFIX, drafter_shape, tensor_shapes
 from megatron_mtp.plan.params import Param
 
 
@@ -13,20 +15,20 @@ def params(cfg, sizes, stage, padded_vocab: int, te: bool) -> list[Param]:
     """The drafter's parameters in registration order (one tensor-parallel rank: the style runs at TP 1)."""
     if not stage.mtp_layers:
         return []
-    s = drafter_shape(cfg)
-    h, q, kv = s.hidden, s.heads * s.head_dim, s.groups * s.head_dim
-    out = [Param(f"{PREFIX}fc.weight", len(s.aux_layers) * h * h)]
-    for i in range(s.num_layers):
-        p, width = f"{PREFIX}layers.{i}.", 2 * h if i == 0 else h
-        out += [Param(f"{p}input_layernorm.weight", h)] + ([Param(f"{p}hidden_norm.weight", h)] if i == 0 else [])
-        out += [Param(f"{p}self_attention.linear_{n}.weight", width * rows, linear=True)
-                for n, rows in (("q", q), ("k", kv), ("v", kv))]
-        out += [Param(f"{p}self_attention.linear_proj.weight", q * h, linear=True),
-                Param(f"{p}pre_mlp_layernorm.weight", h),
-                Param(f"{p}mlp.linear_fc1.weight", h * 2 * s.ffn, linear=True),
-                Param(f"{p}mlp.linear_fc2.weight", s.ffn * h, linear=True)]
-    return out + [Param(f"{PREFIX}final_layernorm.weight", h),
-                  Param(f"{PREFIX}lm_head.weight", h * (s.draft_vocab or padded_vocab))]
+    return [Param(key, math.prod(shape), linear=".linear_" in key)
+            for key, shape in tensor_shapes(cfg, padded_vocab).items() if key not in BUFFERS]
+
+
+def step_flops(family, cfg, padded_vocab: int) -> float:
+    """Forward FLOPs per token of one draft step (the style's ``drafter_flops``): all its weights, ``fc`` shared
+    out over the mtp.num_layers steps (it runs once), and each layer's attention over the context (on average half
+    the sequence, causal) and the earlier steps."""
+    s, steps = drafter_shape(cfg), max(cfg.mtp.num_layers, 1)
+    shapes = tensor_shapes(cfg, padded_vocab)
+    fc = math.prod(shapes.pop(f"{PREFIX}fc.weight"))
+    weights = sum(math.prod(shape) for key, shape in shapes.items() if key not in BUFFERS)
+    keys = cfg.training.seq_length / 2 + (steps - 1) / 2
+    return 2 * weights + 2 * fc / steps + s.num_layers * 2 * 2 * s.heads * s.head_dim * keys
 
 
 def saved(cfg, stage, d, k, mods, grouped_gemm: bool, head_grad_bytes: float) -> list:

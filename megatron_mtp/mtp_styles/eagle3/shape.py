@@ -62,6 +62,35 @@ def drafter_shape(cfg) -> DrafterShape:
         norm_output=e.norm_output, step_loss_decay=e.step_loss_decay, train_lm_head=e.train_lm_head)
 
 
+def tensor_shapes(cfg, padded_vocab: int) -> dict[str, tuple[int, ...]]:
+    """Checkpoint key -> global shape of each of the drafter's tensors, in registration order (drafter.py), its
+    ``d2t``/``t2d`` buffers last; ``padded_vocab``: the target's output rows, the head's with no draft vocabulary."""
+    s = drafter_shape(cfg)
+    h, q, kv = s.hidden, s.heads * s.head_dim, s.groups * s.head_dim
+    out = {f"{PREFIX}fc.weight": (h, len(s.aux_layers) * h)}
+    for i in range(s.num_layers):
+        p, width = f"{PREFIX}layers.{i}.", 2 * h if i == 0 else h
+        out[f"{p}input_layernorm.weight"] = (h,)
+        if i == 0:
+            out[f"{p}hidden_norm.weight"] = (h,)
+        for name, rows in (("q", q), ("k", kv), ("v", kv)):
+            out[f"{p}self_attention.linear_{name}.weight"] = (rows, width)
+        out[f"{p}self_attention.linear_proj.weight"] = (h, q)
+        out[f"{p}pre_mlp_layernorm.weight"] = (h,)
+        out[f"{p}mlp.linear_fc1.weight"] = (2 * s.ffn, h)
+        out[f"{p}mlp.linear_fc2.weight"] = (h, s.ffn)
+    draft = s.draft_vocab or padded_vocab
+    out[f"{PREFIX}final_layernorm.weight"] = (h,)
+    out[f"{PREFIX}lm_head.weight"] = (draft, h)
+    out[f"{PREFIX}d2t"] = (draft,)
+    out[f"{PREFIX}t2d"] = (s.vocab or padded_vocab,)
+    return out
+
+
+BUFFERS = (f"{PREFIX}d2t", f"{PREFIX}t2d")
+"""The drafter's integer buffers (the draft vocabulary's tables): no parameters."""
+
+
 def check(cfg) -> None:
     """What mtp.style eagle3 needs of a run config, one sentence for the first thing it lacks (config/validate.py
     calls it when mtp.num_layers > 0)."""

@@ -1,6 +1,6 @@
 """Gloeckle et al.'s parallel MTP heads (``mtp.style: parallel``): independent heads, one decoder layer each of the
-family's MTP layer spec on the trunk's last hidden state, sharing the output layer (models/parallel_heads.py; their
-own export format: models/parallel_heads_hf.py)."""
+family's MTP layer spec on the trunk's last hidden state, sharing the output layer (model.py; their own export
+format: hf_format.py, read back by from-hf; drafted with by drafter.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from megatron_mtp.config.lazy import lazy_module, lazy_object
 from megatron_mtp.config.mtp_style import MTPStyle, register_style
 from megatron_mtp.models.tensor_table import HEAD_NORM, mcore_head_prefix
 
-_model = lazy_object(  # torch and megatron-core: imported when a run builds it
-    "megatron_mtp.models.parallel_heads:ParallelHeadsGPTModel")
+_model = lazy_object("megatron_mtp.mtp_styles.parallel.model:ParallelHeadsGPTModel")  # torch: when a run builds it
 
 
 def words(mtp) -> str:
@@ -28,11 +27,13 @@ def wrap(cfg, platform, family_parts):
 
 PARALLEL = register_style(MTPStyle(
     name="parallel", chains_modules=False, separate_drafter=False, soft_targets=False, head_by_head=True,
-    a2a_overlap=False, context_parallel=False, drafts=False, words=words,
+    a2a_overlap=False, context_parallel=False, drafts=False, words=words, key_prefix="mtp_heads.",
     tensor_rows=lambda table, model, depth, spec, copies: table.parallel_head_params(model, depth, spec),
     own_rules=lambda: [HEAD_NORM], own_flops=lambda cfg: 0.0, drafter_words="the heads",
     plan=lazy_module("megatron_mtp.mtp_styles.parallel.plan"),
     convert=lazy_module("megatron_mtp.mtp_styles.parallel.convert"),
     decoder=lazy_module("megatron_mtp.mtp_styles.parallel.decoder"),
     hf_inline=False, parts=parts, wrap=wrap,
+    summary="Gloeckle et al.'s independent heads, one decoder layer each on the trunk's last hidden state, sharing "
+            "the output layer",
 ))

@@ -1,20 +1,33 @@
-"""Parallel MTP heads in Hugging Face form: no engine's, so a mtp/ directory of their own (models/parallel_heads_hf.py)
-beside the main model; --mtp none and separate only (convert/heads_layout.py refuses the rest)."""
+"""Parallel MTP heads in Hugging Face form: no engine's, so a mtp/ directory of their own (hf_format.py) beside the
+main model; --mtp none and separate only (layouts.py refuses the rest)."""
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
+from megatron_mtp.convert.serving import DraftServing
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.parallel_heads_hf import heads_config, is_heads_config
+from megatron_mtp.models.hf_common import mtp_depth
+from megatron_mtp.mtp_styles.parallel.hf_format import heads_config, is_heads_config, read_heads_config
+from megatron_mtp.mtp_styles.parallel.layouts import refuse_layout, unserved_sentence
 
 
 def claims(config: dict[str, Any]) -> bool:
     return is_heads_config(config)
 
 
+def import_depth(main, mtp, with_mtp: bool) -> int:
+    """Its config.json's number of heads (the main config.json's own MTP depth is read, and checked, all the same)."""
+    mtp_depth(main.config, str(main.path / "config.json"))
+    return read_heads_config(mtp.config, str(mtp.path / "config.json"), main.config).num_heads if with_mtp else 0
+
+
 def drafter_params(cfg, vocab: int) -> list:
     return []
+
+
+def drafter_shapes(cfg, vocab: int) -> dict[str, tuple[int, ...]]:
+    return {}
 
 
 def import_shape(mtp_cfg, mtp_dir, model_cfg, vocab: int) -> None:
@@ -27,8 +40,6 @@ def mtp_config(cfg, vocab: int, full: dict, depth: int, dtype: str, mtp_layout: 
 
 def check_export(mtp: Optional[str], mtp_layout: Optional[str], serve_for: Optional[str], has_mtp: bool):
     if has_mtp and mtp not in ("none", "only"):
-        from megatron_mtp.convert.heads_layout import refuse_layout
-
         refuse_layout(serve_for, mtp or "separate", mtp_layout or "hf")
     if mtp == "only":
         raise UserError("--mtp only writes the Hugging Face directory of sequential MTP modules, and this "
@@ -36,8 +47,14 @@ def check_export(mtp: Optional[str], mtp_layout: Optional[str], serve_for: Optio
     return mtp
 
 
+def _words(e) -> str:
+    return (f"{e.depth} parallel MTP head" + ("s" if e.depth > 1 else "") + " in mtp/ (no engine below loads "
+            f"them; `megatron-mtp generate {e.out} --speculative K` drafts K <= {e.depth} tokens with them)")
+
+
 def serving_flags() -> dict:
-    return {"parallel_heads": True}
+    """No engine drafts with the heads."""
+    return {"draft": DraftServing(kind="parallel-heads", words=_words, unserved=unserved_sentence)}
 
 
 def extra_files(cfg, vocab: int, speculative: Optional[int]) -> dict[str, dict]:

@@ -30,11 +30,12 @@ def wrap(cfg, platform, family_parts) -> None:
 
 SEQUENTIAL = register_style(MTPStyle(
     name="sequential", chains_modules=True, separate_drafter=False, soft_targets=True, head_by_head=False,
-    a2a_overlap=True, context_parallel=True, drafts=True, words=words,
+    a2a_overlap=True, context_parallel=True, drafts=True, words=words, key_prefix="mtp.",
     tensor_rows=lambda table, *args: table.mtp_module_params(*args),
     own_rules=mtp_own_rules, own_flops=_eh_proj_flops, drafter_words="the MTP module",
     plan=lazy_module("megatron_mtp.mtp_styles.sequential.plan"),
     convert=lazy_module("megatron_mtp.mtp_styles.sequential.convert"),
     decoder=lazy_module("megatron_mtp.mtp_styles.sequential.decoder"),
     hf_inline=True, parts=parts, wrap=wrap,
+    summary="DeepSeek-V3's chained modules (depth k also reads the embedding of token t+k)",
 ))

@@ -5,15 +5,35 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from megatron_mtp.convert.serving import DraftServing
+from megatron_mtp.errors import UserError
+from megatron_mtp.models.hf_common import mtp_depth
+
 
 def claims(config: dict[str, Any]) -> bool:
     """Whether an MTP directory's config.json is this style's: the default, when no other style claims it."""
     return False
 
 
+def import_depth(main, mtp, with_mtp: bool) -> int:
+    """The depth ``from-hf`` imports from the HF directory ``main`` and the MTP directory ``mtp`` of this format
+    (None: the MTP layers, if any, are in ``main``); 0 without MTP (``--no-mtp``)."""
+    declared = mtp_depth(main.config, str(main.path / "config.json"))
+    if mtp is not None:
+        declared = mtp_depth(mtp.config, str(mtp.path / "config.json"))
+        if declared == 0:
+            raise UserError(f"MTP directory '{mtp.path}' has num_nextn_predict_layers 0; it holds no MTP layers")
+    return declared if with_mtp else 0
+
+
 def drafter_params(cfg, vocab: int) -> list:
     """None beside the family's table: its rows are the family's (tensor_rows)."""
     return []
+
+
+def drafter_shapes(cfg, vocab: int) -> dict[str, tuple[int, ...]]:
+    """megatron-core key -> global shape of a separate drafter's own tensors (the shape checks', convert/shapes.py)."""
+    return {}
 
 
 def import_shape(mtp_cfg, mtp_dir, model_cfg, vocab: int) -> None:
@@ -33,8 +53,9 @@ def check_export(mtp: Optional[str], mtp_layout: Optional[str], serve_for: Optio
 
 
 def serving_flags() -> dict:
-    """convert/serving.py Export fields this style sets."""
-    return {}
+    """convert/serving.py Export fields this style sets: how the engines serve its draft (``DraftServing``; the
+    default: the engines' own MTP draft, judged by their facts)."""
+    return {"draft": DraftServing()}
 
 
 def extra_files(cfg, vocab: int, speculative: Optional[int]) -> dict[str, dict]:

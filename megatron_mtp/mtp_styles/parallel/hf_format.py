@@ -23,7 +23,7 @@ as something it is not. Tensors: ``heads.{i}.`` + the names of a decoder layer o
 (DeepSeek-V3: ``self_attn.*``, ``mlp.*``, the two layer norms; Gemma 4: its sandwich norms, ``router.*``,
 ``experts.*`` and ``layer_scalar``), and ``heads.{i}.norm.weight``; no embedding or output head (shared
 with main/, not repeated). ``from-hf`` reads it back bitwise; ``megatron-mtp generate`` drafts with it
-(inference/parallel_draft.py).
+(mtp_styles/parallel/drafter.py).
 """
 
 from __future__ import annotations

@@ -3,10 +3,9 @@ an unchanged target, both ways.
 
 Design note. The converters stream tensors through one table of ``Param`` rows; the assistant's rows
 (the family's ``assistant_tensors``, models/gemma4/assistant/hf.py) are part "mtp" and name their HF
-tensors ``assistant/<name>``: the prefix keeps them apart from the target's tensors of the same name (both
-have ``model.layers.0...``, ``model.embed_tokens.weight``) while the table is one list, and it is dropped
-where a tensor is written into the assistant directory (``to-hf``: OUT/mtp, or OUT with ``--mtp only``)
-and added where one is read from it (``from-hf --mtp-dir``). Its config.json is transformers'
+tensors as a separate drafter's (convert/drafter_dir.py): apart from the target's tensors of the same name
+while the table is one list, under their own names in the assistant directory (``to-hf``: OUT/mtp, or OUT with
+``--mtp only``; ``from-hf --mtp-dir``). Its config.json is transformers'
 Gemma4AssistantConfig; its generation_config.json says how many tokens it drafts
 (``num_assistant_tokens``: mtp.num_layers, the steps it was trained for, or ``--speculative``).
 """
@@ -16,12 +15,11 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from megatron_mtp.config.mtp_style import get_style
+from megatron_mtp.convert.drafter_dir import table_name
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.family import assistant_family, get_family
 from megatron_mtp.models.tensor_table import Param
 
-IN_DIR = "assistant/"
-"""Table names of tensors that live in the assistant's own directory."""
 RELEASE_DRAFT_TOKENS = 6
 """num_assistant_tokens of the released assistants' generation_config.json."""
 
@@ -38,22 +36,16 @@ def assistant_params(cfg, vocab: int) -> list[Param]:
     drafter = get_family(cfg.model.family).style_part(cfg.mtp.style)
     if drafter is None:
         raise UserError(f"mtp.style={cfg.mtp.style} is not built for model.family={cfg.model.family}")
-    return [Param(t.mcore, tuple(IN_DIR + h for h in t.hf), "mtp", integer=t.integer)
+    return [Param(t.mcore, tuple(table_name(h) for h in t.hf), "mtp", integer=t.integer)
             for t in drafter.tensors(cfg, vocab)]
 
 
 def shapes(cfg, vocab: int) -> dict[str, tuple[int, ...]]:
     """megatron-core key -> global shape of every assistant tensor ({} for a run without one; the shape checks'
     ``drafter``, convert/shapes.py)."""
-    drafter = get_family(cfg.model.family).style_part(cfg.mtp.style)
-    if not (cfg.mtp.num_layers and get_style(cfg.mtp.style).separate_drafter) or drafter is None:
-        return {}  # none, or one the family does not build (an EAGLE-3 drafter: to-hf leaves it out)
-    return {t.mcore: t.shape for t in drafter.tensors(cfg, vocab)}
-
-
-def dir_name(name: str) -> str:
-    """A table name -> the tensor's name inside the assistant directory."""
-    return name[len(IN_DIR):] if name.startswith(IN_DIR) else name
+    if not (cfg.mtp.num_layers and get_style(cfg.mtp.style).separate_drafter):
+        return {}
+    return {t.mcore: t.shape for t in get_family(cfg.model.family).style_part(cfg.mtp.style).tensors(cfg, vocab)}
 
 
 def check_layout(mtp: Optional[str], mtp_layout: Optional[str], serve_for: Optional[str]) -> str:

@@ -1,8 +1,8 @@
-"""Drafting with parallel MTP heads (``mtp.style: parallel``; export format: models/parallel_heads_hf.py).
+"""Drafting with parallel MTP heads (``mtp.style: parallel``; export format: mtp_styles/parallel/hf_format.py).
 
 Head k (1-based) is a decoder layer with its own KV cache over the TARGET's positions, fed the target's
 hidden state ``h_0(t)`` after ``model.norm``, then its own norm (``heads.{k-1}.norm``) and the target's
-``lm_head``; at position t it predicts token t+1+k (training: models/parallel_heads.py).
+``lm_head``; at position t it predicts token t+1+k (training: mtp_styles/parallel/model.py).
 
 One round (``seq[N-1]`` pending, ``h_0`` known for positions ``<= N-2``, see draft.py): draft d_j is head j at
 position ``N-2``, predicting ``seq[N-1+j]`` (the target itself predicts the pending ``seq[N-1]`` there).
@@ -31,8 +31,8 @@ from megatron_mtp.inference.target import TargetModel, softcap
 from megatron_mtp.models.decoding.drafting import HiddenBuffer, PickFn
 from megatron_mtp.models.decoding.kv_cache import KVCache, Rows
 from megatron_mtp.models.decoding.layers import HFConfig, RMSNorm
-from megatron_mtp.models.parallel_heads_hf import is_heads_config, read_heads_config
 from megatron_mtp.models.tensor_table import hf_head_prefix
+from megatron_mtp.mtp_styles.parallel.hf_format import is_heads_config, read_heads_config
 
 
 class HeadParts:

@@ -1,4 +1,5 @@
-"""The export layouts parallel MTP heads cannot take (their format: models/parallel_heads_hf.py)."""
+"""The export layouts parallel MTP heads cannot take (their format: mtp_styles/parallel/hf_format.py), and why no
+serving engine drafts with them."""
 
 from __future__ import annotations
 
@@ -7,12 +8,19 @@ from typing import Optional
 from megatron_mtp.errors import UserError
 
 
+def unserved_sentence(title: str) -> str:
+    """Why ``--for`` refuses parallel MTP heads (and the SERVING.md note without it)."""
+    return (f"{title} drafts only with DeepSeek-V3's sequential MTP modules, and this checkpoint has parallel MTP "
+            "heads; export without --for (OUT/mtp then holds the heads, which megatron-mtp generate --speculative "
+            "K drafts with) or with --mtp none")
+
+
 def refuse_layout(serve_for: Optional[str], mtp: str, mtp_layout: str) -> None:
     """What an export of parallel heads cannot be, one sentence each (serving engines: convert/serving.py)."""
     from megatron_mtp.convert import serving
 
     if serve_for is not None:
-        raise UserError(serving.parallel_heads_sentence(serving.FACTS[serve_for].title))
+        raise UserError(unserved_sentence(serving.FACTS[serve_for].title))
     if mtp == "inline":
         raise UserError("--mtp inline needs sequential MTP modules (the Hugging Face layers "
                         "num_hidden_layers+d), and this checkpoint has parallel MTP heads, which have no Hugging "

@@ -1,0 +1,33 @@
+"""GLM-5 family (``glm_moe_dsa``: MLA with DeepSeek Sparse Attention's lightning indexer, IndexShare across
+layers, dense first layers, DeepSeek-style MoE with one routing group, sequential MTP; megatron-core 0.19's DSA
+modules): its ``Family``, registered once (models/family.py); the megatron-core pieces load when first used."""
+
+from __future__ import annotations
+
+from megatron_mtp.models.family import ServingFacts, family_of_modules, register
+from megatron_mtp.models.glm_moe_dsa import hf_config, hf_config_json, hf_mapping, size
+from megatron_mtp.models.glm_moe_dsa.model_config import GlmMoeDsaModelConfig
+
+FAMILY = register(family_of_modules(
+    name="glm_moe_dsa",
+    title="GLM-5",
+    architectures=(hf_config.ARCHITECTURE,),
+    model_types=("glm_moe_dsa",),
+    model_config=GlmMoeDsaModelConfig,
+    builders="megatron_mtp.models.glm_moe_dsa",
+    size=size,
+    hf_mapping=hf_mapping,
+    hf_config=hf_config,
+    hf_config_json=hf_config_json,
+    decoder="megatron_mtp.models.glm_moe_dsa.decoder:DSADecoderLayer",
+    activations="megatron_mtp.models.dsa.activations",
+    # transformers 5.25's GlmMoeDsaForCausalLM ignores layer 78 (the release's MTP layer)
+    serving=ServingFacts(
+        transformers_mtp_layers=(78,), mla_head_size=size.mla_head_size,
+        notes=("The commands below are DeepSeek-V3's; the engines' GLM-5 loaders (their sparse-attention kernels, "
+               "IndexShare, the MTP layer's indexer) were not checked against this export.",
+               "transformers' GlmMoeDsaForCausalLM normalises the query and key/value latents with eps 1e-6 whatever "
+               "rms_norm_eps says (1e-5 in GLM-5), where megatron-core, vLLM and SGLang take rms_norm_eps, so its "
+               "logits differ slightly from ours and the engines'.")),
+    decodes=False,
+))

@@ -1,0 +1,11 @@
+"""GLM-5's megatron-core config: the DSA families' (models/dsa/transformer_config.py), the indexer's RoPE
+interleaved and IndexShare's frequency and offset from the model config."""
+
+from megatron_mtp.models.dsa.transformer_config import (  # noqa: F401  (the family interface and its tests)
+    build_transformer_config,
+    common_kwargs,
+    megatron_layout,
+    moe_layer_pattern,
+    sequence_parallel,
+    transformer_config_kwargs,
+)
