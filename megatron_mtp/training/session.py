@@ -128,7 +128,7 @@ def _open_claimed(cfg: Config, run_dir: Path, platform: Platform, ranks: Ranks, 
 
     components = build_components(cfg, platform, padded_vocab_size(cfg.model.vocab_size, cfg))
 
-    state, loaded_from = TrainState(), None
+    state, loaded_from, weights_only = TrainState(), None, False
     own = find_checkpoint(run_dir)
     fully_parallel = cfg.checkpoint.fully_parallel_load
     if own is not None:
@@ -146,7 +146,7 @@ def _open_claimed(cfg: Config, run_dir: Path, platform: Platform, ranks: Ranks, 
         take_optimizer = cfg.checkpoint.load_optimizer and not cfg.mtp.freeze_base
         state = ckpt_io.load_checkpoint(src.path, components, ranks, load_optimizer=take_optimizer,
                                         fully_parallel=fully_parallel, cfg=cfg, layout=optimizer_layout(cfg))
-        loaded_from = src.path
+        loaded_from, weights_only = src.path, not take_optimizer
         notes += [src.note] if src.note else []
     if loaded_from is not None:
         refuse_nonfinite_loaded_weights(components, loaded_from)
@@ -154,6 +154,10 @@ def _open_claimed(cfg: Config, run_dir: Path, platform: Platform, ranks: Ranks, 
         prepare = getattr(unwrap(chunk), "prepare_after_load", None)
         if prepare is not None:
             prepare()
+    if weights_only and components.optimizer is not None:
+        # the optimizer's own copies of the weights (fp32 main parameters beside bf16 ones) were made from the
+        # initial weights when it was built: they take the loaded ones, or its first step would put those back
+        components.optimizer.reload_model_params()
 
     t = cfg.training
     train_samples = planned_train_samples(cfg)  # read past it in reshuffled passes (data/passes.py)

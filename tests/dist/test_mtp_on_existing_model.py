@@ -61,6 +61,18 @@ def test_new_mtp_modules_on_a_model_without_mtp(tmp_path, base, train):
         in proc.stdout, proc.stdout[-2000:]
 
 
+def test_a_weights_only_load_in_bf16_keeps_the_loaded_weights(tmp_path, train):
+    """bf16 keeps fp32 main parameters in the optimizer: they take the loaded weights, so a step at lr 0 saves the
+    loaded ones bitwise (not the new run's own initial weights, which another seed draws differently)."""
+    bf16 = ("training.precision=bf16", *FROZEN, "checkpoint.save_interval=1")
+    train(tmp_path / "src", steps=1, overrides=bf16)
+    train(tmp_path / "dst", steps=1, overrides=(*bf16, "training.seed=7", f"checkpoint.load={tmp_path / 'src'}",
+                                                "checkpoint.load_optimizer=false"))
+    with TorchDistReader(_latest(tmp_path / "src")) as src, TorchDistReader(_latest(tmp_path / "dst")) as dst:
+        keys = [k for k in src.keys() if not k.startswith("optimizer") and not k.endswith("expert_bias")]
+        assert keys and not [k for k in keys if not torch.equal(src.read(k), dst.read(k))]
+
+
 GLM_TINY = ("model.num_layers=2",)
 
 
