@@ -126,6 +126,16 @@ class MTPStyle:
     more."""
     check: Callable[[Any], None] = _no_checks
     """cfg -> its own checks (beyond the traits'), a UserError for the first failure."""
+    options: Optional[Callable[[], type]] = None
+    """() -> the dataclass of its own options, the config section ``mtp.<name>`` (config/model.py
+    ``mtp_config_class``: a YAML mapping or ``mtp.<name>.<field>=`` overrides, unknown keys refused, each field's
+    docstring in ``train --help-config``); defined in a torch-free module of its folder (``options.py``) and named
+    lazily (config/lazy.py ``lazy_object``), so registering the style imports it only when a config is read. None:
+    it has no options of its own."""
+    observes_predictions: bool = False
+    """Its model hands each draft step's predictions, as the target's token ids, and then the main model's to the MTP
+    metrics itself (the metrics become its ``prediction_observer``, training/metric_hooks.py), where a forward hook
+    on an output layer would see the wrong calls or ids (e.g. a drafter's head over a draft vocabulary of its own)."""
 
     def title(self) -> str:
         """How messages name the style: ``mtp.style=<name>``."""
