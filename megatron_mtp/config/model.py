@@ -20,7 +20,6 @@ from typing import Any, ClassVar, Literal, Mapping, Optional
 
 from megatron_mtp.config.assistant import AssistantShape
 from megatron_mtp.config.base import to_dict
-from megatron_mtp.config.eagle3 import Eagle3Shape
 from megatron_mtp.config.moe_layers import MoeLayers
 from megatron_mtp.config.mtp_style import get_style, styles
 from megatron_mtp.errors import UserError
@@ -225,9 +224,6 @@ class MTPConfig:
     style for any family); the first is the default. The styles:"""
     assistant: AssistantShape = field(default_factory=AssistantShape)
     """The assistant's shape (mtp.style assistant)."""
-    eagle3: Eagle3Shape = field(default_factory=Eagle3Shape)
-    """The EAGLE-3 drafter's shape (mtp.style eagle3: a small decoder on the frozen target's hidden states at a few
-    layers, trained for mtp.num_layers draft steps; mtp_styles/eagle3/)."""
     repeated_layer: bool = False
     """One MTP module applied mtp.num_layers times (megatron-core 0.19's mtp_use_repeated_layer; refused on
     0.16): depth k reads depth k-1's output and the embedding of token t+k exactly as D modules would, but

@@ -76,3 +76,48 @@ def test_the_draft_vocabulary_is_the_most_frequent_tokens():
     assert ids.tolist() == [0, 2, 3, 4, 6] and t2d.nonzero().flatten().tolist() == ids.tolist()
     d2t, t2d = draft_vocabulary(counts, 7)  # fewer seen than asked: the lowest unseen ids fill in
     assert (torch.arange(7) + d2t).tolist() == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_its_options_are_its_own_section_mtp_eagle3():
+    """The style's ``options`` class (its folder's options.py) is the section mtp.eagle3: defaults in a new Config,
+    overrides and mappings with unknown keys refused, the config.yaml round trip, ``train --help-config``."""
+    from megatron_mtp.config import Config
+    from megatron_mtp.config.base import describe
+    from megatron_mtp.config.mtp_style import get_style
+    from megatron_mtp.config.root import config_from_dict
+
+    options = get_style("eagle3").options()
+    assert options.__module__ == "megatron_mtp.mtp_styles.eagle3.options"
+    assert isinstance(Config().mtp.eagle3, options) and Config().mtp.eagle3.num_layers == 1
+    cfg = load_config(TINY, [*EAGLE3, "mtp.eagle3.aux_layers=[1,4,8]"])
+    assert cfg.mtp.eagle3.aux_layers == [1, 4, 8] and config_from_dict(cfg.to_dict()) == cfg
+    assert cfg.replace(name="other").mtp == cfg.mtp
+    with pytest.raises(UserError, match=r"unknown config key 'mtp.eagle3.aux_layer'.*did you mean 'aux_layers'"):
+        load_config(TINY, ["mtp.eagle3.aux_layer=[1]"])
+    with pytest.raises(UserError, match=r"unknown config key 'mtp.eagle3.bogus'"):
+        config_from_dict({"mtp": {"eagle3": {"bogus": 1}}})
+    rows = {key: doc for key, _, doc in describe(Config)}
+    assert rows["mtp.eagle3.aux_layers"].startswith("[mtp.style=eagle3] The target's hidden states")
+    assert "eagle3: an EAGLE-3 drafter" in rows["mtp.style"]
+
+
+def test_every_family_builds_it_and_its_counts_are_the_styles():
+    """``any_family``: no family names it; an MTP-only step's FLOPs are its ``drafter_flops``; the converter's
+    shapes of its tensors are the plan's parameters and its two vocabulary tables."""
+    from megatron_mtp.config.mtp_style import get_style
+    from megatron_mtp.models.family import families, get_family
+    from megatron_mtp.models.sizes import mtp_only_flops_per_token
+    from megatron_mtp.mtp_styles.eagle3 import plan as eagle3_plan
+    from megatron_mtp.mtp_styles.eagle3.shape import BUFFERS
+
+    assert all("eagle3" in family.mtp_styles and "eagle3" not in family.model_config.MTP_STYLES
+               for family in families())
+    cfg = load_config(TINY, [*EAGLE3, "mtp.eagle3.draft_vocab_size=256"])
+    family, style = get_family(cfg.model.family), get_style("eagle3")
+    base = family.training_flops_per_token(cfg, 1024, 0) / 3
+    step = style.drafter_flops(family, cfg, 1024)
+    assert step > 0 and mtp_only_flops_per_token(family, cfg, 1024, 3) == pytest.approx(base + 9 * step)
+    shapes = style.convert().drafter_shapes(cfg, 1024)
+    params = eagle3_plan.params(cfg, None, type("Stage", (), {"mtp_layers": 3})(), 1024, False)
+    assert [p.name for p in params] + list(BUFFERS) == list(shapes)
+    assert shapes["mtp_eagle3.lm_head.weight"] == (256, 128) and shapes["mtp_eagle3.t2d"] == (1024,)

@@ -46,4 +46,5 @@ EAGLE3 = register_style(MTPStyle(
     summary="an EAGLE-3 drafter (mtp.eagle3): a small decoder on the frozen target's hidden states at a few layers, "
             "D training-time-test steps over a draft vocabulary, in speculators' format",
     drafter_flops=lazy("megatron_mtp.mtp_styles.eagle3.plan:step_flops"),
+    options=lazy_object("megatron_mtp.mtp_styles.eagle3.options:Eagle3Options"),
 ))

@@ -10,8 +10,9 @@ Each step's teacher is the target's own next-token distribution one step further
 vocabulary: the main logits at the draft ids, softmaxed there (speculators' verifier_lm_head over t2d's rows), and
 step k's loss is γ^k · (λ/K) · the mean KL(teacher ‖ draft) over the step's loss mask, logged as mtp_loss_{k+1}.
 The token embeddings are the target's table (frozen, read where it lives: no copy). The MTP metrics see each
-step's argmax mapped to target ids, then the main model's (``observes_predictions``: training/metric_hooks.py), and
-in evaluation each step's KL, so valid/mtp_loss_k is the same measure as train/mtp_loss_k.
+step's argmax mapped to target ids, then the main model's (the style's ``observes_predictions``:
+training/metric_hooks.py), and in evaluation each step's KL, so valid/mtp_loss_k is the same measure as
+train/mtp_loss_k.
 
 A new drafter (one its checkpoint.load does not hold) picks its draft vocabulary from the training data and starts
 its output head from the target's output rows of it (``prepare_after_load``, as speculators starts its lm_head); a
@@ -36,9 +37,6 @@ def draft_kl(logits: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
 
 class Eagle3GPTModel(MTPObjectiveGPTModel):
     """A frozen target with an EAGLE-3 drafter on its loss stage (module note)."""
-
-    observes_predictions = True
-    """The MTP metrics are handed over as ``prediction_observer``: its draft steps score another vocabulary."""
 
     def __init__(self, *args, run_config, platform=None, head_norm_spec=None, **kwargs):
         # head_norm_spec: what build_gpt_model hands a model that replaces the MTP block; the drafter has its own

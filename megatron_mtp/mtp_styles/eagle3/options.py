@@ -1,6 +1,7 @@
-"""The shape of an EAGLE-3 drafter (``mtp.style: eagle3``; mtp_styles/eagle3/): a small dense decoder on the frozen
-target's hidden states at a few of its layers, in the speculators format's terms. Its checks and the values of its
-null fields are the style's (mtp_styles/eagle3/shape.py)."""
+"""The options of an EAGLE-3 drafter, the config section ``mtp.eagle3`` (the style's ``options``;
+config/model.py ``mtp_config_class``): a small dense decoder on the frozen target's hidden states at a few of its
+layers, in the speculators format's terms. Its checks and the values of its null fields are shape.py's. No torch:
+reading a config imports this module."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Optional
 
 
 @dataclass
-class Eagle3Shape:
+class Eagle3Options:
+    """``mtp.eagle3``: the drafter's shape and training (mtp.style eagle3; mtp.num_layers is its draft steps)."""
+
     aux_layers: Optional[list[int]] = None
     """The target's hidden states the drafter reads (speculators' eagle_aux_hidden_state_layer_ids): id i is the
     hidden state entering decoder layer i (0-based), i.e. the output of layer i counted from 1; 0 is the
