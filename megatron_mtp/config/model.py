@@ -18,7 +18,6 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Mapping, Optional
 
-from megatron_mtp.config.assistant import AssistantShape
 from megatron_mtp.config.base import to_dict
 from megatron_mtp.config.moe_layers import MoeLayers
 from megatron_mtp.config.mtp_style import get_style, styles
@@ -222,8 +221,6 @@ class MTPConfig:
     style: str = "sequential"
     """A registered MTP style (mtp_styles/, one folder each), which the model's family builds (its MTP_STYLES, or a
     style for any family); the first is the default. The styles:"""
-    assistant: AssistantShape = field(default_factory=AssistantShape)
-    """The assistant's shape (mtp.style assistant)."""
     repeated_layer: bool = False
     """One MTP module applied mtp.num_layers times (megatron-core 0.19's mtp_use_repeated_layer; refused on
     0.16): depth k reads depth k-1's output and the embedding of token t+k exactly as D modules would, but
