@@ -155,10 +155,13 @@ def register_style(style: MTPStyle) -> MTPStyle:
 
 
 def _load() -> dict[str, MTPStyle]:
+    """Every style, the built-in ones first in ``BUILT_IN`` order, whichever was imported first (a module of one
+    style's folder imported directly registers it before the others), then the others as they were registered."""
     for name in BUILT_IN:
         if name not in _REGISTRY:
             importlib.import_module(f"{STYLES_PACKAGE}.{name}")  # its __init__ registers it
-    return _REGISTRY
+    rank = {name: i for i, name in enumerate(BUILT_IN)}
+    return dict(sorted(_REGISTRY.items(), key=lambda item: rank.get(item[0], len(rank))))
 
 
 def styles() -> tuple[MTPStyle, ...]:
