@@ -161,7 +161,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
 
 def resolve_section(cls: type, data: dict[str, Any], where: str) -> tuple[type, dict[str, Any]]:
     """The class a section's mapping builds and the mapping to build it from: ``cls`` itself, or what
-    its ``__config_class__(data, where)`` says (config.model.ModelConfig: the family's subclass)."""
+    its ``__config_class__(data, where)`` says (config.model.ModelConfig: the family's subclass; MTPConfig: the
+    one with the MTP styles' option sections)."""
     resolve = getattr(cls, "__config_class__", None)
     return resolve(data, where) if resolve is not None else (cls, data)
 
@@ -257,7 +258,8 @@ def load_yaml(path: str) -> dict[str, Any]:
 def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
     """(dotted key, type, docstring) for every leaf field: used by `megatron-mtp train --help-config`. A class's
     ``field_help()`` (field -> text), where it has one, adds what its docstrings cannot know (the registered
-    choices)."""
+    choices); its ``__config_sections__()`` (section -> (class, the setting it belongs to)), the sections its
+    ``__config_class__`` adds (config/model.py MTPConfig: each MTP style's options)."""
     rows = []
     hints = typing.get_type_hints(cls)
     docs = field_docs(cls)
@@ -267,6 +269,9 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
         key = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(tp):
             rows.extend(describe(tp, key + "."))
+            sections = getattr(tp, "__config_sections__", None)  # MTPConfig: each style's own options
+            for name, (sub, setting) in (sections() if sections else {}).items():
+                rows.extend((k, t, f"[{setting}] {d}") for k, t, d in describe(sub, f"{key}.{name}."))
             variants = getattr(tp, "__config_classes__", None)  # ModelConfig: each family's own fields
             for name, sub in (variants() if variants else {}).items():
                 rows.extend((k, t, f"[{f.name}.family={name}] {d}") for k, t, d in describe(sub, key + ".")

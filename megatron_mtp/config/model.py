@@ -14,10 +14,10 @@ transformer_config.py.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Mapping, Optional
 
-from megatron_mtp.config.assistant import AssistantShape
 from megatron_mtp.config.base import to_dict
 from megatron_mtp.config.moe_layers import MoeLayers
 from megatron_mtp.config.mtp_style import get_style, styles
@@ -222,8 +222,6 @@ class MTPConfig:
     style: str = "sequential"
     """A registered MTP style (mtp_styles/, one folder each), which the model's family builds (its MTP_STYLES, or a
     style for any family); the first is the default. The styles:"""
-    assistant: AssistantShape = field(default_factory=AssistantShape)
-    """The assistant's shape (mtp.style assistant)."""
     repeated_layer: bool = False
     """One MTP module applied mtp.num_layers times (megatron-core 0.19's mtp_use_repeated_layer; refused on
     0.16): depth k reads depth k-1's output and the embedding of token t+k exactly as D modules would, but
@@ -267,6 +265,21 @@ class MTPConfig:
         """``train --help-config``'s words on the registered styles (config/base.py ``describe``)."""
         return {"style": "; ".join(s.name + (f": {s.summary}" if s.summary else "") for s in styles()) + "."}
 
+    def __new__(cls, *args, **kwargs):
+        """``MTPConfig(...)`` builds ``mtp_config_class()``: every MTP config has the styles' option sections."""
+        return object.__new__(mtp_config_class() if cls is MTPConfig else cls)
+
+    @classmethod
+    def __config_class__(cls, data: Mapping[str, Any], where: str) -> tuple[type, dict[str, Any]]:
+        """(the class an ``mtp`` mapping builds, the mapping): MTPConfig with each style's option section
+        (``mtp_config_class``)."""
+        return mtp_config_class(), dict(data)
+
+    @classmethod
+    def __config_sections__(cls) -> dict[str, tuple[type, str]]:
+        """section -> (its class, the setting it belongs to): each style's options (``train --help-config``)."""
+        return {name: (options, f"mtp.style={name}") for name, options in _style_options()}
+
     def __post_init__(self):
         style = get_style(self.style)
         if self.freeze_base is None:  # a separate drafter always trains beside a frozen target
@@ -276,3 +289,29 @@ class MTPConfig:
     def modules(self) -> int:
         """How many MTP modules hold weights: 1 with repeated_layer, else num_layers (the depth)."""
         return min(self.num_layers, 1) if self.repeated_layer else self.num_layers
+
+
+def _style_options() -> tuple[tuple[str, type], ...]:
+    """(style name, its options class) of every registered style that has options of its own."""
+    return tuple((style.name, style.options()) for style in styles() if style.options is not None)
+
+
+@functools.lru_cache(maxsize=None)
+def _with_sections(sections: tuple[tuple[str, type], ...]) -> type:
+    own = {f.name for f in dataclasses.fields(MTPConfig)}
+    clash = [name for name, _ in sections if name in own]
+    if clash:
+        raise RuntimeError(f"MTP style {clash[0]} has options, whose section would be the field mtp.{clash[0]}")
+    if not sections:
+        return MTPConfig
+    made = dataclasses.make_dataclass("MTPConfig", [(name, options, field(default_factory=options))
+                                                    for name, options in sections], bases=(MTPConfig,))
+    made.__module__, made.__doc__ = __name__, MTPConfig.__doc__
+    return made
+
+
+def mtp_config_class() -> type:
+    """MTPConfig with a section ``mtp.<style>`` of each registered style's ``options`` class (config/mtp_style.py),
+    the styles' own option sections: the class the config loader and ``MTPConfig(...)`` build for ``mtp`` (the
+    registry is read when the first is built, not when this module is imported)."""
+    return _with_sections(_style_options())

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 from megatron_mtp.errors import UserError
 
-BUILT_IN = ("sequential", "parallel", "assistant")
+BUILT_IN = ("sequential", "parallel", "assistant", "eagle3")
 """The folders of mtp_styles/, in the order messages list them (the first is mtp.style's default): adding a style
 is its folder and its name here."""
 STYLES_PACKAGE = "megatron_mtp" + ".mtp_styles"
@@ -126,6 +126,16 @@ class MTPStyle:
     more."""
     check: Callable[[Any], None] = _no_checks
     """cfg -> its own checks (beyond the traits'), a UserError for the first failure."""
+    options: Optional[Callable[[], type]] = None
+    """() -> the dataclass of its own options, the config section ``mtp.<name>`` (config/model.py
+    ``mtp_config_class``: a YAML mapping or ``mtp.<name>.<field>=`` overrides, unknown keys refused, each field's
+    docstring in ``train --help-config``); defined in a torch-free module of its folder (``options.py``) and named
+    lazily (config/lazy.py ``lazy_object``), so registering the style imports it only when a config is read. None:
+    it has no options of its own."""
+    observes_predictions: bool = False
+    """Its model hands each draft step's predictions, as the target's token ids, and then the main model's to the MTP
+    metrics itself (the metrics become its ``prediction_observer``, training/metric_hooks.py), where a forward hook
+    on an output layer would see the wrong calls or ids (e.g. a drafter's head over a draft vocabulary of its own)."""
 
     def title(self) -> str:
         """How messages name the style: ``mtp.style=<name>``."""
@@ -145,10 +155,13 @@ def register_style(style: MTPStyle) -> MTPStyle:
 
 
 def _load() -> dict[str, MTPStyle]:
+    """Every style, the built-in ones first in ``BUILT_IN`` order, whichever was imported first (a module of one
+    style's folder imported directly registers it before the others), then the others as they were registered."""
     for name in BUILT_IN:
         if name not in _REGISTRY:
             importlib.import_module(f"{STYLES_PACKAGE}.{name}")  # its __init__ registers it
-    return _REGISTRY
+    rank = {name: i for i, name in enumerate(BUILT_IN)}
+    return dict(sorted(_REGISTRY.items(), key=lambda item: rank.get(item[0], len(rank))))
 
 
 def styles() -> tuple[MTPStyle, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from megatron_mtp.config.mtp_style import get_style
 from megatron_mtp.models.tensor_table import drafter_output_layers
 from megatron_mtp.training.components import unwrap
 from megatron_mtp.training.metrics import MTPMetrics
@@ -19,7 +20,8 @@ def attach_metrics(model_chunks: list, cfg, ranks) -> tuple[MTPMetrics | None, E
     if ranks.is_last_stage and cfg.mtp.num_layers > 0:
         cp_group = parallel_state.get_context_parallel_group() if ranks.cp > 1 else None
         metrics = MTPMetrics(cfg.mtp.num_layers, parallel_state.get_tensor_model_parallel_group(), cp_group)
-        if getattr(last, "output_chunk", None):  # no logits are made: the chunked loss reports its argmaxes
+        # no logits are made (the chunked loss), or the style's model reports its drafts itself: it hands the argmaxes
+        if getattr(last, "output_chunk", None) or get_style(cfg.mtp.style).observes_predictions:
             last.prediction_observer = metrics
         else:
             last.output_layer.register_forward_hook(metrics.output_hook)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_mtp.config import load_config
+from megatron_mtp.config import load_config, mtp_style
 from megatron_mtp.config.validate import validate
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.deepseek_v3.hf_mapping import param_table
@@ -110,3 +110,20 @@ def test_a_style_for_any_family_is_built_by_every_family_without_naming_it(monke
         for style in (toy, narrow):
             mtp_style._REGISTRY.pop(style.name, None)
     assert [s.name for s in mtp_style.styles()] == list(mtp_style.BUILT_IN)
+
+
+def test_the_styles_option_sections_are_their_options_classes():
+    """``mtp.assistant`` and ``mtp.eagle3`` are sections of the styles' own ``options`` classes (their folders'
+    options.py), not fields of MTPConfig; MTPConfig built directly has them too."""
+    import dataclasses
+
+    from megatron_mtp.config.model import MTPConfig
+
+    own = {f.name for f in dataclasses.fields(MTPConfig)}
+    mtp = MTPConfig(num_layers=2)
+    for style in mtp_style.styles():
+        if style.options is not None:
+            options = style.options()
+            assert style.name not in own and isinstance(getattr(mtp, style.name), options)
+            assert options.__module__ == f"megatron_mtp.mtp_styles.{style.name}.options"
+    assert {"assistant", "eagle3"} <= {s.name for s in mtp_style.styles() if s.options is not None}

@@ -4,10 +4,10 @@ values and its last hidden state, applied mtp.num_layers times; exported to a di
 
 from __future__ import annotations
 
-from megatron_mtp.config.assistant import check_assistant
-from megatron_mtp.config.lazy import lazy, lazy_module
+from megatron_mtp.config.lazy import lazy, lazy_module, lazy_object
 from megatron_mtp.config.mtp_style import MTPStyle, register_style
 from megatron_mtp.models.tensor_table import mtp_own_rules
+from megatron_mtp.mtp_styles.assistant.options import check_assistant
 
 PREFIX = "mtp_assistant."
 """The checkpoint keys of the drafter (one part, whatever its depth)."""
@@ -46,4 +46,5 @@ ASSISTANT = register_style(MTPStyle(
             "values and last hidden state, applied D times (Gemma 4)",
     family_part=lazy("megatron_mtp.mtp_styles.assistant.family_part:family_part"),
     drafter_flops=lazy("megatron_mtp.mtp_styles.assistant.plan:step_flops"),
+    options=lazy_object("megatron_mtp.mtp_styles.assistant.options:AssistantOptions"),
 ))

@@ -19,6 +19,7 @@ from megatron_mtp.convert.drafter_dir import table_name
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.family import assistant_family, get_family
 from megatron_mtp.models.tensor_table import Param
+from megatron_mtp.mtp_styles.assistant.options import AssistantOptions
 
 RELEASE_DRAFT_TOKENS = 6
 """num_assistant_tokens of the released assistants' generation_config.json."""
@@ -73,13 +74,13 @@ def draft_tokens(path) -> int:
 
 
 def shape_from_hf(raw: dict[str, Any], target, vocab: int, where: str):
-    """The ``mtp.assistant`` shape of an assistant's config.json drafting for ``target`` (the reader of the family
-    whose drafter it is)."""
+    """The ``mtp.assistant`` options of an assistant's config.json drafting for ``target`` (the fields the reader of
+    the family whose drafter it is reads)."""
     family = assistant_family(raw)
     drafter = _drafter_of(family, raw)
     if drafter is None:
         raise UserError(f"{where}: model_type {raw.get('model_type')!r} is not a separate drafter megatron-mtp reads")
-    return drafter.shape_from_hf(raw, target, vocab, where)
+    return AssistantOptions(**drafter.shape_from_hf(raw, target, vocab, where))
 
 
 def _drafter_of(family, raw: dict[str, Any]):

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from megatron_mtp.config.assistant import AssistantShape
 from megatron_mtp.errors import UserError
 from megatron_mtp.models.gemma4.assistant.model_config import assistant_model
 from megatron_mtp.models.gemma4.hf_view import Gemma4HFConfig, parse_hf_config
@@ -59,10 +58,10 @@ def assistant_hf_config(cfg, vocab: int, torch_dtype: str) -> dict[str, Any]:
             "torch_dtype": torch_dtype, "text_config": text}
 
 
-def shape_from_hf(raw: dict[str, Any], target, vocab: int, where: str) -> AssistantShape:
-    """The ``mtp.assistant`` shape of a transformers assistant's config.json drafting for the target model
-    config ``target`` of ``vocab`` tokens; one sentence for an assistant this target or this trainer cannot
-    take."""
+def shape_from_hf(raw: dict[str, Any], target, vocab: int, where: str) -> dict[str, Any]:
+    """The ``mtp.assistant`` fields (the assistant style's options) of a transformers assistant's config.json
+    drafting for the target model config ``target`` of ``vocab`` tokens; one sentence for an assistant this target
+    or this trainer cannot take."""
     parsed = AssistantConfig.read(raw, where)
     text = parsed.text
     if parsed.backbone_hidden_size != target.hidden_size or text.vocab_size != vocab:
@@ -78,8 +77,8 @@ def shape_from_hf(raw: dict[str, Any], target, vocab: int, where: str) -> Assist
     if parsed.use_ordered_embeddings and vocab % parsed.num_centroids:
         raise UserError(f"{where}: num_centroids {parsed.num_centroids} does not divide the vocabulary of {vocab} "
                         "tokens; a centroid-masked output needs clusters of equal size")
-    return AssistantShape(hidden_size=text.hidden_size, num_layers=text.num_hidden_layers,
-                          num_attention_heads=text.num_attention_heads, ffn_hidden_size=text.intermediate_size,
-                          layer_types=list(text.layer_types),
-                          num_centroids=parsed.num_centroids if parsed.use_ordered_embeddings else 0,
-                          centroid_top_k=parsed.centroid_intermediate_top_k)
+    return dict(hidden_size=text.hidden_size, num_layers=text.num_hidden_layers,
+                num_attention_heads=text.num_attention_heads, ffn_hidden_size=text.intermediate_size,
+                layer_types=list(text.layer_types),
+                num_centroids=parsed.num_centroids if parsed.use_ordered_embeddings else 0,
+                centroid_top_k=parsed.centroid_intermediate_top_k)

@@ -1,5 +1,7 @@
-"""The shape of a separate drafter model (``mtp.style: assistant``; Gemma 4's assistant,
-models/gemma4/assistant/): its own width and layers, reading the target's stored keys and values."""
+"""The options of a separate drafter model (``mtp.style: assistant``; Gemma 4's assistant,
+models/gemma4/assistant/), the config section ``mtp.assistant`` (the style's ``options``; config/model.py
+``mtp_config_class``): its own width and layers, reading the target's stored keys and values, and the checks every
+family's assistant needs. No torch: reading a config imports this module."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ from megatron_mtp.errors import UserError
 
 
 @dataclass
-class AssistantShape:
+class AssistantOptions:
+    """``mtp.assistant``: the assistant's shape (mtp.style assistant; mtp.num_layers is its draft steps)."""
+
     hidden_size: int = 256
     """The assistant's own width (the 26B-A4B release's assistant: 1,024 beside the target's 2,816)."""
     num_layers: int = 4

@@ -1,0 +1,86 @@
+"""An EAGLE-3 drafter (mtp.style eagle3) trains on a frozen DeepSeek-V3-style target in one process: its K steps'
+losses (the KL to the target over the draft vocabulary, held out too) fall to well under half and its
+acceptance rises in a few steps, while the target's weights (router expert biases included) are saved
+bitwise as loaded; a new drafter's draft vocabulary is the corpus' most frequent tokens and its output head the
+target's output rows of them (frozen, as speculators keeps it). The trained checkpoint exports as a target
+(`to-hf --mtp none`) and a speculators directory that speculators' Eagle3DraftModel loads with no missing or
+unexpected key, naming the target export as its verifier: speculators' own verifier head over t2d's rows is our
+head, so the tables and the head agree through the export."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from megatron_mtp.checkpoint.info import read_config
+from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
+from megatron_mtp.errors import UserError
+
+pytestmark = [pytest.mark.dist, pytest.mark.mcore]
+
+K = 2
+EAGLE3 = ("mtp.style=eagle3", f"mtp.num_layers={K}", "mtp.eagle3.aux_layers=[0,1,2]",
+          "mtp.eagle3.draft_vocab_size=256")
+
+
+def _latest(run):
+    return run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, train):
+    """(the target: 10 steps without MTP, the drafter run: 8 steps on it)."""
+    root = tmp_path_factory.mktemp("eagle3")
+    train(root / "target", steps=10, overrides=("mtp.num_layers=0", "checkpoint.save_interval=10"))
+    train(root / "draft", steps=8, overrides=(*EAGLE3, f"checkpoint.load={root / 'target'}",
+                                              "checkpoint.save_interval=8", "logging.eval_interval=8",
+                                              "logging.eval_steps=1"))
+    return root / "target", root / "draft"
+
+
+def test_the_drafter_learns_and_the_target_stays_bitwise(runs, metrics):
+    from megatron_mtp.mtp_styles.eagle3.vocab import draft_vocabulary, train_counts
+
+    target, draft = runs
+    rows = [r for r in metrics(draft) if "train/mtp_loss_1" in r]
+    for k in range(1, K + 1):
+        first, last = rows[0][f"train/mtp_loss_{k}"], rows[-1][f"train/mtp_loss_{k}"]
+        accepted = rows[0][f"train/mtp_acceptance_{k}"], rows[-1][f"train/mtp_acceptance_{k}"]
+        print(f"eagle3 step {k}: KL {first:.4f} -> {last:.4f}, acceptance {accepted[0]:.3f} -> {accepted[1]:.3f} in "
+              f"{len(rows)} steps")
+        assert last < 0.5 * first, (k, first, last)
+        assert accepted[1] > accepted[0] + 0.05, accepted  # its argmax, mapped to target ids, meets the target's
+    valid = next(r for r in metrics(draft) if "valid/mtp_loss_1" in r)
+    assert 0 < valid["valid/mtp_loss_1"] < 2 * rows[-1]["train/mtp_loss_1"]  # the same KL, held out
+    with TorchDistReader(_latest(target)) as src, TorchDistReader(_latest(draft)) as out:
+        main = [k for k in src.keys() if not k.startswith("optimizer")]
+        changed = [k for k in main if not torch.equal(src.read(k), out.read(k))]
+        assert main and not changed, changed
+        cfg = read_config(_latest(draft))
+        d2t, t2d = draft_vocabulary(train_counts(cfg, cfg.model.vocab_size), 256)
+        assert torch.equal(out.read("mtp_eagle3.d2t"), d2t) and torch.equal(out.read("mtp_eagle3.t2d"), t2d)
+        ids = torch.arange(256) + d2t
+        assert torch.equal(out.read("mtp_eagle3.lm_head.weight"), src.read("output_layer.weight")[ids])
+
+
+def test_the_trained_drafter_exports_for_speculators(runs, tmp_path):
+    speculators_eagle3 = pytest.importorskip("speculators.models.eagle3")
+    from megatron_mtp.convert.to_hf import export_to_hf
+    from megatron_mtp.mtp_styles.eagle3 import hf
+    from megatron_mtp.mtp_styles.eagle3.export import export_drafter
+
+    _, draft = runs
+    with pytest.raises(UserError, match="--mtp separate: convert to-hf does not write an EAGLE-3 drafter"):
+        export_to_hf(draft, tmp_path / "refused", mtp="separate", dtype="fp32")
+    verifier = export_to_hf(draft, tmp_path / "target", mtp="none", dtype="fp32")
+    out = export_drafter(draft, tmp_path / "eagle3", verifier=str(verifier), dtype="fp32")
+    config, saved = hf.read_dir(out)
+    assert config["speculators_config"]["verifier"] == {"name_or_path": str(verifier),
+                                                         "architectures": ["DeepseekV3ForCausalLM"]}
+    loaded = speculators_eagle3.Eagle3SpeculatorConfig.from_pretrained(out)
+    loaded.transformer_layer_config._attn_implementation = "eager"
+    missing, unexpected = speculators_eagle3.Eagle3DraftModel(loaded).load_state_dict(saved, strict=False)
+    assert not unexpected and set(missing) == {"verifier_lm_head.weight", "verifier_norm.weight"}, (missing, unexpected)
+    model = speculators_eagle3.Eagle3DraftModel.from_pretrained(out, config=loaded)  # reads the verifier's weights
+    assert torch.equal(model.verifier_lm_head.weight, saved["lm_head.weight"])
+    assert model.config.eagle_aux_hidden_state_layer_ids == [0, 1, 2]
