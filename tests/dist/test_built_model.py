@@ -127,7 +127,7 @@ def test_dsa_table_counts_and_plan_describe_the_built_model(tmp_path, script):
     parameters, and plan's inventory the built parameters in megatron-core's registration order."""
     from megatron_mtp.models.family import get_family
 
-    config = str(ROOT / "configs" / "glm5_tiny_cpu.yaml")
+    config = str(ROOT / "configs" / "glm_moe_dsa_tiny_cpu.yaml")
     out = tmp_path / "dsa.json"
     proc = script("built_model.py", config, out, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -28,7 +28,7 @@ CONFIG = str(ROOT / "configs" / "tiny_cpu.yaml")
 GLM = str(ROOT / "configs" / "glm4_moe_tiny_cpu.yaml")
 QWEN3 = str(ROOT / "configs" / "qwen3_moe_tiny_cpu.yaml")
 GEMMA = str(ROOT / "configs" / "gemma4_tiny_cpu.yaml")
-GLM5 = str(ROOT / "configs" / "glm5_tiny_cpu.yaml")
+GLM5 = str(ROOT / "configs" / "glm_moe_dsa_tiny_cpu.yaml")
 BASE = ["model.vocab_size=1000", "model.num_layers=2", "training.seq_length=64", "training.micro_batch_size=2",
         "training.global_batch_size=8"]
 ASSISTANT = ["mtp.style=assistant", "mtp.num_layers=2", "mtp.freeze_base=true", "checkpoint.load=/a/model",

@@ -16,7 +16,7 @@ from megatron_mtp.platform.megatron_core import is_019
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 CONFIG = str(CONFIGS / "deepseek_v32_tiny_cpu.yaml")
-GLM5 = str(CONFIGS / "glm5_tiny_cpu.yaml")
+GLM5 = str(CONFIGS / "glm_moe_dsa_tiny_cpu.yaml")
 needs_019 = pytest.mark.skipif(not is_019(), reason="the DSA families need megatron-core 0.19's DSA modules")
 
 

@@ -61,14 +61,14 @@ def test_glm5_release_counts_as_transformers_does():
 
 def test_dsa_indexer_and_sparse_attention_counted_by_hand():
     """The DSA families' indexer parameters and attention FLOPs from the widths alone (models/dsa/sizes.py's
-    module note): configs/glm5_tiny_cpu.yaml has 3 layers of which layer 1 reuses layer 0's top-k, one MTP layer
+    module note): configs/glm_moe_dsa_tiny_cpu.yaml has 3 layers of which layer 1 reuses layer 0's top-k, one MTP layer
     with its own indexer, 4 heads, kv_lora 32, rope 16, qk 32, v 32, a 4 × 32 indexer on q_lora 64 and hidden
     128, the top 16 of 128 tokens; the same model as DeepSeek-V3 (no indexer, dense MLA) is the reference."""
     from megatron_mtp.config import config_from_dict
     from megatron_mtp.models.family import get_family
 
     glm = get_family("glm_moe_dsa")
-    config = str(ROOT / "configs" / "glm5_tiny_cpu.yaml")
+    config = str(ROOT / "configs" / "glm_moe_dsa_tiny_cpu.yaml")
     tiny = load_config(config, ["model.vocab_size=4096"])
     every = load_config(config, ["model.vocab_size=4096", "model.index_topk_freq=1"])
     raw = tiny.to_dict()

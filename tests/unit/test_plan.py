@@ -227,11 +227,11 @@ def test_table_and_cpu_summary():
 
 @pytest.mark.skipif(not megatron_core.is_019(), reason="GLM-5's DSA modules are megatron-core 0.19's")
 def test_dsa_activations_by_hand_and_the_report_puts_dsa_beside_dense_mla():
-    """configs/glm5_tiny_cpu.yaml on CPU (fp32, 8 × 128 tokens, 4 heads, kv_lora 32, rope 16, a 4 × 32 indexer
+    """configs/glm_moe_dsa_tiny_cpu.yaml on CPU (fp32, 8 × 128 tokens, 4 heads, kv_lora 32, rope 16, a 4 × 32 indexer
     learning from its KL loss, top 16): layer 0 runs its indexer, layer 1 reuses its top-k and keeps none of it;
     the unfused scores are three fp32 [8, 4, 128, 128] tensors and three bool masks of that shape. The table says
     DSA's attention FLOPs beside dense MLA's; a dense family's has no such line."""
-    cfg = load_config(str(ROOT / "configs" / "glm5_tiny_cpu.yaml"), ["model.vocab_size=4096"])
+    cfg = load_config(str(ROOT / "configs" / "glm_moe_dsa_tiny_cpu.yaml"), ["model.vocab_size=4096"])
     d, k = act.dims_of(cfg, 4096), act.CPU_KERNELS
     full, shared = (act.decoder_layer(act.layer_dims(cfg, d, i), k, frozenset(), False, False) for i in (0, 1))
     t = 8 * 128
