@@ -56,6 +56,14 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ] || ! "$VENV/bin/python" -I -c "i
   "$VENV/bin/python" -m pip install -q -e ".[test]"
   echo "$want" > "$stamp"
 fi
+# speculators, whose EAGLE-3 model code is the reference of tests/convert/test_eagle3_speculators.py, pins
+# transformers<=5.19 while the test extras take 5.25; its model code runs on 5.25, so it is installed without its
+# dependencies, with the few it imports at module level (without it those tests skip, saying why)
+if ! "$VENV/bin/python" -I -c "import speculators.models.eagle3" >/dev/null 2>&1; then
+  "$VENV/bin/python" -m pip install -q --no-deps "speculators==0.9.0" pydantic-settings loguru python-dotenv \
+    typing-inspection openai hs-connectors ||
+    echo "setup_env.sh: speculators 0.9.0 did not install; the EAGLE-3 reference tests will skip" >&2
+fi
 # An environment shared between checkouts imports the package from this one. The checks run with
 # -I: without it the current directory (this checkout) is on sys.path and hides where the installed
 # package really points.
