@@ -33,7 +33,7 @@ from megatron_mtp.models.tensor_table import release_mtp_name
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted(p for p in (REPO / "configs").glob("*.yaml")
                  # the engines' DeepSeek-V3.2 and GLM-5 loaders are not modelled here (their SERVING.md says so)
-                 if not p.stem.startswith(("deepseek_v32", "glm5")))
+                 if not p.stem.startswith(("deepseek_v32", "glm5", "glm_moe_dsa")))
 VARIANTS = {  # the default model, changed where an engine has a limit
     "one_layer": ["model.num_layers=1", "model.first_k_dense=0"],
     "two_mtp_modules": ["mtp.num_layers=2"],
