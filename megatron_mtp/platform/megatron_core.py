@@ -266,19 +266,96 @@ def require_dsa(title: str) -> None:
 
 # --- the DSA indexer loss tracker (0.19) ------------------------------------------------------------
 
-def dsa_indexer_loss_values(config):
+def dsa_indexer_loss_values(config, mtp: MTPIndexerLoss | None = None):
     """This rank's per-layer DSA indexer KL losses of the step, summed over its micro-batches and before
-    ``config.dsa_indexer_loss_coeff`` ([num_layers] tensor; an MTP layer's adds to its own layer number, 1),
-    or None where none was tracked (0.16, no DSA, or a coefficient of 0: the loss is then not computed)."""
+    ``config.dsa_indexer_loss_coeff``: the decoder layers', then the MTP layers' that ``mtp`` took out of the
+    tracker ([num_layers + depth] tensor), or None where none was tracked (0.16, no DSA, or a coefficient of
+    0: the loss is then not computed)."""
     if not is_019() or not getattr(config, "dsa_indexer_loss_coeff", None):
         return None
     from megatron.core.transformer.experimental_attention_variant.dsa import DSAIndexerLossLoggingHelper
 
     values = DSAIndexerLossLoggingHelper.tracker.get("values")
-    return None if values is None else values / config.dsa_indexer_loss_coeff
+    if values is None:
+        return None
+    if mtp is not None:
+        import torch
+
+        values = torch.cat([values, mtp.values.to(values.device, values.dtype)])
+    return values / config.dsa_indexer_loss_coeff
 
 
-def clear_dsa_indexer_tracker() -> None:
+class MTPIndexerLoss:
+    """The MTP layers' DSA indexer losses, apart from the decoder's. megatron-core's tracker is one [num_layers]
+    tensor indexed by the attention's layer number, and the MTP layers number theirs from 1, so MTP depth k's
+    loss would add to decoder layer k's entry. A pre-hook and a hook on each MTP layer's ``DSAttention`` move
+    what its forward added out of that entry into ``values`` (one per depth; megatron-core adds only in a
+    training forward with grad enabled, and only in a layer with its own indexer)."""
+
+    def __init__(self, depth: int):
+        import torch
+
+        self.values = torch.zeros(depth, dtype=torch.float64)
+        self._before: dict = {}
+
+    def attach(self, model_chunks: list) -> int:
+        """Hooks on the MTP layers' DSAttention of this rank's chunks; how many were hooked."""
+        from megatron.core.transformer.experimental_attention_variant.dsa import DSAttention
+
+        hooked = 0
+        for chunk in model_chunks:
+            for name, module in chunk.named_modules():
+                if isinstance(module, DSAttention) and "mtp.layers." in name:
+                    depth = int(name.split("mtp.layers.")[1].split(".")[0])
+                    module.register_forward_pre_hook(self._pre_hook(depth, module.layer_number))
+                    module.register_forward_hook(self._hook(depth, module.layer_number))
+                    hooked += 1
+        return hooked
+
+    @staticmethod
+    def _tracked():
+        from megatron.core.transformer.experimental_attention_variant.dsa import DSAIndexerLossLoggingHelper
+
+        return DSAIndexerLossLoggingHelper.tracker.get("values")
+
+    def _pre_hook(self, depth: int, number: int):
+        def hook(module, args):
+            values = self._tracked()
+            self._before[depth] = None if values is None else values[number - 1].detach().clone()
+        return hook
+
+    def _hook(self, depth: int, number: int):
+        def hook(module, args, output):
+            values, before = self._tracked(), self._before.pop(depth, None)
+            if values is None:
+                return
+            import torch
+
+            with torch.no_grad():
+                entry = values[number - 1].clone()
+                values[number - 1] = 0.0 if before is None else before
+                added = entry - values[number - 1]
+                if self.values.device != added.device:
+                    self.values = self.values.to(added.device)
+                self.values[depth] += added.double()
+        return hook
+
+    def clear(self) -> None:
+        self.values.zero_()
+
+
+def mtp_indexer_loss(model_chunks: list, depth: int) -> MTPIndexerLoss | None:
+    """The MTP layers' indexer losses kept apart (MTPIndexerLoss), hooked on this rank's chunks; None where
+    no MTP layer of this rank has DSA attention (0.16, no DSA, no MTP, or another stage's layers)."""
+    if not is_019() or depth < 1:
+        return None
+    separate = MTPIndexerLoss(depth)
+    return separate if separate.attach(model_chunks) else None
+
+
+def clear_dsa_indexer_tracker(mtp: MTPIndexerLoss | None = None) -> None:
+    if mtp is not None:
+        mtp.clear()
     if is_019():
         from megatron.core.transformer.experimental_attention_variant.dsa import DSAIndexerLossLoggingHelper
 

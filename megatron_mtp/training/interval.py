@@ -10,7 +10,9 @@ TP/PP/EP/DP layout (tested in tests/dist/test_train_layouts.py).
     over all ranks and divide by the number of TP-rank-0 ranks that saw the layer, i.e. the
     replicas, which is what megatron-core's reduce_aux_losses_tracker_across_ranks computes.
   - The MoE scalars: moe_metrics.py. DeepSeek Sparse Attention's indexer KL loss (megatron-core's DSA
-    tracker, before its coefficient) is averaged over layers as the balance loss is.
+    tracker, before its coefficient) is summed and counted per layer as the balance loss is, and logged
+    per layer (indexer_loss_values); the MTP layers' are kept apart from the decoder layers' of the same
+    number (platform/megatron_core.py MTPIndexerLoss).
   - grad norm, λ and lr are the same on every rank.
   - Throughput: model TFLOP/s per GPU = model FLOPs per token × tokens/s / world size, with the FLOPs
     definition `plan --mfu` uses (models/throughput.py); MFU against the GPU's peak, on GPUs only.
@@ -112,7 +114,8 @@ class IntervalStats:
             into[1, :values.numel()] += (values != 0).double()
 
     def add_indexer_loss(self, layer_values: torch.Tensor) -> None:
-        """Per-layer DSA indexer KL loss of one step (megatron-core's tracker, before its coefficient)."""
+        """Per-layer DSA indexer KL loss of one step, before its coefficient: the decoder layers', then the MTP
+        layers' (platform/megatron_core.py dsa_indexer_loss_values)."""
         self.add_balance_loss(layer_values, self.indexer)
 
     def _balance_loss(self, of: torch.Tensor | None = None) -> float:
@@ -123,9 +126,10 @@ class IntervalStats:
         return float((totals[0][seen] / totals[1][seen]).mean()) if bool(seen.any()) else 0.0
 
     def _indexer_loss(self) -> dict[str, float]:
-        """``train/indexer_loss`` where a DSA indexer loss was tracked on any rank (every rank all-reduces)."""
-        seen = bool(all_reduce_sum(self.indexer[1:].clone()).sum() > 0)
-        return {"train/indexer_loss": self._balance_loss(self.indexer)} if seen else {}
+        """The DSA indexer loss scalars where one was tracked on any rank (every rank all-reduces)."""
+        totals = all_reduce_sum(self.indexer.clone())
+        self.indexer.zero_()
+        return indexer_loss_values(totals, self.indexer.shape[1] - self.depth)
 
     def values(self, consumed_tokens: int, elapsed: float) -> dict[str, float]:
         """The interval's scalars (every rank must call: it all-reduces), then a reset."""
@@ -165,3 +169,22 @@ class IntervalStats:
             values[f"train/mtp_accuracy_{k}"] = float(total["correct"][k - 1]) / judged
         self.reset()
         return values
+
+
+def indexer_loss_values(totals: torch.Tensor, num_layers: int) -> dict[str, float]:
+    """The DSA indexer KL loss scalars of an interval from its all-reduced [sum, count] per layer (the decoder's
+    ``num_layers``, then the MTP layers'): per layer 'train/indexer_loss/layer_NN' (numbered from 1, MTP layers
+    after the decoder's, as the MoE scalars are), and 'train/indexer_loss', the mean over the decoder layers
+    that have an indexer. A layer with no count has none (IndexShare's layers that reuse another's top-k) or
+    did not train in the interval, and is left out; nothing at all where no layer counted."""
+    seen = totals[1] > 0
+    if not bool(seen.any()):
+        return {}
+    per_layer = totals[0][seen] / totals[1][seen]
+    indices = seen.nonzero().flatten().tolist()
+    out = {f"train/indexer_loss/layer_{i + 1:02d}": float(v) for i, v in zip(indices, per_layer.tolist())}
+    main = seen[:num_layers]
+    if bool(main.any()):
+        out = {"train/indexer_loss": float((totals[0][:num_layers][main] / totals[1][:num_layers][main]).mean()),
+               **out}
+    return out

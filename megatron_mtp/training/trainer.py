@@ -70,6 +70,9 @@ class Trainer:
         self.log = RunLogger(run_dir, enabled=self.ranks.rank == 0, tensorboard=cfg.logging.tensorboard,
                              start_step=session.state.step, wandb=wandb)
         self.metrics, expert_load = attach_metrics(self.components.model, cfg, self.ranks)
+        from megatron_mtp.platform.megatron_core import mtp_indexer_loss
+
+        self.mtp_indexer = mtp_indexer_loss(self.components.model, cfg.mtp.num_layers)  # apart from layer 1's
         t = cfg.training
         self.ramp = BatchRamp(cfg, self.ranks.dp)  # training.rampup_batch_size
         self.times = PhaseTimes(session.platform.synchronize)
@@ -253,7 +256,7 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.reset()
         megatron_core.clear_mtp_tracker()
-        megatron_core.clear_dsa_indexer_tracker()
+        megatron_core.clear_dsa_indexer_tracker(self.mtp_indexer)
         clear_aux_losses_tracker()  # megatron-core accumulates per-layer aux losses until cleared
         if outcome.stepped and self.spike is not None and agreed.lm_loss is not None:
             seen = agreed.lm_loss * (100.0 if state.step in self.inject_spike else 1.0)
@@ -322,7 +325,7 @@ class Trainer:
 
         for values in moe_layer_values("load_balancing"):
             self.interval.add_balance_loss(values)
-        indexer = dsa_indexer_loss_values(self.components.config)
+        indexer = dsa_indexer_loss_values(self.components.config, self.mtp_indexer)
         if indexer is not None:
             self.interval.add_indexer_loss(indexer)
 

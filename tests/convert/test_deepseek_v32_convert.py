@@ -1,12 +1,12 @@
-"""The DSA families against transformers. DeepSeek-V3.2 (model.family deepseek_v32): one short run (4 steps,
-one process) logs the indexer's KL loss and the MTP acceptance at every step, resumes exactly from its step-2
-checkpoint, and exports a directory that transformers' DeepseekV32ForCausalLM loads with no missing or
-unexpected key and our logits. Both families (deepseek_v32, and GLM-5's glm_moe_dsa: GlmMoeDsaForCausalLM): a
-random model transformers built (MLA with the lightning indexer, a dense first layer, sigmoid routing; index_topk
-below the sequence length, so the indexer decides what each query reads; GLM-5 with one routing group and
-IndexShare, its layer 1 reusing layer 0's top-k without an indexer of its own) imports with its logits and
-exports back to its own tensors bitwise, which transformers' class loads with no missing or unexpected key. Needs
-megatron-core 0.19 (its DSA modules build the model)."""
+"""The DSA families against transformers. DeepSeek-V3.2 (model.family deepseek_v32): one short run (4 steps, one
+process) logs the indexer's KL loss (per layer, the MTP layer's apart) and the MTP acceptance at every step, resumes
+exactly from its step-2 checkpoint, and exports a directory that transformers' DeepseekV32ForCausalLM loads with no
+missing or unexpected key and our logits. Both families (deepseek_v32, and GLM-5's glm_moe_dsa:
+GlmMoeDsaForCausalLM): a random model transformers built (MLA with the lightning indexer, a dense first layer,
+sigmoid routing; index_topk below the sequence length, so the indexer decides what each query reads; GLM-5 with one
+routing group and IndexShare, its layer 1 reusing layer 0's top-k without an indexer of its own) imports with its
+logits and exports back to its own tensors bitwise, which transformers' class loads with no missing or unexpected
+key. Needs megatron-core 0.19 (its DSA modules build the model)."""
 
 from __future__ import annotations
 
@@ -43,8 +43,11 @@ def dsa_run(tmp_path_factory):
 def test_training_logs_the_indexer_loss_and_mtp_acceptance_and_resumes_exactly(dsa_run, tmp_path):
     rows = metrics(dsa_run)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    layers = [f"train/indexer_loss/layer_{n:02d}" for n in (1, 2, 3, 4)]  # 3 decoder layers, then the MTP layer's
     for r in rows:
         assert 0.0 < r["train/indexer_loss"] < 10.0  # the indexer's KL towards the main attention, each step
+        assert all(0.0 < r[k] < 10.0 for k in layers), r  # the MTP layer's apart from decoder layer 1's
+        assert r["train/indexer_loss"] == pytest.approx(sum(r[k] for k in layers[:3]) / 3)  # the decoder's mean
         assert 0.0 <= r["train/mtp_acceptance_1"] <= 1.0 and r["train/mtp_loss_1"] > 0.0
     assert "indexer_loss" in (dsa_run / "logs" / "train.log").read_text()
     resumed = run_as_of(dsa_run, tmp_path / "resumed", 2)

@@ -2,10 +2,10 @@
 losses (the KL to the target over the draft vocabulary, held out too) fall to well under half and its
 acceptance rises in a few steps, while the target's weights (router expert biases included) are saved
 bitwise as loaded; a new drafter's draft vocabulary is the corpus' most frequent tokens and its output head the
-target's output rows of them (frozen, as speculators keeps it). The trained checkpoint exports as a target
-(`to-hf --mtp none`) and a speculators directory that speculators' Eagle3DraftModel loads with no missing or
-unexpected key, naming the target export as its verifier: speculators' own verifier head over t2d's rows is our
-head, so the tables and the head agree through the export."""
+target's output rows of them (frozen, as speculators keeps it; trained under bf16, its first step starts from
+them). The trained checkpoint exports as a target (`to-hf --mtp none`) and a speculators directory that
+speculators' Eagle3DraftModel loads with no missing or unexpected key, naming the target export as its verifier:
+speculators' own verifier head over t2d's rows is our head, so the tables and the head agree through the export."""
 
 from __future__ import annotations
 
@@ -61,6 +61,24 @@ def test_the_drafter_learns_and_the_target_stays_bitwise(runs, metrics):
         assert torch.equal(out.read("mtp_eagle3.d2t"), d2t) and torch.equal(out.read("mtp_eagle3.t2d"), t2d)
         ids = torch.arange(256) + d2t
         assert torch.equal(out.read("mtp_eagle3.lm_head.weight"), src.read("output_layer.weight")[ids])
+
+
+def test_a_trained_head_under_bf16_starts_as_the_targets_rows(runs, train, metrics, tmp_path):
+    """mtp.eagle3.train_lm_head under bf16: the optimizer's fp32 copy of the head is made when it is built, before a
+    new drafter's head is set from the target's output rows (prepare_after_load); the reload after it
+    (training/session.py) carries them over, so a step at lr 0 leaves the head as those rows, where a stale
+    copy would put its all-zero start back."""
+    target, _ = runs
+    run = tmp_path / "bf16"
+    train(run, steps=1, overrides=(*EAGLE3, f"checkpoint.load={target}", "mtp.eagle3.train_lm_head=true",
+                                   "training.precision=bf16", "optimizer.lr=0", "optimizer.min_lr=0",
+                                   "checkpoint.save_interval=1"))
+    assert [r["train/mtp_loss_1"] > 0 for r in metrics(run) if "train/mtp_loss_1" in r] == [True]
+    with TorchDistReader(_latest(run)) as out:
+        head, ids = out.read("mtp_eagle3.lm_head.weight"), torch.arange(256) + out.read("mtp_eagle3.d2t")
+        rows = out.read("output_layer.weight")[ids]
+        assert head.dtype == rows.dtype and bool(head.abs().sum() > 0)
+        assert torch.equal(head, rows), (head - rows).abs().max()
 
 
 def test_the_trained_drafter_exports_for_speculators(runs, tmp_path):

@@ -43,7 +43,6 @@ def test_the_drafter_takes_the_targets_widths_and_speculators_default_layers():
     (("mtp.eagle3.draft_vocab_size=2000",), "mtp.eagle3.draft_vocab_size=2000 exceeds the target's vocabulary"),
     (("parallel.tensor=2",), "parallel.tensor=2 is not built yet for mtp.style=eagle3"),
     (("mtp.targets=self",), "mtp.targets=self needs"),
-    (("mtp.eagle3.train_lm_head=true", "training.precision=bf16"), "mtp.eagle3.train_lm_head is not built yet"),
 ])
 def test_what_the_drafter_cannot_take_is_one_sentence(overrides, says):
     with pytest.raises(UserError, match=says) as info:

@@ -124,10 +124,6 @@ def check(cfg) -> None:
             raise UserError(f"{key}={value} is not built yet for mtp.style=eagle3, whose drafter reads the target's "
                             "hidden states and whole logits on one rank; set it to 1 (data and expert "
                             "parallelism work)")
-    if e.train_lm_head and cfg.training.precision != "fp32":
-        raise UserError("mtp.eagle3.train_lm_head is not built yet with training.precision="
-                        f"{cfg.training.precision}: a new drafter's head is set from the target's after the optimizer "
-                        "copied its master weights; use training.precision=fp32 or leave the head frozen")
     if cfg.kernels.chunked_output_loss is True:
         raise UserError("kernels.chunked_output_loss=true does not apply to mtp.style=eagle3: its targets are the "
                         "frozen target's whole logits over the draft vocabulary; set it to auto or false")
