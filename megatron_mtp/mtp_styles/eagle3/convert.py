@@ -43,7 +43,8 @@ def import_shape(mtp_cfg, mtp_dir, model_cfg, vocab: int) -> None:
                     "the target alone (its drafter reads as megatron_mtp/mtp_styles/eagle3/hf.py from_speculators)")
 
 
-def mtp_config(cfg, vocab: int, full: dict, depth: int, dtype: str, mtp_layout: str, family) -> dict:
+def mtp_config(cfg, vocab: int, full: dict, depth: int, dtype: str, mtp_layout: str, family, target=None,
+               speculative: Optional[int] = None) -> dict:
     raise UserError(f"convert to-hf does not write an EAGLE-3 drafter; {_EXPORT}")
 
 
