@@ -96,11 +96,15 @@ class MTPStyle:
     """() -> its ``convert`` module (mtp_styles/<name>/convert.py): ``claims(config.json)`` whether an MTP
     directory is its format (``from-hf``), ``import_depth(main, mtp, with_mtp)`` the depth an import of the HF
     directories main and mtp (HFDir, or None) has, ``drafter_params(cfg, vocab)`` a separate drafter's table rows
-    (convert/drafter_dir.py), ``drafter_shapes(cfg, vocab)`` their global shapes by key, ``import_shape(mtp config,
-    directory, model config, vocab)``, ``mtp_config(cfg, vocab, full config.json, depth, dtype, mtp_layout,
-    family)`` mtp/'s config.json, ``check_export(mtp, mtp_layout, serve_for, has_mtp)`` the --mtp it writes (one
-    sentence for a layout it has not), ``serving_flags()`` convert/serving.py Export fields (``draft``: how the
-    engines serve it, a DraftServing), ``extra_files(cfg, vocab, speculative)`` mtp/'s other JSON files."""
+    (convert/drafter_dir.py: a ``Copy`` row is a target tensor its directory holds again, written by ``to-hf`` and
+    passed over by ``from-hf``; a row's transform may keep the first rows of its tensor, ``part_rows``),
+    ``drafter_shapes(cfg, vocab)`` their global shapes by key, ``import_shape(mtp config, directory, model config,
+    vocab)``, ``mtp_config(cfg, vocab, full config.json, depth, dtype, mtp_layout, family, target, speculative)``
+    mtp/'s config.json (``target``: the directory the target's export is written to, None with ``--mtp only``;
+    ``speculative``: ``--speculative`` or None), ``check_export(mtp, mtp_layout, serve_for, has_mtp)`` the --mtp it
+    writes (one sentence for a layout it has not), ``serving_flags()`` convert/serving.py Export fields
+    (``draft``: how the engines serve it, a DraftServing), ``extra_files(cfg, vocab, speculative)`` mtp/'s other
+    JSON files."""
     decoder: Callable[[], Any]
     """() -> its ``decoder`` module (mtp_styles/<name>/decoder.py): ``load_drafter(dirs, drafter_dir, target,
     main_weights, dtype, chain_hidden)`` the inference/draft.py ``Drafter`` of an export whose mtp/ is its format

@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="separate: OUT/main + OUT/mtp (default without --for); inline: release layout in OUT; "
                        "none: main only in OUT (what `megatron-mtp drop-mtp` does, the documented way); only: OUT "
                        "is the MTP directory alone (a new draft for an "
-                       "unchanged base release; from-hf BASE OUT2 --mtp-dir OUT pairs them)")
+                       "unchanged base release; from-hf BASE OUT2 --mtp-dir OUT pairs them); a separate drafter "
+                       "(assistant, EAGLE-3) goes where MTP layers go: OUT/mtp, or OUT with only")
     to_hf.add_argument("--mtp-layout", choices=("hf", "nextn"), default=None,
                        help="naming of OUT/mtp: hf = layer num_hidden_layers+i with embed/head copies (default); "
                        "nextn = SGLang NextN (one MTP module)")
@@ -52,8 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from_hf.add_argument("hf_dir",
                          help="HF model directory (bf16 or FP8 release), or a separate export with main/ and mtp/")
     from_hf.add_argument("out", help="output checkpoint directory (must not exist)")
-    from_hf.add_argument("--mtp-dir", help="separate MTP directory (release or NextN naming); its MTP tensors replace "
-                         "any the main directory holds inline")
+    from_hf.add_argument("--mtp-dir", help="separate MTP directory (release or NextN naming; or a separate drafter's "
+                         "directory: an assistant, a speculators EAGLE-3 drafter); its MTP tensors replace any the "
+                         "main directory holds inline")
     from_hf.add_argument("--no-mtp", action="store_true", help="leave MTP layers out even if the source has them "
                          "(an alias of importing, then `megatron-mtp drop-mtp`, the documented way)")
     from_hf.add_argument("overrides", nargs="*", metavar="key.path=value",

@@ -211,8 +211,9 @@ def import_from_hf(
         print(f"note: '{main.path}' holds MTP weights inline ({layers}); the MTP directory '{mtp.path}' replaces "
               "them", file=sys.stderr, flush=True)
     # the trainer writes TE spellings on every platform
-    drafter = get_style(cfg.mtp.style).convert().drafter_params(cfg, vocab)
-    params = param_table(model_cfg, depth, spec="te", mtp_copies=False, style=cfg.mtp.style) + drafter
+    drafter = get_style(cfg.mtp.style).convert().drafter_params(cfg, vocab)  # its copies of target tensors: not read
+    params = (param_table(model_cfg, depth, spec="te", mtp_copies=False, style=cfg.mtp.style)
+              + [p for p in drafter if not isinstance(p.transform, Copy)])
     for p in params:
         for name in p.hf_names():
             if name not in src:
@@ -222,8 +223,8 @@ def import_from_hf(
                     "(config/weights mismatch or an incomplete download)"
                 )
     used = {n for p in params for n in p.hf_names()}
-    mtp_copies = {n for p in param_table(model_cfg, depth, style=cfg.mtp.style) if isinstance(p.transform, Copy)
-                  for n in p.hf_names()}
+    mtp_copies = {n for p in param_table(model_cfg, depth, style=cfg.mtp.style) + drafter
+                  if isinstance(p.transform, Copy) for n in p.hf_names()}
     for name in src.where:
         if name in used or name in mtp_copies:
             continue

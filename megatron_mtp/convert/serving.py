@@ -118,11 +118,15 @@ class DraftServing:
     """How SERVING.md names the export's layout (None: the layout's own words)."""
     words: Optional[Callable[["Export"], str]] = None
     """Export -> how SERVING.md names the draft it holds (None: its MTP modules)."""
-    unserved: Optional[Callable[[str], str]] = None
+    unserved: Optional[Callable[[str], Optional[str]]] = None
     """engine title -> why that engine cannot draft with it (the engine's one problem with the draft: ``--for``
-    refuses the export); None: the engines draft with it."""
+    refuses the export), or None where that engine drafts with it; None: the engines draft with it."""
     sglang_how: str = "NEXTN: the MTP module"
     """How SERVING.md says SGLang drafts with it."""
+    vllm_method: str = "mtp"
+    """The ``method`` of vLLM's ``--speculative-config`` that drafts with it."""
+    sglang_algorithm: str = "NEXTN"
+    """SGLang's ``--speculative-algorithm`` that drafts with it."""
     transformers_code: Optional[Callable[["Export"], str]] = None
     """Export -> the lines after ``transformers_code`` (serving_text.py) that generate with it as transformers'
     assistant model (None: the model's own MTP layers, ``use_mtp=True``)."""
@@ -233,10 +237,11 @@ def problems(engine: str, export: Export) -> list[Problem]:
             "head to the embedding, so the export has none", "model")
     if e.depth == 0:
         return found
-    if e.draft.own_model:  # every engine here loads the drafter from its own directory
+    why = e.draft.unserved(name) if e.draft.unserved is not None else None
+    if why is not None:
+        add(e.draft.kind, why)
         return found
-    if e.draft.unserved is not None:
-        add(e.draft.kind, e.draft.unserved(name))
+    if e.draft.own_model:  # the engines that draft with it load the drafter from its own directory
         return found
     if e.layout == "inline" and not facts.skips_mtp_in_main:
         add("inline-main", f"{name}'s {e.architecture} loader stops at tensor names it has no module for, and an "

@@ -29,7 +29,7 @@ def vllm_argv(e: Export, draft: bool) -> list[str]:
     argv = ["vllm", "serve", str(e.main_dir), *_dtype_flag(e)]
     if not draft:
         return argv
-    spec: dict = {"method": "mtp"}
+    spec: dict = {"method": e.draft.vllm_method}
     if e.layout == "separate" and not e.draft.own_model:
         # the draft's depth comes from the target's config.json, which says 0 in main/
         argv += ["--hf-overrides", json.dumps({"num_nextn_predict_layers": e.depth})]
@@ -52,7 +52,7 @@ def sglang_argv(e: Export, draft: bool) -> list[str]:
     if not draft:
         return argv
     steps = sglang_steps(e)
-    argv += ["--speculative-algorithm", "NEXTN"]
+    argv += ["--speculative-algorithm", e.draft.sglang_algorithm]
     if e.layout in ("separate", "nextn"):
         argv += ["--speculative-draft-model-path", str(e.mtp_dir)]
     return argv + ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", "1",

@@ -166,9 +166,7 @@ def plan_export(cfg: Config, vocab: int, mode: MtpMode, mtp_layout: MtpLayout = 
 
 
 def _split_outputs(dest: str, names: list[Optional[str]], shape: tuple[int, ...], param: Param):
-    if len(names) == 1:
-        return ((dest, names[0], tuple(shape)),) if names[0] is not None else ()
-    rows = param.transform.part_rows(shape[0])
+    rows = param.transform.part_rows(shape[0])  # one name: all its rows, or the first (a drafter's vocabulary)
     return tuple((dest, n, (r, *shape[1:])) for n, r in zip(names, rows) if n is not None)
 
 
@@ -193,12 +191,8 @@ def _tensors_of(piece: Piece, tensor: torch.Tensor, dtype: torch.dtype,
                 yield dest, out_name, out
         return
     tensor = tensor.to(_out_dtype(piece.param, dtype))
-    if len(piece.param.hf) > 1:
-        for (dest, name, _), part in zip(piece.outputs, piece.param.transform.to_hf(tensor)):
-            yield dest, name, part.contiguous()
-    else:
-        for dest, name, _ in piece.outputs:
-            yield dest, name, tensor
+    for (dest, name, _), part in zip(piece.outputs, piece.param.transform.to_hf(tensor)):
+        yield dest, name, part.contiguous()
 
 
 def _direct_ranges(reader: TorchDistReader, piece: Piece, dtype: torch.dtype, fp8: bool = False):
@@ -210,6 +204,8 @@ def _direct_ranges(reader: TorchDistReader, piece: Piece, dtype: torch.dtype, fp
         return None
     if fp8 and _has_fp8(piece):
         return None
+    if piece.rows is None and sum(shape[0] for _, _, shape in piece.outputs) != entry.shape[0]:
+        return None  # the outputs keep some of its rows
     found = reader.byte_range(piece.param.mcore, piece.rows)
     if found is None:
         return None
@@ -222,10 +218,13 @@ def _direct_ranges(reader: TorchDistReader, piece: Piece, dtype: torch.dtype, fp
 def hf_configs(
     cfg: Config, vocab: int, mode: MtpMode, mtp_layout: MtpLayout, dtype: str,
     tokenizer_ids: dict[str, Optional[int]], source: Optional[dict[str, Any]] = None,
+    target: Optional[Path] = None, speculative: Optional[int] = None,
 ) -> dict[str, dict]:
     """config.json of each part. main/ of the separate layouts says ``num_nextn_predict_layers: 0``:
     it holds no MTP layer, and an engine told otherwise would look for its draft there (SGLang
-    silently loads nothing); SGLang's NextN directory is its one-module form (``num_hidden_layers: 1``)."""
+    silently loads nothing); SGLang's NextN directory is its one-module form (``num_hidden_layers: 1``).
+    ``target``: where the target's export is written (None: not written, ``--mtp only``); ``speculative``:
+    ``--speculative``, both for the MTP style's mtp/ config.json (a drafter may name them)."""
     style = get_style(cfg.mtp.style)  # a separate drafter: the target's config says no MTP layer
     depth = cfg.mtp.modules if mode != "none" and not style.separate_drafter else 0
     family = get_family(cfg.model.family)
@@ -238,7 +237,7 @@ def hf_configs(
         full = fp8_export.with_quantization(full)
     if mode in ("none", "inline"):
         return {"main": full}
-    mtp = style.convert().mtp_config(cfg, vocab, full, depth, dtype, mtp_layout, family)
+    mtp = style.convert().mtp_config(cfg, vocab, full, depth, dtype, mtp_layout, family, target, speculative)
     return {"main": full if style.separate_drafter else dict(full, num_nextn_predict_layers=0), "mtp": mtp}
 
 
@@ -277,7 +276,8 @@ def export_to_hf(
         warn(note)
     vocab = reader.entry(EMBEDDING).shape[0]
     tokenizer_ids = special_token_ids(step / TOKENIZER_DIR)
-    configs = hf_configs(cfg, vocab, mtp, mtp_layout, dtype, tokenizer_ids, source_config(step))
+    configs = hf_configs(cfg, vocab, mtp, mtp_layout, dtype, tokenizer_ids, source_config(step),
+                         None if only else export.main_dir, speculative)
     towers, rename = None, {}
     if multimodal_from is not None and not only:  # the text model back among its towers (convert/multimodal.py)
         from megatron_mtp.convert.multimodal import open_towers

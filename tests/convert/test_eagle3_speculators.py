@@ -1,7 +1,8 @@
 """The EAGLE-3 drafter (mtp.style eagle3) against speculators 0.9.0's own model code: our drafter exported to the
 speculators format loads in ``Eagle3DraftModel`` with no missing or unexpected key and its draft logits for the same
 aux hidden states and tokens equal ours at every step (fp32); a random speculators-built drafter (two layers, a draft
-vocabulary, norm_before_residual) imports and exports back bitwise, and its logits equal ours too. Skipped where
+vocabulary, norm_before_residual) imports and exports back bitwise, and its logits equal ours too; the converters'
+rows (convert to-hf/from-hf) name what that export writes, and what they refuse is one sentence. Skipped where
 speculators is not installed (tests/README: it installs without its transformers pin)."""
 
 from __future__ import annotations
@@ -226,3 +227,67 @@ def test_what_the_drafter_does_not_build_is_one_sentence(tmp_path):
     config["fc_norm"] = True
     with pytest.raises(UserError, match=r"model_type='qwen3' \(llama is built\), fc_norm, which mtp.style=eagle3"):
         hf.shape_fields(config, "d")
+
+
+def _tiny(*overrides):
+    from pathlib import Path
+
+    from megatron_mtp.config import load_config
+
+    tiny = str(Path(__file__).resolve().parents[2] / "configs" / "tiny_cpu.yaml")
+    return load_config(tiny, ["mtp.style=eagle3", "mtp.num_layers=3", "checkpoint.load=/somewhere",
+                              "model.num_layers=8", "model.vocab_size=1000", *overrides])
+
+
+@pytest.mark.parametrize("draft_vocab", [256, None])
+def test_the_converters_rows_write_what_speculators_names(draft_vocab):
+    """convert's table rows (to-hf/from-hf) name exactly the tensors hf.to_speculators writes; over the whole
+    vocabulary the d2t/t2d rows write nothing, and embed_tokens keeps the tokenizer's rows of the padded table."""
+    from megatron_mtp.convert.drafter_dir import dir_name
+    from megatron_mtp.mtp_styles.eagle3 import convert
+    from megatron_mtp.mtp_styles.eagle3.shape import PREFIX, drafter_shape, tensor_shapes
+
+    cfg = _tiny(*([f"mtp.eagle3.draft_vocab_size={draft_vocab}"] if draft_vocab else []))
+    padded, shape = 1024, drafter_shape(cfg)
+    rows = convert.drafter_params(cfg, padded)
+    ours = {k[len(PREFIX):]: torch.zeros(s) for k, s in tensor_shapes(cfg, padded).items()}
+    written = hf.to_speculators(ours, torch.zeros(padded, shape.hidden), shape)
+    assert sorted(dir_name(n) for p in rows for n in p.hf) == sorted(written)
+    embed = next(p for p in rows if p.hf and dir_name(p.hf[0]) == hf.EMBEDDING)
+    assert embed.transform.part_rows(padded) == [1000]
+    assert embed.transform.to_hf(torch.zeros(padded, 2))[0].shape == (1000, 2)
+
+
+def test_what_the_converters_refuse_is_one_sentence(tmp_path):
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from megatron_mtp.mtp_styles.eagle3 import convert
+    from megatron_mtp.mtp_styles.eagle3.shape import drafter_shape
+
+    cfg = _tiny("mtp.eagle3.draft_vocab_size=256", "mtp.eagle3.aux_layers=[1,4,8]")
+
+    def imported(config, vocab=1000):
+        mtp = SimpleNamespace()
+        convert.import_shape(mtp, SimpleNamespace(path=Path("d"), config=config), cfg.model, vocab)
+        return mtp
+
+    good = hf.speculators_config(drafter_shape(cfg), 3, "float32", 64, None, ["X"])
+    mtp = imported(good)
+    e, shape = mtp.eagle3, drafter_shape(cfg)
+    assert mtp.freeze_base and (e.aux_layers, e.draft_vocab_size, e.num_layers) == ([1, 4, 8], 256, 1)
+    assert (e.num_attention_heads, e.num_query_groups, e.head_dim, e.ffn_hidden_size) == (
+        shape.heads, shape.groups, shape.head_dim, shape.ffn)
+    for config, vocab, says in [
+        (hf.speculators_config(SHAPE, K, "float32", 64, None, ["X"]), 1000, r"hidden_size is 32 and the target's"),
+        (good, 1024, "the drafter's vocab_size is 1000 and the target's 1024; pass the drafter of this target$"),
+        (hf.speculators_config(drafter_shape(_tiny("mtp.eagle3.aux_layers=[1,4,8]")), 3, "float32", 64, None, ["X"]),
+         1000, r"over the target's whole vocabulary \(no d2t/t2d\) is not imported yet"),
+    ]:
+        with pytest.raises(UserError, match=says):
+            imported(config, vocab)
+    with pytest.raises(UserError, match="^--mtp-layout nextn puts MTP layers among the target's"):
+        convert.check_export(None, "nextn", None, True)
+    assert convert.check_export(None, None, None, True) == "separate"
+    with pytest.raises(UserError, match="^--dtype fp8 would store the EAGLE-3 drafter's linears in FP8 blocks"):
+        convert.mtp_config(cfg, 1024, {}, 3, "fp8", "hf", None)

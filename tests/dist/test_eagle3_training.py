@@ -3,11 +3,14 @@ losses (the KL to the target over the draft vocabulary, held out too) fall to we
 acceptance rises in a few steps, while the target's weights (router expert biases included) are saved
 bitwise as loaded; a new drafter's draft vocabulary is the corpus' most frequent tokens and its output head the
 target's output rows of them (frozen, as speculators keeps it; trained under bf16, its first step starts from
-them). The trained checkpoint exports as a target (`to-hf --mtp none`) and a speculators directory that
-speculators' Eagle3DraftModel loads with no missing or unexpected key, naming the target export as its verifier:
-speculators' own verifier head over t2d's rows is our head, so the tables and the head agree through the export."""
+them). `convert to-hf` of the trained checkpoint writes
+the target and a speculators directory that speculators' Eagle3DraftModel loads with no missing or unexpected key,
+naming the target export as its verifier: speculators' own verifier head over t2d's rows is our head, so the
+tables and the head agree through the export; `convert from-hf --mtp-dir` of it gives the drafter back bitwise."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -81,24 +84,45 @@ def test_a_trained_head_under_bf16_starts_as_the_targets_rows(runs, train, metri
         assert torch.equal(head, rows), (head - rows).abs().max()
 
 
-def test_the_trained_drafter_exports_for_speculators(runs, tmp_path):
+def test_the_trained_drafter_goes_through_to_hf_and_back(runs, tmp_path):
+    """`convert to-hf` writes the target in OUT/main and the drafter in OUT/mtp (speculators' format, the target
+    export its verifier); `convert from-hf OUT/main --mtp-dir OUT/mtp` gives back the drafter's tensors bitwise."""
     speculators_eagle3 = pytest.importorskip("speculators.models.eagle3")
+    from megatron_mtp.convert.from_hf import import_from_hf
     from megatron_mtp.convert.to_hf import export_to_hf
     from megatron_mtp.mtp_styles.eagle3 import hf
-    from megatron_mtp.mtp_styles.eagle3.export import export_drafter
 
     _, draft = runs
-    with pytest.raises(UserError, match="--mtp separate: convert to-hf does not write an EAGLE-3 drafter"):
-        export_to_hf(draft, tmp_path / "refused", mtp="separate", dtype="fp32")
-    verifier = export_to_hf(draft, tmp_path / "target", mtp="none", dtype="fp32")
-    out = export_drafter(draft, tmp_path / "eagle3", verifier=str(verifier), dtype="fp32")
-    config, saved = hf.read_dir(out)
-    assert config["speculators_config"]["verifier"] == {"name_or_path": str(verifier),
+    with pytest.raises(UserError, match="^--mtp inline puts MTP layers among the target's, and this checkpoint's "
+                                        "EAGLE-3 drafter"):
+        export_to_hf(draft, tmp_path / "refused", mtp="inline", dtype="fp32")
+    out = export_to_hf(draft, tmp_path / "hf", dtype="fp32")
+    target, drafter = (out / "main").absolute(), out / "mtp"
+    assert json.loads((target / "config.json").read_text())["num_nextn_predict_layers"] == 0
+    config, saved = hf.read_dir(drafter)
+    assert config["speculators_config"]["verifier"] == {"name_or_path": str(target),
                                                          "architectures": ["DeepseekV3ForCausalLM"]}
-    loaded = speculators_eagle3.Eagle3SpeculatorConfig.from_pretrained(out)
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == K
+    loaded = speculators_eagle3.Eagle3SpeculatorConfig.from_pretrained(drafter)
     loaded.transformer_layer_config._attn_implementation = "eager"
     missing, unexpected = speculators_eagle3.Eagle3DraftModel(loaded).load_state_dict(saved, strict=False)
     assert not unexpected and set(missing) == {"verifier_lm_head.weight", "verifier_norm.weight"}, (missing, unexpected)
-    model = speculators_eagle3.Eagle3DraftModel.from_pretrained(out, config=loaded)  # reads the verifier's weights
+    model = speculators_eagle3.Eagle3DraftModel.from_pretrained(drafter, config=loaded)  # reads the verifier's weights
     assert torch.equal(model.verifier_lm_head.weight, saved["lm_head.weight"])
     assert model.config.eagle_aux_hidden_state_layer_ids == [0, 1, 2]
+    serving = (out / "SERVING.md").read_text()
+    assert '"method": "eagle3"' in serving and "EAGLE3" in serving and "transformers has no EAGLE-3" in serving
+
+    back = import_from_hf(target, tmp_path / "back", mtp_dir=drafter)
+    cfg = read_config(back)
+    assert (cfg.mtp.style, cfg.mtp.num_layers, cfg.mtp.freeze_base) == ("eagle3", K, True)
+    assert (cfg.mtp.eagle3.aux_layers, cfg.mtp.eagle3.draft_vocab_size) == ([0, 1, 2], 256)
+    with TorchDistReader(_latest(draft)) as src, TorchDistReader(back) as dst:
+        keys = [k for k in src.keys() if k.startswith("mtp_eagle3.")]
+        assert "mtp_eagle3.d2t" in keys and sorted(keys) == sorted(k for k in dst.keys() if k.startswith("mtp_eagle3."))
+        changed = []
+        for key in [*keys, "embedding.word_embeddings.weight"]:
+            a, b = src.read(key), dst.read(key)
+            if not (torch.equal(b.to(a.dtype), a) and (a.is_floating_point() or a.dtype == b.dtype)):
+                changed.append(key)
+        assert not changed, changed

@@ -35,7 +35,8 @@ def import_shape(mtp_cfg, mtp_dir, model_cfg, vocab: int) -> None:
     mtp_cfg.assistant, mtp_cfg.freeze_base = hf_format.shape_from_hf(mtp_dir.config, model_cfg, vocab, where), True
 
 
-def mtp_config(cfg, vocab: int, full: dict, depth: int, dtype: str, mtp_layout: str, family) -> dict:
+def mtp_config(cfg, vocab: int, full: dict, depth: int, dtype: str, mtp_layout: str, family, target=None,
+               speculative: Optional[int] = None) -> dict:
     torch_dtype = "float32" if dtype == "fp32" else "bfloat16"
     return hf_format.configs(cfg, vocab, torch_dtype, None)[0]
 

@@ -1,7 +1,7 @@
 """EAGLE-3 (``mtp.style: eagle3``; README.md here): a small dense decoder trained beside the frozen target on its
 hidden states at a few layers (mtp.eagle3), its mtp.num_layers "training-time test" steps each reading its own
 previous output, scored over a draft vocabulary against the target's own distribution; exported in the speculators
-format (hf.py, export.py)."""
+format (hf.py, convert.py)."""
 
 from __future__ import annotations
 

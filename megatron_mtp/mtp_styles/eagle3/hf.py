@@ -45,6 +45,18 @@ def claims(config: dict[str, Any]) -> bool:
     return config.get("speculators_model_type") == MODEL_TYPE
 
 
+def tensor_names(shape: DrafterShape) -> dict[str, tuple[str, ...]]:
+    """Our key (below ``mtp_eagle3.``) -> its speculators tensor(s) (gate and up of the fused fc1), for a drafter of
+    ``shape``; ``d2t``/``t2d`` only with a draft vocabulary (speculators has none over the whole vocabulary)."""
+    out = {mine: (theirs,) for mine, theirs in _TOP}
+    for i in range(shape.num_layers):
+        out.update({f"layers.{i}.{mine}": (f"layers.{i}.{theirs}",) for mine, theirs in _PLAIN})
+        out[f"layers.{i}.{_FC1}"] = (f"layers.{i}.{_GATE}", f"layers.{i}.{_UP}")
+    if shape.restricted:
+        out["d2t"], out["t2d"] = ("d2t",), ("t2d",)
+    return out
+
+
 def to_speculators(ours: dict[str, torch.Tensor], embedding: torch.Tensor,
                    shape: DrafterShape) -> dict[str, torch.Tensor]:
     """Our drafter's tensors (keys below ``mtp_eagle3.``) and the target's embedding table [V(padded), H] -> the

@@ -34,7 +34,8 @@ def import_shape(mtp_cfg, mtp_dir, model_cfg, vocab: int) -> None:
     """Nothing beyond mtp.num_layers."""
 
 
-def mtp_config(cfg, vocab: int, full: dict, depth: int, dtype: str, mtp_layout: str, family) -> dict:
+def mtp_config(cfg, vocab: int, full: dict, depth: int, dtype: str, mtp_layout: str, family, target=None,
+               speculative: Optional[int] = None) -> dict:
     return heads_config(dict(full, num_nextn_predict_layers=0), depth)
 
 

@@ -40,7 +40,8 @@ def import_shape(mtp_cfg, mtp_dir, model_cfg, vocab: int) -> None:
     """Nothing beyond mtp.num_layers."""
 
 
-def mtp_config(cfg, vocab: int, full: dict, depth: int, dtype: str, mtp_layout: str, family) -> dict:
+def mtp_config(cfg, vocab: int, full: dict, depth: int, dtype: str, mtp_layout: str, family, target=None,
+               speculative: Optional[int] = None) -> dict:
     """config.json of mtp/: the whole model's (an engine loads the MTP layers from it), or SGLang's NextN form."""
     if mtp_layout == "nextn":
         return dict(full, architectures=[family.architecture + "NextN"], num_hidden_layers=depth)
