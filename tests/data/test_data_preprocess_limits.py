@@ -49,7 +49,9 @@ def test_a_document_above_the_limit_is_a_bad_line(tmp_path, tokenizer_dir):
 
 
 def test_a_100_mb_document_costs_no_gigabytes(tmp_path, tokenizer_dir):
-    """It took 8 GB+ and was killed without a word; now it is one sentence, in bounded memory."""
+    """It took 8 GB+ and was killed without a word; now it is one sentence, in bounded memory: the peak of the run
+    that meets it is less than 512 MB above the peak of the same command on a three-line file (the imports' share,
+    about 450 MB here, varies with the environment; the document's, about 130 MB, is what is bounded)."""
     path = tmp_path / "huge.jsonl"
     with open(path, "w") as fh:
         fh.write(GOOD)
@@ -58,16 +60,24 @@ def test_a_100_mb_document_costs_no_gigabytes(tmp_path, tokenizer_dir):
             fh.write("word " * 200_000)  # 1 MB
         fh.write('"}\n')
         fh.write(GOOD)
+    small = tmp_path / "small.jsonl"
+    small.write_text(GOOD * 3)
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     measured = ("import resource, sys\nfrom megatron_mtp.cli import main\nrc = main(sys.argv[1:])\n"
                 "print('peak_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\nsys.exit(rc)")
-    proc = subprocess.run([sys.executable, "-c", measured, "preprocess", "--input", str(path), "--tokenizer",
-                           str(tokenizer_dir), "--output-prefix", str(tmp_path / "out" / "ds"), "--workers", "1",
-                           "--no-progress"], capture_output=True, text=True, env=env, timeout=300)
+
+    def preprocess_peak(source: Path, out: str) -> tuple[subprocess.CompletedProcess, float]:
+        proc = subprocess.run([sys.executable, "-c", measured, "preprocess", "--input", str(source), "--tokenizer",
+                               str(tokenizer_dir), "--output-prefix", str(tmp_path / out / "ds"), "--workers", "1",
+                               "--no-progress"], capture_output=True, text=True, env=env, timeout=300)
+        return proc, int(proc.stderr.rsplit("peak_kb ", 1)[1].split()[0]) / 1024
+
+    base, base_mb = preprocess_peak(small, "small")
+    assert base.returncode == 0, base.stderr[-2000:]
+    proc, peak_mb = preprocess_peak(path, "out")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"{path}:2: the line is 100,000,013 bytes, more than 8 times --max-document-bytes" in proc.stderr
-    peak_mb = int(proc.stderr.rsplit("peak_kb ", 1)[1].split()[0]) / 1024
-    assert peak_mb < 1024, f"peak RSS {peak_mb:.0f} MB"
+    assert peak_mb - base_mb < 512, f"peak RSS {peak_mb:.0f} MB, {base_mb:.0f} MB for a three-line file"
 
 
 def test_a_parquet_file_written_over_while_read_is_one_sentence(tmp_path):
