@@ -6,8 +6,12 @@ Design note. megatron-core 0.19 builds DSA as an ``AbsorbedMLASelfAttention`` wh
 together here: each layer of megatron-core's MLA GPT specs (dense or MoE by the model's rule) with
 its self-attention replaced by the DSA spec of the same backend. On the local backend the usual swaps
 apply (models/megatron_specs.py: our RMSNorm and core attention), except the indexer's key norm,
-which is a LayerNorm with a bias and stays torch's (WrappedTorchNorm reads the indexer's LayerNorm
-config). DSA keeps the q/kv latent norms apart from the up-projections under TE too (the indexer
+which is a LayerNorm with a bias and stays torch's (``IndexerKeyNorm``: megatron-core's WrappedTorchNorm
+refuses sequence parallelism, but the indexer gathers the sequence over TP before the norm, so it is not
+sequence-parallel here). The indexer's projections are megatron-core's local duplicated ``Linear``, whole
+on every tensor rank (DSAIndexer marks its weights for a TP-average of their gradients); ``IndexerLinear``
+gives their checkpoint entries a replica id per tensor rank, which the class itself leaves 0. DSA keeps the
+q/kv latent norms apart from the up-projections under TE too (the indexer
 reads the normed query latent), so the checkpoint keys need no TE renames for the attention. The MTP
 layers are built from a DSA layer of the kind the engines build (models/megatron_specs.py), so each
 MTP layer has its own indexer, as the releases' MTP layers do. With IndexShare (GLM-5) DSAttention
