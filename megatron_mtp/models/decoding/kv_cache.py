@@ -39,6 +39,9 @@ class Rows:
         self.span = max(starts) + t
         self.packed = all(c == t for c in counts)
         self.contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        self.carried: dict[str, object] = {}
+        """What a layer hands the later layers of this same forward (DSA's IndexShare: the last full layer's
+        top-k, models/dsa/decoder.py)."""
 
     @cached_property
     def positions(self) -> torch.Tensor:
