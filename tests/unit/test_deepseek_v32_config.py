@@ -126,7 +126,9 @@ def test_the_decoder_runs_a_dsa_model_and_refuses_what_it_cannot_in_one_sentence
            "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "index_n_heads": 4,
            "index_head_dim": 16, "index_topk_freq": 2, "index_skip_topk_offset": 1}
     layer = fam.decoder_layer()
-    assert layer(fam.hf_view(raw), 3).self_attn.indexer is not None  # MTP depth 0 indexes
+    mtp = layer(fam.hf_view({**raw, "rms_norm_eps": 1e-5}), 3).self_attn
+    assert mtp.indexer is not None  # MTP depth 0 runs its own indexer
+    assert mtp.q_a_layernorm.eps == mtp.kv_a_layernorm.eps == 1e-5  # as megatron-core, not transformers' 1e-6
     with pytest.raises(UserError) as info:
         layer(dataclasses.replace(fam.hf_view(raw), q_lora_rank=None), 0)
     assert f"config.json of the {title} model has no q_lora_rank" in str(info.value)

@@ -1,6 +1,7 @@
 """The decoder's layer for the DSA families (DeepSeek-V3.2, GLM-5): DeepSeek-V3's MLA decoder layer
 (models/decoding/mla.py) whose attention reads, per new token, only the ``index_topk`` earlier tokens its
-lightning indexer scores best. Math as transformers 5.25's ``modeling_deepseek_v32`` / ``modeling_glm_moe_dsa``.
+lightning indexer scores best. Math as transformers 5.25's ``modeling_deepseek_v32`` / ``modeling_glm_moe_dsa``,
+but for the q/kv latent norms' eps: ``rms_norm_eps``, as megatron-core trains them (transformers: 1e-6 always).
 
 Design note.
 - The indexer (``Indexer``, HF names ``self_attn.indexer.{wq_b,wk,k_norm,weights_proj}``): a query of
@@ -88,6 +89,9 @@ class DSAttention(MLAttention):
 
     def __init__(self, config: DSAHFConfig) -> None:
         super().__init__(config)
+        # the latent norms at rms_norm_eps, as megatron-core trains them (and vLLM, SGLang serve them); transformers'
+        # classes take 1e-6 whatever it says (GLM-5's 1e-5: its serving note), the same only at 1e-6
+        self.q_a_layernorm.eps = self.kv_a_layernorm.eps = config.rms_norm_eps
         self.indexer: Indexer | None = None
 
     def cache_dims(self) -> dict[str, int]:
