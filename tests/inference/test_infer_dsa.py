@@ -33,7 +33,9 @@ def _indexers(gen):
     return [layer.self_attn.indexer for layer in gen.target.model.layers]
 
 
-def test_logits_match_transformers_prefill_then_token_by_token(dsa):
+def test_logits_match_transformers_prefill_then_token_by_token(dsa, monkeypatch):
+    from megatron_mtp.models.dsa.decoder import Indexer
+
     family, root, gen = dsa
     hf = hf_model_class(family).from_pretrained(root, dtype=torch.float32, attn_implementation="eager").eval()
     indexers = _indexers(gen)
@@ -52,6 +54,10 @@ def test_logits_match_transformers_prefill_then_token_by_token(dsa):
     target = gen.target
     target.reset_cache()
     assert (target.forward(ids)[0] - ref).abs().max() < TOL
+    monkeypatch.setattr(Indexer, "SCORE_ELEMENTS", 5 * 16 * len(ids))  # the prefill's queries scored 5 at a time
+    target.reset_cache()
+    assert (target.forward(ids)[0] - ref).abs().max() < TOL
+    monkeypatch.undo()
     target.reset_cache()  # prefill, a rejected chunk rolled back, then token by token
     ours = [target.forward(ids[:7])[0]]
     target.forward([3, 4, 5])

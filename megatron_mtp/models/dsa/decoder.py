@@ -16,7 +16,7 @@ Design note.
 - Selection: per new token, the ``index_topk`` best keys among those it may see (causal, within its row's
   span; fewer visible: all of them; equal scores: the earlier key), as a boolean mask ANDed with ``rows.mask``
   and handed to MLA's attention. A forward whose longest span is at most ``index_topk`` selects everything,
-  so it skips the scoring.
+  so it skips the scoring; a long prefill scores its queries in blocks (``Indexer.SCORE_ELEMENTS``).
 - IndexShare (GLM-5's ``indexer_types``): a "shared" layer has no indexer (no tensors, no ``index_k``) and reuses
   the mask of the last full layer of the same forward, which that layer leaves in ``rows.carried``.
 - The MTP layers run their own indexer where megatron-core builds one (depth d: its layer number d + 1 under
@@ -63,6 +63,9 @@ class Indexer(nn.Module):
         q_rot, k_rot = apply_rope(q_rot, k_rot, cos_sin[0], cos_sin[1], self.interleave)
         return torch.cat([q_rot, q_pass], dim=-1), torch.cat([k_rot, k_pass], dim=-1)[:, 0]
 
+    SCORE_ELEMENTS = 1 << 24
+    """The most scores ([rows, queries, heads, keys]) held at once: a long prefill scores its queries in blocks."""
+
     def select(self, x: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, rows: Rows) -> torch.Tensor | None:
         """The keys each new token reads, [B, 1, T, S] (``rows.mask`` where that is every visible key): its
         ``topk`` best-scoring visible ones. ``queries`` [N, heads, D] packed, ``keys`` [B, S, D] every row's."""
@@ -70,16 +73,21 @@ class Indexer(nn.Module):
         if s <= self.topk:
             return rows.mask
         q = rows.unpack(queries).float()  # [B, T, heads, D]
-        scores = F.relu(torch.matmul(q, keys.float().transpose(-1, -2).unsqueeze(1)) * self.head_dim**-0.5)
         weights = F.linear(x.to(self.weights_proj.weight.dtype), self.weights_proj.weight).float()
         weights = rows.unpack(weights * self.heads**-0.5)  # [B, T, heads]
-        index = torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)  # [B, T, S]
         visible = rows.mask if rows.mask is not None else torch.ones(1, 1, 1, s, dtype=torch.bool)
-        index = index.masked_fill(~visible[:, 0], float("-inf"))
-        # a stable sort, not topk: equal scores (every head's ReLU 0) go to the earlier key whatever the forward's
-        # shape, so a verify forward selects as the single steps it replaces (greedy speculative == plain)
-        chosen = index.sort(dim=-1, descending=True, stable=True).indices[..., : self.topk]
-        selected = torch.zeros(index.shape, dtype=torch.bool).scatter_(-1, chosen, True)
+        b, t = q.shape[:2]
+        step = max(1, self.SCORE_ELEMENTS // (b * self.heads * s))
+        keys_t = keys.float().transpose(-1, -2).unsqueeze(1)  # [B, 1, D, S]
+        chosen = []
+        for i in range(0, t, step):
+            scores = F.relu(torch.matmul(q[:, i : i + step], keys_t) * self.head_dim**-0.5)  # [B, t', heads, S]
+            index = torch.matmul(weights[:, i : i + step].unsqueeze(-2), scores).squeeze(-2)  # [B, t', S]
+            index = index.masked_fill(~visible[:, 0, i : i + step], float("-inf"))
+            # a stable sort, not topk: equal scores (every head's ReLU 0) go to the earlier key whatever the
+            # forward's shape, so a verify forward selects as the single steps it replaces (greedy spec == plain)
+            chosen.append(index.sort(dim=-1, descending=True, stable=True).indices[..., : self.topk])
+        selected = torch.zeros(b, t, s, dtype=torch.bool).scatter_(-1, torch.cat(chosen, dim=1), True)
         return visible & selected.unsqueeze(1)
 
 
@@ -149,5 +157,5 @@ class DSALayer(MLADecoderLayer):
         elif layer_index >= config.num_hidden_layers:
             raise UserError(f"MTP layer {layer_index} of the {self.TITLE} model would reuse an earlier layer's top-k "
                             f"(index_topk_freq {config.index_topk_freq}, index_skip_topk_offset "
-                            f"{config.index_skip_topk_offset}), which the decoder cannot give it; decode without "
-                            "--speculative or export an MTP depth that runs its own indexer")
+                            f"{config.index_skip_topk_offset}), which the decoder cannot give it; decode the model "
+                            "without its MTP layers (megatron-mtp drop-mtp)")
