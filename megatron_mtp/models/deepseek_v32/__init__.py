@@ -26,5 +26,4 @@ FAMILY = register(family_of_modules(
         transformers_mtp_layers=(61,), mla_head_size=sizes.kv_cache_elements_per_token,
         notes=("The commands below are DeepSeek-V3's; the engines' DeepSeek-V3.2 loaders (their sparse-attention "
                "kernels, the MTP layer's indexer) were not checked against this export.",)),
-    decodes=False,
 ))

@@ -29,5 +29,4 @@ FAMILY = register(family_of_modules(
                "transformers' GlmMoeDsaForCausalLM normalises the query and key/value latents with eps 1e-6 whatever "
                "rms_norm_eps says (1e-5 in GLM-5), where megatron-core, vLLM and SGLang take rms_norm_eps, so its "
                "logits differ slightly from ours and the engines'.")),
-    decodes=False,
 ))
