@@ -172,6 +172,7 @@ class _BatchRun:
     def run(self, queue: deque[_Seq]) -> None:
         target = self.g.target
         target.reset_cache(self.slots)
+        target.hand_layers(getattr(self.drafter, "target_layers", None))  # what the drafter reads of the target
         if self.drafter is not None:
             self.drafter.reset(self.slots)
         while queue or self.active:
