@@ -171,3 +171,36 @@ def test_speculative_sampling_with_an_eagle3_drafter_keeps_the_target_distributi
     pvalue = joint_pvalue(counts, joint)
     print(f"eagle3 sampling: acceptance {batch.stats.acceptance_rate:.3f}, chi-square p {pvalue:.3f}")
     assert pvalue > 1e-3, f"chi-square p-value {pvalue}"
+
+
+def test_a_drafter_that_does_not_fit_its_target_is_one_sentence(export, tmp_path):
+    import copy
+
+    from megatron_mtp.errors import UserError
+    from megatron_mtp.inference.generate import load_generator
+    from megatron_mtp.mtp_styles.eagle3 import hf
+    from megatron_mtp.mtp_styles.eagle3.draft import load_eagle3
+
+    root, _ = export
+    target = load_generator(root / "main").target
+    config, tensors = hf.read_dir(root / "mtp")
+    far = copy.deepcopy(config)
+    far["eagle_aux_hidden_state_layer_ids"] = [0, 2, 4]
+    cases = {
+        "far": (far, tensors, r"aux layers \[0, 2, 4\], which does not fit the target beside it .* 3 layers\); pair"),
+        "embedding": (config, {**tensors, "embed_tokens.weight": tensors["embed_tokens.weight"] + 1},
+                      "its embed_tokens.weight is not the target's embedding table"),
+        "missing": (config, {k: v for k, v in tensors.items() if k != "layers.1.mlp.down_proj.weight"},
+                    "lacks the tensor layers.1.mlp.down_proj.weight an EAGLE-3 drafter of its config.json needs"),
+        "shape": (config, {**tensors, "fc.weight": tensors["fc.weight"][:, :H]},
+                  r"fc.weight has shape \[64, 64\], its config.json implies \[64, 192\]; re-export"),
+        "tables": (config, {k: v for k, v in tensors.items() if k != "d2t"},
+                   "a draft vocabulary of 6 tokens needs its d2t and t2d tables"),
+        "fc_norm": ({**config, "fc_norm": True}, tensors, "has fc_norm, which mtp.style=eagle3 does not build yet"),
+    }
+    for name, (cfg, weights, says) in cases.items():
+        path = hf.write_dir(tmp_path / name, cfg, weights, torch.float32)
+        with pytest.raises(UserError, match=says):
+            load_eagle3(path, target, torch.float32)
+    with pytest.raises(UserError, match=r"asks for the target's layers \[0, 4\], but the target has layers 0..3"):
+        target.hand_layers([0, 4])
