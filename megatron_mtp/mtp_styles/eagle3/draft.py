@@ -145,6 +145,7 @@ class Eagle3Drafter:
     def __init__(self, model: Eagle3Model, embedding: nn.Embedding, vocab_size: int) -> None:
         self.model, self.embedding, self.vocab_size = model, embedding, vocab_size
         self.target_layers = tuple(model.shape.aux_layers)  # what the target hands observe_rows (inference/target.py)
+        self._draft_ids = model.draft_ids  # the target id of each draft index
         self.reset()
 
     def reset(self, slots: int = 1) -> None:
@@ -167,7 +168,7 @@ class Eagle3Drafter:
     def _target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [N] -> target-vocabulary logits [V], -inf where the drafter has no token."""
         out = torch.full((self.vocab_size,), float("-inf"), dtype=logits.dtype)
-        out[self.model.draft_ids] = logits
+        out[self._draft_ids] = logits
         return out
 
     @torch.inference_mode()
