@@ -4,8 +4,9 @@ Qwen3-MoE (8 tokens, 3 layers) saved by transformers in main/; the drafter: a ra
 as ``convert to-hf`` lays out an EAGLE-3 export. Checked: the aux states the target hands (``hand_layers``) are
 transformers' hidden states of those layers; our draft logits equal speculators' for the same aux states and
 tokens over three steps, before and after a rollback, with and without norm_output (fp32); speculative greedy
-(K = 1..3, two prompts of different lengths and budgets in one batch) equals plain greedy; sampled speculatively (K = 2,
-sixteen sequences per batch) the first three tokens follow the target's exact joint distribution (chi-square)."""
+(K = 1..3, two prompts of different lengths and budgets in one batch; the drafter as an --assistant directory too)
+equals plain greedy; sampled speculatively (K = 2, sixteen sequences per batch) the first three tokens follow the
+target's exact joint distribution (chi-square); a drafter that does not fit its target is one sentence."""
 
 from __future__ import annotations
 
@@ -159,6 +160,11 @@ def test_speculative_greedy_with_an_eagle3_drafter_equals_plain_greedy(gen):
         assert batch.stats.verify_forwards > 0
         accepted.append(batch.stats.acceptance_rate)
     assert max(accepted) > 0, accepted  # some drafts accepted: the rollback of a partly accepted round is exercised
+    from megatron_mtp.inference.generate import load_generator
+
+    beside = load_generator(gen.source / "main", assistant=gen.source / "mtp")  # `generate MAIN --assistant MTP`
+    again = beside.generate_batch(prompts, batch_size=2, max_new_tokens=budgets, speculative_k=3, ignore_eos=True)
+    assert [r.tokens for r in again.results] == plain and again.stats.acceptance_rate == accepted[-1]
     print(f"eagle3 greedy K=1..3: acceptance {accepted}")
 
 
