@@ -106,7 +106,8 @@ def refuse_meaning_changes(saved: Config, now: Config, step_dir: Path, run_dir: 
                         f"{'the MTP parameters alone' if saved.mtp.freeze_base else 'every parameter'}; keep it to "
                         f"resume, or start a new run from these weights with --run-dir NEW "
                         f"checkpoint.load={step_dir} checkpoint.load_optimizer=false")
-    for name in type(now.model).TRAINED_PART_FIELDS:  # which parameters train: the optimizer state's
+    same_family = saved.model.family == now.model.family
+    for name in type(now.model).TRAINED_PART_FIELDS if same_family else ():  # what the optimizer state holds
         before, after = getattr(saved.model, name, None), getattr(now.model, name, None)
         if before != after:
             raise UserError(f"cannot resume {run_dir} from {step_dir.name}: model.{name} is {before} in the "

@@ -188,6 +188,11 @@ class ModelConfig:
     """Those of TRAINING_FIELDS that pick which parameters train (so what the optimizer state holds): a resume
     may not change them, a new run from the weights (checkpoint.load) may."""
 
+    def trains(self, name: str) -> bool:
+        """Whether the parameter ``name`` (or its checkpoint key) takes gradients as far as the model's own fields
+        say (a training stage may freeze some; mtp.freeze_base is the MTP config's)."""
+        return True
+
     def grows_from(self, family: str) -> Optional[Growth]:
         """How a checkpoint.load of a checkpoint of another family ``family`` fills this model (None: it
         cannot; the load is refused)."""

@@ -147,5 +147,5 @@ def build_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_pr
     model = build_gpt_model(cfg, config, platform, vocab_size, pre_process, post_process, vp_stage,
                             keys_as_te=DSA_KEYS_AS_TE, specs=specs,
                             position_embedding_type="none")  # MLA and the indexer apply their own rotary embedding
-    freeze_for_stage(model, cfg.model.dsa_stage)  # the warm-up trains the indexers alone (models/dsa/stages.py)
+    freeze_for_stage(model, cfg.model)  # the warm-up trains the indexers alone (models/dsa/stages.py)
     return model

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal, Optional
 
 from megatron_mtp.config.model import Growth
 from megatron_mtp.errors import UserError
-from megatron_mtp.models.dsa.stages import GROWTH, check_stage
+from megatron_mtp.models.dsa.stages import GROWTH, check_stage, is_indexer
 from megatron_mtp.models.mla.model_config import MLAModelConfig
 from megatron_mtp.models.mla.model_config import check as check_mla
 
@@ -55,6 +55,9 @@ class DSAModelConfig(MLAModelConfig):
     TRAINED_PART_FIELDS: ClassVar[tuple[str, ...]] = ("dsa_stage",)
     GROWS_FROM: ClassVar[tuple[str, ...]] = ()
     """Families whose checkpoints (dense MLA) a checkpoint.load takes into this one, its indexers drawn anew."""
+
+    def trains(self, name: str) -> bool:
+        return self.dsa_stage != "warmup" or is_indexer(name)
 
     def grows_from(self, family: str) -> Optional[Growth]:
         return GROWTH if family in self.GROWS_FROM else None

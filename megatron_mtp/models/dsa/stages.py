@@ -69,13 +69,13 @@ def stage_transformer_kwargs(cfg: Any) -> dict:
     return {}
 
 
-def freeze_for_stage(model, stage: str | None) -> None:
+def freeze_for_stage(model, model_config) -> None:
     """In the warm-up, freeze every parameter of ``model`` (one pipeline stage's GPTModel) but the indexers'
-    and the routers' expert bias."""
-    if stage != "warmup":
+    (``model_config.trains``) and the routers' expert bias."""
+    if model_config.dsa_stage != "warmup":
         return
     for name, param in model.named_parameters():
-        param.requires_grad_(is_indexer(name))
+        param.requires_grad_(model_config.trains(name))
     for module in model.modules():
         if hasattr(module, "expert_bias"):
             module.frozen_expert_bias = True
@@ -88,7 +88,7 @@ def check_stage(cfg: Any) -> None:
         return
     if m.indexer_loss_coeff <= 0:
         raise UserError(f"model.dsa_stage={m.dsa_stage} trains the indexers with their KL loss, but "
-                        "model.indexer_loss_coeff is 0; set it above 0 (e.g. 0.01)")
+                        "model.indexer_loss_coeff is 0; set it above 0 (the recipe takes 0.01)")
     if m.dsa_stage == "warmup" and cfg.mtp.freeze_base:
         raise UserError("model.dsa_stage=warmup trains the indexers alone, and mtp.freeze_base the MTP part alone; "
                         "drop mtp.freeze_base")
