@@ -104,3 +104,19 @@ def test_the_warmup_trains_the_indexers_alone_in_the_plan_too():
     for stage, trained in (("warmup", [True, False, False]), ("sparse", [True, True, True])):
         cfg = load_config(V3, [*V32, f"model.dsa_stage={stage}"])
         assert [trains(cfg, p) for p in names] == trained
+
+
+@pytest.mark.skipif(not is_019(), reason="the DSA families need megatron-core 0.19's DSA modules")
+def test_the_warmups_memory_plan_holds_gradients_and_optimizer_state_for_the_indexers_alone():
+    from megatron_mtp.plan.memory import make_plan
+    from megatron_mtp.platform.gpus import parse_gpu
+
+    state = {stage: make_plan(load_config(V3, [*V32, f"model.dsa_stage={stage}"]), 1, parse_gpu("h100")).worst.state
+             for stage in ("sparse", "warmup")}
+    m = load_config(V3, V32).model  # an indexer: wq_b, wk, k_norm (weight and bias), weights_proj; 4 layers and MTP's
+    heads, width = m.index_n_heads, m.index_head_dim
+    indexers = 5 * (heads * width * m.q_lora_rank + width * m.hidden_size + 2 * width + heads * m.hidden_size)
+    # every parameter is still held (the frozen ones outside DDP's 64-element-padded buffers)
+    assert state["warmup"].params == pytest.approx(state["sparse"].params, rel=1e-3)
+    assert state["warmup"].grads < 4 * indexers * 1.1 < state["sparse"].grads  # (DDP's padding: 64-element blocks)
+    assert 0 < state["warmup"].optimizer < state["sparse"].optimizer / 10
