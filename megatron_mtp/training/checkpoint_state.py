@@ -156,9 +156,10 @@ def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: b
         sd.pop("train_state")
     elif saved.get("world_size") != ranks.world_size:
         sd.pop("rng_state")  # per-rank RNG streams only make sense at the same world size
+    # a grown family's checkpoint keys first, so that a new MTP module copies the last layer under them
+    growth = _grown_family(ckpt, cfg, components, sd) if cfg is not None and not load_optimizer else None
     new_mtp, copies = (_new_mtp_modules(ckpt, cfg, components, sd) if cfg is not None and not load_optimizer
                        else (set(), []))
-    growth = _grown_family(ckpt, cfg, components, sd) if cfg is not None and not load_optimizer else None
     try:
         loaded = dist_checkpointing.load(sd, str(ckpt), sharded_strategy=_load_strategy(ckpt, fully_parallel))
     except _READ_FAILURES as exc:
