@@ -13,6 +13,7 @@ interleaved in both. IndexShare's frequency and offset are megatron-core's own n
 from __future__ import annotations
 
 from megatron_mtp.config import Config
+from megatron_mtp.models.dsa.stages import stage_transformer_kwargs
 from megatron_mtp.models.mla import transformer_config as mla
 from megatron_mtp.platform import Platform
 from megatron_mtp.platform.features import Features
@@ -32,7 +33,7 @@ def transformer_config_kwargs(cfg: Config, platform: Platform, features: Feature
     """The MLATransformerConfig fields of this run: MLA's and the indexer's."""
     m = cfg.model
     freq, offset = m.index_share()
-    return dict(
+    kwargs = dict(
         mla.transformer_config_kwargs(cfg, platform, features, mtp_loss_scale),
         experimental_attention_variant="dsa",
         dsa_indexer_n_heads=m.index_n_heads,
@@ -46,3 +47,4 @@ def transformer_config_kwargs(cfg: Config, platform: Platform, features: Feature
         dsa_indexer_k_norm_epsilon=1e-6,  # transformers' indexers' k_norm
         apply_rope_fusion=False,
     )
+    return kwargs | stage_transformer_kwargs(cfg)  # model.dsa_stage: a dense warm-up's top-k, the sparse stage's loss
