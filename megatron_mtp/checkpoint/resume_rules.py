@@ -21,7 +21,11 @@ training exists for: a run may add sequential modules (mtp.init draws or copies 
 than the checkpoint holds (each left out is named in a note); it may not turn modules into parallel
 heads or change their number of heads (a load initialises no head), and new modules need
 checkpoint.load_optimizer=false (the optimizer state belongs to other parameters). mtp.repeated_layer
-may differ: its one module is module 0 of the checkpoint.
+may differ: its one module is module 0 of the checkpoint. The family may differ where the run's grows from
+the checkpoint's (``ModelConfig.grows_from``: DeepSeek-V3.2 from DeepSeek-V3, its indexers new): the fields
+both families have must be the checkpoint's, and the optimizer is not loaded. A family's TRAINING_FIELDS
+(loss weights, a training stage) may change on a resume and a load, but those that pick which parameters
+train (TRAINED_PART_FIELDS) only on a load.
 """
 
 from __future__ import annotations
@@ -55,9 +59,9 @@ besides the family's own fields (its attention's shapes and rotary settings: ``f
 
 
 def family_fields(cfg: Config) -> tuple[str, ...]:
-    """``model.<field>`` for each field the run's family adds to the shared ModelConfig (all of them shape
-    the attention or its rotary embedding: models/<family>/model_config.py)."""
-    shared = {f.name for f in dataclasses.fields(ModelConfig)}
+    """``model.<field>`` for each field the run's family adds to the shared ModelConfig (they shape the
+    attention or its rotary embedding: models/<family>/model_config.py), but its TRAINING_FIELDS."""
+    shared = {f.name for f in dataclasses.fields(ModelConfig)} | set(type(cfg.model).TRAINING_FIELDS)
     return tuple(f"model.{f.name}" for f in dataclasses.fields(cfg.model) if f.name not in shared)
 
 
@@ -73,12 +77,16 @@ LOAD_MEANING = tuple(name for name in MEANING if not name.startswith(("mtp.", "d
 (refuse_load_changes) and the data may change (the vocabulary's size still may not)."""
 
 
-def meaning_changes(saved: Config, now: Config, fields: tuple[str, ...] = MEANING) -> list[str]:
+def meaning_changes(saved: Config, now: Config, fields: tuple[str, ...] = MEANING, grow: bool = False) -> list[str]:
     """'FIELD is A in the checkpoint and B now' for each field of MEANING that differs, and the padded
-    vocabulary when only the padding rule changed it."""
-    if "model.family" in fields and saved.model.family != now.model.family:
+    vocabulary when only the padding rule changed it; ``grow``: the model may be of a family that grows from
+    the checkpoint's (ModelConfig.grows_from)."""
+    grown = grow and saved.model.family != now.model.family and now.model.grows_from(saved.model.family) is not None
+    if "model.family" in fields and saved.model.family != now.model.family and not grown:
         return [f"model.family is {saved.model.family!r} in the checkpoint and {now.model.family!r} now"]
-    if "model.family" in fields:
+    if grown:  # the fields both families have (the new one's own shape only what is new: Growth.fresh)
+        fields = (*(f for f in fields if f != "model.family"), *family_fields(saved))
+    elif "model.family" in fields:
         fields = (*fields, *family_fields(now))
     changes = [f"{name} is {_field(saved, name)!r} in the checkpoint and {_field(now, name)!r} now"
                for name in fields if _field(saved, name) != _field(now, name)]
@@ -98,6 +106,14 @@ def refuse_meaning_changes(saved: Config, now: Config, step_dir: Path, run_dir: 
                         f"{'the MTP parameters alone' if saved.mtp.freeze_base else 'every parameter'}; keep it to "
                         f"resume, or start a new run from these weights with --run-dir NEW "
                         f"checkpoint.load={step_dir} checkpoint.load_optimizer=false")
+    same_family = saved.model.family == now.model.family
+    for name in type(now.model).TRAINED_PART_FIELDS if same_family else ():  # what the optimizer state holds
+        before, after = getattr(saved.model, name, None), getattr(now.model, name, None)
+        if before != after:
+            raise UserError(f"cannot resume {run_dir} from {step_dir.name}: model.{name} is {before} in the "
+                            f"checkpoint and {after} now, which trains other parameters than its optimizer state "
+                            f"holds; keep it to resume, or start a new run from these weights with --run-dir NEW "
+                            f"checkpoint.load={step_dir} checkpoint.load_optimizer=false")
     changes = meaning_changes(saved, now)
     if changes:
         raise UserError(f"cannot resume {run_dir} from {step_dir.name}: {'; '.join(changes)}, which changes what "
@@ -143,19 +159,27 @@ def refuse_load_changes(saved: Config, now: Config, src: Path, load_optimizer: b
     """checkpoint.load of ``src`` into a new run (design note above): one sentence naming every main-model
     field that differs, or the MTP change a load cannot make; otherwise the notes to print."""
     where = f"cannot start this run from checkpoint.load={src}"
-    changes = meaning_changes(saved, now, LOAD_MEANING)
+    changes = meaning_changes(saved, now, LOAD_MEANING, grow=True)
     if changes:
         raise UserError(f"{where}: {'; '.join(changes)}, which changes what the checkpoint's weights or token ids "
                         f"mean (a weights-only load may change only the MTP modules); keep the checkpoint's values "
                         f"(its config.yaml), or train this config from scratch without checkpoint.load")
+    if saved.model.family != now.model.family and load_optimizer:
+        raise UserError(f"{where}: the checkpoint is a {saved.model.family} model and this run's model.family "
+                        f"{now.model.family} adds tensors its optimizer state has none for; set "
+                        "checkpoint.load_optimizer=false")
     before, after = saved.mtp, now.mtp
     new = [p for p in mtp_parts(after) if p not in mtp_parts(before)]
     if new and load_optimizer and not after.freeze_base:
         raise UserError(f"{where}: this run adds MTP parts (the checkpoint has {_mtp_words(before)}, this run "
                         f"{_mtp_words(after)}) and checkpoint.load_optimizer=true would load an optimizer state "
                         "that has none for them; set checkpoint.load_optimizer=false")
+    notes = []
+    if saved.model.family != now.model.family:
+        notes.append(f"checkpoint.load: {src} is a {saved.model.family} model; this {now.model.family} model takes "
+                     "every tensor of it and draws the ones its family adds anew")
     left = [p.rstrip(".") for p in mtp_parts(before) if p not in mtp_parts(after)]
     if left:
-        return [f"checkpoint.load: {src} has {_mtp_words(before)}; this run loads {_mtp_words(after)} and "
+        return notes + [f"checkpoint.load: {src} has {_mtp_words(before)}; this run loads {_mtp_words(after)} and "
                 f"leaves out {', '.join(left)}"]
-    return []
+    return notes

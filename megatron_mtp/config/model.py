@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Mapping, Optional
+from typing import Any, Callable, ClassVar, Literal, Mapping, Optional
 
 from megatron_mtp.config.base import to_dict
 from megatron_mtp.config.moe_layers import MoeLayers
@@ -78,6 +78,17 @@ def _owners(key: str) -> list[tuple[str, type]]:
     """(family, class) of every family whose model config has a field ``key``."""
     return [(name, c) for name, c in sorted(model_config_classes().items())
             if key in {f.name for f in dataclasses.fields(c)}]
+
+
+@dataclass(frozen=True)
+class Growth:
+    """How a model takes another family's checkpoint (ModelConfig.grows_from): every tensor is the checkpoint's
+    but those ``fresh`` names, which keep their initial weights."""
+
+    fresh: Callable[[str], bool]
+    """Whether a parameter (its name or checkpoint key) is new to this family (not in the checkpoint)."""
+    checkpoint_key: Callable[[str], str]
+    """This model's checkpoint key -> the key of the same tensor in the other family's checkpoint."""
 
 
 @dataclass
@@ -169,6 +180,23 @@ class ModelConfig:
         """Column-parallel projections that gather the attention's sequence-parallel input in decoder layer
         ``layer`` (None: an MTP layer): one fused projection unless a family splits it (``plan``'s traffic)."""
         return 1
+
+    TRAINING_FIELDS: ClassVar[tuple[str, ...]] = ()
+    """The family's own fields that shape no tensor but how it trains: a resume or a checkpoint.load may change
+    them, unless they are TRAINED_PART_FIELDS (checkpoint/resume_rules.py)."""
+    TRAINED_PART_FIELDS: ClassVar[tuple[str, ...]] = ()
+    """Those of TRAINING_FIELDS that pick which parameters train (so what the optimizer state holds): a resume
+    may not change them, a new run from the weights (checkpoint.load) may."""
+
+    def trains(self, name: str) -> bool:
+        """Whether the parameter ``name`` (or its checkpoint key) takes gradients as far as the model's own fields
+        say (a training stage may freeze some; mtp.freeze_base is the MTP config's)."""
+        return True
+
+    def grows_from(self, family: str) -> Optional[Growth]:
+        """How a checkpoint.load of a checkpoint of another family ``family`` fills this model (None: it
+        cannot; the load is refused)."""
+        return None
 
     def moe_layer_rule(self) -> MoeLayers:
         """Which decoder layers are MoE (config/moe_layers.py): every layer after the first

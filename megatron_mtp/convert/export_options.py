@@ -75,6 +75,7 @@ def serving_export(cfg: Config, out: Path, mode: MtpMode, mtp_layout: MtpLayout,
         tied=m.tie_embeddings, speculative=speculative, **get_style(cfg.mtp.style).convert().serving_flags(),
         family=cfg.model.family, architecture=family.architecture,
         mla_head_size=family.serving.mla_head_size(cfg) if family.serving.mla_head_size else None,
+        index_head_dim=family.serving.index_head_dim(cfg) if family.serving.index_head_dim else None,
     )
 
 

@@ -5,7 +5,8 @@ the dense MLP, routed and shared experts), in the main model and in the MTP laye
 float8_e4m3fn, each followed by ``<name>_scale_inv``: fp32, one value per 128x128 block, shape
 [ceil(rows/128), ceil(cols/128)] (edge blocks are smaller and get their own scale; the weight itself
 is not padded). Everything else stays bf16: embeddings, ``lm_head``, norms, the router gate, the MTP
-``eh_proj``, ``enorm``/``hnorm`` and ``shared_head``; ``e_score_correction_bias`` stays fp32.
+``eh_proj``, ``enorm``/``hnorm``, ``shared_head`` and the DSA indexer's ``weights_proj``;
+``e_score_correction_bias`` stays fp32.
 config.json keeps ``torch_dtype: bfloat16`` (the compute dtype) and gains ``quantization_config``.
 
 Quantisation (DeepSeek's rule): per block, ``scale_inv = amax / 448`` (fp32) and the stored value is
@@ -43,7 +44,9 @@ SCALE_SUFFIX = "_scale_inv"
 def fp8_linears() -> tuple[str, ...]:
     """Name endings of the decoder-layer linear weights the release stores in FP8, from every family's
     tensor table: the weights of megatron-core ``linear_*`` modules of the attention and MLP blocks
-    (not their biases or fused norms, not the router, not the MTP module's ``eh_proj``)."""
+    (not their biases or fused norms, not the router, not the MTP module's ``eh_proj``, not the DSA indexer's
+    ``weights_proj``: vLLM fuses it unquantised with ``wk`` and SGLang builds it in bf16, so neither reads an FP8
+    one, and transformers keeps it in fp32)."""
     from megatron_mtp.models.family import families
     from megatron_mtp.models.tensor_table import DENSE_MLP, MOE_MLP
 
@@ -52,7 +55,7 @@ def fp8_linears() -> tuple[str, ...]:
         for rule in (*family.table.attention, *DENSE_MLP, *MOE_MLP):
             module, leaf = rule.mcore.rsplit(".", 2)[-2:]
             if module.startswith("linear_") and leaf == "weight" and rule.role == "weight":
-                out.update(h.rsplit("{e}.", 1)[-1] for h in rule.hf)
+                out.update(h.rsplit("{e}.", 1)[-1] for h in rule.hf if not h.endswith("weights_proj.weight"))
     return tuple(sorted(out))
 
 

@@ -9,7 +9,7 @@ also prints, are written from these facts in serving_text.py.
 
 The facts were read from the weight-loading code of vLLM 0.33.0 and SGLang 0.5.23 (neither runs on
 a CPU, so neither was run) and checked by running transformers 5.24; convert/README.md ("Serving")
-gives the reasons, and tests/convert/test_engine_naming.py walks each engine's naming rules over
+gives the reasons, and tests/convert/test_engine_naming.py walks each engine's naming rules (engine_rules.py) over
 the planned export of every shipped config.
 
 - vLLM finds MTP module d only at layer ``num_hidden_layers + d`` (so not in the NextN layout) and
@@ -24,6 +24,10 @@ the planned export of every shipped config.
   directory; it knows MTP layers only at literal layer indices (DeepSeek-V3: 61; GLM-4.5: 92 and 46,
   the 355B's and the Air's), so other shapes name theirs.
 - Every engine builds the MTP block as a MoE layer: a dense model cannot have a draft.
+- DeepSeek-V3.2 and GLM-5 (read from vLLM's and SGLang's main-branch DSA code): both load the indexer's
+  tensors under the exported names, give the MTP layer an indexer of its own, and skip a layer's indexer where
+  IndexShare reuses a top-k (vLLM from ``index_topk_freq``/``index_skip_topk_offset``); their indexer kernels
+  take an ``index_head_dim`` of 128 only.
 
 An MTP style whose draft is not the release's MTP modules says how the engines take it (``DraftServing``, from its
 ``convert.serving_flags``: mtp_styles/<name>/convert.py).
@@ -67,6 +71,8 @@ class EngineFacts:
     """What ``--for`` writes for a checkpoint with MTP: the layout it loads with the fewest flags."""
     no_draft: Optional[str] = None
     """Why the engine has no MTP draft for the family at all (None: it has one)."""
+    index_head_dims: Optional[tuple[int, ...]] = None
+    """DSA indexer head widths its indexer kernels take (None: any)."""
     skips_mtp_in_main: bool = True
     """Whether its main-model loader passes over MTP tensors beside the main ones (the inline layout);
     False: it stops at a name it has no module for."""
@@ -77,6 +83,8 @@ FACTS = {
         name="vllm", title="vLLM", draft_layouts=("inline", "separate"),
         one_layer_draft_layouts=("inline", "separate"), max_depth=None, draft_hidden_sizes=None,
         draft_dtypes=None, loads_tied_head=False, preferred_layout="inline",
+        # its indexer quantises each head's query to FP8 in one 128-wide group (deepseek_v2.py, Indexer)
+        index_head_dims=(128,),
     ),
     "sglang": EngineFacts(
         name="sglang", title="SGLang", draft_layouts=("inline", "separate", "nextn"),
@@ -84,6 +92,7 @@ FACTS = {
         # fp8: the release format, whose compute dtype is bf16 (its NextN decoder layer takes the FP8
         # quant config; eh_proj is a plain bf16 linear, as the export writes it)
         draft_dtypes=("bf16", "fp8"), loads_tied_head=True, preferred_layout="inline",
+        index_head_dims=(128,),  # its FP8 indexer key cache holds 128 values and a scale (nsa_indexer.py)
     ),
     "transformers": EngineFacts(
         name="transformers", title="transformers", draft_layouts=("inline", "separate"),
@@ -149,6 +158,8 @@ class Export:
     tied: bool
     mla_head_size: Optional[int]
     """MLA's cached width per token (None: not MLA)."""
+    index_head_dim: Optional[int] = None
+    """The width of a DSA indexer head (None: no indexer)."""
     speculative: Optional[int] = None
     """Draft tokens per step asked for with --speculative (None: each engine's default)."""
     repeats: int = 1
@@ -185,7 +196,7 @@ class Export:
 class Problem:
     engine: str
     fact: str
-    """Which fact: tied-head, dense-draft, layout, one-layer, depth, hidden-size, dtype, draft-tokens."""
+    """Which fact: tied-head, index-head, dense-draft, layout, one-layer, depth, hidden-size, dtype, draft-tokens."""
     sentence: str
     blocks: Optional[str]
     """"model": the engine cannot load the export; "draft": it cannot run the MTP draft; None: the
@@ -235,6 +246,10 @@ def problems(engine: str, export: Export) -> list[Problem]:
     if e.tied and not facts.loads_tied_head:
         add("tied-head", f"{name}'s {e.architecture} always loads lm_head.weight, and this model ties its output "
             "head to the embedding, so the export has none", "model")
+    dims = facts.index_head_dims
+    if e.index_head_dim is not None and dims is not None and e.index_head_dim not in dims:
+        add("index-head", f"{name}'s sparse-attention indexer kernels take an index_head_dim of "
+            f"{' or '.join(map(str, dims))} only, and this model's is {e.index_head_dim}", "model")
     if e.depth == 0:
         return found
     why = e.draft.unserved(name) if e.draft.unserved is not None else None

@@ -172,18 +172,22 @@ class _BatchRun:
     def run(self, queue: deque[_Seq]) -> None:
         target = self.g.target
         target.reset_cache(self.slots)
+        target.hand_layers(getattr(self.drafter, "target_layers", None))  # what the drafter reads of the target
         if self.drafter is not None:
             self.drafter.reset(self.slots)
-        while queue or self.active:
-            admitted = []
-            while self.free and queue:
-                s = queue.popleft()
-                s.slot = self.free.pop()
-                admitted.append(s)
-            if admitted:
-                self._prefill(admitted)
-            if self.active:
-                self._step([self.active[slot] for slot in sorted(self.active)])
+        try:
+            while queue or self.active:
+                admitted = []
+                while self.free and queue:
+                    s = queue.popleft()
+                    s.slot = self.free.pop()
+                    admitted.append(s)
+                if admitted:
+                    self._prefill(admitted)
+                if self.active:
+                    self._step([self.active[slot] for slot in sorted(self.active)])
+        finally:  # the target's own forward hands h_0 again outside a run
+            target.hand_layers(None)
 
     def _prefill(self, seqs: list[_Seq]) -> None:
         target = self.g.target

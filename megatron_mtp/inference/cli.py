@@ -44,8 +44,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--speculative", type=int, default=0, metavar="K",
                         help="draft K tokens per step with the MTP module(s) (0 = plain decoding)")
     parser.add_argument("--assistant", metavar="DIR",
-                        help="draft with this Gemma 4 assistant model (a Gemma4AssistantForCausalLM directory) instead "
-                        "of the MTP modules; it reads the target's keys and values (with --speculative K)")
+                        help="draft with this Gemma 4 assistant model (a Gemma4AssistantForCausalLM directory; it "
+                        "reads the target's keys and values) or EAGLE-3 drafter (a speculators directory) instead of "
+                        "the MTP modules (with --speculative K)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true", help="do not stop at the EOS token")
     parser.add_argument("--dtype", type=dtype_arg(("fp32", "bf16", "fp16")), default="fp32", metavar="fp32|bf16|fp16",

@@ -36,7 +36,9 @@ from megatron_mtp.models.decoding.kv_cache import Rows
 
 class Drafter(Protocol):
     """What the decode loop needs from a draft model: per slot (one entry per row of a batch), observe the
-    target's hidden states, propose drafts, roll back to the committed tokens."""
+    target's hidden states, propose drafts, roll back to the committed tokens. A drafter that reads the outputs of
+    some of the target's layers rather than its final-normed hidden state has a ``target_layers`` attribute naming
+    them (ids as ``TargetModel.hand_layers`` takes them); ``observe_rows`` then receives those, concatenated."""
 
     def reset(self, slots: int = 1) -> None: ...
 

@@ -124,10 +124,21 @@ def load_assistant(path: str | Path, target: TargetModel, dtype: torch.dtype) ->
     """A separate drafter's directory (a Gemma 4 assistant) drafting for ``target``: the family whose drafter its
     config.json names (else the target's) builds and checks it (the drafter in its ``style_parts``:
     mtp_styles/assistant/family_part.py), its weights load
-    here."""
+    here; a directory in a separate-drafter style's own format loads through that style's decoder, as the export's
+    mtp/ would."""
+    import json
+
     from megatron_mtp.hf_dir.safetensors_io import HFDir
     from megatron_mtp.inference.model_dir import _load_into
 
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        config = None
+    style = style_of_mtp_dir(config if isinstance(config, dict) else None)
+    if style.separate_drafter and isinstance(config, dict) and assistant_family(config) is None:
+        # a drafter in its MTP style's own format: that style's decoder loads it
+        return style.decoder().load_drafter(None, Path(path), target, None, dtype, "post_norm")
     weights = HFDir(Path(path))
     family = assistant_family(weights.config) or family_of_hf_config({"model_type": target.config.model_type})
     drafter = next((p for p in family.style_parts.values() if hasattr(p, "decoder") and hasattr(p, "drafter")), None)

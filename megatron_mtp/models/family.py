@@ -76,6 +76,12 @@ class ServingFacts:
     """engine -> convert/serving.py ``EngineFacts`` fields that differ for this family."""
     mla_head_size: Optional[Callable[[Any], int]] = None
     """MLA's cached width per token of a run config (vLLM's MLA kernels take one size); None: not MLA."""
+    nextn_architecture: Optional[str] = None
+    """``architectures`` of a NextN-layout mtp/config.json: the SGLang class that loads it (None: the family's
+    architecture + "NextN")."""
+    index_head_dim: Optional[Callable[[Any], int]] = None
+    """The width of a DSA indexer head of a run config (the engines' indexer kernels take one size); None: no
+    indexer."""
     notes: tuple[str, ...] = ()
     """Sentences SERVING.md adds for this family."""
     no_fp8_export: Optional[str] = None

@@ -117,8 +117,8 @@ def rank_buffers(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, v
 
 
 def frozen_params(cfg: Config, chunks: list) -> list:
-    """A rank's frozen parameters (mtp.freeze_base) of its ``_rank_chunks``: plain tensors outside DDP, no gradient
-    or optimizer state."""
+    """A rank's frozen parameters (mtp.freeze_base, a DSA warm-up's non-indexers) of its ``_rank_chunks``: plain
+    tensors outside DDP, no gradient or optimizer state."""
     return [p for _, params in chunks for p in params if not trains(cfg, p)]
 
 
@@ -132,7 +132,7 @@ def state_bytes(cfg: Config, sizes: ParallelSizes, pp_rank: int, tgt: Target, vo
     chunks = _rank_chunks(cfg, sizes, pp_rank, tgt, vocab)
     buffers = rank_buffers(cfg, sizes, pp_rank, tgt, vocab, chunks)
     params = grads = optimizer = fp8 = 0
-    for p in frozen_params(cfg, chunks) if cfg.mtp.freeze_base else ():  # FP8 parameters: 1 byte and a column-wise copy
+    for p in frozen_params(cfg, chunks):  # FP8 parameters: 1 byte and a column-wise copy
         fp8_param = _fp8_params(cfg, tgt) and p.linear
         params += p.numel * (1 if fp8_param else p_bytes)
         fp8 += p.numel if fp8_param else 0

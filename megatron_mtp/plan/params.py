@@ -289,5 +289,5 @@ def ddp_bucket_size(cfg: Config, sizes: ParallelSizes, pp_rank: int, vp_stage: i
 
 def trains(cfg: Config, param: Param) -> bool:
     """Whether a parameter takes gradients: all of them, or with mtp.freeze_base the MTP modules' alone
-    (models/mtp_objective.py)."""
-    return not cfg.mtp.freeze_base or param.name.startswith(mtp_key_prefixes())
+    (models/mtp_objective.py), and those the model's own fields train (a DSA warm-up: the indexers')."""
+    return (not cfg.mtp.freeze_base or param.name.startswith(mtp_key_prefixes())) and cfg.model.trains(param.name)

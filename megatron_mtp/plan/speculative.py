@@ -12,7 +12,9 @@ speedup is tokens per second of speculative over plain decoding. An assistant (m
 drafts instead: each step reads all its own weights (its output table, of its width, the bulk of them) and, in
 every one of its layers, the target's stored keys/values of that layer's kind for every sequence (a sliding
 layer's window of them); it reads no expert, and with centroids (mtp.assistant.num_centroids) only the table
-rows of its top clusters' tokens (for one sequence: the union over a batch is not modelled).
+rows of its top clusters' tokens (for one sequence: the union over a batch is not modelled). An EAGLE-3 drafter
+(mtp.style eagle3) drafts with its own small dense layers, its head over the draft vocabulary and its own keys and
+values (mtp_styles/eagle3/plan.py ``draft_step_bytes``).
 
 A forward takes the longer of its memory time and its compute time at the GPU's dense peak (FP8
 peak for 1-byte weights), so large batches meet the compute roof. Assumptions, printed with the
@@ -166,7 +168,8 @@ def predict(cfg: Config, padded_vocab: int, gpu: Gpu, acceptance: list[float], s
             batches=BATCHES, drafts=DRAFTS) -> list[Prediction]:
     style = get_style(cfg.mtp.style)
     if not cfg.mtp.num_layers or not style.drafts:
-        raise UserError("the speculative prediction needs a sequential MTP module or an assistant (mtp.num_layers ≥ "
+        raise UserError("the speculative prediction needs a sequential MTP module, an assistant or an EAGLE-3 drafter "
+                        "(mtp.num_layers ≥ "
                         f"1, mtp.style={style_names('drafts')}) to draft with")
     if not gpu.hbm_bytes_per_s:
         raise UserError(f"the memory bandwidth of '{gpu.name}' is unknown; use --gpu h100, h200 or b200")

@@ -156,6 +156,8 @@ def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: b
         sd.pop("train_state")
     elif saved.get("world_size") != ranks.world_size:
         sd.pop("rng_state")  # per-rank RNG streams only make sense at the same world size
+    # a grown family's checkpoint keys first, so that a new MTP module copies the last layer under them
+    growth = _grown_family(ckpt, cfg, components, sd) if cfg is not None and not load_optimizer else None
     new_mtp, copies = (_new_mtp_modules(ckpt, cfg, components, sd) if cfg is not None and not load_optimizer
                        else (set(), []))
     try:
@@ -171,10 +173,12 @@ def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: b
         for key, chunk_sd in dist_checkpointing.load(module_copies, str(ckpt)).items():
             copied.setdefault(key, {}).update(chunk_sd)
     for key, chunk in zip(_model_keys(components), components.model):
-        result = unwrap(chunk).load_state_dict({**loaded[key], **copied.get(key, {})}, strict=not new_mtp)
-        if new_mtp:
+        lenient = bool(new_mtp) or growth is not None
+        result = unwrap(chunk).load_state_dict({**loaded[key], **copied.get(key, {})}, strict=not lenient)
+        if lenient:  # only the new MTP parts and the tensors a grown family adds keep their initial weights
             unexpected = list(result.unexpected_keys)
-            missing = [k for k in result.missing_keys if not k.startswith(tuple(new_mtp))]
+            missing = [k for k in result.missing_keys if not k.startswith(tuple(new_mtp))
+                       and not (growth is not None and growth.fresh(k))]
             if unexpected or missing:
                 raise RuntimeError(f"loading {ckpt}: unexpected {unexpected[:3]}, missing {missing[:3]}")
     if not load_optimizer:
@@ -188,6 +192,28 @@ def load_checkpoint(ckpt: Path, components: Components, ranks, load_optimizer: b
     if "rng_state" in loaded:
         _set_rng_state(loaded["rng_state"])
     return TrainState(**{k: int(v) for k, v in loaded["train_state"].items()})
+
+
+def _grown_family(ckpt: Path, cfg, components: Components, sd: dict):
+    """checkpoint.load of another family's checkpoint into a model that grows from it (ModelConfig.grows_from):
+    the tensors the model's family adds leave the state dict to load (they keep their initial weights), the
+    others are read under the checkpoint's keys. Returns the Growth, or None for a checkpoint of the run's family."""
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+
+    from megatron_mtp.checkpoint.info import read_config
+
+    family = read_config(ckpt).model.family
+    growth = cfg.model.grows_from(family) if family != cfg.model.family else None
+    if growth is None:
+        return None
+    for key in _model_keys(components):
+        chunk = sd[key]
+        for name in [n for n in chunk if growth.fresh(n)]:
+            chunk.pop(name)
+        for entry in chunk.values():
+            if isinstance(entry, (ShardedTensor, ShardedTensorFactory)):
+                entry.key = growth.checkpoint_key(entry.key)
+    return growth
 
 
 def _new_mtp_modules(ckpt: Path, cfg, components: Components, sd: dict) -> tuple[set[str], list[dict]]:

@@ -6,7 +6,10 @@ GlmMoeDsaForCausalLM): a random model transformers built (MLA with the lightning
 sigmoid routing; index_topk below the sequence length, so the indexer decides what each query reads; GLM-5 with one
 routing group and IndexShare, its layer 1 reusing layer 0's top-k without an indexer of its own) imports with its
 logits and exports back to its own tensors bitwise, which transformers' class loads with no missing or unexpected
-key. Needs megatron-core 0.19 (its DSA modules build the model)."""
+key. The training recipe of the DeepSeek-V3.2 report on a tiny DeepSeek-V3 run: its checkpoint grows fresh indexers,
+a dense warm-up trains them alone (every other weight stays bitwise the checkpoint's, the indexer loss falls), then a
+sparse stage trains everything; MTP logs its acceptance in both. Needs megatron-core 0.19 (its DSA modules build the
+model)."""
 
 from __future__ import annotations
 
@@ -15,10 +18,12 @@ import json
 import pytest
 import torch
 
+from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.to_hf import export_to_hf
+from megatron_mtp.models.dsa.stages import dense_checkpoint_key, is_indexer
 from megatron_mtp.platform.megatron_core import is_019
-from tests.convert.conftest import megatron_forward
+from tests.convert.conftest import TRAIN_OVERRIDES, megatron_forward
 from tests.convert.helpers import hf_tensors, megatron_cli
 from tests.dist.conftest import metrics, run_as_of
 
@@ -69,6 +74,69 @@ def test_export_loads_in_transformers_with_our_logits(dsa_run, tokens, tmp_path)
     mtp_names = set(hf_tensors(export / "mtp"))  # the MTP layer has its own indexer, as the release's layer 61
     assert {f"model.layers.3.self_attn.indexer.{n}" for n in
             ("wq_b.weight", "wk.weight", "k_norm.weight", "k_norm.bias", "weights_proj.weight")} <= mtp_names
+
+
+# The recipe (README.md, "Training DeepSeek-V3.2 as its report does") on the tiny DeepSeek-V3 run the conversion tests
+# share (conftest.trained_run: tiny_cpu.yaml, 4 layers and an MTP layer): the same shape with a 4-head indexer.
+V3 = ["configs/tiny_cpu.yaml", *TRAIN_OVERRIDES, "logging.log_interval=1"]
+V32 = [*V3, "model.family=deepseek_v32", "model.index_n_heads=4", "model.index_head_dim=32", "model.index_topk=16",
+       "model.indexer_loss_coeff=0.01", "checkpoint.load_optimizer=false"]
+
+
+@pytest.fixture(scope="module")
+def stages(trained_run, tmp_path_factory):
+    """The V3 run -> a 4-step dense warm-up (checkpoints at steps 3 and 4) -> a 2-step sparse stage; beside them, a
+    step of the V3 model itself on the stages' first batch (their dense reference)."""
+    root = tmp_path_factory.mktemp("dsa_stages")
+    warmup, sparse, dense = root / "warmup", root / "sparse", root / "v3_step"
+    megatron_cli("train", "--run-dir", str(dense), *V3, "--max-steps", "1",
+                 f"checkpoint.load={trained_run}", "checkpoint.load_optimizer=false")
+    megatron_cli("train", "--run-dir", str(warmup), *V32, "--max-steps", "4", "model.dsa_stage=warmup",
+                 f"checkpoint.load={trained_run}", "checkpoint.save_interval=3", "optimizer.lr=1e-3",
+                 "schedule.warmup_steps=0", "schedule.decay_style=constant")
+    megatron_cli("train", "--run-dir", str(sparse), *V32, "--max-steps", "2", "model.dsa_stage=sparse",
+                 f"checkpoint.load={warmup}")
+    return warmup, sparse, dense
+
+
+def _steps(run):
+    return sorted((run / "checkpoints").glob("step_*"))
+
+
+def test_the_dense_warmup_trains_the_indexers_alone_then_the_sparse_stage_trains_everything(trained_run, stages):
+    warmup, sparse, dense = stages
+    (v3,), (third, last), (sparse_last,) = _steps(trained_run), _steps(warmup), _steps(sparse)
+    with TorchDistReader(v3) as src, TorchDistReader(third) as mid, TorchDistReader(last) as end:
+        weights = [k for k in end.keys() if not k.startswith("optimizer")]
+        indexers = [k for k in weights if is_indexer(k)]
+        main = [k for k in weights if not is_indexer(k)]
+        # every tensor but the indexers' (5 each: 4 decoder layers and the MTP layer's) is the V3 checkpoint's
+        assert len(indexers) == 5 * 5 and any(k.startswith("mtp.") for k in indexers)
+        assert sorted(dense_checkpoint_key(k) for k in main) == sorted(k for k in src.keys()
+                                                                       if not k.startswith("optimizer"))
+        assert any(k.endswith("expert_bias") for k in main)  # the routers' biases are held too
+        loaded = {k: src.read(dense_checkpoint_key(k)) for k in main}
+        for step in (mid, end):  # bitwise, at both of the warm-up's checkpoints
+            changed = [k for k in main if not torch.equal(loaded[k], step.read(k))]
+            assert not changed, changed[:5]
+        assert all(not torch.equal(mid.read(k), end.read(k)) for k in indexers)  # every indexer learns
+    rows = metrics(warmup)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    falls = [r["train/indexer_loss"] for r in rows]
+    assert falls[-1] < 0.9 * falls[0], falls  # the indexers' KL towards the (dense) attention falls
+    assert all(0.0 < r["train/indexer_loss/layer_05"] for r in rows)  # the MTP layer's indexer's too
+    # the first step of each reads the same batch with V3's weights: the warm-up's attention is dense (every earlier
+    # token of 32, whatever model.index_topk says), so its losses are V3's own; the sparse stage's top-16 are not
+    (v3,), first = metrics(dense), metrics(sparse)[0]
+    for key in ("train/lm_loss", "train/mtp_loss_1"):
+        assert rows[0][key] == pytest.approx(v3[key], rel=1e-5, abs=0.0)
+        assert first[key] != pytest.approx(v3[key], rel=1e-5, abs=0.0)
+    for r in rows + metrics(sparse):  # MTP works in both stages, its acceptance logged
+        assert 0.0 <= r["train/mtp_acceptance_1"] <= 1.0 and r["train/mtp_loss_1"] > 0.0
+        assert r["train/indexer_loss"] > 0.0
+    with TorchDistReader(last) as before, TorchDistReader(sparse_last) as after:
+        moved = [k for k in main if not torch.equal(before.read(k), after.read(k))]
+        assert any("linear_q_down_proj" in k for k in moved) and any("experts" in k for k in moved)
 
 
 RANDOM = {  # the two DSA families' transformers classes, small; GLM-5's layer 1 reuses layer 0's top-k (IndexShare).

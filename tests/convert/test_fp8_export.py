@@ -15,7 +15,7 @@ from megatron_mtp.checkpoint.run_dir import resolve_checkpoint
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.convert import serving
 from megatron_mtp.convert.drop_mtp import drop_mtp
-from megatron_mtp.convert.fp8_export import quantize_blockwise
+from megatron_mtp.convert.fp8_export import is_fp8_weight, quantize_blockwise
 from megatron_mtp.convert.from_hf import import_from_hf
 from megatron_mtp.convert.to_hf import export_to_hf, plan_export
 from megatron_mtp.hf_dir.fp8 import dequantize_blockwise
@@ -82,6 +82,13 @@ def test_requantising_the_dequantised_values_is_bitwise():
         assert not torch.equal(back, w)
         q2, scale2 = quantize_blockwise(back)
         assert torch.equal(scale2, scale) and torch.equal(q2.view(torch.uint8), q.view(torch.uint8))
+
+
+def test_the_dsa_indexer_keeps_weights_proj_in_bf16_as_the_engines_read_it():
+    """vLLM fuses weights_proj unquantised with wk (dequantising an FP8 wk), SGLang builds it in bf16."""
+    indexer = "model.layers.0.self_attn.indexer."
+    assert is_fp8_weight(indexer + "wq_b.weight") and is_fp8_weight(indexer + "wk.weight")
+    assert not is_fp8_weight(indexer + "weights_proj.weight")
 
 
 def test_sglang_runs_an_fp8_draft_and_still_refuses_fp32():

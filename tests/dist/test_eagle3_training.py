@@ -6,7 +6,9 @@ target's output rows of them (frozen, as speculators keeps it; trained under bf1
 them). `convert to-hf` of the trained checkpoint writes
 the target and a speculators directory that speculators' Eagle3DraftModel loads with no missing or unexpected key,
 naming the target export as its verifier: speculators' own verifier head over t2d's rows is our head, so the
-tables and the head agree through the export; `convert from-hf --mtp-dir` of it gives the drafter back bitwise."""
+tables and the head agree through the export; `convert from-hf --mtp-dir` of it gives the drafter back bitwise;
+`generate OUT --speculative 3` drafts with it (OUT/mtp beside OUT/main): greedy, the same tokens as plain decoding,
+some of its drafts accepted."""
 
 from __future__ import annotations
 
@@ -84,9 +86,10 @@ def test_a_trained_head_under_bf16_starts_as_the_targets_rows(runs, train, metri
         assert torch.equal(head, rows), (head - rows).abs().max()
 
 
-def test_the_trained_drafter_goes_through_to_hf_and_back(runs, tmp_path):
+def test_the_trained_drafter_goes_through_to_hf_and_back(runs, tmp_path, capsys):
     """`convert to-hf` writes the target in OUT/main and the drafter in OUT/mtp (speculators' format, the target
-    export its verifier); `convert from-hf OUT/main --mtp-dir OUT/mtp` gives back the drafter's tensors bitwise."""
+    export its verifier); `convert from-hf OUT/main --mtp-dir OUT/mtp` gives back the drafter's tensors bitwise;
+    `generate OUT --speculative 3` (greedy) drafts with it and gives plain decoding's tokens."""
     speculators_eagle3 = pytest.importorskip("speculators.models.eagle3")
     from megatron_mtp.convert.from_hf import import_from_hf
     from megatron_mtp.convert.to_hf import export_to_hf
@@ -112,6 +115,7 @@ def test_the_trained_drafter_goes_through_to_hf_and_back(runs, tmp_path):
     assert model.config.eagle_aux_hidden_state_layer_ids == [0, 1, 2]
     serving = (out / "SERVING.md").read_text()
     assert '"method": "eagle3"' in serving and "EAGLE3" in serving and "transformers has no EAGLE-3" in serving
+    _generates_with_the_drafter(out, capsys)
 
     back = import_from_hf(target, tmp_path / "back", mtp_dir=drafter)
     cfg = read_config(back)
@@ -126,3 +130,25 @@ def test_the_trained_drafter_goes_through_to_hf_and_back(runs, tmp_path):
             if not (torch.equal(b.to(a.dtype), a) and (a.is_floating_point() or a.dtype == b.dtype)):
                 changed.append(key)
         assert not changed, changed
+
+
+def _generates_with_the_drafter(out, capsys):
+    """`megatron-mtp generate OUT --speculative 3 --json` (greedy) against `--speculative 0`: the same tokens, and a
+    K of 3 (one step beyond the K=2 it trained) accepts some drafts."""
+    import time
+
+    from megatron_mtp.cli import main
+
+    start, results = time.perf_counter(), []
+    for k in ("0", "3"):
+        assert main(["generate", str(out), "--prompt", "def main():", "--max-new-tokens", "24", "--speculative", k,
+                     "--ignore-eos", "--json"]) == 0
+        results.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    plain, spec = results
+    stats = spec["stats"]
+    with capsys.disabled():
+        print(f"eagle3 generate --speculative 3: acceptance per position {stats['acceptance_per_position']}, "
+              f"mean accept length {stats['mean_accept_length']:.2f}, {len(set(plain['tokens']))} distinct of "
+              f"{len(plain['tokens'])} tokens; both runs {time.perf_counter() - start:.1f} s")
+    assert spec["tokens"] == plain["tokens"] and len(plain["tokens"]) == 24
+    assert len(stats["acceptance_per_position"]) == 3 and stats["acceptance_rate"] > 0, stats

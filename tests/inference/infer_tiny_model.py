@@ -10,6 +10,7 @@ or the family's own MTP names (Qwen3-MoE: ``mtp.*``).
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -76,8 +77,34 @@ def tiny_qwen3_config(vocab: int = 320, layers: int = 2, init_std: float = 0.08,
     )
 
 
+def tiny_dsa_config(family: str, vocab: int = 320, layers: int = 3, init_std: float = 0.08, mtp_depth: int = 0,
+                    index_topk: int = 4):
+    """A tiny DSA model: DeepSeek-V3's tiny MLA (q-LoRA) with a lightning indexer of 16 heads of 16 that keeps
+    ``index_topk`` keys per query, 1 dense + MoE layers; DeepSeek-V3.2 with YaRN and two routing groups, GLM-5 with
+    one group and IndexShare (layers full, shared, full). rms_norm_eps 1e-6: transformers' latent norms take
+    1e-6 whatever it says (GLM-5's serving note). 16 indexer heads, not 4: with 4, a key whose every head's ReLU is 0
+    (1 in 16) scores exactly 0, and transformers' topk breaks such ties differently in its full and incremental
+    forwards (0.05 apart in the logits)."""
+    import transformers
+
+    own = (dict(n_group=2, topk_group=1, rope_parameters=tiny_config().rope_parameters)
+           if family == "deepseek_v32" else
+           dict(n_group=1, topk_group=1, index_topk_freq=2, index_skip_topk_offset=1,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0}))
+    config_class = {"deepseek_v32": "DeepseekV32Config", "glm_moe_dsa": "GlmMoeDsaConfig"}[family]
+    return getattr(transformers, config_class)(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=16, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2,
+        n_shared_experts=1, routed_scaling_factor=2.5, index_n_heads=16, index_head_dim=16, index_topk=index_topk,
+        rms_norm_eps=1e-6, max_position_embeddings=512, initializer_range=init_std,
+        num_nextn_predict_layers=mtp_depth, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False, **own)
+
+
 FAMILIES = {"deepseek_v3": (tiny_config, "DeepseekV3ForCausalLM"), "glm4_moe": (tiny_glm_config, "Glm4MoeForCausalLM"),
-            "qwen3_moe": (tiny_qwen3_config, "Qwen3MoeForCausalLM")}
+            "qwen3_moe": (tiny_qwen3_config, "Qwen3MoeForCausalLM"),
+            "deepseek_v32": (partial(tiny_dsa_config, "deepseek_v32"), "DeepseekV32ForCausalLM"),
+            "glm_moe_dsa": (partial(tiny_dsa_config, "glm_moe_dsa"), "GlmMoeDsaForCausalLM")}
 """family -> (tiny config builder, transformers model class name)."""
 
 
@@ -183,7 +210,7 @@ def make_tiny_export(root: Path, layout: str = "separate", mtp_depth: int = 1, s
     torch.manual_seed(seed)
     config = FAMILIES[family][0](mtp_depth=0, **config_kwargs)
     model = hf_model_class(family)(config).eval()
-    if family in ("glm4_moe", "qwen3_moe"):
+    if family in ("glm4_moe", "qwen3_moe", "deepseek_v32", "glm_moe_dsa"):
         _randomize_norms_and_biases(model, seed)
     if near_bigram is not None:
         with torch.no_grad():

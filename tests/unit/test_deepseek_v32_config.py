@@ -5,6 +5,7 @@ transformers derives it, and what megatron-core cannot build is one sentence."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -112,10 +113,29 @@ def test_glm5_config_json_reads_what_it_leaves_out_as_transformers_does():
 
 
 @pytest.mark.parametrize("family, title", [("deepseek_v32", "DeepSeek-V3.2"), ("glm_moe_dsa", "GLM-5")])
-def test_the_decoder_refuses_a_dsa_model_in_one_sentence(family, title):
+def test_the_decoder_runs_a_dsa_model_and_refuses_what_it_cannot_in_one_sentence(family, title):
+    """generate decodes both families (tests/inference/test_infer_dsa.py); a view without q-LoRA, and (GLM-5) an MTP
+    depth that would reuse an earlier layer's top-k, are one sentence each."""
+    from megatron_mtp.errors import is_one_sentence
     from megatron_mtp.models.family import get_family
 
-    assert not get_family(family).decodes  # generate's help does not list it
-    with pytest.raises(UserError, match=rf"^the decoder has no DeepSeek Sparse Attention layer yet, so it cannot run "
-                                        rf"a {title} model; serve the export with transformers"):
-        get_family(family).decoder_layer()(None, 0)
+    fam = get_family(family)
+    assert fam.decodes  # generate's help lists it
+    raw = {"model_type": family, "vocab_size": 320, "num_hidden_layers": 3, "hidden_size": 64, "intermediate_size": 96,
+           "moe_intermediate_size": 32, "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 32,
+           "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "n_routed_experts": 8,
+           "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "index_n_heads": 4,
+           "index_head_dim": 16, "index_topk_freq": 2, "index_skip_topk_offset": 1}
+    layer = fam.decoder_layer()
+    mtp = layer(fam.hf_view({**raw, "rms_norm_eps": 1e-5}), 3).self_attn
+    assert mtp.indexer is not None  # MTP depth 0 runs its own indexer
+    assert mtp.q_a_layernorm.eps == mtp.kv_a_layernorm.eps == 1e-5  # as megatron-core, not transformers' 1e-6
+    with pytest.raises(UserError) as info:
+        layer(dataclasses.replace(fam.hf_view(raw), q_lora_rank=None), 0)
+    assert f"config.json of the {title} model has no q_lora_rank" in str(info.value)
+    assert is_one_sentence(str(info.value))
+    if family == "glm_moe_dsa":
+        with pytest.raises(UserError) as info:
+            layer(fam.hf_view(raw), 4)
+        assert "MTP layer 4 of the GLM-5 model would reuse an earlier layer's top-k" in str(info.value)
+        assert is_one_sentence(str(info.value))

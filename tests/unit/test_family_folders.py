@@ -98,8 +98,8 @@ def test_the_rule_sees_every_way_of_naming_a_family(tmp_path):
 
 BASES = ("mla", "dsa", "gqa")
 """The shared bases, named as a family folder is."""
-OWN_MODULES = {"gemma4": {"attention", "feed_forward", "specs", "rope"}, "gemma4/assistant": {"attention", "block",
-                                                                                                "centroids"}}
+OWN_MODULES = {"dsa": {"stages"}, "gemma4": {"attention", "feed_forward", "specs", "rope"},
+               "gemma4/assistant": {"attention", "block", "centroids"}}
 """Modules a folder holds beside the folder table's, each named for what it builds (models/README.md)."""
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from megatron_mtp.config import load_config
+from megatron_mtp.config.mtp_style import get_style
 from megatron_mtp.config.vocab import resolve_vocab
 from megatron_mtp.models.deepseek_v3.sizes import parameter_counts
 from megatron_mtp.models.expert_reach import distinct_experts
@@ -102,11 +103,30 @@ def test_expert_loading_takes_the_assistants_gain_at_small_batches():
     assert abs(gains["moe"][64] / gains["dense"][64] - 1) < 0.1
 
 
+def test_an_eagle3_step_reads_its_layers_its_draft_head_and_its_own_keys():
+    """An EAGLE-3 drafter for DeepSeek-V3 (one Llama layer of the target's width, 32,000 draft tokens, 8 key/value
+    heads): a step reads its layer, its final norm, its head over the draft vocabulary and a third of fc (one run
+    per round of 3 steps), its own keys and values over the context, no expert; the prediction drafts with it."""
+    cfg = load_config(V3, ["mtp.style=eagle3", "checkpoint.load=/a/target", "mtp.num_layers=3",
+                           "mtp.eagle3.draft_vocab_size=32000", "mtp.eagle3.num_query_groups=8",
+                           "mtp.eagle3.ffn_hidden_size=14336"])
+    vocab, context = resolve_vocab(cfg), 4096
+    step = get_style("eagle3").plan().draft_step_bytes(cfg, vocab, batch=4, serve=ServeLayout(weight_bytes=2.0,
+                                                                                                context=context))
+    h, heads, head_dim = 7168, 128, 7168 // 128
+    q, kv = heads * head_dim, 8 * head_dim
+    layer = 2 * h * (q + 2 * kv) + q * h + 3 * h * 14336 + 3 * h  # q/k/v of [embedding ; hidden], o, MLP, norms
+    assert step.dense == pytest.approx(2 * (layer + h + 32000 * h + 3 * h * h / 3)) and step.experts == 0
+    assert step.kv == 4 * context * 2 * kv * 2
+    rows = predict(cfg, vocab, parse_gpu("h200"), [0.8], ServeLayout(tp=8, ep=8), batches=(1,), drafts=(3,))
+    assert rows[0].speedup > 1.0
+
+
 @pytest.mark.parametrize("args,words", [
     (["--acceptance", "x"], "--acceptance 'x' must be rates"),
     (["--acceptance", "1.5"], "must be rates between 0 and 1"),
     (["--serve-tp", "0"], "--serve-tp is 0"),
-    (["mtp.num_layers=0"], "needs a sequential MTP module or an assistant"),
+    (["mtp.num_layers=0"], "needs a sequential MTP module, an assistant or an EAGLE-3 drafter"),
     (["--gpu", "96"], "bandwidth of '96 GiB GPU' is unknown"),
     (["--serve-ep", "100000"], "--serve-ep 100000 does not divide the model's 256 routed experts"),
 ])

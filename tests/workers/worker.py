@@ -147,6 +147,9 @@ def _reset_framework_state(groups_before: set) -> None:
         reset_moe_tracker()
     if "megatron.core.transformer.multi_token_prediction" in modules:
         modules["megatron.core.transformer.multi_token_prediction"].MTPLossLoggingHelper.tracker = {}
+    dsa = "megatron.core.transformer.experimental_attention_variant.dsa"
+    if dsa in modules:  # 0.19's indexer-loss tracker: sized by the first DSA model's layers, and kept
+        modules[dsa].DSAIndexerLossLoggingHelper.tracker = {}
     # megatron-core's DDP hooks each parameter's gradient accumulator with a closure over the DDP: a cycle
     # through C++ autograd nodes that the garbage collector cannot see. Empty those closures, or every model
     # (and every process group it holds, with their gloo threads) lives on for the rest of the session.

@@ -18,6 +18,8 @@ j for query i of row b unless ``j <= start_b + i``: causal, and blind to other r
 to padding. Padding entries are written past a row's length, so they are never visible and the
 next write overwrites them; buffers start at zero so no unwritten entry can be NaN (a masked key
 still multiplies its value by 0). Rollback per sequence is ``truncate(length, slot)``: O(1).
+``Rows.carried`` holds what one layer hands the later layers of the same forward (DSA's IndexShare: the
+last full layer's top-k selection); a new forward starts it empty.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class Rows:
         self.span = max(starts) + t
         self.packed = all(c == t for c in counts)
         self.contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        self.carried: dict[str, object] = {}
+        """What a layer hands the later layers of this same forward (DSA's IndexShare: the last full layer's
+        top-k, models/dsa/decoder.py)."""
 
     @cached_property
     def positions(self) -> torch.Tensor:

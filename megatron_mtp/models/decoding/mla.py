@@ -72,28 +72,45 @@ class MLAttention(nn.Module):
         cache: KVCache | None,
         rows: Rows,
     ) -> torch.Tensor:
+        """Packed tokens [N, h] of ``rows`` in, [N, h] out."""
+        query, new, _ = self.project(x, cos_sin, rows)
+        # the cache, in one place: new entries in, every row's entries (padded to S) out
+        kept = cache.write(rows, new) if cache is not None else new
+        return self.attend(query, kept, rows.mask, rows)
+
+    def project(
+        self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor], rows: Rows
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None]:
+        """(query [B, H, T, qk], the new cache entries [B, T, dim] by name, the query's normed latent [N, q_lora_rank]
+        or None without q-LoRA)."""
         c = self.config
         n = x.shape[0]
+        q_latent = None
         if c.q_lora_rank is None:
             q = self.q_proj(x)
         else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+            q_latent = self.q_a_layernorm(self.q_a_proj(x))
+            q = self.q_b_proj(q_latent)
         q = q.view(n, -1, c.qk_head_dim)
         q_nope, q_rot = torch.split(q, [c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
         latent, k_rot = torch.split(self.kv_a_proj_with_mqa(x), [c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
         latent = self.kv_a_layernorm(latent)
         q_rot, k_rot = apply_rope(q_rot, k_rot.unsqueeze(1), cos_sin[0], cos_sin[1], c.rope_interleave)
         query = rows.unpack(torch.cat([q_nope, q_rot], dim=-1)).transpose(1, 2)  # [B, H, T, qk]
-        # the cache, in one place: new entries in, every row's entries (padded to S) out
-        new = {"latent": rows.unpack(latent), "k_rot": rows.unpack(k_rot[:, 0])}
-        kept = cache.write(rows, new) if cache is not None else new
+        return query, {"latent": rows.unpack(latent), "k_rot": rows.unpack(k_rot[:, 0])}, q_latent
+
+    def attend(self, query: torch.Tensor, kept: dict[str, torch.Tensor], mask: torch.Tensor | None,
+               rows: Rows) -> torch.Tensor:
+        """Attention of ``query`` [B, H, T, qk] over every row's cached entries ``kept`` [B, S, dim], key j visible to
+        query i of row b where ``mask`` [B, 1, T, S] says (None: all); [N, h] out."""
+        c = self.config
         latent, k_rot = kept["latent"], kept["k_rot"]  # [B, S, r], [B, S, rope]
         b, s = latent.shape[:2]
         kv = self.kv_b_proj(latent).view(b, s, -1, c.qk_nope_head_dim + c.v_head_dim).transpose(1, 2)
         k_nope, value = torch.split(kv, [c.qk_nope_head_dim, c.v_head_dim], dim=-1)
         key = torch.cat([k_nope, k_rot.unsqueeze(1).expand(-1, k_nope.shape[1], -1, -1)], dim=-1)
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=rows.mask, scale=self.scaling)
-        return self.o_proj(rows.pack(out.transpose(1, 2)).reshape(n, -1))
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=self.scaling)
+        return self.o_proj(rows.pack(out.transpose(1, 2)).reshape(rows.tokens, -1))
 
 
 class MLADecoderLayer(DecoderLayer):

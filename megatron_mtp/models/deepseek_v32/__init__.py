@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from megatron_mtp.models.deepseek_v32 import hf_config, hf_mapping, hf_view, sizes
 from megatron_mtp.models.deepseek_v32.model_config import DeepseekV32ModelConfig
+from megatron_mtp.models.dsa import NEXTN_ARCHITECTURE, serving_notes
+from megatron_mtp.models.dsa import sizes as dsa_sizes
 from megatron_mtp.models.family import ServingFacts, family_of_modules, register
 
 FAMILY = register(family_of_modules(
@@ -23,8 +25,8 @@ FAMILY = register(family_of_modules(
     activations="megatron_mtp.models.dsa.activations",
     # transformers 5.25's DeepseekV32ForCausalLM ignores layer 61 (the release's MTP layer)
     serving=ServingFacts(
-        transformers_mtp_layers=(61,), mla_head_size=sizes.kv_cache_elements_per_token,
-        notes=("The commands below are DeepSeek-V3's; the engines' DeepSeek-V3.2 loaders (their sparse-attention "
-               "kernels, the MTP layer's indexer) were not checked against this export.",)),
-    decodes=False,
+        transformers_mtp_layers=(61,), mla_head_size=dsa_sizes.mla_head_size,
+        index_head_dim=dsa_sizes.index_head_dim, nextn_architecture=NEXTN_ARCHITECTURE,
+        notes=("vLLM runs DeepseekV32ForCausalLM with its DeepSeek-V3 model and SGLang with its "
+               "DeepseekV32ForCausalLM; every layer runs its own indexer.", *serving_notes("deepseek_v32"))),
 ))

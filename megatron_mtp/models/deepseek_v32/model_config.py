@@ -13,3 +13,4 @@ from megatron_mtp.models.dsa.model_config import DSAModelConfig, check  # noqa: 
 class DeepseekV32ModelConfig(DSAModelConfig):
     TITLE: ClassVar[str] = "DeepSeek-V3.2"
     INDEXER_ROPE_INTERLEAVED: ClassVar[bool] = False  # transformers' DeepseekV32Indexer rotates halves
+    GROWS_FROM: ClassVar[tuple[str, ...]] = ("deepseek_v3",)  # the report's start: a V3 checkpoint

@@ -27,6 +27,7 @@ import copy
 import dataclasses
 
 from megatron_mtp.config import Config
+from megatron_mtp.models.dsa.stages import freeze_for_stage
 from megatron_mtp.models.megatron_model import build_gpt_model
 from megatron_mtp.models.megatron_specs import swap_local_modules
 from megatron_mtp.models.tensor_table import mtp_is_moe
@@ -174,6 +175,8 @@ def build_model(cfg: Config, config, platform: Platform, vocab_size: int, pre_pr
     layers = dsa_layer_specs(config, platform)
     specs = (_block_spec(config, platform, layers, vp_stage),
              _mtp_block_spec(config, platform, layers, mtp_is_moe(cfg.model), vp_stage))
-    return build_gpt_model(cfg, config, platform, vocab_size, pre_process, post_process, vp_stage,
-                           keys_as_te=DSA_KEYS_AS_TE, specs=specs,
-                           position_embedding_type="none")  # MLA and the indexer apply their own rotary embedding
+    model = build_gpt_model(cfg, config, platform, vocab_size, pre_process, post_process, vp_stage,
+                            keys_as_te=DSA_KEYS_AS_TE, specs=specs,
+                            position_embedding_type="none")  # MLA and the indexer apply their own rotary embedding
+    freeze_for_stage(model, cfg.model)  # the warm-up trains the indexers alone (models/dsa/stages.py)
+    return model

@@ -13,9 +13,11 @@ numbers (``index_share``) and every consumer asks ``runs_indexer``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, Optional
 
+from megatron_mtp.config.model import Growth
 from megatron_mtp.errors import UserError
+from megatron_mtp.models.dsa.stages import GROWTH, check_stage, is_indexer
 from megatron_mtp.models.mla.model_config import MLAModelConfig
 from megatron_mtp.models.mla.model_config import check as check_mla
 
@@ -41,6 +43,24 @@ class DSAModelConfig(MLAModelConfig):
     """Weight of megatron-core's indexer KL loss (the indexer's scores towards the main attention's
     distribution, logged as train/indexer_loss); 0 (megatron-core's default): the loss is not computed and the
     indexer does not learn at all, since its top-k selection passes no gradient (set it when training)."""
+    dsa_stage: Optional[Literal["warmup", "sparse"]] = None
+    """The training stage of the DeepSeek-V3.2 report (models/dsa/stages.py; README.md has the recipe).
+    warmup: dense attention (every earlier token) and every weight frozen but the indexers (the MTP layer's
+    too), which learn from their KL loss towards the main attention's distribution; sparse: top-k selection
+    and every weight trains, the indexer's KL loss over the selected tokens only. null: megatron-core's
+    defaults (top-k selection, the KL loss over every earlier token). Needs model.indexer_loss_coeff above 0.
+    A new run (checkpoint.load) may change it; a resume may not."""
+
+    TRAINING_FIELDS: ClassVar[tuple[str, ...]] = ("indexer_loss_coeff", "dsa_stage")
+    TRAINED_PART_FIELDS: ClassVar[tuple[str, ...]] = ("dsa_stage",)
+    GROWS_FROM: ClassVar[tuple[str, ...]] = ()
+    """Families whose checkpoints (dense MLA) a checkpoint.load takes into this one, its indexers drawn anew."""
+
+    def trains(self, name: str) -> bool:
+        return self.dsa_stage != "warmup" or is_indexer(name)
+
+    def grows_from(self, family: str) -> Optional[Growth]:
+        return GROWTH if family in self.GROWS_FROM else None
 
     def index_share(self) -> tuple[int, int]:
         """megatron-core's (dsa_indexer_topk_freq, dsa_indexer_skip_topk_offset); (1, 0): every layer runs its
@@ -65,6 +85,7 @@ def check(cfg) -> None:
     from megatron_mtp.platform.megatron_core import require_dsa
 
     check_mla(cfg)
+    check_stage(cfg)
     m = cfg.model
     title = type(m).TITLE
     if m.q_lora_rank is None:

@@ -126,6 +126,11 @@ def mla_head_size(cfg: Config) -> int:
     return cfg.model.kv_lora_rank + cfg.model.qk_pos_emb_head_dim
 
 
+def index_head_dim(cfg: Config) -> int:
+    """The width of an indexer head: the one size vLLM's and SGLang's indexer kernels take (convert/serving.py)."""
+    return cfg.model.index_head_dim
+
+
 def decode_attention_flops(cfg: Config, context: int) -> float:
     """The indexer over every cached token where a layer runs one, and MLA over the top-k it picks (averaged
     over the layers)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 from functools import partial
 
 from megatron_mtp.config import Config
+from megatron_mtp.models.dsa.stages import stage_transformer_kwargs
 from megatron_mtp.models.mla import transformer_config as mla
 from megatron_mtp.platform import Platform
 from megatron_mtp.platform.features import Features
@@ -54,7 +55,7 @@ def transformer_config_kwargs(cfg: Config, platform: Platform, features: Feature
     """The MLATransformerConfig fields of this run: MLA's and the indexer's."""
     m = cfg.model
     freq, offset = m.index_share()
-    return dict(
+    kwargs = dict(
         mla.transformer_config_kwargs(cfg, platform, features, mtp_loss_scale),
         experimental_attention_variant="dsa",
         dsa_indexer_n_heads=m.index_n_heads,
@@ -69,3 +70,4 @@ def transformer_config_kwargs(cfg: Config, platform: Platform, features: Feature
         apply_rope_fusion=False,
         cp_comm_type="allgather",  # DSAttention's one context-parallel form: every rank gathers the keys
     )
+    return kwargs | stage_transformer_kwargs(cfg)  # model.dsa_stage: a dense warm-up's top-k, the sparse stage's loss

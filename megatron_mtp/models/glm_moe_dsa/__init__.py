@@ -4,6 +4,8 @@ modules): its ``Family``, registered once (models/family.py); the megatron-core 
 
 from __future__ import annotations
 
+from megatron_mtp.models.dsa import NEXTN_ARCHITECTURE, serving_notes
+from megatron_mtp.models.dsa import sizes as dsa_sizes
 from megatron_mtp.models.family import ServingFacts, family_of_modules, register
 from megatron_mtp.models.glm_moe_dsa import hf_config, hf_mapping, hf_view, sizes
 from megatron_mtp.models.glm_moe_dsa.model_config import GlmMoeDsaModelConfig
@@ -24,10 +26,12 @@ FAMILY = register(family_of_modules(
     # transformers 5.25's GlmMoeDsaForCausalLM ignores layer 78 (the release's MTP layer)
     serving=ServingFacts(
         transformers_mtp_layers=(78,), mla_head_size=sizes.mla_head_size,
-        notes=("The commands below are DeepSeek-V3's; the engines' GLM-5 loaders (their sparse-attention kernels, "
-               "IndexShare, the MTP layer's indexer) were not checked against this export.",
+        index_head_dim=dsa_sizes.index_head_dim, nextn_architecture=NEXTN_ARCHITECTURE,
+        notes=("vLLM and SGLang run GlmMoeDsaForCausalLM with their DeepSeek-V2 model. vLLM reads IndexShare from "
+               "index_topk_freq and index_skip_topk_offset (or index_topk_pattern), not from indexer_types, and builds "
+               "no indexer in a layer that reuses a top-k; the export writes both fields, which give the same "
+               "layers as indexer_types.", *serving_notes("glm_moe_dsa"),
                "transformers' GlmMoeDsaForCausalLM normalises the query and key/value latents with eps 1e-6 whatever "
                "rms_norm_eps says (1e-5 in GLM-5), where megatron-core, vLLM and SGLang take rms_norm_eps, so its "
                "logits differ slightly from ours and the engines'.")),
-    decodes=False,
 ))

@@ -1,5 +1,11 @@
-"""The decoder's layer for GLM-5: not built yet (models/dsa/decoder.py), so decoding refuses in one sentence."""
+"""The decoder's layer for GLM-5: the DSA layer (models/dsa/decoder.py) with the indexer's RoPE on interleaved
+pairs, as transformers' ``GlmMoeDsaIndexer``, and IndexShare by the view's ``indexer_types``."""
 
-from megatron_mtp.models.dsa.decoder import refusing_layer
+from megatron_mtp.models.dsa.decoder import DSALayer
 
-DSADecoderLayer = refusing_layer("GLM-5", "GlmMoeDsaForCausalLM")
+
+class DSADecoderLayer(DSALayer):
+    """GLM-5's decoder layer: a "shared" layer reuses the last full layer's top-k."""
+
+    INDEX_INTERLEAVE = True
+    TITLE = "GLM-5"

@@ -36,7 +36,7 @@ def own_flops(cfg) -> float:
 
 EAGLE3 = register_style(MTPStyle(
     name="eagle3", chains_modules=False, separate_drafter=True, soft_targets=False, head_by_head=False,
-    a2a_overlap=False, context_parallel=False, drafts=False, words=words, key_prefix=PREFIX, any_family=True,
+    a2a_overlap=False, context_parallel=False, drafts=True, words=words, key_prefix=PREFIX, any_family=True,
     observes_predictions=True,
     tensor_rows=lambda *args: [], own_rules=lambda: [], own_flops=own_flops, drafter_words="the EAGLE-3 drafter",
     plan=lazy_module("megatron_mtp.mtp_styles.eagle3.plan"),

@@ -1,5 +1,6 @@
 """What ``plan`` counts of an EAGLE-3 drafter: its parameters (registered after GPTModel's own modules, on the loss
-stage), a step's FLOPs, its K steps' saved activations and its sentence. The steps' logits are counted by the shared
+stage), a step's FLOPs, its K steps' saved activations, the bytes a decoding draft step reads (``plan
+--speculative``) and its sentence. The steps' logits are counted by the shared
 output-and-loss inventory at the target's vocabulary (an over-count with a smaller draft vocabulary)."""
 
 from __future__ import annotations
@@ -29,6 +30,24 @@ def step_flops(family, cfg, padded_vocab: int) -> float:
     weights = sum(math.prod(shape) for key, shape in shapes.items() if key not in BUFFERS)
     keys = cfg.training.seq_length / 2 + (steps - 1) / 2
     return 2 * weights + 2 * fc / steps + s.num_layers * 2 * 2 * s.heads * s.head_dim * keys
+
+
+def draft_step_bytes(cfg, padded_vocab: int, batch: int, serve):
+    """Bytes one GPU reads in one draft step of ``batch`` sequences (plan/speculative.py): its layers, final norm and
+    head over the draft vocabulary, ``fc`` shared out over the mtp.num_layers steps of a round (the round's first
+    step runs it once, over the positions accepted since the last), its own keys/values over the context (one entry
+    per position, as the target's), no expert; split over the serving layout's TP ranks as the target's dense
+    weights. The target's embedding rows it looks up are not counted (one row per sequence)."""
+    from megatron_mtp.plan.speculative import ForwardBytes
+
+    s, steps = drafter_shape(cfg), max(cfg.mtp.num_layers, 1)
+    shapes = tensor_shapes(cfg, padded_vocab)
+    fc = math.prod(shapes.pop(f"{PREFIX}fc.weight"))
+    weights = sum(math.prod(shape) for key, shape in shapes.items() if key not in BUFFERS) + fc / steps
+    kv = batch * serve.context * s.num_layers * 2 * s.groups * s.head_dim * serve.kv_bytes
+    flops = batch * (2 * weights + s.num_layers * 2 * 2 * s.heads * s.head_dim * serve.context)
+    return ForwardBytes(dense=weights * serve.weight_bytes / serve.tp, experts=0.0, kv=kv / serve.tp,
+                        flops=flops / serve.tp)
 
 
 def saved(cfg, stage, d, k, mods, grouped_gemm: bool, head_grad_bytes: float) -> list:

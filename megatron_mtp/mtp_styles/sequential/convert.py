@@ -44,7 +44,8 @@ def mtp_config(cfg, vocab: int, full: dict, depth: int, dtype: str, mtp_layout: 
                speculative: Optional[int] = None) -> dict:
     """config.json of mtp/: the whole model's (an engine loads the MTP layers from it), or SGLang's NextN form."""
     if mtp_layout == "nextn":
-        return dict(full, architectures=[family.architecture + "NextN"], num_hidden_layers=depth)
+        nextn = family.serving.nextn_architecture or family.architecture + "NextN"
+        return dict(full, architectures=[nextn], num_hidden_layers=depth)
     return full
 
 
