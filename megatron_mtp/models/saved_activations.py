@@ -92,6 +92,8 @@ class Dims:
     """DSA: earlier tokens each query reads (0: dense attention)."""
     index_trains: bool = False
     """DSA: the indexer learns from its KL loss (its tensors are kept for the backward)."""
+    cp: int = 1
+    """Context-parallel ranks: ``seq`` is this rank's part; an attention that gathers the keys (DSA) holds CP × seq."""
 
     @property
     def tokens(self) -> int:

@@ -61,7 +61,7 @@ def dims_of(cfg: Config, padded_vocab: int, imbalance: float = 1.0, seq: int | N
                 shared_ffn=m.num_shared_experts * m.moe_ffn_hidden_size // tp, experts=m.num_experts,
                 topk=m.router_topk, groups=m.router_num_groups or 1, vocab=padded_vocab // tp, tp=tp, etp=etp,
                 act_bytes=4 if cfg.training.precision == "fp32" else 2, family=m.family, imbalance=imbalance,
-                softcap=getattr(m, "final_logit_softcapping", None) is not None)
+                softcap=getattr(m, "final_logit_softcapping", None) is not None, cp=cfg.parallel.context)
 
 
 def _attention_dims(a, tp: int) -> dict:

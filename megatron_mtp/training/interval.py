@@ -10,9 +10,10 @@ TP/PP/EP/DP layout (tested in tests/dist/test_train_layouts.py).
     over all ranks and divide by the number of TP-rank-0 ranks that saw the layer, i.e. the
     replicas, which is what megatron-core's reduce_aux_losses_tracker_across_ranks computes.
   - The MoE scalars: moe_metrics.py. DeepSeek Sparse Attention's indexer KL loss (megatron-core's DSA
-    tracker, before its coefficient) is summed and counted per layer as the balance loss is, and logged
-    per layer (indexer_loss_values); the MTP layers' are kept apart from the decoder layers' of the same
-    number (platform/megatron_core.py MTPIndexerLoss).
+    tracker, before its coefficient) is whole on every TP rank and a mean over its chunks on each CP rank:
+    TP rank 0's values are averaged per layer over the data- and context-parallel ranks, and logged per
+    layer (indexer_loss_values); the MTP layers' are kept apart from the decoder layers' of the same number
+    (platform/megatron_core.py MTPIndexerLoss).
   - grad norm, λ and lr are the same on every rank.
   - Throughput: model TFLOP/s per GPU = model FLOPs per token × tokens/s / world size, with the FLOPs
     definition `plan --mfu` uses (models/throughput.py); MFU against the GPU's peak, on GPUs only.
@@ -115,8 +116,15 @@ class IntervalStats:
 
     def add_indexer_loss(self, layer_values: torch.Tensor) -> None:
         """Per-layer DSA indexer KL loss of one step, before its coefficient: the decoder layers', then the MTP
-        layers' (platform/megatron_core.py dsa_indexer_loss_values)."""
-        self.add_balance_loss(layer_values, self.indexer)
+        layers' (platform/megatron_core.py dsa_indexer_loss_values). Every TP rank holds the whole value
+        (megatron-core gathers the sequence and sums the heads' attention over TP before the KL) and each
+        context-parallel rank the mean over its chunks' queries, so TP rank 0's are averaged over the
+        data-parallel and context-parallel ranks."""
+        if self.ranks.tp_rank != 0:
+            return
+        values = layer_values.detach().double().cpu() / self.num_micro
+        self.indexer[0, :values.numel()] += values
+        self.indexer[1, :values.numel()] += (values != 0).double()
 
     def _balance_loss(self, of: torch.Tensor | None = None) -> float:
         of = self.aux if of is None else of

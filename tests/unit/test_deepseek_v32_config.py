@@ -38,7 +38,8 @@ def test_the_tiny_config_needs_megatron_core_019(config, title):
     (CONFIG, "model.index_head_dim=8", r"model.index_head_dim \(8\) is below model.qk_pos_emb_head_dim \(16\)"),
     (CONFIG, "model.index_topk=0", r"model.index_topk is 0; it must be positive"),
     (CONFIG, "model.q_lora_rank=null", r"model.q_lora_rank is null; DeepSeek-V3.2's indexer reads the query latent"),
-    (CONFIG, "parallel.tensor=2", r"DeepSeek-V3.2 is built for parallel.tensor 1 and parallel.context 1"),
+    (CONFIG, "parallel.tensor=2 model.num_experts=0 parallel.sequence_parallel=false",
+     r"parallel.sequence_parallel is false, but DeepSeek-V3.2's absorbed attention splits the sequence"),
     (GLM5, "model.q_lora_rank=null", r"model.q_lora_rank is null; GLM-5's indexer reads the query latent"),
     (GLM5, "model.index_topk_freq=0", r"model.index_topk_freq is 0; it must be 1 \(every layer runs its own"),
     (GLM5, "model.index_skip_topk_offset=0", r"model.index_skip_topk_offset is 0; it must be 1 or more, since the "
@@ -47,7 +48,7 @@ def test_the_tiny_config_needs_megatron_core_019(config, title):
                                   r"top-k \(model.index_topk_freq 2\); give parallel.pipeline_layout stages"),
 ])
 def test_indexer_fields_are_checked(config, override, message):
-    overrides = [override] + (["parallel.pipeline_layout=Et|t|tmL"] if "pipeline=" in override else [])
+    overrides = override.split() + (["parallel.pipeline_layout=Et|t|tmL"] if "pipeline=" in override else [])
     world = 2 if override.startswith("parallel.tensor") else 3 if "pipeline=" in override else 1
     with pytest.raises(UserError, match=message) as err:
         validate(load_config(config, overrides), world_size=world)

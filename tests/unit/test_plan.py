@@ -229,7 +229,8 @@ def test_table_and_cpu_summary():
 def test_dsa_activations_by_hand_and_the_report_puts_dsa_beside_dense_mla():
     """configs/glm_moe_dsa_tiny_cpu.yaml on CPU (fp32, 8 × 128 tokens, 4 heads, kv_lora 32, rope 16, a 4 × 32 indexer
     learning from its KL loss, top 16): layer 0 runs its indexer, layer 1 reuses its top-k and keeps none of it;
-    the unfused scores are three fp32 [8, 4, 128, 128] tensors and three bool masks of that shape. The table says
+    the unfused scores are three fp32 [8, 4, 128, 128] tensors and three bool masks of that shape (at CP2 a rank's
+    half of the queries over every key: [8, 4, 64, 128], the indexer's keys whole). The table says
     DSA's attention FLOPs beside dense MLA's; a dense family's has no such line."""
     cfg = load_config(str(ROOT / "configs" / "glm_moe_dsa_tiny_cpu.yaml"), ["model.vocab_size=4096"])
     d, k = act.dims_of(cfg, 4096), act.CPU_KERNELS
@@ -242,6 +243,12 @@ def test_dsa_activations_by_hand_and_the_report_puts_dsa_beside_dense_mla():
                + t * (4 + 1) * (32 + 16) * 4)  # the absorbed query and the latent key its KL loss reads
     assert full.total - shared.total == indexer
     assert full.items["attn.probs"] == 3 * 8 * 4 * 128 * 128 * 4 and full.items["attn.masks"] == 3 * 8 * 4 * 128 * 128
+    cp = load_config(str(ROOT / "configs" / "glm_moe_dsa_tiny_cpu.yaml"),
+                     ["model.vocab_size=4096", "parallel.context=2"])
+    half = act.decoder_layer(act.layer_dims(cp, act.dims_of(cp, 4096), 0), k, frozenset(), False, False)
+    # CP2: a rank's 64 queries of each sequence read all 128 keys, gathered (megatron-core's all-gather DSA)
+    assert half.items["attn.probs"] == 3 * 8 * 4 * 64 * 128 * 4 and half.items["indexer.k"] == t * 32 * 4
+    assert half.items["indexer.q"] == t // 2 * 4 * 32 * 4
     built = report.build(make_plan(cfg, 1, parse_gpu("h100"), cpu=True))
     table = report.format_table(built)
     assert built["attention"]["indexer_layers"] == 2 and "dense MLA of the same model" in table

@@ -15,6 +15,9 @@ bytes, c = kv_lora_rank + rope:
     its own): its query [T, n, d], key [T, d] and head weights [T, n], its key norm's input and statistics,
     the top-k indices (int64 [T, k]) and, under bf16, the compute-dtype absorbed query its KL loss reads;
     otherwise it runs without gradient and keeps nothing.
+Under CP (megatron-core's all-gather DSA) this rank's queries read the whole sequence's keys: the key-side
+tensors and the score matrices are CP times those of a rank's own tokens. Under TP the heads are split and
+the indexer runs whole on every rank (T is the micro-batch's, not the sequence-parallel part).
 Recompute: ``core_attn`` checkpoints DSAttention (the indexer with it) and keeps its inputs (the absorbed
 query, the latent key), ``layernorm`` keeps the input norm's input (plan/activations.py's note).
 """
@@ -55,9 +58,9 @@ def scores(out: Saved, d: Dims) -> None:
     a, t, h = d.act_bytes, d.tokens, d.heads
     latent = d.kv_lora + d.rope_dim
     out.add("attn.q", t * h * latent * FP32)  # the scores' fp32 query, one matrix per head
-    out.add("attn.k", t * h * latent * FP32)  # the latent key, broadcast to every head
-    out.add("attn.v", t * h * d.kv_lora * a)  # the latent values, broadcast to every head
-    square = d.batch * h * d.seq * d.seq
+    out.add("attn.k", t * d.cp * h * latent * FP32)  # the latent key (every CP rank's), broadcast to every head
+    out.add("attn.v", t * d.cp * h * d.kv_lora * a)  # the latent values, broadcast to every head
+    square = d.batch * h * d.seq * d.seq * d.cp  # this rank's queries over the whole sequence's keys
     out.add("attn.probs", square * (3 * FP32 if a == FP32 else 2 * FP32 + a))  # exp, numerator, probabilities
     out.add("attn.masks", 3 * square)  # the inverted mask of each of the softmax's three masked fills
     out.add("attn.row_stats", d.batch * h * d.seq * (8 + FP32 + 1))  # max indices, sums, rows with a key
@@ -68,13 +71,13 @@ def indexer(out: Saved, d: Dims, k: Kernels) -> None:
     """What a learning indexer and its KL loss keep (module note)."""
     t, a = d.tokens, d.act_bytes
     out.add("indexer.q", t * d.index_heads * d.index_dim * a)
-    out.add("indexer.k", t * d.index_dim * a)
+    out.add("indexer.k", t * d.cp * d.index_dim * a)  # gathered over the CP ranks
     out.add("indexer.weights", t * d.index_heads * a)
     out.add("indexer.k_norm", t * (d.index_dim * a + 2 * FP32))  # torch's LayerNorm: its input, mean and 1/std
     if k.rope == "torch":
         out.add("indexer.rope.tables", 4 * d.seq * d.rope_dim * a)
     out.add("indexer.topk", t * min(d.index_topk, d.seq) * 8)
-    out.add("indexer.loss_inputs", t * (d.heads + 1) * (d.kv_lora + d.rope_dim) * a)  # absorbed query, latent key
+    out.add("indexer.loss_inputs", t * (d.heads + d.cp) * (d.kv_lora + d.rope_dim) * a)  # absorbed query, latent key
 
 
 def saved_layer(d: Dims, k: Kernels, modules: frozenset, moe: bool, grouped_gemm: bool) -> Saved:

@@ -6,8 +6,12 @@ Design note. megatron-core 0.19 builds DSA as an ``AbsorbedMLASelfAttention`` wh
 together here: each layer of megatron-core's MLA GPT specs (dense or MoE by the model's rule) with
 its self-attention replaced by the DSA spec of the same backend. On the local backend the usual swaps
 apply (models/megatron_specs.py: our RMSNorm and core attention), except the indexer's key norm,
-which is a LayerNorm with a bias and stays torch's (WrappedTorchNorm reads the indexer's LayerNorm
-config). DSA keeps the q/kv latent norms apart from the up-projections under TE too (the indexer
+which is a LayerNorm with a bias and stays torch's (``IndexerKeyNorm``: megatron-core's WrappedTorchNorm
+refuses sequence parallelism, but the indexer gathers the sequence over TP before the norm, so it is not
+sequence-parallel here). The indexer's projections are megatron-core's local duplicated ``Linear``, whole
+on every tensor rank (DSAIndexer marks its weights for a TP-average of their gradients); ``IndexerLinear``
+gives their checkpoint entries a replica id per tensor rank, which the class itself leaves 0. DSA keeps the
+q/kv latent norms apart from the up-projections under TE too (the indexer
 reads the normed query latent), so the checkpoint keys need no TE renames for the attention. The MTP
 layers are built from a DSA layer of the kind the engines build (models/megatron_specs.py), so each
 MTP layer has its own indexer, as the releases' MTP layers do. With IndexShare (GLM-5) DSAttention
@@ -33,14 +37,25 @@ DSA_KEYS_AS_TE: dict[str, str] = {}
 """DSA's attention has the same keys in both specs (its latent norms are never fused)."""
 
 
+class IndexerKeyNorm:
+    """The indexer's key norm on the local backend: torch's LayerNorm with a bias. It normalises the keys of the
+    whole sequence (the indexer gathers its input over the tensor ranks first), so unlike megatron-core's
+    WrappedTorchNorm it is built under sequence parallelism too; DSAIndexer marks its weights
+    ``average_gradients_across_tp_domain``, so their replicated gradients are averaged over TP."""
+
+    def __new__(cls, config, hidden_size: int, eps: float = 1e-5):
+        import torch
+
+        return torch.nn.LayerNorm(hidden_size, eps=eps)
+
+
 def _keep_indexer_layernorm(node):
     """A spec tree whose DSA indexer key norm is torch's LayerNorm again (after the local swaps)."""
     from megatron.core.transformer.experimental_attention_variant.dsa import DSAIndexerSubmodules
     from megatron.core.transformer.spec_utils import ModuleSpec
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
     if isinstance(node, DSAIndexerSubmodules):
-        return dataclasses.replace(node, k_norm=WrappedTorchNorm)
+        return dataclasses.replace(node, k_norm=IndexerKeyNorm)
     if isinstance(node, ModuleSpec):
         return dataclasses.replace(node, submodules=_keep_indexer_layernorm(node.submodules)
                                    if node.submodules is not None else None)
@@ -52,16 +67,32 @@ def _keep_indexer_layernorm(node):
     return node
 
 
+def indexer_linear() -> type:
+    """megatron-core's local duplicated ``Linear`` (the indexer's projections, whole on every tensor rank) whose
+    checkpoint entries are replicas over TP: the class itself gives every TP rank replica id 0, so two ranks
+    would write the same tensor (megatron-core's sharding validation refuses it)."""
+    from megatron.core import parallel_state
+    from megatron.core.post_training.modelopt.layers import Linear
+    from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+    class IndexerLinear(Linear):
+        def sharded_state_dict(self, prefix="", sharded_offsets=(), metadata=None):
+            return make_sharded_tensors_for_checkpoint(
+                self.state_dict(prefix="", keep_vars=True), prefix, sharded_offsets=sharded_offsets,
+                tp_group=parallel_state.get_tensor_model_parallel_group(), dp_cp_group=metadata["dp_cp_group"])
+
+    return IndexerLinear
+
+
 def _local_dsa_attention(config, local_provider, dsa_spec):
     """megatron-core's DSA attention spec on the local backend, which names no plain linear: the indexer's
     projections are megatron-core's local duplicated ``Linear`` (it takes ``parallel_mode``), the MLA
     down-projections the ColumnParallelLinear the absorbed attention accepts without TE."""
-    from megatron.core.post_training.modelopt.layers import Linear
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear
 
     class _Local(local_provider):
         def linear(self):
-            return Linear
+            return indexer_linear()
 
     spec = dsa_spec(config, _Local())
     sub = dataclasses.replace(spec.submodules, linear_q_down_proj=ColumnParallelLinear,

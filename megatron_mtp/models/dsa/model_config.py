@@ -98,7 +98,8 @@ def check(cfg) -> None:
                         f"({m.qk_pos_emb_head_dim}), the indexer's rotated part; raise it")
     if m.indexer_loss_coeff < 0:
         raise UserError(f"model.indexer_loss_coeff is {m.indexer_loss_coeff}; it must be 0 or more")
-    if cfg.parallel.tensor > 1 or cfg.parallel.context > 1:
-        raise UserError(f"{title} is built for parallel.tensor 1 and parallel.context 1 so far (its indexer's "
-                        "key norm has no sequence-parallel form here); set both to 1")
+    if cfg.parallel.tensor > 1 and cfg.parallel.sequence_parallel is False:
+        raise UserError(f"parallel.sequence_parallel is false, but {title}'s absorbed attention splits the sequence "
+                        "over the tensor ranks (megatron-core's AbsorbedMLA); set parallel.sequence_parallel to "
+                        "true or null")
     require_dsa(title)
