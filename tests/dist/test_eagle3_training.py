@@ -8,7 +8,7 @@ the target and a speculators directory that speculators' Eagle3DraftModel loads 
 naming the target export as its verifier: speculators' own verifier head over t2d's rows is our head, so the
 tables and the head agree through the export; `convert from-hf --mtp-dir` of it gives the drafter back bitwise;
 `generate OUT --speculative 3` drafts with it (OUT/mtp beside OUT/main): greedy, the same tokens as plain decoding,
-some of its drafts accepted."""
+some of its drafts accepted. At TP2×EP2 (sequence parallel) the drafter trains as in one process."""
 
 from __future__ import annotations
 
