@@ -8,7 +8,7 @@ the target and a speculators directory that speculators' Eagle3DraftModel loads 
 naming the target export as its verifier: speculators' own verifier head over t2d's rows is our head, so the
 tables and the head agree through the export; `convert from-hf --mtp-dir` of it gives the drafter back bitwise;
 `generate OUT --speculative 3` drafts with it (OUT/mtp beside OUT/main): greedy, the same tokens as plain decoding,
-some of its drafts accepted."""
+some of its drafts accepted. At TP2×EP2 (sequence parallel) the drafter trains as in one process."""
 
 from __future__ import annotations
 
@@ -152,3 +152,29 @@ def _generates_with_the_drafter(out, capsys):
               f"{len(plain['tokens'])} tokens; both runs {time.perf_counter() - start:.1f} s")
     assert spec["tokens"] == plain["tokens"] and len(plain["tokens"]) == 24
     assert len(stats["acceptance_per_position"]) == 3 and stats["acceptance_rate"] > 0, stats
+
+
+def test_tp2_ep2_trains_the_drafter_as_one_process_does(runs, train, metrics, tmp_path):
+    """TP2×EP2 on two ranks (sequence parallel: the aux states sequence-sharded, the target's logits
+    vocab-sharded, the drafter's linears split over TP; shards.py) gives the one-process run's first two steps: each
+    draft step's KL and acceptance, and the gradient norm (a gradient summed over the wrong ranks, or not at all,
+    moves it by a factor; the drafter's norms' gradients left unsummed over TP move it by 8e-5 relative at step 1);
+    step 2 after an update of the split drafter, its acceptance near 1 (step 1's is 0). Reduction order moves them
+    by 1e-6 relative at most (measured). Its saved draft vocabulary and frozen head (the target's vocab-sharded
+    output rows at it, summed over TP) are the one-process run's, bitwise."""
+    target, draft = runs
+    run = tmp_path / "tp2_ep2"
+    train(run, nproc=2, steps=2, overrides=(*EAGLE3, f"checkpoint.load={target}", "parallel.tensor=2",
+                                            "parallel.expert=2", "parallel.expert_tensor=1",
+                                            "checkpoint.save_interval=2"))
+    single = [r for r in metrics(draft) if "train/mtp_loss_1" in r][:2]
+    rows = [r for r in metrics(run) if "train/mtp_loss_1" in r]
+    keys = [*(f"train/mtp_{m}_{k}" for m in ("loss", "acceptance") for k in range(1, K + 1)), "train/grad_norm",
+            "train/lm_loss"]
+    assert len(rows) == 2 and single[1]["train/mtp_acceptance_1"] > 0.5, single
+    for step, (row, one) in enumerate(zip(rows, single), 1):
+        print(f"eagle3 TP2xEP2 step {step}: " + ", ".join(f"{k[6:]} {row[k]:.6f} ({one[k]:.6f})" for k in keys))
+        assert all(row[k] == pytest.approx(one[k], rel=1e-5) for k in keys), [(k, row[k], one[k]) for k in keys]
+    with TorchDistReader(_latest(draft)) as src, TorchDistReader(_latest(run)) as out:  # the frozen head, split
+        for key in ("mtp_eagle3.lm_head.weight", "mtp_eagle3.d2t", "mtp_eagle3.t2d"):
+            assert torch.equal(out.read(key), src.read(key)), key

@@ -41,7 +41,12 @@ def test_the_drafter_takes_the_targets_widths_and_speculators_default_layers():
     (("mtp.eagle3.aux_layers=[1,9]",), r"mtp.eagle3.aux_layers \[1, 9\] must be distinct layer ids within 0..8"),
     (("mtp.eagle3.num_query_groups=3",), "mtp.eagle3.num_query_groups=3 does not divide its 4 query heads"),
     (("mtp.eagle3.draft_vocab_size=2000",), "mtp.eagle3.draft_vocab_size=2000 exceeds the target's vocabulary"),
-    (("parallel.tensor=2",), "parallel.tensor=2 is not built yet for mtp.style=eagle3"),
+    (("parallel.pipeline=2",), "parallel.pipeline=2 is not built yet for mtp.style=eagle3, whose drafter on the last "
+                               "stage reads the target's hidden states"),
+    (("parallel.context=2",), "parallel.context=2 does not work with mtp.style=eagle3 yet"),
+    (("parallel.tensor=2", "mtp.eagle3.draft_vocab_size=255"), r"the EAGLE-3 drafter's draft vocabulary size \(255\) "
+                                                               "is not a multiple of parallel.tensor=2"),
+    (("parallel.tensor=2", "mtp.eagle3.num_query_groups=1"), r"number of key/value heads \(1\) is not a multiple"),
     (("mtp.targets=self",), "mtp.targets=self needs"),
 ])
 def test_what_the_drafter_cannot_take_is_one_sentence(overrides, says):

@@ -22,6 +22,7 @@ from megatron.core.transformer.module import MegatronModule
 
 from megatron_mtp.mtp_styles.eagle3.layer import DraftLayer, rotary_tables
 from megatron_mtp.mtp_styles.eagle3.shape import DrafterShape
+from megatron_mtp.mtp_styles.eagle3.shards import sequence_split
 
 
 def drafter_config(shape: DrafterShape, target_config):
@@ -90,8 +91,11 @@ class Eagle3Drafter(MegatronModule):
     def forward(self, aux: torch.Tensor, embeddings: list[torch.Tensor], positions: torch.Tensor) -> list[torch.Tensor]:
         """The final-normed output [s, b, hidden] of each of the ``len(embeddings)`` steps (module note). ``aux``
         [s, b, n·hidden]: the target's aux hidden states concatenated; ``embeddings``: step k's token embeddings
-        [s, b, hidden] (the tokens t + 1 + k); ``positions`` [b, s]: step 0's rotary positions."""
-        hidden = self.fc(aux.to(self.fc.weight.dtype))[0]
+        [s, b, hidden] (the tokens t + 1 + k); ``positions`` [b, s]: step 0's rotary positions, of the whole
+        sequence. Under sequence parallelism s is this rank's chunk of it in ``aux``, ``embeddings`` and the
+        outputs (shards.py)."""
+        # fc's output is gathered whole: this rank's sequence chunk under sequence parallelism (shards.py)
+        hidden = sequence_split(self.fc(aux.to(self.fc.weight.dtype))[0], self.config.sequence_parallel)
         caches: list[list] = [[] for _ in self.layers]
         outputs = []
         for k, embedding in enumerate(embeddings):
@@ -105,5 +109,6 @@ class Eagle3Drafter(MegatronModule):
         return outputs
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """[s, b, draft vocab] logits of a step's output."""
+        """[s, b, draft vocab] logits of a step's output (the whole sequence and draft vocabulary on every TP
+        rank)."""
         return self.lm_head(x)[0]

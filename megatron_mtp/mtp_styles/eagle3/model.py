@@ -26,6 +26,7 @@ import torch
 from megatron_mtp.models.mtp_objective import MTPObjectiveGPTModel
 from megatron_mtp.mtp_styles.eagle3.drafter import Eagle3Drafter
 from megatron_mtp.mtp_styles.eagle3.shape import drafter_shape
+from megatron_mtp.mtp_styles.eagle3.shards import draft_columns, draft_rows, sequence_local
 
 
 def draft_kl(logits: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
@@ -72,7 +73,8 @@ class Eagle3GPTModel(MTPObjectiveGPTModel):
         ids, embeddings = input_ids, []
         for _ in range(self.config.mtp_num_layers):  # step k reads token t + 1 + k (teacher forced)
             ids, _ = self._roll(ids, -1, packed)
-            embeddings.append(self.embedding.word_embeddings(ids).transpose(0, 1))
+            embeddings.append(sequence_local(self.embedding.word_embeddings(ids), self.embedding.word_embeddings,
+                                             self.config.sequence_parallel))
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         grad = self.grad_for_mtp
@@ -83,7 +85,7 @@ class Eagle3GPTModel(MTPObjectiveGPTModel):
         output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
         main_logits, _ = self.output_layer(hidden_states, weight=output_weight,
                                            runtime_gather_output=kw.get("runtime_gather_output"))
-        teacher = main_logits.detach()[..., drafter.draft_ids]
+        teacher = draft_columns(main_logits, drafter.draft_ids, self.vocab_size)  # vocab-parallel: shards.py
         self._observe(step_logits, main_logits, teacher)
 
         def step_loss(logits, shifted_labels):
@@ -134,4 +136,5 @@ class Eagle3GPTModel(MTPObjectiveGPTModel):
         with torch.no_grad():
             drafter.d2t.copy_(d2t)
             drafter.t2d.copy_(t2d)
-            drafter.lm_head.weight.copy_(weight[drafter.draft_ids.to(weight.device)])
+            head = drafter.lm_head.weight
+            head.copy_(draft_rows(weight, drafter.draft_ids.to(weight.device), head.shape[0]))

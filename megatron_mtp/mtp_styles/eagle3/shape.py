@@ -118,12 +118,20 @@ def check(cfg) -> None:
                         f"{shape.vocab} tokens; pick at most that many")
     if not e.step_loss_decay > 0:
         raise UserError(f"mtp.eagle3.step_loss_decay is {e.step_loss_decay}; it must be above 0")
-    for key, value in (("parallel.tensor", p.tensor), ("parallel.pipeline", p.pipeline),
-                       ("parallel.context", p.context)):
-        if value != 1:
-            raise UserError(f"{key}={value} is not built yet for mtp.style=eagle3, whose drafter reads the target's "
-                            "hidden states and whole logits on one rank; set it to 1 (data and expert "
-                            "parallelism work)")
+    if p.pipeline != 1:
+        raise UserError(f"parallel.pipeline={p.pipeline} is not built yet for mtp.style=eagle3, whose drafter on the "
+                        "last stage reads the target's hidden states at mtp.eagle3.aux_layers, which megatron-core's "
+                        "pipeline schedule does not carry between stages; set parallel.pipeline=1 (tensor, data "
+                        "and expert parallelism work)")
+    if p.tensor > 1:
+        for name, value, field in (("number of query heads", shape.heads, "num_attention_heads"),
+                                   ("number of key/value heads", shape.groups, "num_query_groups"),
+                                   ("FFN width", shape.ffn, "ffn_hidden_size"),
+                                   ("draft vocabulary size", shape.draft_vocab, "draft_vocab_size")):
+            if value is not None and value % p.tensor:
+                raise UserError(f"the EAGLE-3 drafter's {name} ({value}) is not a multiple of parallel.tensor="
+                                f"{p.tensor}, over whose ranks it splits; set mtp.eagle3.{field} to a multiple of "
+                                f"{p.tensor}")
     if cfg.kernels.chunked_output_loss is True:
         raise UserError("kernels.chunked_output_loss=true does not apply to mtp.style=eagle3: its targets are the "
                         "frozen target's whole logits over the draft vocabulary; set it to auto or false")
