@@ -8,7 +8,8 @@ the target and a speculators directory that speculators' Eagle3DraftModel loads 
 naming the target export as its verifier: speculators' own verifier head over t2d's rows is our head, so the
 tables and the head agree through the export; `convert from-hf --mtp-dir` of it gives the drafter back bitwise;
 `generate OUT --speculative 3` drafts with it (OUT/mtp beside OUT/main): greedy, the same tokens as plain decoding,
-some of its drafts accepted. At TP2×EP2 (sequence parallel) the drafter trains as in one process."""
+some of its drafts accepted. At TP2×EP2 (sequence parallel) the drafter trains as in one process, and its step-1
+checkpoint resumes at EP2 with the one-process run's step 2."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import torch
 from megatron_mtp.checkpoint.info import read_config
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.errors import UserError
+from tests.dist.conftest import run_as_of
 
 pytestmark = [pytest.mark.dist, pytest.mark.mcore]
 
@@ -161,12 +163,15 @@ def test_tp2_ep2_trains_the_drafter_as_one_process_does(runs, train, metrics, tm
     moves it by a factor; the drafter's norms' gradients left unsummed over TP move it by 8e-5 relative at step 1);
     step 2 after an update of the split drafter, its acceptance near 1 (step 1's is 0). Reduction order moves them
     by 1e-6 relative at most (measured). Its saved draft vocabulary and frozen head (the target's vocab-sharded
-    output rows at it, summed over TP) are the one-process run's, bitwise."""
+    output rows at it, summed over TP) are the one-process run's, bitwise. Its step-1 checkpoint (reshardable
+    optimizer state) resumes at EP2 alone (TP1; EP stays, as megatron-core splits the optimizer differently at EP1)
+    and gives the one-process run's step 2 the same way, the target still bitwise: the drafter's weights, its Adam
+    moments and its draft vocabulary carried across the layout change."""
     target, draft = runs
     run = tmp_path / "tp2_ep2"
     train(run, nproc=2, steps=2, overrides=(*EAGLE3, f"checkpoint.load={target}", "parallel.tensor=2",
                                             "parallel.expert=2", "parallel.expert_tensor=1",
-                                            "checkpoint.save_interval=2"))
+                                            "checkpoint.save_interval=1", "checkpoint.optimizer_format=reshardable"))
     single = [r for r in metrics(draft) if "train/mtp_loss_1" in r][:2]
     rows = [r for r in metrics(run) if "train/mtp_loss_1" in r]
     keys = [*(f"train/mtp_{m}_{k}" for m in ("loss", "acceptance") for k in range(1, K + 1)), "train/grad_norm",
@@ -178,3 +183,28 @@ def test_tp2_ep2_trains_the_drafter_as_one_process_does(runs, train, metrics, tm
     with TorchDistReader(_latest(draft)) as src, TorchDistReader(_latest(run)) as out:  # the frozen head, split
         for key in ("mtp_eagle3.lm_head.weight", "mtp_eagle3.d2t", "mtp_eagle3.t2d"):
             assert torch.equal(out.read(key), src.read(key)), key
+    _resumes_at_ep2(run, target, single[1], keys, train, metrics, tmp_path)
+
+
+def _resumes_at_ep2(run, target, one, keys, train, metrics, tmp_path):
+    import time
+
+    start, resumed = time.perf_counter(), run_as_of(run, tmp_path / "resumed", 1)
+    second = train(resumed, nproc=2, steps=2, overrides=(*EAGLE3, f"checkpoint.load={target}", "parallel.expert=2",
+                                                          "checkpoint.save_interval=2"))
+    assert "resumed from" in second.stdout and "at step 1" in second.stdout, second.stdout[-2000:]
+    rows = [r for r in metrics(resumed) if "train/mtp_loss_1" in r]
+    assert [r["step"] for r in rows] == [1, 2], rows
+    print(f"eagle3 TP2xEP2 step 1 resumed at EP2 ({time.perf_counter() - start:.1f} s), step 2: "
+          + ", ".join(f"{k[6:]} {rows[1][k]:.6f} ({one[k]:.6f})" for k in keys))
+    assert all(rows[1][k] == pytest.approx(one[k], rel=1e-5) for k in keys), [(k, rows[1][k], one[k]) for k in keys]
+    with TorchDistReader(_latest(target)) as src, TorchDistReader(_latest(resumed)) as out:
+        main = [k for k in src.keys() if not k.startswith("optimizer")]
+        changed = [k for k in main if not torch.equal(src.read(k), out.read(k))]
+        assert main and not changed, changed
+    # step 2's update read step 1's Adam moments (its metrics come before it): the drafter it saves is the
+    # uninterrupted TP2×EP2 run's to reduction order (4e-8 seen; one without them moves by 4e-3)
+    with TorchDistReader(_latest(resumed)) as out, TorchDistReader(_latest(run)) as tp:
+        drafter = [k for k in out.keys() if k.startswith("mtp_eagle3.") and out.read(k).is_floating_point()]
+        moved = [(k, float((out.read(k) - tp.read(k)).abs().max())) for k in drafter]
+        assert len(drafter) > 5 and all(d < 1e-6 for _, d in moved), moved
