@@ -28,7 +28,7 @@ Per drafter:
   - draft cost per drafted token: the weights one draft step reads at batch 1 (its own tensors, the shared
     output head for sequential modules and heads, routed experts: the top-k; EAGLE-3's fc, which runs once per
     round, shared out over its 6 steps), beside the target's per decoded token, as `plan --speculative` counts
-    them (EAGLE-3: as its plan counts its FLOPs, mtp_styles/eagle3/plan.py).
+    them (the style's plan ``draft_step_bytes``; parallel heads, which do not draft there: as a module's step).
 Prints a markdown table and writes OUT/results.json (``--only``: of those drafters alone).
 """
 
@@ -88,24 +88,8 @@ def draft_weights(run: Path) -> tuple[float, float]:
     cfg = read_config(resolve_checkpoint(run).path)
     vocab, serve = resolve_vocab(cfg), ServeLayout(weight_bytes=1.0, context=1)
     target = main_forward_bytes(cfg, vocab, 1, 1, serve)
-    if cfg.mtp.style == "eagle3":
-        return eagle3_step_weights(cfg, vocab), target.dense + target.experts
     step = getattr(get_style(cfg.mtp.style).plan(), "draft_step_bytes", draft_step_bytes)(cfg, vocab, 1, serve)
     return step.dense + step.experts, target.dense + target.experts
-
-
-def eagle3_step_weights(cfg, vocab: int) -> float:
-    """An EAGLE-3 draft step's weights, counted as its plan (mtp_styles/eagle3/plan.py ``step_flops``, the style's
-    ``drafter_flops``) counts its FLOPs: its layers, final norm and head over the draft vocabulary, and ``fc`` (over
-    the target's aux hidden states, once per round) shared out over the mtp.num_layers steps; the token's embedding
-    row, as for the others, is not counted."""
-    import math
-
-    from megatron_mtp.mtp_styles.eagle3.shape import BUFFERS, PREFIX, tensor_shapes
-
-    shapes = tensor_shapes(cfg, vocab)
-    fc = math.prod(shapes.pop(f"{PREFIX}fc.weight"))
-    return sum(math.prod(v) for k, v in shapes.items() if k not in BUFFERS) + fc / max(cfg.mtp.num_layers, 1)
 
 
 def speculative(export: Path, depth: int, new_tokens: int) -> dict:
