@@ -29,7 +29,8 @@ Per drafter:
     output head for sequential modules and heads, routed experts: the top-k; EAGLE-3's fc, which runs once per
     round, shared out over its 6 steps), beside the target's per decoded token, as `plan --speculative` counts
     them (the style's plan ``draft_step_bytes``; parallel heads, which do not draft there: as a module's step).
-Prints a markdown table and writes OUT/results.json (``--only``: of those drafters alone).
+Prints a markdown table and writes OUT/results.json (with ``--reuse``, the results of drafters ``--only`` leaves
+out stay as the file has them).
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reuse", action="store_true", help="keep runs that already finished")
     ap.add_argument("--only", nargs="+", choices=list(DRAFTERS), default=list(DRAFTERS),
-                    help="the drafters to train and measure (default: all four)")
+                    help="the drafters to train and measure (default: all four); with --reuse the others' results "
+                         "stay as OUT/results.json has them")
     ap.add_argument("--no-decode", nargs="*", choices=list(DRAFTERS), default=[],
                     help="drafters whose tokens per round are left unmeasured (a style with no decoder yet)")
     args = ap.parse_args()
@@ -138,7 +140,8 @@ def main() -> int:
     print(f"target: {args.target_steps} steps", file=sys.stderr, flush=True)
     _train(target, args.target_steps, ["mtp.num_layers=0", "checkpoint.save_interval=" + str(args.target_steps)],
            args.threads, args.reuse)
-    results = {}
+    done = out / "results.json"
+    results = json.loads(done.read_text()) if args.reuse and done.is_file() else {}
     for name in args.only:
         title, depth, overrides = DRAFTERS[name]
         run, untrained = out / name, out / f"{name}_untrained"
@@ -154,7 +157,8 @@ def main() -> int:
         results[name] = {"title": title, "acceptance": _eval(run, args.eval_steps, args.threads),
                          "untrained_acceptance": _eval(untrained, args.eval_steps, args.threads),
                          "draft_elements": draft, "target_elements": main_weights, "decoding": decoding}
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    results = {name: results[name] for name in DRAFTERS if name in results}
+    done.write_text(json.dumps(results, indent=2) + "\n")
     print("| drafter | held-out acceptance, step 1..K (untrained) | tokens per round at K = 1..K | draft weights per "
           "drafted token (vs the target's per token) | outputs = plain greedy |")
     print("|---|---|---|---|---|")
