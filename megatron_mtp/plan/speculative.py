@@ -12,9 +12,9 @@ speedup is tokens per second of speculative over plain decoding. An assistant (m
 drafts instead: each step reads all its own weights (its output table, of its width, the bulk of them) and, in
 every one of its layers, the target's stored keys/values of that layer's kind for every sequence (a sliding
 layer's window of them); it reads no expert, and with centroids (mtp.assistant.num_centroids) only the table
-rows of its top clusters' tokens (for one sequence: the union over a batch is not modelled). An EAGLE-3 drafter
-(mtp.style eagle3) drafts with its own small dense layers, its head over the draft vocabulary and its own keys and
-values (mtp_styles/eagle3/plan.py ``draft_step_bytes``).
+rows of its top clusters' tokens (for one sequence: the union over a batch is not modelled). A style with a drafter of
+its own counts a draft step's bytes itself (its plan's ``draft_step_bytes``: EAGLE-3's small dense layers, its head
+over the draft vocabulary, its own keys and values).
 
 A forward takes the longer of its memory time and its compute time at the GPU's dense peak (FP8
 peak for 1-byte weights), so large batches meet the compute roof. Assumptions, printed with the
@@ -168,9 +168,8 @@ def predict(cfg: Config, padded_vocab: int, gpu: Gpu, acceptance: list[float], s
             batches=BATCHES, drafts=DRAFTS) -> list[Prediction]:
     style = get_style(cfg.mtp.style)
     if not cfg.mtp.num_layers or not style.drafts:
-        raise UserError("the speculative prediction needs a sequential MTP module, an assistant or an EAGLE-3 drafter "
-                        "(mtp.num_layers ≥ "
-                        f"1, mtp.style={style_names('drafts')}) to draft with")
+        raise UserError("the speculative prediction needs a drafter; set mtp.num_layers ≥ 1 with "
+                        f"mtp.style={style_names('drafts')}")
     if not gpu.hbm_bytes_per_s:
         raise UserError(f"the memory bandwidth of '{gpu.name}' is unknown; use --gpu h100, h200 or b200")
     if not acceptance or any(not 0.0 <= a <= 1.0 for a in acceptance):

@@ -126,7 +126,7 @@ def test_an_eagle3_step_reads_its_layers_its_draft_head_and_its_own_keys():
     (["--acceptance", "x"], "--acceptance 'x' must be rates"),
     (["--acceptance", "1.5"], "must be rates between 0 and 1"),
     (["--serve-tp", "0"], "--serve-tp is 0"),
-    (["mtp.num_layers=0"], "needs a sequential MTP module, an assistant or an EAGLE-3 drafter"),
+    (["mtp.num_layers=0"], "needs a drafter; set mtp.num_layers ≥ 1 with mtp.style="),
     (["--gpu", "96"], "bandwidth of '96 GiB GPU' is unknown"),
     (["--serve-ep", "100000"], "--serve-ep 100000 does not divide the model's 256 routed experts"),
 ])
