@@ -155,6 +155,9 @@ class Family:
     layer_attention_shape: Optional[Callable[[ModelConfig, Optional[int]], AttentionShape]] = None
     """(m, decoder layer index, None for an MTP layer) -> that layer's attention widths, for a family whose layers
     differ (``attention_shape`` is then its common kind's); None: every layer is ``attention_shape``."""
+    mtp_kv_cache_elements_per_token: Optional[Callable[..., float]] = None
+    """(cfg, context=None) -> what the drafting MTP layer caches per decoded token, for a family where it differs from
+    the decoder layers' average (DSA: its own indexer's key); None: ``kv_cache_elements_per_token``."""
     decodes: bool = True
     """Whether the decoder (``generate``) runs it; false where its decoder layer refuses (the DSA families)."""
     attention_costs: Optional[Callable[[Any], Mapping[str, Any]]] = None
@@ -248,6 +251,7 @@ def family_of_modules(*, name: str, title: str, architectures: tuple[str, ...], 
         export_names=getattr(hf_config, "export_names", None),
         multimodal_config=getattr(hf_config, "multimodal_config", None),
         layer_attention_shape=getattr(sizes, "layer_attention_shape", None),
+        mtp_kv_cache_elements_per_token=getattr(sizes, "mtp_kv_cache_elements_per_token", None),
         decodes=decodes,
         attention_costs=getattr(sizes, "attention_costs", None),
         style_parts=parts,

@@ -15,6 +15,9 @@ tensor, a send's or receive's tensor. On a ring the wire traffic per rank is (n 
        parameter bucket (all-reduce without it), dense buckets over DP, expert buckets over EDP
        (edp); without overlap_param_gather each of the dense and expert optimizers gathers all
        buckets after its step, so with EP > 1 the gather runs twice;
+  cp   each layer's keys and values around the ring of Transformer Engine's attention, forward and backward;
+       DeepSeek Sparse Attention gathers its keys (and its indexer's) over CP instead (plan/dsa_comm.py, which also
+       counts its indexer's TP gathers and KL-target all-reduces and its absorbed kv-latent gather);
   pp   each micro-batch's activation sent forward and its gradient sent back, per chunk boundary;
   embedding  the all-reduce tying the MTP stage's embedding copy to the first stage's.
 Small bookkeeping reductions (loss averaging, token counts per expert) are not counted.
@@ -34,10 +37,11 @@ from typing import Optional
 
 from megatron_mtp.config.mtp_style import get_style
 from megatron_mtp.config.root import Config
+from megatron_mtp.models.dsa.stages import INDEXER
 from megatron_mtp.models.family import get_family
 from megatron_mtp.models.tensor_table import is_moe_layer, mtp_is_moe
-from megatron_mtp.plan import memory
-from megatron_mtp.plan.activations import Dims, dims_of
+from megatron_mtp.plan import dsa_comm, memory
+from megatron_mtp.plan.activations import Dims, dims_of, layer_dims
 from megatron_mtp.plan.params import sequential_mtp, trains
 
 
@@ -56,15 +60,21 @@ def _attention_tp(cfg: Config, d: Dims, te: bool, layer: Optional[int] = None) -
     if d.kv_heads is not None:  # grouped-query: one column-parallel linear_qkv (or the family's own projections)
         parts += [_column(h, t)] * cfg.model.attention_input_gathers(layer)
     elif te:  # duplicated down-projections; the up-projections gather the compressed latents
-        parts += [_column(q or h, t), _column(kv, t), (t * r, t * r)]  # + k_pos_emb gather and its backward
+        parts += [_column(q or h, t), _kv_latent(d), (t * r, t * r)]  # + k_pos_emb gather and its backward
     else:  # column-parallel down-projections: their outputs are gathered, then re-split by sequence
         if q:
             parts += [_column(h, t), (2 * t * q, 0), _column(q, t)]
         else:
             parts += [_column(h, t)]
-        parts += [_column(h, t), (t * (kv + r) + t * kv, 0), _column(kv, t)]
+        parts += [_column(h, t), (t * (kv + r) + t * kv, 0), _kv_latent(d)]
     parts.append((t * h, t * h))  # output projection: reduce-scatter, and the gradient's gather
     return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
+def _kv_latent(d: Dims) -> tuple[float, float]:
+    """The kv latent's way to the heads over TP: MLA's column-parallel up-projection, or absorbed MLA's (DSA) own
+    gather (plan/dsa_comm.py)."""
+    return dsa_comm.latent_gather(d) if dsa_comm.is_dsa(d) else _column(d.kv_lora, d.tokens)
 
 
 def _mlp_tp(d: Dims) -> float:
@@ -114,7 +124,13 @@ def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
         per_micro: Counter = Counter()
         for index, moe, forward_only in layers:
             passes = 1 if forward_only else 2
-            if sizes.cp > 1:  # keys and values around the CP ring: CP - 1 hops forward, again with their
+            dsa = dsa_comm.is_dsa(d)
+            own = layer_dims(cfg, d, index) if dsa else d  # a DSA layer's attention, with or without its indexer
+            if dsa and tp:  # its indexer's input gathers and KL-target all-reduces
+                per_micro["tp"] += dsa_comm.indexer_tp_bytes(own, forward_only)
+            if dsa and sizes.cp > 1:  # the all-gathers of its keys (and its indexer's), not a ring
+                per_micro["cp"] += dsa_comm.cp_bytes(own, forward_only)
+            elif sizes.cp > 1:  # keys and values around the CP ring: CP - 1 hops forward, again with their
                 # gradients backward (the ring attention of Transformer Engine)
                 per_micro["cp"] += (1 + 2 * (passes - 1)) * (sizes.cp - 1) * t * _kv_width(d) * a
             if tp and forward_only:  # each column-parallel input gathered once, each row-parallel output scattered
@@ -161,10 +177,12 @@ def step_bytes(cfg: Config, plan: memory.Plan, pp_rank: int) -> Counter:
             out[kind] += b.numel * grad_bytes + gathers * b.numel * (1 if b.fp8 else param_bytes)
         else:
             out[kind] += sum(e - s for s, e in b.params) * grad_bytes
-    if tp:  # sequence-parallel weight gradients (every norm and router weight) all-reduced over TP
+    if tp:  # sequence-parallel weight gradients (every norm and router weight; a DSA indexer's whole, which
+        # megatron-core averages over TP) all-reduced over TP
         sp = sum(p.numel for s in mine for p in memory.chunk_params(cfg, sizes, s, memory.resolve_vocab(cfg),
                                                                      s is stages[-1], te)
-                 if p.name.endswith(("norm.weight", "layer_norm_weight", "router.weight")) and trains(cfg, p))
+                 if (p.name.endswith(("norm.weight", "layer_norm_weight", "router.weight")) or INDEXER in p.name)
+                 and trains(cfg, p))
         out["tp"] += sp * grad_bytes
     if sizes.pp > 1 and sequential_mtp(cfg) and not frozen and any(s.embedding or s.mtp_layers for s in mine):
         out["embedding"] += d.vocab * h * grad_bytes

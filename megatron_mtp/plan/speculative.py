@@ -99,7 +99,8 @@ def draft_step_bytes(cfg: Config, padded_vocab: int, batch: int, serve: ServeLay
     mlp = s.around_experts if moe else s.dense_mlp
     dense = s.attention + s.norms + mlp + mtp_own_size(cfg) + padded_vocab * m.hidden_size
     touched = distinct_experts(m.num_experts, m.router_topk, batch) if moe else 0.0
-    kv = batch * serve.context * family.kv_cache_elements_per_token(cfg, serve.context) * serve.kv_bytes
+    cached = family.mtp_kv_cache_elements_per_token or family.kv_cache_elements_per_token  # the MTP layer's own
+    kv = batch * serve.context * cached(cfg, serve.context) * serve.kv_bytes
     flops = batch * (2 * dense + (2 * m.router_topk * s.expert if moe else 0) + _attention_flops(cfg, serve))
     return ForwardBytes(dense=dense * serve.weight_bytes / serve.tp,
                         experts=touched * s.expert * serve.weight_bytes / serve.ep, kv=kv / serve.tp,

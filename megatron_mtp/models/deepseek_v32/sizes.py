@@ -7,6 +7,7 @@ from megatron_mtp.models.dsa.sizes import (  # noqa: F401  (the family interface
     decode_attention_flops,
     kv_cache_elements_per_token,
     layer_sizes,
+    mtp_kv_cache_elements_per_token,
     parameter_counts,
     training_flops_per_token,
 )

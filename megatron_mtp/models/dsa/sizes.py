@@ -15,7 +15,8 @@ Dense MLA (the same model without DSA, as megatron-core trains DeepSeek-V3: no a
 2 · heads · (qk + rope + v) · L/2. The indexer's own backward runs only with its KL loss
 (model.indexer_loss_coeff > 0), and the loss's target (the main attention's distribution) is not counted,
 as the cross entropy is not: ``attention_costs`` gives the three terms for ``plan``.
-Decoding caches one indexer key per token in a layer that runs an indexer, beside MLA's latent and rotary key.
+Decoding caches one indexer key per token in a layer that runs an indexer, beside MLA's latent and rotary key
+(the MTP layer that drafts runs its own: ``mtp_kv_cache_elements_per_token``).
 """
 
 from __future__ import annotations
@@ -115,10 +116,19 @@ def training_flops_per_token(cfg: Config, padded_vocab: int, mtp_layers: int) ->
     return base + 3.0 * (forward - 2 * (layers - indexers) * indexer_parameters(m))
 
 
-def kv_cache_elements_per_token(cfg: Config, context: Optional[int] = None) -> int:
-    """MLA's latent and rotary key, and the indexer's key where a layer runs one (averaged over the layers)."""
+def kv_cache_elements_per_token(cfg: Config, context: Optional[int] = None) -> float:
+    """What a decoder layer caches per token (the decoder's ``cache_dims``), averaged over the layers, unrounded so
+    that times the layers it is their sum: MLA's latent and rotary key in every layer, the indexer's key
+    (index_head_dim) in a layer that runs its own indexer (IndexShare's shared layers keep none)."""
     m = cfg.model
-    return round(m.kv_lora_rank + m.qk_pos_emb_head_dim + m.index_head_dim * m.indexer_layers() / m.num_layers)
+    return m.kv_lora_rank + m.qk_pos_emb_head_dim + m.index_head_dim * m.indexer_layers() / m.num_layers
+
+
+def mtp_kv_cache_elements_per_token(cfg: Config, context: Optional[int] = None) -> int:
+    """What the drafting MTP layer (depth 0) caches per token: MLA's latent and rotary key, and its own indexer's key
+    where megatron-core gives it one (its layer number 1 under IndexShare's rule; the decoder refuses one without)."""
+    m = cfg.model
+    return m.kv_lora_rank + m.qk_pos_emb_head_dim + (m.index_head_dim if m.runs_indexer(1) else 0)
 
 
 def mla_head_size(cfg: Config) -> int:

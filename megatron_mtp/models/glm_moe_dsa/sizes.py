@@ -10,6 +10,7 @@ from megatron_mtp.models.dsa.sizes import (  # noqa: F401  (the family interface
     layer_attention_shape,
     layer_sizes,
     mla_head_size,
+    mtp_kv_cache_elements_per_token,
     parameter_counts,
     training_flops_per_token,
 )
