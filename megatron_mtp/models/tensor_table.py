@@ -80,6 +80,10 @@ class Param:
     """>0: the mcore tensor has a leading expert axis."""
     transform: Transform = DIRECT
     """How it becomes its HF tensor(s) and back (models/tensor_transforms.py)."""
+    linear: Optional[bool] = None
+    """Its module is a megatron-core linear, which saves an (empty) ``_extra_state`` object beside its weight
+    (``extra_state_keys``); None: told by the module's name. A style's drafter whose linears are named otherwise
+    (EAGLE-3's ``fc``, ``lm_head``) says so in its rows."""
 
     def __post_init__(self) -> None:
         if len(self.hf) != self.transform.parts:
@@ -238,8 +242,9 @@ def extra_state_keys(param: Param) -> list[str]:
     """
     module, _, leaf = param.mcore.rpartition(".")
     name = module.rsplit(".", 1)[-1]
-    linear = name.startswith("linear_") or name in ("eh_proj", "pre_projection", "post_projection") \
-        or module in drafter_output_layers()  # a separate drafter's projections and output table
+    linear = param.linear if param.linear is not None else (
+        name.startswith("linear_") or name in ("eh_proj", "pre_projection", "post_projection")
+        or module in drafter_output_layers())  # a separate drafter's projections and output table
     if isinstance(param.transform, Copy) or leaf != "weight" or not linear:
         return []
     if param.num_experts:

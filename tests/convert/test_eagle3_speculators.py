@@ -15,6 +15,7 @@ import torch
 from megatron_mtp.errors import UserError
 from megatron_mtp.mtp_styles.eagle3 import hf
 from megatron_mtp.mtp_styles.eagle3.shape import DrafterShape
+from tests.speculators_eagle3 import random_vocabulary, speculators_built
 
 speculators_eagle3 = pytest.importorskip("speculators.models.eagle3")
 pytestmark = pytest.mark.mcore
@@ -70,13 +71,6 @@ def _verifier(out, embedding, generator):
                "lm_head.weight": torch.randn(V, H, generator=generator), "model.norm.weight": torch.ones(H)},
               str(out / "model.safetensors"))
     return str(out)
-
-
-def _vocabulary(generator) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.randperm(V, generator=generator)[:N].sort().values
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[ids] = True
-    return ids - torch.arange(N), t2d
 
 
 def _ours(shape: DrafterShape, tensors: dict):
@@ -143,7 +137,7 @@ def test_our_export_loads_in_speculators_and_drafts_the_same_logits(mcore, tmp_p
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
     model = Eagle3Drafter(SHAPE, _target_config()).eval()
-    d2t, t2d = _vocabulary(g)
+    d2t, t2d = random_vocabulary(V, N, g)
     with torch.no_grad():
         model.d2t.copy_(d2t)
         model.t2d.copy_(t2d)
@@ -169,40 +163,12 @@ def test_our_export_loads_in_speculators_and_drafts_the_same_logits(mcore, tmp_p
     print(f"eagle3 export -> speculators: max |logit diff| over {K} steps = {worst:.2e}")
 
 
-def _speculators_built(out, embedding, generator, verifier):
-    """A random speculators Eagle3DraftModel (two layers, a draft vocabulary, norm_before_residual), saved."""
-    from speculators.config import SpeculatorsConfig, VerifierConfig
-    from speculators.proposals.greedy import GreedyTokenProposalConfig
-    from transformers import LlamaConfig
-
-    layer = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=1, rms_norm_eps=1e-5, max_position_embeddings=64, rope_theta=5000.0)
-    layer._attn_implementation = "eager"
-    config = speculators_eagle3.Eagle3SpeculatorConfig(
-        transformer_layer_config=layer, draft_vocab_size=N, norm_before_residual=True,
-        eagle_aux_hidden_state_layer_ids=list(AUX),
-        speculators_config=SpeculatorsConfig(
-            algorithm="eagle3", proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=K)],
-            default_proposal_method="greedy",
-            verifier=VerifierConfig(name_or_path=verifier, architectures=["LlamaForCausalLM"])))
-    torch.manual_seed(1)
-    model = speculators_eagle3.Eagle3DraftModel(config)
-    d2t, t2d = _vocabulary(generator)
-    model.load_vocab_mappings(t2d, d2t)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(torch.randn(param.shape, generator=generator) * (0.2 if "norm" in name else 0.1)
-                        + (1.0 if "norm" in name else 0.0))
-        model.embed_tokens.weight.copy_(embedding)
-    model.save_pretrained(out)
-    return out
-
-
 def test_a_speculators_drafter_imports_and_exports_back_bitwise(mcore, tmp_path):
     g = torch.Generator().manual_seed(2)
     embedding = torch.randn(V, H, generator=g)
     verifier = _verifier(tmp_path / "target", embedding, g)
-    source = _speculators_built(tmp_path / "theirs", embedding, g, verifier)
+    source = speculators_built(tmp_path / "theirs", embedding, g, verifier=verifier, architectures=["LlamaForCausalLM"],
+                               aux_layers=list(AUX), draft_vocab=N, steps=K, heads=4, kv_heads=1, ffn=48)
     config, tensors = hf.read_dir(source)
     shape = hf.shape_of(config)
     assert (shape.num_layers, shape.groups, shape.ffn, shape.norm_before_residual, shape.eps) == (2, 1, 48, True, 1e-5)

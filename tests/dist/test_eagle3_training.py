@@ -8,8 +8,11 @@ the target and a speculators directory that speculators' Eagle3DraftModel loads 
 naming the target export as its verifier: speculators' own verifier head over t2d's rows is our head, so the
 tables and the head agree through the export; `convert from-hf --mtp-dir` of it gives the drafter back bitwise;
 `generate OUT --speculative 3` drafts with it (OUT/mtp beside OUT/main): greedy, the same tokens as plain decoding,
-some of its drafts accepted. At TP2×EP2 (sequence parallel) the drafter trains as in one process, and its step-1
-checkpoint resumes at EP2 with the one-process run's step 2."""
+some of its drafts accepted. A random drafter built by speculators' own Eagle3DraftModel for that target export
+imports with `from-hf --mtp-dir` and trains two steps from the checkpoint: the target bitwise as imported, the
+drafter's weights moved from the imported ones by at most two optimizer steps, its frozen head and its draft
+vocabulary kept as imported (not re-picked from the corpus). At TP2×EP2 (sequence parallel) the drafter trains
+as in one process, and its step-1 checkpoint resumes at EP2 with the one-process run's step 2."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ import torch
 from megatron_mtp.checkpoint.info import read_config
 from megatron_mtp.checkpoint.torch_dist_reader import TorchDistReader
 from megatron_mtp.errors import UserError
+from megatron_mtp.models.family import family_of_hf_config
 from tests.dist.conftest import run_as_of
 
 pytestmark = [pytest.mark.dist, pytest.mark.mcore]
@@ -88,7 +92,16 @@ def test_a_trained_head_under_bf16_starts_as_the_targets_rows(runs, train, metri
         assert torch.equal(head, rows), (head - rows).abs().max()
 
 
-def test_the_trained_drafter_goes_through_to_hf_and_back(runs, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def exported(runs, tmp_path_factory):
+    """`convert to-hf` of the drafter run (fp32): OUT/main the target, OUT/mtp the drafter."""
+    pytest.importorskip("speculators.models.eagle3")
+    from megatron_mtp.convert.to_hf import export_to_hf
+
+    return export_to_hf(runs[1], tmp_path_factory.mktemp("eagle3_hf") / "hf", dtype="fp32")
+
+
+def test_the_trained_drafter_goes_through_to_hf_and_back(runs, exported, tmp_path, capsys):
     """`convert to-hf` writes the target in OUT/main and the drafter in OUT/mtp (speculators' format, the target
     export its verifier); `convert from-hf OUT/main --mtp-dir OUT/mtp` gives back the drafter's tensors bitwise;
     `generate OUT --speculative 3` (greedy) drafts with it and gives plain decoding's tokens."""
@@ -101,7 +114,7 @@ def test_the_trained_drafter_goes_through_to_hf_and_back(runs, tmp_path, capsys)
     with pytest.raises(UserError, match="^--mtp inline puts MTP layers among the target's, and this checkpoint's "
                                         "EAGLE-3 drafter"):
         export_to_hf(draft, tmp_path / "refused", mtp="inline", dtype="fp32")
-    out = export_to_hf(draft, tmp_path / "hf", dtype="fp32")
+    out = exported
     target, drafter = (out / "main").absolute(), out / "mtp"
     assert json.loads((target / "config.json").read_text())["num_nextn_predict_layers"] == 0
     config, saved = hf.read_dir(drafter)
@@ -132,6 +145,58 @@ def test_the_trained_drafter_goes_through_to_hf_and_back(runs, tmp_path, capsys)
             if not (torch.equal(b.to(a.dtype), a) and (a.is_floating_point() or a.dtype == b.dtype)):
                 changed.append(key)
         assert not changed, changed
+
+
+def test_a_speculators_built_drafter_imports_and_trains_on_the_frozen_target(exported, train, metrics, tmp_path):
+    """A random drafter built by speculators' own Eagle3DraftModel for the exported target (two layers, two
+    key/value heads, norm_before_residual, a random draft vocabulary, the target's embedding; save_pretrained with
+    OUT/main as its verifier) goes through `convert from-hf OUT/main CKPT --mtp-dir THEIRS`, and two steps from
+    checkpoint.load=CKPT train it: the target's tensors are saved bitwise as imported, each trained tensor of the
+    drafter moved from its imported value, by no more than its two Adam steps allow (lr each; a drafter that
+    started from fresh weights would be 0.1 or more away), its frozen head and its draft vocabulary are the
+    imported ones bitwise (never re-picked from the corpus, nor the head reset to the target's rows), and the
+    draft steps' losses are finite."""
+    import math
+
+    from megatron_mtp.convert.from_hf import import_from_hf
+    from megatron_mtp.hf_dir.safetensors_io import HFDir
+    from megatron_mtp.mtp_styles.eagle3 import hf
+    from tests.speculators_eagle3 import speculators_built
+
+    target = (exported / "main").absolute()
+    config = json.loads((target / "config.json").read_text())
+    m, _, vocab = family_of_hf_config(config, "config.json").from_hf_config(config, "config.json")
+    embedding = HFDir(target).raw("model.embed_tokens.weight")
+    assert tuple(embedding.shape) == (vocab, m.hidden_size)
+    theirs = speculators_built(tmp_path / "theirs", embedding, torch.Generator().manual_seed(3), verifier=str(target),
+                               architectures=config["architectures"], aux_layers=[0, 1, 2], draft_vocab=256, steps=K,
+                               heads=m.num_attention_heads, kv_heads=2, ffn=96, eps=m.norm_epsilon,
+                               rope_theta=float(m.rope_theta))
+    spec, tensors = hf.read_dir(theirs)
+    ckpt = import_from_hf(target, tmp_path / "ckpt", mtp_dir=theirs)
+    fields = hf.shape_fields(spec, str(theirs))  # the drafter's shape as the run's config says it
+    assert (fields["mtp.eagle3.num_layers"], fields["mtp.eagle3.num_query_groups"]) == (2, 2)
+    shape = [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in fields.items()]
+    run = tmp_path / "from_speculators"
+    train(run, steps=2, overrides=("mtp.style=eagle3", *shape, f"checkpoint.load={ckpt}",
+                                   "checkpoint.save_interval=2"))
+    rows = [r for r in metrics(run) if "train/mtp_loss_1" in r]
+    assert len(rows) == 2 and all(math.isfinite(r[f"train/mtp_loss_{k}"]) for r in rows for k in range(1, K + 1))
+    lr = read_config(_latest(run)).optimizer.lr
+    with TorchDistReader(ckpt) as src, TorchDistReader(_latest(run)) as out:
+        weights = [k for k in src.keys() if not k.startswith("optimizer")]
+        main = [k for k in weights if not k.startswith("mtp_eagle3.")]
+        assert main and not [k for k in main if not torch.equal(src.read(k), out.read(k))]  # the target, frozen
+        kept = ["mtp_eagle3.d2t", "mtp_eagle3.t2d", "mtp_eagle3.lm_head.weight"]
+        assert not [k for k in kept if not torch.equal(src.read(k), out.read(k))], kept
+        assert torch.equal(out.read("mtp_eagle3.d2t"), tensors["d2t"]) and torch.equal(out.read("mtp_eagle3.t2d"),
+                                                                                       tensors["t2d"])
+        trained = [k for k in weights if k.startswith("mtp_eagle3.") and k not in kept and "_extra_state" not in k]
+        moved = {k: float((out.read(k) - src.read(k)).abs().max()) for k in trained}
+        print(f"eagle3 from a speculators-built drafter, 2 steps at lr {lr}: the drafter's tensors moved by "
+              f"{min(moved.values()):.2e} to {max(moved.values()):.2e}, step losses "
+              f"{[round(r['train/mtp_loss_1'], 4) for r in rows]}")
+        assert len(trained) > 10 and all(0 < d <= 3 * lr for d in moved.values()), moved  # Adam: <= lr a step
 
 
 def _generates_with_the_drafter(out, capsys):

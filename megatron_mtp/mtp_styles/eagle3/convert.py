@@ -67,6 +67,9 @@ class Unwritten(Direct):
 
 
 _TABLES = {"d2t": Int64(), "t2d": Bool()}
+_LINEARS = ("fc.weight", "lm_head.weight")
+"""The drafter's megatron-core linears whose names do not say so (the layers' ``linear_*`` do): a checkpoint
+``from-hf`` writes holds their (empty) ``_extra_state`` objects, which a run loading it asks for."""
 
 
 def claims(config: dict[str, Any]) -> bool:
@@ -103,7 +106,8 @@ def drafter_params(cfg, vocab: int) -> list:
             rows.append(Param(key, (), "mtp", transform=Unwritten()))
             continue
         transform = GATED if len(theirs) == 2 else _TABLES.get(mine, DIRECT)
-        rows.append(Param(key, tuple(table_name(n) for n in theirs), "mtp", transform=transform))
+        rows.append(Param(key, tuple(table_name(n) for n in theirs), "mtp", transform=transform,
+                          linear=True if mine in _LINEARS else None))
     rows.append(Param(EMBEDDING, (table_name(hf.EMBEDDING),), "mtp", transform=FirstRows(rows=shape.vocab or vocab)))
     return rows
 
