@@ -41,3 +41,15 @@ def first_tokens_counts(results, depth: int) -> dict[tuple, int]:
         key = tuple(result.tokens[:depth])
         counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def batched_sampling_pvalue(gen, prompt_ids: list[int], params: dict, samples: int, depth: int = 3):
+    """Decode ``samples`` copies of the prompt 16 at a time, drafting K=2, and test their first ``depth`` tokens
+    against the target's exact joint: asserts no emitted sequence lies outside its support, and returns the batch
+    (its stats) and the chi-square p-value."""
+    joint = exact_joint(gen, prompt_ids, SamplingParams(**params), depth=depth)
+    batch = gen.generate_batch([prompt_ids] * samples, batch_size=16, max_new_tokens=depth + 1, speculative_k=2,
+                               ignore_eos=True, **params)
+    counts = first_tokens_counts(batch.results, depth)
+    assert set(counts) <= set(joint), "emitted a sequence the target gives probability 0"
+    return batch, joint_pvalue(counts, joint)
