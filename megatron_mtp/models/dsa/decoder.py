@@ -34,6 +34,7 @@ from megatron_mtp.errors import UserError
 from megatron_mtp.models.decoding.kv_cache import KVCache, Rows
 from megatron_mtp.models.decoding.mla import MLADecoderLayer, MLAttention, apply_rope
 from megatron_mtp.models.dsa.hf_view import DSAHFConfig
+from megatron_mtp.models.dsa.model_config import runs_own_indexer
 
 _CARRIED = "dsa_selection"
 """The key of the last full layer's selection in ``rows.carried``."""
@@ -135,8 +136,7 @@ def runs_indexer(config: DSAHFConfig, layer_index: int) -> bool:
         types = getattr(config, "indexer_types", ())
         return not types or types[layer_index] == "full"
     freq, offset = getattr(config, "index_topk_freq", 1), getattr(config, "index_skip_topk_offset", 1)
-    number = layer_index - layers + 1
-    return freq <= 1 or max(number - max(offset, 1), 0) % freq == 0
+    return runs_own_indexer(layer_index - layers + 1, freq, offset)
 
 
 class DSALayer(MLADecoderLayer):

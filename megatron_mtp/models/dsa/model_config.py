@@ -22,6 +22,12 @@ from megatron_mtp.models.mla.model_config import MLAModelConfig
 from megatron_mtp.models.mla.model_config import check as check_mla
 
 
+def runs_own_indexer(number: int, freq: int, offset: int) -> bool:
+    """Whether the layer megatron-core numbers ``number`` (1-based) runs its own indexer under IndexShare's
+    ``dsa_indexer_topk_freq`` ``freq`` and ``dsa_indexer_skip_topk_offset`` ``offset`` (module note)."""
+    return freq <= 1 or max(number - max(offset, 1), 0) % freq == 0
+
+
 @dataclass
 class DSAModelConfig(MLAModelConfig):
     """The indexer's fields; a family's class sets its defaults and names (``TITLE``, its RoPE)."""
@@ -69,8 +75,7 @@ class DSAModelConfig(MLAModelConfig):
 
     def runs_indexer(self, number: int) -> bool:
         """Whether the layer megatron-core numbers ``number`` (1-based; module note) runs its own indexer."""
-        freq, offset = self.index_share()
-        return freq <= 1 or max(number - max(offset, 1), 0) % freq == 0
+        return runs_own_indexer(number, *self.index_share())
 
     def indexer_layers(self) -> int:
         """Decoder layers that run their own indexer."""
